@@ -1,0 +1,5 @@
+import sys
+
+from vmapbench.cli import main
+
+sys.exit(main())

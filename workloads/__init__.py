@@ -1,0 +1,21 @@
+"""Workload registry: importing this package registers every workload module.
+
+Use `workloads.get(name)`, `workloads.all_workloads()`, `workloads.iter_cases(quick=True)`.
+"""
+from workloads.base import (  # noqa: F401
+    BASELINE,
+    COMPILED_METHODS,
+    ENGINE_METHODS,
+    METHODS,
+    REFERENCE,
+    Workload,
+    all_workloads,
+    families,
+    get,
+    iter_cases,
+    parse_size_label,
+    register,
+    size_label,
+)
+
+# Workload modules (each calls register()); keep this list in one place.

@@ -1,0 +1,139 @@
+"""The workload interface and registry: the one source of truth for what vmapbench measures.
+
+A workload declares its sizes, its methods and its correctness check. The ASV suite, the CLI, the
+tests and the dashboard all read the registry below; nothing else lists workloads.
+"""
+from __future__ import annotations
+
+import itertools
+import time
+from dataclasses import dataclass, field
+from typing import Any, Callable, Iterable, Mapping
+
+# Every method name a workload may implement, in the order tables show them.
+METHODS: tuple[str, ...] = (
+    "loop",                  # Python for-loop over rows/examples with torch.autograd.grad (baseline)
+    "engine",                # our engine, eager
+    "engine_traced",         # our engine, traced once and replayed (engine.trace)
+    "engine_compiled",       # our engine's traced graph through torch.compile (engine.compile)
+    "torch_func",            # torch.func (the reference engine)
+    "torch_func_compiled",   # torch.compile(torch.func ...)
+    "loop_compiled",         # torch.compile of the loop
+    "functional_vectorize",  # torch.autograd.functional.jacobian/hessian(vectorize=True)
+    "closed_form",           # hand-vectorized formula: the speed limit
+)
+ENGINE_METHODS = frozenset(m for m in METHODS if m.startswith("engine"))
+COMPILED_METHODS = frozenset(m for m in METHODS if m.endswith("_compiled"))
+BASELINE = "loop"
+REFERENCE = "torch_func"
+
+
+def size_label(params: Mapping[str, Any]) -> str:
+    """Stable, human-readable label of one point of a grid, e.g. 'n=1000,d=64' (ASV parameter)."""
+    return ",".join(f"{k}={v}" for k, v in params.items())
+
+
+def parse_size_label(label: str) -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    for part in label.split(","):
+        key, _, value = part.partition("=")
+        try:
+            out[key] = int(value)
+        except ValueError:
+            try:
+                out[key] = float(value)
+            except ValueError:
+                out[key] = value
+    return out
+
+
+@dataclass
+class Workload:
+    """One measured task.
+
+    `grid` maps parameter names to value lists (their product is the full grid); `quick` is the
+    subset of size labels the quick profile (`make bench`) runs; `heavy` names memory-heavy sizes
+    the quick profile must skip. `setup(params, device)` builds seeded float32 data and returns a
+    state object; `run(method, state)` is the measured call; `check(state)` raises AssertionError
+    when any method disagrees with a float64 loop reference.
+    """
+
+    name: str
+    family: str
+    description: str
+    grid: dict[str, list[Any]]
+    methods: tuple[str, ...]
+    setup: Callable[[dict[str, Any], str], Any]
+    run: Callable[[str, Any], Any]
+    check: Callable[[Any], None]
+    devices: tuple[str, ...] = ("cpu", "cuda")
+    quick: tuple[str, ...] = ()
+    heavy: tuple[str, ...] = ()
+    extra: dict[str, Any] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        unknown = set(self.methods) - set(METHODS)
+        if unknown:
+            raise ValueError(f"workload {self.name!r}: unknown methods {sorted(unknown)}; valid: {METHODS}")
+        bad = set(self.quick) - set(self.sizes)
+        if bad:
+            raise ValueError(f"workload {self.name!r}: quick sizes {sorted(bad)} are not in its grid {self.sizes}")
+
+    @property
+    def sizes(self) -> list[str]:
+        keys = list(self.grid)
+        return [size_label(dict(zip(keys, values))) for values in itertools.product(*self.grid.values())]
+
+    def params(self, size: str) -> dict[str, Any]:
+        if size not in self.sizes:
+            raise KeyError(f"workload {self.name!r} has no size {size!r}; valid sizes: {', '.join(self.sizes)}")
+        return parse_size_label(size)
+
+    def prepare(self, method: str, state: Any) -> float:
+        """First call of a method (trace or compile happens here); returns its wall time in seconds."""
+        start = time.perf_counter()
+        self.run(method, state)
+        return time.perf_counter() - start
+
+
+_REGISTRY: dict[str, Workload] = {}
+
+
+def register(workload: Workload) -> Workload:
+    if workload.name in _REGISTRY:
+        raise ValueError(f"workload {workload.name!r} is registered twice")
+    _REGISTRY[workload.name] = workload
+    return workload
+
+
+def all_workloads(family: str | None = None) -> list[Workload]:
+    _load_all()
+    return [w for w in _REGISTRY.values() if family is None or w.family == family]
+
+
+def get(name: str) -> Workload:
+    _load_all()
+    try:
+        return _REGISTRY[name]
+    except KeyError:
+        raise KeyError(f"unknown workload {name!r}; valid workloads: {', '.join(sorted(_REGISTRY))}") from None
+
+
+def families() -> list[str]:
+    return sorted({w.family for w in all_workloads()})
+
+
+def _load_all() -> None:
+    # Importing the package imports every workload module, each of which calls register().
+    import workloads  # noqa: F401
+
+
+def iter_cases(quick: bool = False, devices: Iterable[str] = ("cpu",)) -> Iterable[tuple[Workload, str, str, str]]:
+    """(workload, method, size, device) for every case of the suite (or of the quick profile)."""
+    for w in all_workloads():
+        sizes = w.quick if quick else w.sizes
+        for size in sizes:
+            for device in devices:
+                if device in w.devices:
+                    for method in w.methods:
+                        yield w, method, size, device
