@@ -1,0 +1,33 @@
+"""vmapbench's bundled vmap engine: pure Python on top of PyTorch, API-compatible with torch.func.
+
+Per-operator batching rules (engine.rules) run on a `__torch_dispatch__` batched tensor, so the ops
+autograd runs in backward are batched too: that is what makes vmap over the backward pass
+(Jacobians, Hessians, per-sample gradients) work. Ops without a rule are decomposed when PyTorch
+has a decomposition, else run in a for-loop fallback that warns and names the op.
+"""
+from engine import rules as _rules  # noqa: F401  (fills the rule table)
+from engine._batched import BatchedTensor
+from engine._dispatch import FallbackRecord, fallback_policy, record_fallbacks
+from engine._vmap import vmap
+from engine.errors import (
+    DataDependentError,
+    FallbackError,
+    FallbackWarning,
+    RandomnessError,
+    VmapError,
+)
+from engine.rules._table import register_rule
+
+__all__ = [
+    "BatchedTensor",
+    "DataDependentError",
+    "FallbackError",
+    "FallbackRecord",
+    "FallbackWarning",
+    "RandomnessError",
+    "VmapError",
+    "fallback_policy",
+    "record_fallbacks",
+    "register_rule",
+    "vmap",
+]

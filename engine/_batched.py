@@ -1,0 +1,172 @@
+"""The batched tensor: a logical tensor backed by a physical tensor with one extra (batch) dim.
+
+Invariants that keep every rule simple:
+- the batch dim of the physical tensor (`_elem`) is always dim 0;
+- a BatchedTensor of level L only ever wraps tensors batched at levels < L (higher levels are
+  outermost), so nested vmap and closures over outer-batched values dispatch one level at a time.
+The wrapper reports the logical shape and strides, so PyTorch's composite ops (which inspect
+strides to choose view or copy) and autograd see the per-example tensor.
+"""
+from __future__ import annotations
+
+import itertools
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+
+@dataclass
+class LevelInfo:
+    """What a rule may ask about the vmap it runs under (mirrors torch.library's VmapInfo)."""
+
+    level: int
+    batch_size: int
+    randomness: str = "error"
+
+
+_level_counter = itertools.count(1)
+_active: dict[int, LevelInfo] = {}
+
+
+def push_level(batch_size: int, randomness: str) -> LevelInfo:
+    info = LevelInfo(next(_level_counter), batch_size, randomness)
+    _active[info.level] = info
+    return info
+
+
+def pop_level(info: LevelInfo) -> None:
+    _active.pop(info.level, None)
+
+
+def level_info(level: int, batch_size: int) -> LevelInfo:
+    """The info of a live level, or (for autograd's backward running after vmap returned) a stand-in."""
+    info = _active.get(level)
+    return info if info is not None else LevelInfo(level, batch_size, "error")
+
+
+class BatchedTensor(torch.Tensor):
+    """Logical view of `_elem` without its dim 0, belonging to vmap level `_level`."""
+
+    _elem: torch.Tensor
+    _level: int
+
+    @staticmethod
+    def __new__(cls, elem: torch.Tensor, level: int) -> "BatchedTensor":
+        r = torch.Tensor._make_wrapper_subclass(
+            cls,
+            elem.shape[1:],
+            strides=elem.stride()[1:],
+            dtype=elem.dtype,
+            device=elem.device,
+            layout=elem.layout,
+            requires_grad=False,
+        )
+        r._elem = elem
+        r._level = level
+        return r
+
+    __torch_function__ = torch._C._disabled_torch_function_impl
+
+    @classmethod
+    def __torch_dispatch__(cls, func, types, args=(), kwargs=None):
+        from engine._dispatch import batched_dispatch
+
+        return batched_dispatch(func, args, kwargs or {})
+
+    def __repr__(self) -> str:  # the elem's repr, so printing inside vmap is readable
+        return f"BatchedTensor(level={self._level}, bdim=0, value=\n{self._elem!r})"
+
+    # Tensor.tolist()/numpy() on a batched tensor are data-dependent: say so, do not segfault.
+    def tolist(self):  # type: ignore[override]
+        from engine.errors import DataDependentError
+
+        raise DataDependentError("vmap: .tolist() on a batched tensor depends on its data; return the tensor instead.")
+
+    def numpy(self, *args, **kwargs):  # type: ignore[override]
+        from engine.errors import DataDependentError
+
+        raise DataDependentError("vmap: .numpy() on a batched tensor depends on its data; return the tensor from the vmapped function instead.")
+
+
+def is_batched_at(x: Any, level: int) -> bool:
+    return type(x) is BatchedTensor and x._level == level
+
+
+def batch_levels(x: Any) -> list[int]:
+    levels = []
+    while type(x) is BatchedTensor:
+        levels.append(x._level)
+        x = x._elem
+    return levels
+
+
+def add_batch_dim(x: torch.Tensor, level: int) -> torch.Tensor:
+    """Make `x` (whose logical dim 0 is the batch of `level`) a tensor batched at `level`.
+
+    When `x` is itself batched at higher levels (autograd's backward of a nested transform hands us
+    such tensors), the new level is pushed underneath them to keep levels nested.
+    """
+    if type(x) is BatchedTensor and x._level > level:
+        # x logical [B_L, ...]; x._elem [B_M, B_L, ...]: batch the inner tensor at L with B_L first.
+        inner = add_batch_dim(_raw_movedim(x._elem, 1, 0), level)
+        return BatchedTensor(inner, x._level)
+    return BatchedTensor(x, level)
+
+
+def remove_batch_dim(x: torch.Tensor, level: int, batch_size: int) -> torch.Tensor:
+    """Inverse of add_batch_dim: the logical tensor with `level`'s batch as its dim 0.
+
+    An `x` not batched at `level` is expanded (it is the same for every batch element).
+    """
+    if type(x) is BatchedTensor:
+        if x._level == level:
+            return x._elem
+        if x._level > level:
+            inner = remove_batch_dim(x._elem, level, batch_size)  # [B_L, B_M, ...] or expanded
+            return BatchedTensor(_raw_movedim(inner, 0, 1), x._level)
+    return x.unsqueeze(0).expand(batch_size, *x.shape)
+
+
+def _raw_movedim(t: torch.Tensor, src: int, dst: int) -> torch.Tensor:
+    return t.movedim(src, dst)
+
+
+class _AddBatchDim(torch.autograd.Function):
+    """Differentiable entry into vmap: autograd outside the engine sees through the boundary."""
+
+    @staticmethod
+    def forward(ctx, x: torch.Tensor, level: int, batch_size: int):  # type: ignore[override]
+        ctx.level, ctx.batch_size = level, batch_size
+        return add_batch_dim(x, level)
+
+    @staticmethod
+    def backward(ctx, grad):  # type: ignore[override]
+        return remove_batch_dim(grad, ctx.level, ctx.batch_size), None, None
+
+
+class _RemoveBatchDim(torch.autograd.Function):
+    """Differentiable exit from vmap."""
+
+    @staticmethod
+    def forward(ctx, x: torch.Tensor, level: int, batch_size: int):  # type: ignore[override]
+        ctx.level = level
+        out = remove_batch_dim(x, level, batch_size)
+        # A fresh alias: the physical tensor may be a leaf of another graph, which must not be re-parented.
+        return out.view_as(out)
+
+    @staticmethod
+    def backward(ctx, grad):  # type: ignore[override]
+        return add_batch_dim(grad, ctx.level), None, None
+
+
+def enter(x: torch.Tensor, level: int, batch_size: int) -> torch.Tensor:
+    if x.requires_grad and torch.is_grad_enabled():
+        return _AddBatchDim.apply(x, level, batch_size)
+    return add_batch_dim(x, level)
+
+
+def leave(x: torch.Tensor, level: int, batch_size: int) -> torch.Tensor:
+    if x.requires_grad and torch.is_grad_enabled() and is_batched_at(x, level):
+        return _RemoveBatchDim.apply(x, level, batch_size)
+    return remove_batch_dim(x, level, batch_size)

@@ -1,0 +1,381 @@
+"""Dispatch of aten ops on batched tensors: rule, else decomposition, else the for-loop fallback.
+
+Everything the autograd engine runs in backward reaches this function too, which is how vmap over
+the backward pass (batched vector-Jacobian products) works without special cases.
+"""
+from __future__ import annotations
+
+import contextlib
+import warnings
+from collections import Counter
+from functools import lru_cache
+from typing import Any, Iterator
+
+import torch
+from torch.utils._python_dispatch import TorchDispatchMode
+
+from engine._batched import BatchedTensor, LevelInfo, add_batch_dim, level_info
+from engine.errors import DataDependentError, FallbackError, FallbackWarning, RandomnessError, VmapError
+from engine.rules._table import lookup
+
+aten = torch.ops.aten
+
+# ---------------------------------------------------------------------------------------------
+# fallback policy and accounting
+
+
+class _FallbackState:
+    policy = "warn"
+    warned: set[str] = set()
+    recorders: list["FallbackRecord"] = []
+
+
+class FallbackRecord:
+    """Result object of `record_fallbacks()`: `.counts` maps op name to fallback calls."""
+
+    def __init__(self) -> None:
+        self.counts: Counter[str] = Counter()
+
+    @property
+    def total(self) -> int:
+        return sum(self.counts.values())
+
+    def __repr__(self) -> str:
+        return f"FallbackRecord({dict(self.counts)})"
+
+
+@contextlib.contextmanager
+def fallback_policy(mode: str) -> Iterator[None]:
+    """'warn' (default: a FallbackWarning once per op per process), 'error' (raise FallbackError), 'silent'."""
+    if mode not in ("warn", "error", "silent"):
+        raise ValueError(f"fallback_policy: mode must be 'warn', 'error' or 'silent', got {mode!r}")
+    old, _FallbackState.policy = _FallbackState.policy, mode
+    try:
+        yield
+    finally:
+        _FallbackState.policy = old
+
+
+@contextlib.contextmanager
+def record_fallbacks() -> Iterator[FallbackRecord]:
+    """Count for-loop fallback calls per op while active (nested recorders all count)."""
+    rec = FallbackRecord()
+    _FallbackState.recorders.append(rec)
+    try:
+        yield rec
+    finally:
+        _FallbackState.recorders.remove(rec)
+
+
+def op_name(func: Any) -> str:
+    name = func.name() if hasattr(func, "name") else str(func)
+    overload = getattr(func, "_overloadname", "default") or "default"
+    base = name.split(".")[0]
+    return f"{base}.{overload}"
+
+
+def _note_fallback(func: Any) -> None:
+    name = op_name(func)
+    for rec in _FallbackState.recorders:
+        rec.counts[name] += 1
+    policy = _FallbackState.policy
+    if policy == "error":
+        raise FallbackError(name)
+    if policy == "warn" and name not in _FallbackState.warned:
+        _FallbackState.warned.add(name)
+        warnings.warn(
+            f"Batching rule not implemented for {name}; falling back to slow (for loop) implementation",
+            FallbackWarning,
+            stacklevel=4,
+        )
+
+
+# ---------------------------------------------------------------------------------------------
+# op metadata
+
+
+class _OpMeta:
+    __slots__ = ("mutated", "returns_tensors", "random", "returns_self")
+
+    def __init__(self, func: Any):
+        schema = func._schema
+        self.mutated = tuple(
+            i for i, a in enumerate(schema.arguments) if a.alias_info is not None and a.alias_info.is_write and not a.kwarg_only
+        )
+        self.returns_tensors = all(
+            isinstance(r.type, (torch.TensorType, torch.OptionalType, torch.ListType))
+            and ("Tensor" in str(r.type))
+            for r in schema.returns
+        )
+        self.random = torch.Tag.nondeterministic_seeded in func.tags
+        # In-place/out ops return (an alias of) their first mutated argument.
+        self.returns_self = bool(self.mutated) and len(schema.returns) == 1 and schema.returns[0].alias_info is not None
+
+
+@lru_cache(maxsize=None)
+def op_meta(func: Any) -> _OpMeta:
+    return _OpMeta(func)
+
+
+_DATA_DEPENDENT = {aten._local_scalar_dense.default, aten.is_nonzero.default, aten.equal.default}
+
+# ---------------------------------------------------------------------------------------------
+# the dispatch
+
+
+def _find_level(args: Any, kwargs: dict) -> tuple[int | None, int]:
+    level, size = None, 0
+    for a in args:
+        if type(a) is BatchedTensor:
+            if level is None or a._level > level:
+                level, size = a._level, a._elem.shape[0]
+        elif type(a) in (list, tuple):
+            for b in a:
+                if type(b) is BatchedTensor and (level is None or b._level > level):
+                    level, size = b._level, b._elem.shape[0]
+    for a in kwargs.values():
+        if type(a) is BatchedTensor and (level is None or a._level > level):
+            level, size = a._level, a._elem.shape[0]
+    return level, size
+
+
+def _unwrap(args: Any, level: int) -> tuple[list, list]:
+    out, dims = [], []
+    for a in args:
+        if type(a) is BatchedTensor and a._level == level:
+            out.append(a._elem)
+            dims.append(0)
+        elif type(a) in (list, tuple) and any(type(b) is BatchedTensor and b._level == level for b in a):
+            out.append([b._elem if type(b) is BatchedTensor and b._level == level else b for b in a])
+            dims.append([0 if type(b) is BatchedTensor and b._level == level else None for b in a])
+        else:
+            out.append(a)
+            dims.append(None)
+    return out, dims
+
+
+def wrap_outputs(out: Any, out_dims: Any, level: int) -> Any:
+    if isinstance(out, torch.Tensor):
+        if out_dims is None:
+            return out
+        if out_dims != 0:
+            out = out.movedim(out_dims, 0)
+        return add_batch_dim(out, level)
+    if isinstance(out, (tuple, list)):
+        if not isinstance(out_dims, (tuple, list)):
+            out_dims = [out_dims] * len(out)
+        return type(out)(wrap_outputs(o, d, level) for o, d in zip(out, out_dims))
+    return out
+
+
+def batched_dispatch(func: Any, args: tuple, kwargs: dict) -> Any:
+    level, size = _find_level(args, kwargs)
+    if level is None:
+        return func(*args, **kwargs)
+    if func in _DATA_DEPENDENT:
+        raise _data_dependent(func)
+    info = level_info(level, size)
+    meta = op_meta(func)
+    if meta.random:
+        if info.randomness == "error":
+            raise _randomness_error(func)
+    if torch.Tag.inplace_view in func.tags:
+        return _inplace_view(func, args, kwargs)
+    kw_batched = any(type(v) is BatchedTensor and v._level == level for v in kwargs.values())
+    rule = None if kw_batched else lookup(func)
+    if rule is not None:
+        uargs, dims = _unwrap(args, level)
+        if meta.mutated:
+            _check_inplace(func, meta, dims)
+        out, out_dims = rule(info, dims, *uargs, **kwargs)
+        if meta.returns_self:
+            return args[meta.mutated[0]]
+        return wrap_outputs(out, out_dims, level)
+    if not meta.mutated:
+        decomposed = _try_decomposition(func, args, kwargs)
+        if decomposed is not NotImplemented:
+            return decomposed
+    return fallback(func, info, args, kwargs)
+
+
+def _inplace_view(func: Any, args: tuple, kwargs: dict) -> Any:
+    """squeeze_/unsqueeze_/transpose_/t_/...: run the out-of-place view, then retarget `self`.
+
+    The wrapper's own sizes are updated the way PyTorch's wrapper subclasses do it: by running the
+    op on the wrapper itself with dispatch disabled and meta kernels selected.
+    """
+    self = args[0]
+    if type(self) is not BatchedTensor or self._level != _find_level(args, kwargs)[0]:
+        raise VmapError(f"vmap: {op_name(func)} changes the shape of an unbatched tensor in place inside vmap; use the out-of-place op.")
+    name = func._schema.name.split("::")[1].rstrip("_")
+    overload = func._overloadname
+    packet = getattr(aten, name)
+    out_of_place = getattr(packet, overload if overload in packet.overloads() else "default")
+    result = batched_dispatch(out_of_place, args, kwargs)
+    self._elem = result._elem
+    with torch.utils._mode_utils.no_dispatch():
+        meta_in_tls = torch._C._meta_in_tls_dispatch_include()
+        torch._C._set_meta_in_tls_dispatch_include(True)
+        try:
+            func(*args, **kwargs)
+        finally:
+            torch._C._set_meta_in_tls_dispatch_include(meta_in_tls)
+    return self
+
+
+def _check_inplace(func: Any, meta: _OpMeta, dims: list) -> None:
+    if any(d is not None for d in dims) and any(dims[i] is None for i in meta.mutated):
+        raise VmapError(
+            f"vmap: {op_name(func)} writes in place into a tensor that is not batched (argument "
+            f"{func._schema.arguments[meta.mutated[0]].name!r}) with a batched value. Each batch element "
+            f"would write into the same memory. Use the out-of-place op instead (e.g. `x = x.add(y)` "
+            f"instead of `x.add_(y)`), or make the written tensor batched."
+        )
+
+
+def _data_dependent(func: Any) -> DataDependentError:
+    return DataDependentError(
+        f"vmap: {op_name(func)} needs the value of a batched tensor in Python (e.g. `.item()`, "
+        f"`if tensor:`, `float(tensor)`), which differs per batch element. Data-dependent Python control "
+        f"flow cannot be vmapped: use tensor ops such as torch.where instead."
+    )
+
+
+def _randomness_error(func: Any) -> RandomnessError:
+    return RandomnessError(
+        f"vmap: called random operation {op_name(func)} while in randomness='error' mode. Pass "
+        f"randomness='different' (independent draws per batch element) or 'same' (one draw for the whole batch) to vmap."
+    )
+
+
+# Decomposition: prefer running a composite op as its parts (each batched by a rule) to looping.
+@lru_cache(maxsize=None)
+def _decomposition_for(func: Any) -> Any:
+    from torch._decomp import decomposition_table
+
+    decomp = decomposition_table.get(func)
+    if decomp is not None:
+        return decomp
+    if torch._C._dispatch_has_kernel_for_dispatch_key(func.name(), "CompositeImplicitAutograd"):
+        return func.decompose
+    return None
+
+
+class _DecompositionFailed(Exception):
+    pass
+
+
+def _try_decomposition(func: Any, args: tuple, kwargs: dict) -> Any:
+    decomp = _decomposition_for(func)
+    if decomp is None:
+        return NotImplemented
+    _DecompGuard.depth += 1
+    try:
+        if _DecompGuard.depth > 8:  # a decomposition that calls itself back: give up on decomposing
+            return NotImplemented
+        out = decomp(*args, **kwargs)
+    except (FallbackError, DataDependentError, RandomnessError):
+        raise
+    except Exception:  # noqa: BLE001 - the loop below raises the real error if there is one
+        return NotImplemented
+    finally:
+        _DecompGuard.depth -= 1
+    return out
+
+
+class _DecompGuard:
+    depth = 0
+
+
+# ---------------------------------------------------------------------------------------------
+# the for-loop fallback
+
+
+def _slice(x: Any, i: int, level: int) -> Any:
+    if type(x) is BatchedTensor and x._level == level:
+        return x._elem[i]
+    if type(x) in (list, tuple):
+        return type(x)(_slice(b, i, level) for b in x)
+    return x
+
+
+def fallback(func: Any, info: LevelInfo, args: tuple, kwargs: dict) -> Any:
+    """Run `func` once per batch element and stack: correct for any op, slow for all of them."""
+    meta = op_meta(func)
+    if not meta.returns_tensors:
+        raise _data_dependent(func)
+    _note_fallback(func)
+    level = info.level
+    size = _find_level(args, kwargs)[1]
+    if meta.mutated:
+        dims = [0 if (type(a) is BatchedTensor and a._level == level) else None for a in args]
+        _check_inplace(func, meta, dims)
+    same = meta.random and info.randomness == "same"
+    rng = _RngReplay(args) if same else None
+    results = []
+    for i in range(size):
+        if rng is not None:
+            rng.restore()
+        results.append(func(*_slice(args, i, level), **_slice_kwargs(kwargs, i, level)))
+    if meta.returns_self:
+        return args[meta.mutated[0]]
+    return _stack_results(results, level)
+
+
+def _slice_kwargs(kwargs: dict, i: int, level: int) -> dict:
+    return {k: _slice(v, i, level) for k, v in kwargs.items()} if kwargs else kwargs
+
+
+def _stack_results(results: list, level: int) -> Any:
+    first = results[0]
+    if isinstance(first, torch.Tensor):
+        return add_batch_dim(torch.stack(results), level)
+    if isinstance(first, (tuple, list)):
+        return type(first)(_stack_results([r[j] for r in results], level) for j in range(len(first)))
+    if first is None:
+        return None
+    raise DataDependentError(f"vmap: an op returned a non-tensor value ({type(first).__name__}) inside vmap; it depends on the data.")
+
+
+class _RngReplay:
+    """Replays the same random stream for each batch element (randomness='same' in the fallback)."""
+
+    def __init__(self, args: Any):
+        self.cpu = torch.get_rng_state()
+        self.cuda = torch.cuda.get_rng_state() if torch.cuda.is_available() and torch.cuda.is_initialized() else None
+
+    def restore(self) -> None:
+        torch.set_rng_state(self.cpu)
+        if self.cuda is not None:
+            torch.cuda.set_rng_state(self.cuda)
+
+
+# ---------------------------------------------------------------------------------------------
+# the mode: ops that see no batched argument (random factories) inside vmap
+
+
+class VmapMode(TorchDispatchMode):
+    """Active while a vmapped function runs; decides what random ops without batched inputs do."""
+
+    def __init__(self, info: LevelInfo):
+        super().__init__()
+        self.info = info
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        kwargs = kwargs or {}
+        if BatchedTensor in types:
+            return batched_dispatch(func, args, kwargs)
+        if torch.Tag.nondeterministic_seeded in func.tags:
+            randomness = self.info.randomness
+            if randomness == "error":
+                raise _randomness_error(func)
+            if randomness == "different":
+                if op_meta(func).mutated:
+                    raise RandomnessError(
+                        f"vmap: {op_name(func)} fills an unbatched tensor in place under randomness='different', "
+                        f"so it cannot hold a different draw per batch element. Create the tensor with an "
+                        f"out-of-place random op (e.g. torch.randn) or make it batched first."
+                    )
+                draws = [func(*args, **kwargs) for _ in range(self.info.batch_size)]
+                return _stack_results(draws, self.info.level)
+        return func(*args, **kwargs)

@@ -1,0 +1,220 @@
+"""`engine.vmap`: argument checking, entering/leaving a level, chunking."""
+from __future__ import annotations
+
+import functools
+from typing import Any, Callable
+
+import torch
+from torch.utils._pytree import _broadcast_to_and_flatten, tree_flatten, tree_unflatten
+
+from engine._batched import BatchedTensor, enter, is_batched_at, leave, pop_level, push_level
+from engine._dispatch import VmapMode
+from engine.errors import VmapError
+
+_RANDOMNESS = ("error", "different", "same")
+
+
+def vmap(
+    func: Callable,
+    in_dims: Any = 0,
+    out_dims: Any = 0,
+    randomness: str = "error",
+    *,
+    chunk_size: int | None = None,
+) -> Callable:
+    """Vectorize `func` over a batch dimension: `vmap(f)(x) == torch.stack([f(x[i]) for i in range(B)])`.
+
+    `in_dims`/`out_dims` are an int, None, or a pytree prefix of the positional args/outputs
+    (negative dims allowed); keyword arguments are passed unmapped. `randomness` is 'error',
+    'different' or 'same'. `chunk_size` splits the batch into chunks run one after another (less
+    peak memory); `chunk_size=1` runs a plain Python loop.
+    """
+    if randomness not in _RANDOMNESS:
+        raise VmapError(f"vmap: randomness must be one of {_RANDOMNESS}, got {randomness!r}")
+    if chunk_size is not None and (not isinstance(chunk_size, int) or chunk_size < 1):
+        raise VmapError(f"vmap: chunk_size should be None or a positive integer, got {chunk_size!r}")
+    if not callable(func):
+        raise VmapError(f"vmap: func must be callable, got {type(func).__name__}")
+
+    @functools.wraps(func)
+    def wrapped(*args, **kwargs):
+        flat_args, spec = tree_flatten(args)
+        flat_dims = _flat_in_dims(func, in_dims, args, spec)
+        size = _batch_size(func, flat_args, flat_dims)
+        if chunk_size is None or chunk_size >= size:
+            return _vmap_call(func, flat_args, flat_dims, spec, size, out_dims, randomness, kwargs)
+        return _chunked(func, flat_args, flat_dims, spec, size, out_dims, randomness, kwargs, chunk_size)
+
+    return wrapped
+
+
+def _fname(func: Callable) -> str:
+    return getattr(func, "__name__", repr(func))
+
+
+def _flat_in_dims(func: Callable, in_dims: Any, args: tuple, spec: Any) -> list:
+    if isinstance(in_dims, list):
+        in_dims = tuple(in_dims)
+    if not isinstance(in_dims, (int, tuple)) and in_dims is not None:
+        raise VmapError(
+            f"vmap({_fname(func)}, in_dims={in_dims!r}, ...): expected in_dims to be int or a (potentially "
+            f"nested) tuple matching the structure of inputs, got: {type(in_dims).__name__}."
+        )
+    if isinstance(in_dims, tuple) and len(in_dims) != len(args):
+        raise VmapError(
+            f"vmap({_fname(func)}, in_dims={in_dims!r}, ...)(<inputs>): in_dims is not compatible with the "
+            f"structure of `inputs`: in_dims has {len(in_dims)} elements but there are {len(args)} positional inputs."
+        )
+    flat = _broadcast_to_and_flatten(in_dims, spec)
+    if flat is None:
+        raise VmapError(
+            f"vmap({_fname(func)}, in_dims={in_dims!r}, ...)(<inputs>): in_dims is not compatible with the "
+            f"structure of `inputs`. in_dims must be a pytree prefix of the inputs' structure {spec}."
+        )
+    return flat
+
+
+def _batch_size(func: Callable, flat_args: list, flat_dims: list) -> int:
+    sizes = []
+    for i, (a, d) in enumerate(zip(flat_args, flat_dims)):
+        if d is None:
+            continue
+        if not isinstance(d, int):
+            raise VmapError(f"vmap({_fname(func)}, ...): in_dims entries must be int or None, got {d!r} for input {i}.")
+        if not isinstance(a, torch.Tensor):
+            raise VmapError(
+                f"vmap({_fname(func)}, in_dims=..., ...)(<inputs>): Got in_dim={d} for an input but the input is of "
+                f"type {type(a).__name__}. We cannot vmap over non-Tensor arguments, please use None as the "
+                f"respective in_dim."
+            )
+        if not -a.dim() <= d < a.dim():
+            raise VmapError(
+                f"vmap({_fname(func)}, in_dims=..., ...)(<inputs>): Got in_dim={d} for some input, but that input is a "
+                f"Tensor of dimensionality {a.dim()} so expected in_dim to satisfy -{a.dim()} <= in_dim < {a.dim()}."
+            )
+        sizes.append((i, a.shape[d]))
+    if not sizes:
+        raise VmapError(
+            f"vmap({_fname(func)}, in_dims=..., ...)(<inputs>): At least one of the inputs must be a Tensor mapped "
+            f"over a dimension (in_dims was None for every input, or there are no tensor inputs)."
+        )
+    if len({s for _, s in sizes}) > 1:
+        detail = ", ".join(f"input {i} has size {s}" for i, s in sizes)
+        raise VmapError(
+            f"vmap({_fname(func)}, in_dims=..., ...)(<inputs>): Expected all tensors to have the same size in the "
+            f"mapped dimension, got sizes {[s for _, s in sizes]} for the mapped dimension ({detail})."
+        )
+    return sizes[0][1]
+
+
+def _vmap_call(func, flat_args, flat_dims, spec, size, out_dims, randomness, kwargs):
+    info = push_level(size, randomness)
+    try:
+        batched = [
+            a if d is None else enter(a if d % a.dim() == 0 else a.movedim(d, 0), info.level, size)
+            for a, d in zip(flat_args, flat_dims)
+        ]
+        with VmapMode(info):
+            out = func(*tree_unflatten(batched, spec), **kwargs)
+        return _unwrap_outputs(func, out, out_dims, info.level, size)
+    finally:
+        pop_level(info)
+
+
+def _unwrap_outputs(func, out, out_dims, level, size):
+    flat_out, out_spec = tree_flatten(out)
+    if isinstance(out_dims, list):
+        out_dims = tuple(out_dims)
+    flat_dims = _broadcast_to_and_flatten(out_dims, out_spec)
+    if flat_dims is None:
+        raise VmapError(
+            f"vmap({_fname(func)}, ..., out_dims={out_dims!r})(<inputs>): out_dims is not compatible with the "
+            f"structure of `outputs`. out_dims has structure {tree_flatten(out_dims)[1]} but outputs has structure {out_spec}."
+        )
+    result = []
+    for i, (o, d) in enumerate(zip(flat_out, flat_dims)):
+        if not isinstance(o, torch.Tensor):
+            if d is not None:
+                raise VmapError(
+                    f"vmap({_fname(func)}, ...): `{_fname(func)}` returned a {type(o).__name__} at output {i}; only "
+                    f"tensors can be batched. Return a tensor, or pass out_dims=None for that output."
+                )
+            result.append(o)
+            continue
+        if d is None:
+            if is_batched_at(o, level):
+                raise VmapError(
+                    f"vmap({_fname(func)}, ..., out_dims=None)(<inputs>): output {i} is batched (it depends on a "
+                    f"mapped input), so it has no single value to return with out_dims=None. Use an int out_dim."
+                )
+            result.append(o)
+            continue
+        if not isinstance(d, int):
+            raise VmapError(f"vmap({_fname(func)}, ...): out_dims entries must be int or None, got {d!r}.")
+        t = leave(o, level, size)
+        nd = t.dim()
+        if not -nd <= d < nd:
+            raise VmapError(
+                f"vmap({_fname(func)}, ..., out_dims={d}): output {i} has {nd} dims (batch dim included), so out_dim "
+                f"must satisfy -{nd} <= out_dim < {nd}."
+            )
+        result.append(t if d % nd == 0 else t.movedim(0, d))
+    return tree_unflatten(result, out_spec)
+
+
+def _chunked(func, flat_args, flat_dims, spec, size, out_dims, randomness, kwargs, chunk_size):
+    starts = range(0, size, chunk_size)
+    if chunk_size == 1:
+        # A plain loop: each element called on its own and stacked, no batching machinery.
+        parts = [
+            _call_single(func, flat_args, flat_dims, spec, i, kwargs)
+            for i in range(size)
+        ]
+        return _stack_parts(func, parts, out_dims, size)
+    parts = []
+    for s in starts:
+        chunk_args = [a if d is None else a.narrow(d, s, min(chunk_size, size - s)) for a, d in zip(flat_args, flat_dims)]
+        parts.append(_vmap_call(func, chunk_args, flat_dims, spec, min(chunk_size, size - s), out_dims, randomness, kwargs))
+    return _cat_parts(func, parts, out_dims)
+
+
+def _call_single(func, flat_args, flat_dims, spec, i, kwargs):
+    args = [a if d is None else a.select(d, i) for a, d in zip(flat_args, flat_dims)]
+    return func(*tree_unflatten(args, spec), **kwargs)
+
+
+def _out_dims_for(func, out, out_dims):
+    flat, out_spec = tree_flatten(out)
+    dims = _broadcast_to_and_flatten(tuple(out_dims) if isinstance(out_dims, list) else out_dims, out_spec)
+    if dims is None:
+        raise VmapError(f"vmap({_fname(func)}, ..., out_dims={out_dims!r}): out_dims is not compatible with the outputs' structure {out_spec}.")
+    return flat, out_spec, dims
+
+
+def _stack_parts(func, parts, out_dims, size):
+    flats = []
+    for p in parts:
+        flat, out_spec, dims = _out_dims_for(func, p, out_dims)
+        flats.append(flat)
+    result = []
+    for j, d in enumerate(dims):
+        column = [f[j] for f in flats]
+        if d is None:
+            result.append(column[0])
+        elif not isinstance(column[0], torch.Tensor):
+            raise VmapError(f"vmap({_fname(func)}, ...): output {j} is a {type(column[0]).__name__}; only tensors can be batched.")
+        else:
+            result.append(torch.stack(column, d))
+    return tree_unflatten(result, out_spec)
+
+
+def _cat_parts(func, parts, out_dims):
+    flats = []
+    for p in parts:
+        flat, out_spec, dims = _out_dims_for(func, p, out_dims)
+        flats.append(flat)
+    result = []
+    for j, d in enumerate(dims):
+        column = [f[j] for f in flats]
+        result.append(column[0] if d is None else torch.cat(column, d))
+    return tree_unflatten(result, out_spec)

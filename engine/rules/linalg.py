@@ -1,0 +1,72 @@
+"""Matrix products: `torch.matmul` broadcasts over leading dims, so a batch dim at 0 is just one
+more broadcast dim; vector operands get a trailing unit dim so they are never mistaken for it."""
+from __future__ import annotations
+
+import torch
+
+from engine.rules._helpers import pad_batched
+from engine.rules._table import register_rule
+
+aten = torch.ops.aten
+
+
+@register_rule(aten.mm.default)
+@register_rule(aten.bmm.default)
+def _mm(info, in_dims, a, b):
+    return torch.matmul(a, b), 0
+
+
+@register_rule(aten.mv.default)
+def _mv(info, in_dims, a, v):
+    return torch.matmul(a, v.unsqueeze(-1)).squeeze(-1), 0
+
+
+@register_rule(aten.dot.default)
+@register_rule(aten.vdot.default)
+def _dot(info, in_dims, a, b):
+    if in_dims[0] is not None and in_dims[1] is not None:
+        return torch.matmul(a.unsqueeze(-2), b.unsqueeze(-1)).reshape(a.shape[0]), 0
+    if in_dims[0] is not None:
+        return torch.matmul(a, b), 0
+    return torch.matmul(b, a), 0
+
+
+@register_rule(aten.outer.default)
+def _outer(info, in_dims, a, b):
+    return a.unsqueeze(-1) * b.unsqueeze(-2), 0
+
+
+def _add_bias(bias, bias_dim, prod, beta, alpha, rank):
+    if alpha != 1:
+        prod = prod * alpha
+    if beta == 0:
+        return prod
+    if bias_dim is not None:
+        bias = pad_batched(bias, rank)
+    return prod + (bias if beta == 1 else bias * beta)
+
+
+@register_rule(aten.addmm.default)
+def _addmm(info, in_dims, bias, a, b, *, beta=1, alpha=1):
+    return _add_bias(bias, in_dims[0], torch.matmul(a, b), beta, alpha, 2), 0
+
+
+@register_rule(aten.addmv.default)
+def _addmv(info, in_dims, bias, a, v, *, beta=1, alpha=1):
+    return _add_bias(bias, in_dims[0], torch.matmul(a, v.unsqueeze(-1)).squeeze(-1), beta, alpha, 1), 0
+
+
+@register_rule(aten.baddbmm.default)
+def _baddbmm(info, in_dims, bias, a, b, *, beta=1, alpha=1):
+    return _add_bias(bias, in_dims[0], torch.matmul(a, b), beta, alpha, 3), 0
+
+
+@register_rule(aten.addbmm.default)
+def _addbmm(info, in_dims, bias, a, b, *, beta=1, alpha=1):
+    prod = torch.matmul(a, b).sum(-3)
+    return _add_bias(bias, in_dims[0], prod, beta, alpha, 2), 0
+
+
+@register_rule(aten.addr.default)
+def _addr(info, in_dims, bias, u, v, *, beta=1, alpha=1):
+    return _add_bias(bias, in_dims[0], u.unsqueeze(-1) * v.unsqueeze(-2), beta, alpha, 2), 0

@@ -1,0 +1,133 @@
+"""Pointwise family: every aten op tagged `pointwise` (unary, binary, ternary, comparisons, in-place
+variants, activation backwards) plus a few untagged elementwise ops. One rule: move batch dims to
+the front, pad batched arguments to the largest logical rank, let broadcasting do the rest."""
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+
+from engine.rules._helpers import lrank, ops_of, pad_batched
+from engine.rules._table import RULES, set_rule
+
+aten = torch.ops.aten
+
+
+def pointwise_rule(func: Any):
+    mutates_first = bool(func._schema.arguments) and func._schema.arguments[0].alias_info is not None and func._schema.arguments[0].alias_info.is_write
+    n_returns = len(func._schema.returns)
+
+    def rule(info, in_dims, *args, **kwargs):
+        rank = 0
+        dtypes = set()
+        zero_rank_batched = False
+        for a, d in zip(args, in_dims):
+            if isinstance(a, torch.Tensor):
+                r = a.dim() - (d is not None)
+                if r > rank:
+                    rank = r
+                dtypes.add(a.dtype)
+                if d is not None and r == 0:
+                    zero_rank_batched = True
+        new = [pad_batched(a, rank) if d is not None else a for a, d in zip(args, in_dims)]
+        out = func(*new, **kwargs)
+        if zero_rank_batched and len(dtypes) > 1 and not mutates_first:
+            out = _logical_dtype(func, args, in_dims, kwargs, out)
+        if n_returns > 1:
+            return out, (0,) * n_returns
+        return out, 0
+
+    return rule
+
+
+def _logical_dtype(func, args, in_dims, kwargs, out):
+    """A batched 0-dim tensor is physically 1-dim, which changes type promotion; recompute it on meta."""
+    meta_args = []
+    for a, d in zip(args, in_dims):
+        if isinstance(a, torch.Tensor) and (d is not None or a.dim() > 0):
+            shape = a.shape[1:] if d is not None else a.shape
+            meta_args.append(torch.empty(shape, dtype=a.dtype, device="meta"))
+        else:
+            meta_args.append(a)
+    try:
+        expected = func(*meta_args, **kwargs)
+    except Exception:  # noqa: BLE001 - meta kernel missing: keep the physical dtype
+        return out
+    if isinstance(out, torch.Tensor):
+        return out if out.dtype == expected.dtype else out.to(expected.dtype)
+    return type(out)(o if o.dtype == e.dtype else o.to(e.dtype) for o, e in zip(out, expected))
+
+
+def _is_out_variant(op: Any) -> bool:
+    return any(a.kwarg_only and a.alias_info is not None and a.alias_info.is_write for a in op._schema.arguments)
+
+
+def _tagged_pointwise_ops() -> list[Any]:
+    ops = []
+    for name in torch._C._dispatch_get_all_op_names():
+        if not name.startswith("aten::"):
+            continue
+        base, _, overload = name[6:].partition(".")
+        packet = getattr(torch.ops.aten, base, None)
+        op = getattr(packet, overload or "default", None) if packet is not None else None
+        if op is None or torch.Tag.pointwise not in op.tags or torch.Tag.nondeterministic_seeded in op.tags:
+            continue
+        if _is_out_variant(op) or any("[]" in str(a.type) for a in op._schema.arguments):
+            continue
+        ops.append(op)
+    return ops
+
+
+UNTAGGED = ops_of(
+    "clone.default", "_to_copy.default", "detach.default", "alias.default", "lift_fresh.default",
+    "fill.Scalar", "fill_.Scalar", "zero_.default", "zero.default", "copy_.default", "copy.default",
+    "where.self", "where.ScalarSelf", "where.ScalarOther", "where.Scalar",
+    "threshold_backward.default", "gelu_backward.default", "softplus_backward.default",
+    "log_sigmoid_forward.default", "log_sigmoid_backward.default", "elu_backward.default",
+    "hardtanh_backward.default", "leaky_relu_backward.default", "silu_backward.default",
+    "mish_backward.default", "hardsigmoid_backward.default", "hardswish_backward.default",
+    "relu.default", "relu_.default", "gelu.default", "silu.default", "sigmoid_backward.default",
+    "tanh_backward.default", "masked_fill.Scalar", "masked_fill_.Scalar", "isnan.default",
+    "positive.default", "_conj.default", "resolve_conj.default", "resolve_neg.default",
+    "logical_not.default", "sign.default", "nan_to_num.default", "lerp.Scalar", "lerp.Tensor",
+    "_softmax_backward_data.out",  # filtered below (out variant)
+)
+
+set_rule([op for op in _tagged_pointwise_ops() + UNTAGGED if not _is_out_variant(op)], pointwise_rule)
+
+
+def _masked_fill_tensor(info, in_dims, self, mask, value):
+    """masked_fill.Tensor needs a 0-dim value; a batched value becomes a where()."""
+    rank = max(lrank(self, in_dims[0]), lrank(mask, in_dims[1]))
+    s = pad_batched(self, rank) if in_dims[0] is not None else self
+    m = pad_batched(mask, rank) if in_dims[1] is not None else mask
+    if in_dims[2] is None:
+        return torch.ops.aten.masked_fill.Tensor(s, m, value), 0
+    v = pad_batched(value, rank)
+    return torch.where(m, v.to(self.dtype), s), 0
+
+
+def _masked_fill_tensor_(info, in_dims, self, mask, value):
+    out, _ = _masked_fill_tensor(info, in_dims, self, mask, value)
+    self.copy_(out.expand_as(self) if out.dim() == self.dim() else out)
+    return self, 0
+
+
+def _fill_tensor(info, in_dims, self, value):
+    if in_dims[1] is None:
+        return torch.ops.aten.fill.Tensor(self, value), in_dims[0]
+    shape = (value.shape[0],) + tuple(self.shape[1:] if in_dims[0] is not None else self.shape)
+    return pad_batched(value, len(shape) - 1).expand(shape).clone(), 0
+
+
+def _fill_tensor_(info, in_dims, self, value):
+    if in_dims[1] is None:
+        return self.fill_(value), 0
+    self.copy_(pad_batched(value, self.dim() - 1).expand_as(self))
+    return self, 0
+
+
+RULES[aten.masked_fill.Tensor] = _masked_fill_tensor
+RULES[aten.masked_fill_.Tensor] = _masked_fill_tensor_
+RULES[aten.fill.Tensor] = _fill_tensor
+RULES[aten.fill_.Tensor] = _fill_tensor_

@@ -1,0 +1,139 @@
+"""Reductions and other ops with a `dim` argument: shift logical dims past the batch dim.
+
+Three shapes of op share two helpers: ops taking `dim` (an int or a list; None or [] meaning
+"all dims" for list-dim reductions) and full reductions without `dim`, which are run as the
+dim variant over a flattened view. A batched 0-dim tensor is handled as a 1-element vector.
+"""
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+
+from engine.rules._helpers import materialize, ops_of, batch_size
+from engine.rules._table import RULES
+
+aten = torch.ops.aten
+
+
+def _arg(args: list, kwargs: dict, pos: int, name: str, default: Any) -> tuple[Any, str]:
+    if len(args) > pos:
+        return args[pos], "pos"
+    if name in kwargs:
+        return kwargs[name], "kw"
+    return default, "default"
+
+
+def dim_rule(func: Any, dim_pos: int, n_tensors: int = 1, all_when_none: bool = True):
+    """Rule for an op whose first `n_tensors` args share a logical shape and which takes `dim` at `dim_pos`."""
+    schema_arg = func._schema.arguments[dim_pos]
+    dim_name = schema_arg.name
+    default = schema_arg.default_value if schema_arg.has_default_value() else None
+    is_list = "List" in str(schema_arg.type) or "[]" in str(schema_arg.type)
+    kw_only = schema_arg.kwarg_only
+
+    def rule(info, in_dims, *args, **kwargs):
+        args = list(args)
+        size = batch_size(args, in_dims)
+        for i in range(n_tensors):
+            if isinstance(args[i], torch.Tensor):
+                args[i] = materialize(args[i], in_dims[i], size)
+        rank = args[0].dim() - 1
+        scalar = rank == 0
+        if scalar:
+            for i in range(n_tensors):
+                if isinstance(args[i], torch.Tensor):
+                    args[i] = args[i].unsqueeze(-1)
+            rank = 1
+        dim, where = _arg(args, kwargs, dim_pos, dim_name, default)
+        if is_list and isinstance(dim, int):
+            dim = [dim]
+        if dim is None or (is_list and len(dim) == 0):
+            if not all_when_none:  # e.g. argmax(dim=None): over the flattened tensor
+                for i in range(n_tensors):
+                    args[i] = args[i].reshape(size, -1)
+                new_dim: Any = 1 if not is_list else [1]
+            else:
+                new_dim = list(range(1, rank + 1))
+        elif is_list:
+            new_dim = [_shift(d, rank, scalar) for d in dim]
+        else:
+            new_dim = _shift(dim, rank, scalar)
+        if where == "kw" or (kw_only and where == "default"):
+            kwargs = dict(kwargs, **{dim_name: new_dim})
+        elif where == "pos" or (not kw_only and dim_pos <= len(args)):
+            while len(args) < dim_pos:
+                a = func._schema.arguments[len(args)]
+                args.append(a.default_value)
+            if len(args) == dim_pos:
+                args.append(new_dim)
+            else:
+                args[dim_pos] = new_dim
+        else:
+            kwargs = dict(kwargs, **{dim_name: new_dim})
+        out = func(*args, **kwargs)
+        if scalar:
+            out = _unscalar(out)
+        if isinstance(out, (tuple, list)):
+            return out, tuple(0 for _ in out)
+        return out, 0
+
+    return rule
+
+
+def _shift(dim: int, rank: int, scalar: bool) -> int:
+    if scalar:
+        if dim not in (0, -1):
+            raise IndexError(f"Dimension out of range (expected to be in range of [-1, 0], but got {dim})")
+        return 1
+    if not -rank <= dim < rank:
+        raise IndexError(f"Dimension out of range (expected to be in range of [{-rank}, {rank - 1}], but got {dim})")
+    return (dim + rank if dim < 0 else dim) + 1
+
+
+def _unscalar(out: Any) -> Any:
+    if isinstance(out, torch.Tensor):
+        return out.reshape(out.shape[0]) if out.dim() == 2 and out.shape[1] == 1 else out
+    return type(out)(_unscalar(o) for o in out)
+
+
+def full_rule(dim_variant, **fixed):
+    """A full reduction (no dim argument) as its dim variant over the flattened logical tensor."""
+
+    def rule(info, in_dims, x, *args, **kwargs):
+        flat = x.reshape(x.shape[0], -1)
+        return dim_variant(flat, 1, *args, **kwargs, **fixed), 0
+
+    return rule
+
+
+def _dim_pos(op: Any) -> int:
+    names = [a.name for a in op._schema.arguments]
+    return names.index("dim") if "dim" in names else names.index("dims")
+
+
+for op in ops_of(
+    "sum.dim_IntList", "mean.dim", "amax.default", "amin.default", "logsumexp.default", "nansum.default",
+    "var.correction", "std.correction", "var_mean.correction", "std_mean.correction", "any.dims", "all.dims",
+    "count_nonzero.dim_IntList", "prod.dim_int", "any.dim", "all.dim", "max.dim", "min.dim",
+    "_softmax.default", "_log_softmax.default", "cumsum.default", "cumprod.default", "logcumsumexp.default",
+    "cummax.default", "cummin.default", "sort.default", "sort.stable", "median.dim", "nanmedian.dim", "mode.default",
+    "aminmax.default", "squeeze.dim", "squeeze.dims", "var.dim", "std.dim", "norm.ScalarOpt_dim", "nanmean.default",
+    "flip.default", "unbind.int", "special_logsumexp.default", "linalg_vector_norm.default", "kthvalue.default",
+    "topk.default", "norm.ScalarOpt_dim_dtype", "argsort.default", "argsort.stable",
+):
+    RULES[op] = dim_rule(op, _dim_pos(op))
+for op in ops_of("argmax.default", "argmin.default"):
+    RULES[op] = dim_rule(op, 1, all_when_none=False)
+# two same-shaped tensors, then dim: the softmax backwards
+for op in ops_of("_softmax_backward_data.default", "_log_softmax_backward_data.default"):
+    RULES[op] = dim_rule(op, 2, n_tensors=2)
+
+# full reductions
+RULES[aten.sum.default] = full_rule(aten.sum.dim_IntList)
+RULES[aten.mean.default] = full_rule(aten.mean.dim)
+RULES[aten.prod.default] = full_rule(aten.prod.dim_int)
+RULES[aten.max.default] = full_rule(aten.amax.default)
+RULES[aten.min.default] = full_rule(aten.amin.default)
+RULES[aten.all.default] = full_rule(aten.all.dim)
+RULES[aten.any.default] = full_rule(aten.any.dim)

@@ -1,0 +1,173 @@
+"""View and shape ops: the batch dim stays at 0 and logical dims/sizes shift by one."""
+from __future__ import annotations
+
+import torch
+
+from engine.rules._helpers import batch_size, materialize, norm_dim, ops_of, pad_batched, phys_dim
+from engine.rules._table import RULES, register_rule
+
+aten = torch.ops.aten
+
+
+def _shape_rule(func):
+    """view/_unsafe_view/reshape-like ops taking a size list at position 1."""
+
+    def rule(info, in_dims, x, size, *args, **kwargs):
+        return func(x, [x.shape[0], *size], *args, **kwargs), 0
+
+    return rule
+
+
+for op in ops_of("view.default", "_unsafe_view.default", "reshape.default", "_reshape_alias.default"):
+    if op is aten._reshape_alias.default:
+        continue
+    RULES[op] = _shape_rule(op)
+
+
+@register_rule(aten.expand.default)
+def _expand(info, in_dims, x, size, implicit=False):
+    size = list(size)
+    x = pad_batched(x, len(size))
+    for i in range(len(size)):
+        if size[i] == -1:
+            size[i] = x.shape[i + 1]
+    return x.expand([x.shape[0], *size]), 0
+
+
+@register_rule(aten.permute.default)
+def _permute(info, in_dims, x, dims):
+    r = x.dim() - 1
+    return x.permute([0] + [phys_dim(d, r) for d in dims]), 0
+
+
+@register_rule(aten.transpose.int)
+def _transpose(info, in_dims, x, d0, d1):
+    r = x.dim() - 1
+    if r == 0:
+        return x, 0
+    return x.transpose(phys_dim(d0, r), phys_dim(d1, r)), 0
+
+
+@register_rule(aten.t.default)
+def _t(info, in_dims, x):
+    return (x.transpose(1, 2) if x.dim() == 3 else x), 0
+
+
+@register_rule(aten.unsqueeze.default)
+def _unsqueeze(info, in_dims, x, dim):
+    return x.unsqueeze(norm_dim(dim, x.dim()) + 1), 0
+
+
+@register_rule(aten.squeeze.default)
+def _squeeze(info, in_dims, x):
+    dims = [i for i in range(1, x.dim()) if x.shape[i] == 1]
+    return (x.squeeze(dims) if dims else x), 0
+
+
+@register_rule(aten.select.int)
+def _select(info, in_dims, x, dim, index):
+    return x.select(phys_dim(dim, x.dim() - 1), index), 0
+
+
+@register_rule(aten.slice.Tensor)
+def _slice(info, in_dims, x, dim=0, start=None, end=None, step=1):
+    return aten.slice.Tensor(x, phys_dim(dim, x.dim() - 1), start, end, step), 0
+
+
+@register_rule(aten.narrow.default)
+def _narrow(info, in_dims, x, dim, start, length):
+    return x.narrow(phys_dim(dim, x.dim() - 1), start, length), 0
+
+
+@register_rule(aten.diagonal.default)
+def _diagonal(info, in_dims, x, offset=0, dim1=0, dim2=1):
+    r = x.dim() - 1
+    return x.diagonal(offset, phys_dim(dim1, r), phys_dim(dim2, r)), 0
+
+
+@register_rule(aten.unfold.default)
+def _unfold(info, in_dims, x, dim, size, step):
+    return x.unfold(phys_dim(dim, x.dim() - 1), size, step), 0
+
+
+def _split_rule(func):
+    def rule(info, in_dims, x, split, dim=0):
+        out = func(x, split, phys_dim(dim, x.dim() - 1))
+        return out, tuple(0 for _ in out)
+
+    return rule
+
+
+for op in ops_of("split.Tensor", "split_with_sizes.default", "unsafe_split.Tensor", "unsafe_split_with_sizes.default",
+                 "split_with_sizes_copy.default", "split_copy.Tensor"):
+    RULES[op] = _split_rule(op)
+
+
+@register_rule(aten.cat.default)
+def _cat(info, in_dims, tensors, dim=0):
+    size = batch_size([tensors], [in_dims[0]])
+    ranks = [t.dim() - (d is not None) for t, d in zip(tensors, in_dims[0])]
+    rank = max(ranks)
+    # PyTorch's legacy rule: 1-dim empty tensors are skipped by cat whatever the dim.
+    parts = [materialize(t, d, size) for t, d, r in zip(tensors, in_dims[0], ranks)
+             if not (r == 1 and t.shape[-1] == 0 and rank > 1)]
+    return torch.cat(parts, phys_dim(dim, rank)), 0
+
+
+@register_rule(aten.stack.default)
+def _stack(info, in_dims, tensors, dim=0):
+    size = batch_size([tensors], [in_dims[0]])
+    parts = [materialize(t, d, size) for t, d in zip(tensors, in_dims[0])]
+    return torch.stack(parts, norm_dim(dim, parts[0].dim()) + 1), 0
+
+
+@register_rule(aten.movedim.int)
+def _movedim(info, in_dims, x, src, dst):
+    r = x.dim() - 1
+    return x.movedim(phys_dim(src, r), phys_dim(dst, r)), 0
+
+
+@register_rule(aten.repeat.default)
+def _repeat(info, in_dims, x, repeats):
+    x = pad_batched(x, len(repeats))
+    return x.repeat([1, *repeats]), 0
+
+
+@register_rule(aten.roll.default)
+def _roll(info, in_dims, x, shifts, dims=()):
+    if len(dims) == 0:
+        flat = x.reshape(x.shape[0], -1)
+        return flat.roll(shifts, 1).view(x.shape), 0
+    r = x.dim() - 1
+    return x.roll(shifts, [phys_dim(d, r) for d in dims]), 0
+
+
+@register_rule(aten.tril.default)
+def _tril(info, in_dims, x, diagonal=0):
+    return x.tril(diagonal), 0
+
+
+@register_rule(aten.triu.default)
+def _triu(info, in_dims, x, diagonal=0):
+    return x.triu(diagonal), 0
+
+
+@register_rule(aten.diag_embed.default)
+def _diag_embed(info, in_dims, x, offset=0, dim1=-2, dim2=-1):
+    r = x.dim() - 1 + 1  # output logical rank
+    return torch.diag_embed(x, offset, phys_dim(dim1, r), phys_dim(dim2, r)), 0
+
+
+@register_rule(aten.contiguous.default)
+def _contiguous(info, in_dims, x, memory_format=torch.contiguous_format):
+    return x.contiguous(), 0
+
+
+@register_rule(aten.view_as_real.default)
+def _view_as_real(info, in_dims, x):
+    return torch.view_as_real(x), 0
+
+
+@register_rule(aten.view_as_complex.default)
+def _view_as_complex(info, in_dims, x):
+    return torch.view_as_complex(x), 0
