@@ -8,7 +8,9 @@ has a decomposition, else run in a for-loop fallback that warns and names the op
 from engine import rules as _rules  # noqa: F401  (fills the rule table)
 from engine._batched import BatchedTensor
 from engine._dispatch import FallbackRecord, fallback_policy, record_fallbacks
+from engine import functional
 from engine._vmap import vmap
+from engine.transforms import TransformError, grad, grad_and_value, hessian, jacfwd, jacrev, jvp, linearize, vjp
 from engine.errors import (
     DataDependentError,
     FallbackError,
@@ -24,6 +26,16 @@ __all__ = [
     "FallbackError",
     "FallbackRecord",
     "FallbackWarning",
+    "TransformError",
+    "functional",
+    "grad",
+    "grad_and_value",
+    "hessian",
+    "jacfwd",
+    "jacrev",
+    "jvp",
+    "linearize",
+    "vjp",
     "RandomnessError",
     "VmapError",
     "fallback_policy",
