@@ -1,0 +1,38 @@
+"""Compiled variants of representative cases: engine.compile vs torch.compile(torch.func) vs the loop.
+
+Each reuses another family's data and method builders, so it measures the same computation as
+its eager counterpart; the eager loop and torch_func stay in for the side-by-side ratios. The
+compile happens on the first call (`Workload.prepare`, kept apart from the timed runs) and costs
+about 30 s on 2 cores, hence few cases, small sizes, and only `compiled_logreg_hessian` in the
+quick profile (2 compiled methods).
+
+`loop_compiled` (torch.compile of the per-example loss, the loop staying in Python) appears only
+for per-sample gradients: AOTAutograd does not support the double backward a Hessian loop needs.
+"""
+from __future__ import annotations
+
+from workloads import bayes_logreg, per_sample_grads
+from workloads.define import define
+
+FAMILY = "compiled"
+
+define(
+    name="compiled_logreg_hessian",
+    family=FAMILY,
+    description="logreg_hessian compiled: engine.compile vs torch.compile(torch.func.hessian)",
+    grid={"n": [1000], "d": [64]},
+    methods=("loop", "torch_func", "closed_form", "engine_compiled", "torch_func_compiled"),
+    make_inputs=bayes_logreg.logreg_data,
+    make_method=bayes_logreg.logreg_hessian_method,
+    quick=("n=1000,d=64",),
+)
+
+define(
+    name="compiled_psg_mlp",
+    family=FAMILY,
+    description="psg_mlp compiled: engine.compile vs torch.compile(vmap(grad)) vs a loop over a compiled loss",
+    grid={"batch": [64]},
+    methods=("loop", "torch_func", "closed_form", "loop_compiled", "engine_compiled", "torch_func_compiled"),
+    make_inputs=per_sample_grads.mlp_data,
+    make_method=per_sample_grads.mlp_method,
+)

@@ -1,0 +1,181 @@
+"""Hessians: of a network loss, of classic test functions, at many points, and Hessian-vector products.
+
+- `mlp_loss_hessian`: full Hessian of a small tanh MLP's regression loss w.r.t. its flattened
+  parameters (P = 10 * hidden + 1 of them), the object second-order optimisers and Laplace
+  approximations of networks need.
+- `rosenbrock_hessian`, `quadratic_hessian`: test functions at several dimensions, both with a
+  closed form (Rosenbrock's is tridiagonal; a quadratic form's is (A + A^T) / 2).
+- `pinn_batched_hessian`: vmap(hessian) of a network u: R^3 -> R over many collocation points,
+  as physics-informed nets do for Laplacians; closed form for one tanh hidden layer.
+- `mlp_hvp`: K Hessian-vector products of the MLP loss at one point (Lanczos, Hutchinson trace).
+"""
+from __future__ import annotations
+
+import math
+from typing import Any, Callable
+
+import torch
+
+from workloads.define import define
+from workloads.methods import batched_hessian_method, hessian_method, hvp_method
+
+FAMILY = "hessians"
+MLP_IN = 8
+MLP_EXAMPLES = 64
+
+
+def mlp_shapes(hidden: int) -> list[tuple[int, ...]]:
+    return [(hidden, MLP_IN), (hidden,), (1, hidden), (1,)]
+
+
+def unflatten(theta: torch.Tensor, shapes: list[tuple[int, ...]]) -> list[torch.Tensor]:
+    """Split a flat parameter vector into tensors of `shapes` (views, so vmap batches them)."""
+    out, start = [], 0
+    for shape in shapes:
+        numel = math.prod(shape)
+        out.append(theta[start:start + numel].view(shape))
+        start += numel
+    return out
+
+
+def mlp_loss(theta: torch.Tensor, X: torch.Tensor, y: torch.Tensor, shapes: list[tuple[int, ...]]) -> torch.Tensor:
+    W1, b1, W2, b2 = unflatten(theta, shapes)
+    pred = (torch.tanh(X @ W1.T + b1) @ W2.T + b2).squeeze(-1)
+    return ((pred - y) ** 2).mean()
+
+
+def mlp_data(params: dict[str, Any], gen: torch.Generator) -> dict[str, Any]:
+    hidden = params["hidden"]
+    shapes = mlp_shapes(hidden)
+    X = torch.randn(MLP_EXAMPLES, MLP_IN, generator=gen)
+    y = torch.sin(X.sum(1))
+    fan_in = [MLP_IN, MLP_IN, hidden, hidden]
+    theta = torch.cat([torch.randn(math.prod(s), generator=gen) / math.sqrt(f) for s, f in zip(shapes, fan_in)])
+    out = {"X": X, "y": y, "theta": theta, "shapes": shapes}
+    if "k" in params:
+        out["vectors"] = torch.randn(params["k"], theta.numel(), generator=gen)
+    return out
+
+
+def mlp_hessian_method(method: str, inputs: dict[str, Any]) -> Callable[[], Any]:
+    X, y, shapes = inputs["X"], inputs["y"], inputs["shapes"]
+    return hessian_method(method, lambda theta: mlp_loss(theta, X, y, shapes), inputs["theta"])
+
+
+define(
+    name="mlp_loss_hessian",
+    family=FAMILY,
+    description=f"Hessian of a tanh MLP's MSE loss ({MLP_EXAMPLES} examples) w.r.t. its flattened parameters",
+    grid={"hidden": [8, 32, 128]},
+    methods=("loop", "engine", "engine_traced", "torch_func", "functional_vectorize"),
+    make_inputs=mlp_data,
+    make_method=mlp_hessian_method,
+    quick=("hidden=32",),
+)
+
+
+def mlp_hvp_method(method: str, inputs: dict[str, Any]) -> Callable[[], Any]:
+    X, y, shapes = inputs["X"], inputs["y"], inputs["shapes"]
+    return hvp_method(method, lambda theta: mlp_loss(theta, X, y, shapes), inputs["theta"], inputs["vectors"])
+
+
+define(
+    name="mlp_hvp",
+    family=FAMILY,
+    description="K Hessian-vector products of the MLP loss at one point (reverse-over-reverse)",
+    grid={"hidden": [32, 128], "k": [8, 128]},
+    methods=("loop", "engine", "engine_traced", "torch_func"),
+    make_inputs=mlp_data,
+    make_method=mlp_hvp_method,
+    quick=("hidden=128,k=8",),
+)
+
+
+def point_data(params: dict[str, Any], gen: torch.Generator) -> dict[str, Any]:
+    d = params["d"]
+    return {
+        "x": torch.randn(d, generator=gen),
+        "A": torch.randn(d, d, generator=gen) / math.sqrt(d),
+        "b": torch.randn(d, generator=gen),
+    }
+
+
+def rosenbrock(x: torch.Tensor) -> torch.Tensor:
+    return (100 * (x[1:] - x[:-1] ** 2) ** 2 + (1 - x[:-1]) ** 2).sum()
+
+
+def rosenbrock_hessian_closed_form(x: torch.Tensor) -> torch.Tensor:
+    diag = torch.zeros_like(x)
+    diag[:-1] += 1200 * x[:-1] ** 2 - 400 * x[1:] + 2
+    diag[1:] += 200
+    off = -400 * x[:-1]
+    return torch.diag(diag) + torch.diag(off, 1) + torch.diag(off, -1)
+
+
+define(
+    name="rosenbrock_hessian",
+    family=FAMILY,
+    description="Hessian of the d-dimensional Rosenbrock function (tridiagonal closed form)",
+    grid={"d": [8, 128, 1024]},
+    methods=("loop", "engine", "engine_traced", "torch_func", "functional_vectorize", "closed_form"),
+    make_inputs=point_data,
+    make_method=lambda method, inputs: hessian_method(method, rosenbrock, inputs["x"], rosenbrock_hessian_closed_form),
+)
+
+
+def quadratic_method(method: str, inputs: dict[str, Any]) -> Callable[[], Any]:
+    A, b = inputs["A"], inputs["b"]
+
+    def quadratic(x: torch.Tensor) -> torch.Tensor:
+        return 0.5 * x @ (A @ x) + b @ x
+    return hessian_method(method, quadratic, inputs["x"], lambda x: 0.5 * (A + A.T))
+
+
+define(
+    name="quadratic_hessian",
+    family=FAMILY,
+    description="Hessian of a quadratic form 0.5 x^T A x + b^T x with a dense non-symmetric A",
+    grid={"d": [8, 128, 1024]},
+    methods=("loop", "engine", "engine_traced", "torch_func", "functional_vectorize", "closed_form"),
+    make_inputs=point_data,
+    make_method=quadratic_method,
+    quick=("d=128",),
+)
+
+PINN_DIM = 3
+PINN_HIDDEN = 64
+
+
+def pinn_data(params: dict[str, Any], gen: torch.Generator) -> dict[str, Any]:
+    return {
+        "points": torch.rand(params["points"], PINN_DIM, generator=gen) * 2 - 1,
+        "W1": torch.randn(PINN_HIDDEN, PINN_DIM, generator=gen),
+        "b1": torch.randn(PINN_HIDDEN, generator=gen),
+        "w2": torch.randn(PINN_HIDDEN, generator=gen) / math.sqrt(PINN_HIDDEN),
+    }
+
+
+def pinn_method(method: str, inputs: dict[str, Any]) -> Callable[[], Any]:
+    W1, b1, w2 = inputs["W1"], inputs["b1"], inputs["w2"]
+
+    def u(x: torch.Tensor) -> torch.Tensor:
+        return torch.tanh(W1 @ x + b1) @ w2
+
+    def closed_form(points: torch.Tensor) -> torch.Tensor:
+        # d2/dx2 of w2 . tanh(W1 x + b1) = W1^T diag(w2 * tanh'') W1, tanh'' = -2 t (1 - t^2).
+        t = torch.tanh(points @ W1.T + b1)
+        c = w2 * (-2 * t * (1 - t * t))
+        return torch.einsum("bm,mi,mj->bij", c, W1, W1)
+    return batched_hessian_method(method, u, inputs["points"], closed_form)
+
+
+define(
+    name="pinn_batched_hessian",
+    family=FAMILY,
+    description=f"vmap(hessian) of a 1-hidden-layer tanh net R^{PINN_DIM} -> R at many collocation points",
+    grid={"points": [16, 256, 4096]},
+    methods=("loop", "engine", "engine_traced", "torch_func", "closed_form"),
+    make_inputs=pinn_data,
+    make_method=pinn_method,
+    quick=("points=256",),
+)

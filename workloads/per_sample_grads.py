@@ -1,0 +1,160 @@
+"""Per-sample gradients (differential privacy, gradient-noise and influence statistics).
+
+Three models written as plain functions of a parameter tuple, each working on one example and on
+a batch alike, with a cross-entropy loss per example:
+- `psg_mlp`: MLP 784-128-10 on MNIST-shaped inputs; closed form for its linear layers
+  (the per-example outer products of output gradients and layer inputs).
+- `psg_cnn`: two conv + max-pool blocks and a linear head on CIFAR-shaped inputs.
+- `psg_attention`: one transformer block (2-head self-attention, layer norm, ReLU MLP) over 16
+  tokens of width 32, mean-pooled into a linear classifier.
+"""
+from __future__ import annotations
+
+import math
+from typing import Any, Callable
+
+import torch
+import torch.nn.functional as F
+
+from workloads.define import define
+from workloads.methods import per_sample_grads_method
+
+FAMILY = "per_sample_grads"
+CLASSES = 10
+BATCHES = [8, 64, 256]
+
+Params = tuple[torch.Tensor, ...]
+
+
+def _init(gen: torch.Generator, *shape: int, fan_in: int) -> torch.Tensor:
+    return torch.randn(*shape, generator=gen) / math.sqrt(fan_in)
+
+
+def mlp_logits(params: Params, x: torch.Tensor) -> torch.Tensor:
+    W1, b1, W2, b2 = params
+    return torch.relu(x @ W1.T + b1) @ W2.T + b2
+
+
+def mlp_loss(params: Params, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+    return F.cross_entropy(mlp_logits(params, x), y, reduction="none")
+
+
+def mlp_grads_closed_form(params: Params, X: torch.Tensor, Y: torch.Tensor) -> Params:
+    """Backpropagation written out per example: dW = outer(dz, layer input), db = dz."""
+    W1, b1, W2, b2 = params
+    z1 = X @ W1.T + b1
+    a1 = torch.relu(z1)
+    dz2 = torch.softmax(a1 @ W2.T + b2, dim=-1) - F.one_hot(Y, CLASSES).to(X.dtype)
+    dz1 = (dz2 @ W2) * (z1 > 0)
+    return torch.einsum("bh,bi->bhi", dz1, X), dz1, torch.einsum("bo,bh->boh", dz2, a1), dz2
+
+
+def mlp_data(params: dict[str, Any], gen: torch.Generator) -> dict[str, Any]:
+    b = params["batch"]
+    model = (
+        _init(gen, 128, 784, fan_in=784), _init(gen, 128, fan_in=784),
+        _init(gen, CLASSES, 128, fan_in=128), _init(gen, CLASSES, fan_in=128),
+    )
+    return {"params": model, "x": torch.rand(b, 784, generator=gen), "y": torch.randint(CLASSES, (b,), generator=gen)}
+
+
+def _method(loss: Callable[..., torch.Tensor], closed_form: Callable[..., Params] | None = None):
+    def make(method: str, inputs: dict[str, Any]) -> Callable[[], Any]:
+        return per_sample_grads_method(method, loss, inputs["params"], inputs["x"], inputs["y"], closed_form)
+    return make
+
+
+mlp_method = _method(mlp_loss, mlp_grads_closed_form)
+
+define(
+    name="psg_mlp",
+    family=FAMILY,
+    description="Per-sample gradients of an MLP 784-128-10 (MNIST-shaped inputs), cross-entropy loss",
+    grid={"batch": BATCHES},
+    methods=("loop", "engine", "engine_traced", "torch_func", "functional_vectorize", "closed_form"),
+    make_inputs=mlp_data,
+    make_method=mlp_method,
+    quick=("batch=64",),
+)
+
+
+def cnn_logits(params: Params, x: torch.Tensor) -> torch.Tensor:
+    c1, cb1, c2, cb2, W, b = params
+    h = F.max_pool2d(torch.relu(F.conv2d(x, c1, cb1, padding=1)), 2)
+    h = F.max_pool2d(torch.relu(F.conv2d(h, c2, cb2, padding=1)), 2)
+    return h.flatten(-3) @ W.T + b
+
+
+def cnn_loss(params: Params, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+    return F.cross_entropy(cnn_logits(params, x), y, reduction="none")
+
+
+def cnn_data(params: dict[str, Any], gen: torch.Generator) -> dict[str, Any]:
+    b = params["batch"]
+    model = (
+        _init(gen, 16, 3, 3, 3, fan_in=27), _init(gen, 16, fan_in=27),
+        _init(gen, 32, 16, 3, 3, fan_in=144), _init(gen, 32, fan_in=144),
+        _init(gen, CLASSES, 32 * 8 * 8, fan_in=2048), _init(gen, CLASSES, fan_in=2048),
+    )
+    return {"params": model, "x": torch.randn(b, 3, 32, 32, generator=gen),
+            "y": torch.randint(CLASSES, (b,), generator=gen)}
+
+
+define(
+    name="psg_cnn",
+    family=FAMILY,
+    description="Per-sample gradients of a small CNN (2 conv + max-pool blocks, linear head) on CIFAR-shaped inputs",
+    grid={"batch": BATCHES},
+    # functional_vectorize is left out: it backpropagates B one-hot vectors through the whole
+    # batch at once, B x B x 16 x 32 x 32 floats (4 GB at B=256).
+    methods=("loop", "engine", "engine_traced", "torch_func"),
+    make_inputs=cnn_data,
+    make_method=_method(cnn_loss),
+    quick=("batch=8",),
+)
+
+TOKENS, WIDTH, HEADS, FF = 16, 32, 2, 64
+
+
+def attention_logits(params: Params, x: torch.Tensor) -> torch.Tensor:
+    """x: [..., TOKENS, WIDTH] -> [..., CLASSES]; works with or without a leading batch dim."""
+    Wq, Wk, Wv, Wo, ln_w, ln_b, W1, b1, W2, b2, Wc, bc = params
+
+    def heads(t: torch.Tensor) -> torch.Tensor:  # [..., T, W] -> [..., H, T, W/H]
+        return t.unflatten(-1, (HEADS, WIDTH // HEADS)).transpose(-3, -2)
+
+    q, k, v = heads(x @ Wq.T), heads(x @ Wk.T), heads(x @ Wv.T)
+    att = torch.softmax(q @ k.transpose(-2, -1) / math.sqrt(WIDTH // HEADS), dim=-1)
+    h = x + (att @ v).transpose(-3, -2).flatten(-2) @ Wo.T
+    h = F.layer_norm(h, (WIDTH,), ln_w, ln_b)
+    h = h + torch.relu(h @ W1.T + b1) @ W2.T + b2
+    return h.mean(-2) @ Wc.T + bc
+
+
+def attention_loss(params: Params, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+    return F.cross_entropy(attention_logits(params, x), y, reduction="none")
+
+
+def attention_data(params: dict[str, Any], gen: torch.Generator) -> dict[str, Any]:
+    b = params["batch"]
+    model = (
+        *(_init(gen, WIDTH, WIDTH, fan_in=WIDTH) for _ in range(4)),
+        1 + 0.1 * torch.randn(WIDTH, generator=gen), 0.1 * torch.randn(WIDTH, generator=gen),
+        _init(gen, FF, WIDTH, fan_in=WIDTH), _init(gen, FF, fan_in=WIDTH),
+        _init(gen, WIDTH, FF, fan_in=FF), _init(gen, WIDTH, fan_in=FF),
+        _init(gen, CLASSES, WIDTH, fan_in=WIDTH), _init(gen, CLASSES, fan_in=WIDTH),
+    )
+    return {"params": model, "x": torch.randn(b, TOKENS, WIDTH, generator=gen),
+            "y": torch.randint(CLASSES, (b,), generator=gen)}
+
+
+define(
+    name="psg_attention",
+    family=FAMILY,
+    description=f"Per-sample gradients of one self-attention block ({HEADS} heads, {TOKENS} tokens x {WIDTH})",
+    grid={"batch": BATCHES},
+    methods=("loop", "engine", "engine_traced", "torch_func", "functional_vectorize"),
+    make_inputs=attention_data,
+    make_method=_method(attention_loss),
+    quick=("batch=64",),
+)
