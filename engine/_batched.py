@@ -23,6 +23,8 @@ class LevelInfo:
     level: int
     batch_size: int
     randomness: str = "error"
+    # autograd sequence number at entry: graph nodes older than this were built outside the level
+    seq: int = 0
 
 
 _level_counter = itertools.count(1)
@@ -30,7 +32,7 @@ _active: dict[int, LevelInfo] = {}
 
 
 def push_level(batch_size: int, randomness: str) -> LevelInfo:
-    info = LevelInfo(next(_level_counter), batch_size, randomness)
+    info = LevelInfo(next(_level_counter), batch_size, randomness, torch._C._autograd._get_sequence_nr())
     _active[info.level] = info
     return info
 
@@ -66,7 +68,16 @@ class BatchedTensor(torch.Tensor):
         r._level = level
         return r
 
-    __torch_function__ = torch._C._disabled_torch_function_impl
+    @classmethod
+    def __torch_function__(cls, func, types, args=(), kwargs=None):
+        # Runs above autograd: the only place where an unbatched tensor that requires grad from
+        # outside this vmap can be broadcast into the batch *differentiably*, so that the gradient
+        # reaching it after vmap returns is summed over the batch (see _broadcast_outer_grads).
+        kwargs = kwargs or {}
+        with torch._C.DisableTorchFunctionSubclass():
+            if torch.is_grad_enabled() and _active:
+                args, kwargs = _broadcast_outer_grads(args, kwargs)
+            return func(*args, **kwargs)
 
     @classmethod
     def __torch_dispatch__(cls, func, types, args=(), kwargs=None):
@@ -170,3 +181,56 @@ def leave(x: torch.Tensor, level: int, batch_size: int) -> torch.Tensor:
     if x.requires_grad and torch.is_grad_enabled() and is_batched_at(x, level):
         return _RemoveBatchDim.apply(x, level, batch_size)
     return remove_batch_dim(x, level, batch_size)
+
+
+def mark_inner(t: torch.Tensor) -> torch.Tensor:
+    """Stamp a leaf made by a transform (grad's input) with its creation time, so a vmap level
+    entered before it treats gradients into it per example rather than summing them."""
+    t._vb_seq = torch._C._autograd._get_sequence_nr()
+    return t
+
+
+def _is_outer(t: torch.Tensor, info: LevelInfo) -> bool:
+    """Whether gradients into `t` flow to something built before `info`'s vmap started."""
+    fn = t.grad_fn
+    if fn is None:
+        return getattr(t, "_vb_seq", -1) < info.seq
+    stack, seen = [fn], set()
+    while stack:
+        node = stack.pop()
+        if node in seen:
+            continue
+        seen.add(node)
+        variable = getattr(node, "variable", None)
+        if variable is not None:  # AccumulateGrad: a leaf
+            if getattr(variable, "_vb_seq", -1) < info.seq:
+                return True
+            continue
+        if node._sequence_nr() < info.seq:
+            return True
+        stack.extend(n for n, _ in node.next_functions if n is not None)
+    return False
+
+
+def _broadcast_outer_grads(args: tuple, kwargs: dict) -> tuple[tuple, dict]:
+    level = None
+    for a in args:
+        if type(a) is BatchedTensor and a._level in _active and (level is None or a._level > level):
+            level = a._level
+        elif type(a) in (list, tuple):
+            for b in a:
+                if type(b) is BatchedTensor and b._level in _active and (level is None or b._level > level):
+                    level = b._level
+    if level is None:
+        return args, kwargs
+    info = _active[level]
+
+    def fix(a):
+        if isinstance(a, torch.Tensor) and a.requires_grad and not (type(a) is BatchedTensor and a._level >= level):
+            if _is_outer(a, info):
+                return _AddBatchDim.apply(a.unsqueeze(0).expand(info.batch_size, *a.shape), level, info.batch_size)
+        elif type(a) in (list, tuple):
+            return type(a)(fix(b) for b in a)
+        return a
+
+    return tuple(fix(a) for a in args), {k: fix(v) for k, v in kwargs.items()}

@@ -14,6 +14,7 @@ from typing import Any, Callable, Iterator
 import torch
 from torch.utils._pytree import tree_flatten, tree_map, tree_unflatten
 
+from engine._batched import mark_inner
 from engine._vmap import vmap
 from engine.errors import VmapError
 
@@ -62,7 +63,7 @@ def _prepare(x: Any) -> Any:
         raise TransformError(f"only tensors (or pytrees of tensors) can be differentiated, got {type(x).__name__}")
     if x.requires_grad:
         return x.view_as(x)
-    return x.detach().requires_grad_(True)
+    return mark_inner(x.detach().requires_grad_(True))
 
 
 def _create_graph(inputs: list) -> bool:
