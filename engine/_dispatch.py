@@ -210,7 +210,8 @@ def _inplace_view(func: Any, args: tuple, kwargs: dict) -> Any:
     name = func._schema.name.split("::")[1].rstrip("_")
     overload = func._overloadname
     packet = getattr(aten, name)
-    out_of_place = getattr(packet, overload if overload in packet.overloads() else "default")
+    candidates = [o for o in (overload, "int", "default", *packet.overloads()) if o in packet.overloads()]
+    out_of_place = getattr(packet, candidates[0])
     result = batched_dispatch(out_of_place, args, kwargs)
     self._elem = result._elem
     with torch.utils._mode_utils.no_dispatch():

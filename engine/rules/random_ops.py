@@ -52,3 +52,46 @@ def _native_dropout(info, in_dims, x, p, train):
 RULES[aten.bernoulli.p] = _bernoulli_p
 RULES[aten.bernoulli.default] = _bernoulli
 RULES[aten.native_dropout.default] = _native_dropout
+
+
+def _bernoulli_inplace(func):
+    """bernoulli_(self, p): fills self; 'same' draws one logical tensor and copies it to every element."""
+
+    def rule(info, in_dims, self, p=0.5, *, generator=None):
+        if info.randomness == "same" and isinstance(p, torch.Tensor) and in_dims[1] is not None:
+            # per-element probabilities, one shared uniform draw
+            u = torch.rand(self.shape[1:], dtype=self.dtype, device=self.device, generator=generator)
+            self.copy_((u < pad_batched(p, self.dim() - 1)).to(self.dtype).expand_as(self))
+        elif info.randomness == "same":
+            draw = torch.empty(self.shape[1:], dtype=self.dtype, device=self.device)
+            func(draw, p, generator=generator)
+            self.copy_(draw.expand_as(self))
+        else:
+            p_phys = pad_batched(p, self.dim() - 1) if isinstance(p, torch.Tensor) and in_dims[1] is not None else p
+            func(self, p_phys, generator=generator)
+        return self, 0
+
+    return rule
+
+
+for op in ops_of("bernoulli_.float", "bernoulli_.Tensor"):
+    RULES[op] = _bernoulli_inplace(op)
+
+
+def _fill_random_inplace(func):
+    """uniform_/normal_/exponential_ on a batched self."""
+
+    def rule(info, in_dims, self, *args, **kwargs):
+        if info.randomness == "same":
+            draw = torch.empty(self.shape[1:], dtype=self.dtype, device=self.device)
+            func(draw, *args, **kwargs)
+            self.copy_(draw.expand_as(self))
+        else:
+            func(self, *args, **kwargs)
+        return self, 0
+
+    return rule
+
+
+for op in ops_of("uniform_.default", "normal_.default", "exponential_.default", "random_.default", "random_.from", "random_.to"):
+    RULES[op] = _fill_random_inplace(op)

@@ -1,0 +1,313 @@
+"""engine.vmap: every API promise and error of the core machinery, checked against for-loops."""
+from __future__ import annotations
+
+import warnings
+
+import pytest
+import torch
+
+import engine
+from engine import DataDependentError, FallbackError, FallbackWarning, RandomnessError, VmapError
+
+B = 4
+
+
+def loop(f, *args, in_dims=0):
+    """The semantics vmap must match: call f per element and stack."""
+    dims = in_dims if isinstance(in_dims, tuple) else (in_dims,) * len(args)
+    size = next(a.shape[d] for a, d in zip(args, dims) if d is not None)
+    outs = [f(*[a if d is None else a.select(d, i) for a, d in zip(args, dims)]) for i in range(size)]
+    if isinstance(outs[0], tuple):
+        return tuple(torch.stack(o) for o in zip(*outs))
+    return torch.stack(outs)
+
+
+def close(a, b, **kw):
+    if isinstance(a, tuple):
+        return all(close(x, y, **kw) for x, y in zip(a, b))
+    return type(a) is torch.Tensor and a.shape == b.shape and torch.allclose(a, b, atol=1e-5, rtol=1e-5, **kw)
+
+
+@pytest.fixture(autouse=True)
+def _strict():
+    # Core rules must not loop: any fallback in these tests is a bug.
+    with engine.fallback_policy("error"):
+        yield
+
+
+CASES = {
+    "batched_dot": (torch.dot, lambda: (torch.randn(B, 5), torch.randn(B, 5))),
+    "linear_relu": (lambda x, w, b: torch.relu(x @ w + b), lambda: (torch.randn(B, 3), torch.randn(3, 6), torch.randn(6)),
+                    (0, None, None)),
+    "linear_batched_weights": (lambda x, w: torch.nn.functional.linear(x, w).tanh(), lambda: (torch.randn(B, 2, 3), torch.randn(B, 5, 3))),
+    "clamp_min0": (lambda x: x.clamp(min=0), lambda: (torch.randn(B, 3, 2),)),
+    "where": (lambda x, y: torch.where(x > 0, x, y * 2), lambda: (torch.randn(B, 3), torch.randn(B, 3))),
+    "softmax_logsumexp": (lambda x: (torch.softmax(x, -1), torch.logsumexp(x, 0)), lambda: (torch.randn(B, 3, 4),)),
+    "reductions": (lambda x: (x.sum(), x.mean(1), x.amax(-1), x.log_softmax(0), x.var(), x.max(1).values, x.argmax()),
+                   lambda: (torch.randn(B, 3, 4),)),
+    "views": (lambda x: (x.view(12), x.reshape(4, 3), x.t(), x.permute(1, 0), x.unsqueeze(-1), x[1], x[:, 1:3],
+                         x.expand(2, 3, 4), x.transpose(0, 1).contiguous(), x.flatten(), x.squeeze(), x.unsqueeze(0).squeeze(0)),
+              lambda: (torch.randn(B, 3, 4),)),
+    "cat_stack": (lambda x, y: (torch.cat([x, y], 0), torch.stack([x, y], -1), torch.cat([x, y], -1)),
+                  lambda: (torch.randn(B, 2, 3), torch.randn(B, 2, 3))),
+    "matmuls": (lambda a, b, v: (a @ b, torch.mm(a, b), a @ v, torch.mv(a, v), torch.addmm(v[:3].unsqueeze(-1), a, b),
+                                 torch.bmm(a.unsqueeze(0), b.unsqueeze(0))),
+                lambda: (torch.randn(B, 3, 4), torch.randn(B, 4, 3), torch.randn(B, 4))),
+    "factory_like": (lambda x: (torch.zeros_like(x) + x, x.new_zeros(2, 3), torch.ones_like(x), x.new_full((2,), 3.0)),
+                     lambda: (torch.randn(B, 3),)),
+    "scalar_rank0": (lambda x: (x * 2.5, x.sum(0), x.softmax(-1), torch.stack([x, x])), lambda: (torch.randn(B),)),
+    "mixed_dtype_rank0": (lambda x, y: x + y, lambda: (torch.randn(B, dtype=torch.float64), torch.randn(3)), (0, None)),
+}
+
+
+@pytest.mark.parametrize("name", list(CASES))
+def test_matches_loop(name):
+    f, make, *dims = CASES[name]
+    in_dims = dims[0] if dims else 0
+    torch.manual_seed(0)
+    args = make()
+    assert close(engine.vmap(f, in_dims=in_dims)(*args), loop(f, *args, in_dims=in_dims))
+
+
+@pytest.mark.parametrize("in_dims", [(0, 0), (-1, 0), (0, None), (None, 1), (-1, -1)])
+def test_in_dims_patterns(in_dims):
+    x, y = torch.randn(B, 3, B), torch.randn(3, B)
+    if in_dims[0] == 0:
+        x = torch.randn(B, 3)
+    if in_dims[0] == -1:
+        x = torch.randn(3, B)
+    if in_dims[0] is None:
+        x = torch.randn(3)
+    if in_dims[1] == 0:
+        y = torch.randn(B, 3)
+    if in_dims[1] is None:
+        y = torch.randn(3)
+    f = lambda a, b: a * b.exp()  # noqa: E731
+    assert close(engine.vmap(f, in_dims=in_dims)(x, y), loop(f, x, y, in_dims=in_dims))
+
+
+def test_out_dims():
+    x = torch.randn(B, 3, 2)
+    out = engine.vmap(lambda a: (a, a.sum(0)), out_dims=(1, -1))(x)
+    assert close(out[0], x.movedim(0, 1)) and close(out[1], x.sum(1).movedim(0, -1))
+    # an unbatched output with an int out_dim is expanded, as in torch.func
+    c = engine.vmap(lambda a: torch.ones(2), out_dims=0)(x)
+    assert c.shape == (B, 2)
+
+
+def test_pytrees_in_and_out():
+    d = {"a": torch.randn(B, 3), "b": [torch.randn(3, B), 7]}
+
+    def f(tree, scale):
+        return {"s": tree["a"] * tree["b"][0] * tree["b"][1] * scale, "t": (tree["a"].sum(), "tag")}
+
+    out = engine.vmap(f, in_dims=({"a": 0, "b": [1, None]}, None), out_dims={"s": 0, "t": (0, None)})(d, 2.0)
+    assert close(out["s"], d["a"] * d["b"][0].T * 7 * 2.0)
+    assert close(out["t"][0], d["a"].sum(1)) and out["t"][1] == "tag"
+
+
+def test_kwargs_are_not_mapped():
+    x = torch.randn(B, 3)
+    out = engine.vmap(lambda a, *, bias: a + bias)(x, bias=torch.ones(3))
+    assert close(out, x + 1)
+
+
+def test_nested_vmap_three_deep_and_closure():
+    x = torch.randn(2, 3, 4, 5)
+    out = engine.vmap(engine.vmap(engine.vmap(lambda a: a.sin().sum())))(x)
+    assert close(out, x.sin().sum(-1))
+    a, b = torch.randn(3, 4), torch.randn(5, 4)
+    outer = engine.vmap(lambda u: engine.vmap(lambda v: (u * v).sum())(b))(a)
+    assert close(outer, a @ b.T)
+    # inner in_dims over an outer-batched value
+    m = torch.randn(3, 4, 6)
+    out = engine.vmap(lambda r: engine.vmap(lambda c: c.square(), in_dims=1)(r))(m)
+    assert close(out, m.square().transpose(1, 2))
+
+
+@pytest.mark.parametrize("chunk", [1, 2, 3, 4, 100])
+def test_chunk_size_equals_unchunked(chunk):
+    x, y = torch.randn(7, 3), torch.randn(3)
+    f = lambda a, b: (a @ b, a.exp())  # noqa: E731
+    ref = engine.vmap(f, in_dims=(0, None))(x, y)
+    out = engine.vmap(f, in_dims=(0, None), chunk_size=chunk)(x, y)
+    assert close(out, ref)
+
+
+def test_chunk_size_one_is_a_plain_loop():
+    seen = []
+
+    def f(a):
+        seen.append(type(a))
+        return a * 2
+
+    engine.vmap(f, chunk_size=1)(torch.randn(3, 2))
+    assert seen == [torch.Tensor] * 3
+
+
+def test_inplace_on_batched_self_and_writes_input():
+    x = torch.randn(B, 3)
+    expected = x * 2 + 1
+
+    def f(a):
+        a.mul_(2)
+        a.add_(torch.ones(3))
+        return a
+
+    out = engine.vmap(f)(x)
+    assert close(out, expected) and close(x, expected)
+
+
+def test_inplace_into_unbatched_raises():
+    with pytest.raises(VmapError, match="in place into a tensor that is not batched.*out-of-place"):
+        engine.vmap(lambda a: torch.zeros(3).add_(a))(torch.randn(B, 3))
+
+
+def test_inplace_shape_ops():
+    x = torch.randn(B, 3)
+    out = engine.vmap(lambda a: a.clone().unsqueeze_(0).transpose_(0, 1))(x)
+    assert close(out, x.unsqueeze(1).transpose(1, 2))
+
+
+def test_differentiable_boundary():
+    x = torch.randn(B, 3, requires_grad=True)
+    w = torch.randn(3, requires_grad=True)
+    out = engine.vmap(lambda a: (a.sin() * w).sum())(x)
+    gx, gw = torch.autograd.grad(out.sum(), (x, w))
+    assert close(gx, x.cos() * w) and close(gw, x.sin().sum(0))
+
+
+def test_module_forward_then_backward_outside():
+    torch.manual_seed(0)
+    m = torch.nn.Linear(3, 2)
+    x = torch.randn(B, 3)
+    engine.vmap(m)(x).pow(2).sum().backward()
+    g = m.weight.grad.clone()
+    m.zero_grad()
+    m(x).pow(2).sum().backward()
+    assert close(g, m.weight.grad)
+
+
+# ---- fallback API -------------------------------------------------------------------------------
+
+def _no_rule_op():
+    # An op the core families do not batch and PyTorch does not decompose: it must loop.
+    return lambda a: torch.ops.aten.histc.default(a, 4)
+
+
+def test_fallback_warns_names_op_and_counts():
+    engine._dispatch._FallbackState.warned.discard("aten::histc.default")
+    x = torch.rand(B, 10)
+    with engine.fallback_policy("warn"), warnings.catch_warnings(record=True) as w, engine.record_fallbacks() as rec:
+        warnings.simplefilter("always")
+        out = engine.vmap(_no_rule_op())(x)
+        engine.vmap(_no_rule_op())(x)
+    assert close(out, loop(_no_rule_op(), x))
+    msgs = [str(m.message) for m in w if issubclass(m.category, FallbackWarning)]
+    assert msgs == ["Batching rule not implemented for aten::histc.default; falling back to slow (for loop) implementation"]
+    assert rec.counts["aten::histc.default"] == 2
+
+
+def test_fallback_error_and_silent():
+    x = torch.rand(B, 10)
+    with pytest.raises(FallbackError, match="aten::histc.default"):
+        engine.vmap(_no_rule_op())(x)
+    with engine.fallback_policy("silent"), warnings.catch_warnings():
+        warnings.simplefilter("error")
+        engine.vmap(_no_rule_op())(x)
+    with pytest.raises(ValueError, match="fallback_policy"):
+        with engine.fallback_policy("loud"):
+            pass
+
+
+def test_register_rule_wins_and_validates():
+    calls = []
+
+    @engine.register_rule(torch.ops.aten.histc.default)
+    def rule(info, in_dims, x, bins=100, min=0, max=0):
+        calls.append(info.batch_size)
+        return torch.stack([torch.histc(x[i], bins, min, max) for i in range(x.shape[0])]), 0
+
+    try:
+        x = torch.rand(B, 10)
+        assert close(engine.vmap(_no_rule_op())(x), loop(_no_rule_op(), x))
+        assert calls == [B]
+    finally:
+        engine.rules.RULES.pop(torch.ops.aten.histc.default, None)
+    with pytest.raises(TypeError, match="aten op"):
+        engine.register_rule(torch.sin)
+
+
+# ---- randomness -----------------------------------------------------------------------------------
+
+def test_randomness_modes():
+    x = torch.zeros(B, 3)
+    with pytest.raises(RandomnessError, match="randomness='error'"):
+        engine.vmap(lambda a: a + torch.randn(3))(x)
+    with pytest.raises(RandomnessError):
+        engine.vmap(lambda a: torch.rand_like(a))(x)
+    same = engine.vmap(lambda a: a + torch.randn(3), randomness="same")(x)
+    assert torch.equal(same[0], same[1])
+    diff = engine.vmap(lambda a: a + torch.randn(3), randomness="different")(x)
+    assert diff.shape == (B, 3) and not torch.equal(diff[0], diff[1])
+    like = engine.vmap(lambda a: torch.rand_like(a), randomness="different")(x)
+    assert not torch.equal(like[0], like[1])
+    like_same = engine.vmap(lambda a: torch.rand_like(a), randomness="same")(x)
+    assert torch.equal(like_same[0], like_same[1])
+    drop = engine.vmap(lambda a: torch.nn.functional.dropout(a + 1, 0.5), randomness="same")(torch.zeros(B, 50))
+    assert torch.equal(drop[0], drop[1])
+    with pytest.raises(VmapError, match="randomness"):
+        engine.vmap(lambda a: a, randomness="sometimes")
+
+
+# ---- errors ---------------------------------------------------------------------------------------
+
+def test_error_mismatched_batch_sizes():
+    with pytest.raises(VmapError, match=r"same size in the mapped dimension.*\[3, 4\]"):
+        engine.vmap(torch.add)(torch.randn(3), torch.randn(4))
+
+
+def test_error_in_dims_structure():
+    with pytest.raises(VmapError, match="in_dims is not compatible with the structure"):
+        engine.vmap(torch.add, in_dims=(0, 0, 0))(torch.randn(3), torch.randn(3))
+    with pytest.raises(VmapError, match="in_dims is not compatible"):
+        engine.vmap(lambda d: d["a"], in_dims=({"b": 0},))({"a": torch.randn(3)})
+    with pytest.raises(VmapError, match="expected in_dims to be int or a"):
+        engine.vmap(torch.sin, in_dims="0")(torch.randn(3))
+
+
+def test_error_in_dim_out_of_range():
+    with pytest.raises(VmapError, match="in_dim=2.*dimensionality 2"):
+        engine.vmap(torch.sin, in_dims=2)(torch.randn(3, 4))
+
+
+def test_error_int_in_dim_for_non_tensor():
+    with pytest.raises(VmapError, match="in_dim=0 for an input but the input is of type float"):
+        engine.vmap(lambda a, s: a * s, in_dims=(0, 0))(torch.randn(3), 2.0)
+
+
+def test_error_no_batched_input():
+    with pytest.raises(VmapError, match="At least one of the inputs must be a Tensor mapped"):
+        engine.vmap(torch.sin, in_dims=None)(torch.randn(3))
+
+
+def test_error_out_dims_none_for_batched_output():
+    with pytest.raises(VmapError, match="out_dims=None.*batched"):
+        engine.vmap(torch.sin, out_dims=None)(torch.randn(3))
+
+
+def test_error_out_dims_structure():
+    with pytest.raises(VmapError, match="out_dims is not compatible"):
+        engine.vmap(lambda a: (a, a), out_dims=(0, 0, 0))(torch.randn(3))
+
+
+def test_error_data_dependent():
+    with pytest.raises(DataDependentError, match=r"\.item\(\)"):
+        engine.vmap(lambda a: a.sum().item())(torch.randn(3, 2))
+    with pytest.raises(DataDependentError):
+        engine.vmap(lambda a: a * 2 if a.sum() > 0 else a)(torch.randn(3, 2))
+
+
+def test_error_chunk_size():
+    with pytest.raises(VmapError, match="chunk_size should be None or a positive integer"):
+        engine.vmap(torch.sin, chunk_size=0)
