@@ -1,0 +1,50 @@
+"""`vmapbench coverage`: run the OpInfo harness, write results/coverage/*.json, print the table."""
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+from pathlib import Path
+
+
+def configure(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--ops", default=None, help="comma-separated op keys to run (default: every float32 CPU op)")
+    parser.add_argument("--samples", type=int, default=3, help="sample inputs per op (default 3)")
+    parser.add_argument("--no-torch-func", action="store_true", help="skip the torch.func reference column")
+    parser.add_argument("--vjp", action="store_true", help="also run the vmap-over-vjp column (slower)")
+    parser.add_argument("--out-dir", type=Path, default=None, help="where to write the JSON (default results/coverage)")
+    parser.add_argument("--no-write", action="store_true", help="print only; write no report")
+    parser.add_argument("--show-ops", action="store_true", help="print the per-op table too")
+    parser.add_argument("--update-expectations", action="store_true", help="rewrite tests/opinfo_expectations.json from this run")
+
+
+def main(args: argparse.Namespace) -> int:
+    from engine.coverage import report as rep
+    from engine.coverage.expectations import update
+    from engine.coverage.harness import run_harness
+
+    names = [n.strip() for n in args.ops.split(",")] if args.ops else None
+    done = [0]
+
+    def progress(r) -> None:
+        done[0] += 1
+        if sys.stderr.isatty() or done[0] % 50 == 0:
+            print(f"\r{done[0]} ops ({r.op})".ljust(60), end="" if sys.stderr.isatty() else "\n", file=sys.stderr, flush=True)
+
+    t0 = time.perf_counter()
+    results = run_harness(names, samples=args.samples, torch_func=not args.no_torch_func, vjp=args.vjp, progress=progress)
+    seconds = time.perf_counter() - t0
+    print(file=sys.stderr)
+    if not results:
+        print(f"vmapbench coverage: no OpInfo entry matched --ops {args.ops!r}; see op names in the report", file=sys.stderr)
+        return 2
+    report = rep.build_report(results, seconds)
+    if not args.no_write:
+        path = rep.write_report(report, args.out_dir or rep.DEFAULT_DIR)
+        print(f"wrote {path}")
+    if args.update_expectations:
+        update(results)
+        print("updated tests/opinfo_expectations.json")
+    rep.print_report(report, show_ops=args.show_ops)
+    print(f"harness time: {seconds:.1f} s")
+    return 0

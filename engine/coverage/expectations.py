@@ -1,0 +1,34 @@
+"""The checked-in expectations file: op key -> expected engine status (plus reasoned xfails).
+
+Shape: {"ops": {"<op>": "<status>"}, "xfail": {"<op>": "<why the mismatch is accepted>"}}. A test
+fails when an op's status differs from the file in either direction, so a regression and an
+unrecorded improvement both show up; `vmapbench coverage --update-expectations` rewrites "ops".
+"""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Sequence
+
+from engine.coverage.harness import OpResult
+
+EXPECTATIONS = Path(__file__).resolve().parents[2] / "tests" / "opinfo_expectations.json"
+
+
+def load(path: Path = EXPECTATIONS) -> dict:
+    if not path.exists():
+        return {"ops": {}, "xfail": {}}
+    data = json.loads(path.read_text())
+    data.setdefault("ops", {})
+    data.setdefault("xfail", {})
+    return data
+
+
+def update(results: Sequence[OpResult], path: Path = EXPECTATIONS) -> dict:
+    """Merge `results` into the file (ops not run keep their entry); xfail reasons are kept."""
+    data = load(path)
+    for r in results:
+        data["ops"][r.op] = r.engine
+    data["ops"] = dict(sorted(data["ops"].items()))
+    path.write_text(json.dumps(data, indent=1) + "\n")
+    return data
