@@ -156,8 +156,8 @@ def _prepare(opinfo: Any, sample: Any, gen: torch.Generator) -> tuple[list, Any,
     """Batched copies of a sample's tensors plus the loop reference, or None if unusable."""
     flat, spec, kwargs = _leaves(sample)
     tensor_idx = [j for j, a in enumerate(flat) if isinstance(a, torch.Tensor)]
-    if not tensor_idx:
-        return None
+    if not tensor_idx or any(flat[j].layout != torch.strided for j in tensor_idx):
+        return None  # no tensor to batch, or sparse/nested layouts the batched tensor does not model
     fn = opinfo.op
     try:
         base_finite = _finite_like(_call(fn, flat, spec, kwargs))
