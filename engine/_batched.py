@@ -153,7 +153,8 @@ class _AddBatchDim(torch.autograd.Function):
 
     @staticmethod
     def backward(ctx, grad):  # type: ignore[override]
-        return remove_batch_dim(grad, ctx.level, ctx.batch_size), None, None
+        # Differentiable itself, so double backward (create_graph=True) sees through the boundary.
+        return leave(grad, ctx.level, ctx.batch_size), None, None
 
 
 class _RemoveBatchDim(torch.autograd.Function):
@@ -161,14 +162,14 @@ class _RemoveBatchDim(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, x: torch.Tensor, level: int, batch_size: int):  # type: ignore[override]
-        ctx.level = level
+        ctx.level, ctx.batch_size = level, batch_size
         out = remove_batch_dim(x, level, batch_size)
         # A fresh alias: the physical tensor may be a leaf of another graph, which must not be re-parented.
         return out.view_as(out)
 
     @staticmethod
     def backward(ctx, grad):  # type: ignore[override]
-        return add_batch_dim(grad, ctx.level), None, None
+        return enter(grad, ctx.level, ctx.batch_size), None, None
 
 
 def enter(x: torch.Tensor, level: int, batch_size: int) -> torch.Tensor:

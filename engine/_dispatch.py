@@ -15,6 +15,7 @@ import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
 from engine._batched import BatchedTensor, LevelInfo, add_batch_dim, level_info
+from engine.custom_ops import custom_vmap_rule, run_custom_op
 from engine.errors import DataDependentError, FallbackError, FallbackWarning, RandomnessError, VmapError
 from engine.rules._table import lookup
 
@@ -182,7 +183,7 @@ def batched_dispatch(func: Any, args: tuple, kwargs: dict) -> Any:
     if torch.Tag.inplace_view in func.tags:
         return _inplace_view(func, args, kwargs)
     kw_batched = any(type(v) is BatchedTensor and v._level == level for v in kwargs.values())
-    rule = None if kw_batched else lookup(func)
+    rule = None if kw_batched else (lookup(func) or custom_vmap_rule(func))
     if rule is not None:
         uargs, dims = _unwrap(args, level)
         if meta.mutated:
@@ -192,6 +193,9 @@ def batched_dispatch(func: Any, args: tuple, kwargs: dict) -> Any:
             return args[meta.mutated[0]]
         return wrap_outputs(out, out_dims, level)
     if not meta.mutated:
+        custom = run_custom_op(func, args, kwargs)
+        if custom is not NotImplemented:
+            return custom
         decomposed = _try_decomposition(func, args, kwargs)
         if decomposed is not NotImplemented:
             return decomposed
@@ -379,4 +383,9 @@ class VmapMode(TorchDispatchMode):
                     )
                 draws = [func(*args, **kwargs) for _ in range(self.info.batch_size)]
                 return _stack_results(draws, self.info.level)
-        return func(*args, **kwargs)
+        out = func(*args, **kwargs)
+        if type(out) is torch.Tensor:
+            # Created inside this vmap: if it becomes a leaf that requires grad (x.detach().requires_grad_()),
+            # gradients into it are per example, not summed (see engine._batched._is_outer).
+            out._vb_seq = self.info.seq
+        return out

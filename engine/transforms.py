@@ -14,7 +14,7 @@ from typing import Any, Callable, Iterator
 import torch
 from torch.utils._pytree import tree_flatten, tree_map, tree_unflatten
 
-from engine._batched import mark_inner
+from engine._batched import LevelInfo, _is_outer, mark_inner
 from engine._vmap import vmap
 from engine.errors import VmapError
 
@@ -69,6 +69,15 @@ def _prepare(x: Any) -> Any:
 def _create_graph(inputs: list) -> bool:
     """Keep the backward graph only when something outside will differentiate through it."""
     return torch.is_grad_enabled() and (_Depth.value > 0 or any(t.requires_grad for t in inputs if isinstance(t, torch.Tensor)))
+
+
+def _outer_dependence(outputs: list, entry_seq: int) -> bool:
+    """Whether outputs depend on tensors requiring grad from before the transform started (closures):
+    then the result must stay differentiable for autograd outside the transform."""
+    if not torch.is_grad_enabled():
+        return False
+    probe = LevelInfo(0, 0, "error", entry_seq)
+    return any(isinstance(o, torch.Tensor) and o.requires_grad and _is_outer(o, probe) for o in outputs)
 
 
 def _grads(outputs: list, inputs: list, cotangents: list, create_graph: bool, retain_graph: bool | None = None) -> list:
@@ -128,10 +137,12 @@ def vjp(func: Callable, *primals: Any, has_aux: bool = False) -> tuple:
     """(func(*primals), vjp_fn[, aux]); vjp_fn(cotangents) returns one gradient per primal (pytrees kept)."""
     flat, spec = tree_flatten(primals)
     create = _create_graph(flat)
+    entry = torch._C._autograd._get_sequence_nr()
     with torch.enable_grad(), _nested():
         inputs = [_prepare(t) for t in flat]
         out, aux = _split_aux(func, func(*tree_unflatten(inputs, spec)), has_aux, "vjp")
     flat_out, out_spec = tree_flatten(out)
+    create = create or _outer_dependence(flat_out, entry)
     for o in flat_out:
         if not isinstance(o, torch.Tensor):
             raise TransformError(f"vjp({_fname(func)}, ...): outputs must be tensors (or pytrees of tensors), got {type(o).__name__}.")
@@ -167,6 +178,7 @@ def grad_and_value(func: Callable, argnums: Any = 0, has_aux: bool = False) -> C
         nums = _check_argnums(func, argnums, len(args), "grad_and_value")
         diff = [tree_flatten(args[i]) for i in nums]
         create = _create_graph([t for flat, _ in diff for t in flat])
+        entry = torch._C._autograd._get_sequence_nr()
         with torch.enable_grad(), _nested():
             prepared = [[_prepare(t) for t in flat] for flat, _ in diff]
             new_args = list(args)
@@ -180,6 +192,7 @@ def grad_and_value(func: Callable, argnums: Any = 0, has_aux: bool = False) -> C
                     f"Maybe you wanted to use the vjp or jacrev APIs instead?"
                 )
             inputs = [t for p in prepared for t in p]
+            create = create or _outer_dependence([out], entry)
             gs = _grads([out], inputs, [torch.ones_like(out)], create_graph=create, retain_graph=create)
         grads, k = [], 0
         for (flat, spec) in diff:

@@ -1,0 +1,246 @@
+"""Vectorized autograd: the engine's transforms against torch.func, explicit loops and closed forms."""
+from __future__ import annotations
+
+import pytest
+import torch
+import torch.func as tf
+import torch.nn.functional as F
+from torch.func import functional_call
+
+import engine
+from engine import TransformError
+
+
+def close(a, b, atol=1e-4):
+    if isinstance(a, dict):
+        return a.keys() == b.keys() and all(close(a[k], b[k], atol) for k in a)
+    if isinstance(a, (tuple, list)):
+        return len(a) == len(b) and all(close(x, y, atol) for x, y in zip(a, b))
+    return type(a) is torch.Tensor and a.shape == b.shape and torch.allclose(a, b, atol=atol, rtol=1e-4)
+
+
+@pytest.fixture(autouse=True)
+def _strict():
+    with engine.fallback_policy("error"):
+        yield
+
+
+X = torch.randn(40, 5, generator=torch.Generator().manual_seed(0))
+
+
+def square(x):  # R^5 -> R^5
+    return torch.tanh(x) * x.sum()
+
+
+def wide(x):  # R^5 -> R^2
+    return torch.stack([x.sin().sum(), (x * x).sum()])
+
+
+def tall(x):  # R^2 -> R^6
+    return torch.cat([x.exp(), x.sin(), x * x[0]])
+
+
+@pytest.mark.parametrize("f,n", [(square, 5), (wide, 5), (tall, 2)])
+def test_jacobians_against_torch_func_and_loop(f, n):
+    x = torch.randn(n)
+    ref = tf.jacrev(f)(x)
+    assert close(engine.jacrev(f)(x), ref)
+    assert close(engine.jacfwd(f)(x), ref)
+    assert close(engine.functional.jacobian(f, x, vectorize=True), ref)
+    assert close(engine.functional.jacobian(f, x, vectorize=False), ref)
+    assert close(engine.functional.jacobian(f, x, vectorize=True, strategy="forward-mode"), ref)
+    # the seed example: Jacobian by vmap over vjp with basis vectors
+    out, vjp_fn = engine.vjp(f, x)
+    rows = engine.vmap(vjp_fn)(torch.eye(out.numel()))[0]
+    assert close(rows, ref)
+
+
+def test_jacrev_argnums_has_aux_pytrees_and_chunks():
+    a, b = torch.randn(3), torch.randn(4)
+
+    def f(a, b):
+        return {"o": torch.outer(a, b).sin(), "s": (a.sum() * b)}, a.detach() * 0 + 1
+
+    jac, aux = engine.jacrev(f, argnums=(0, 1), has_aux=True)(a, b)
+    ref, ref_aux = tf.jacrev(f, argnums=(0, 1), has_aux=True)(a, b)
+    assert close(jac["o"], ref["o"]) and close(jac["s"], ref["s"]) and close(aux, ref_aux)
+    for chunk in (1, 2, 5):
+        assert close(engine.jacrev(lambda x: square(x), chunk_size=chunk)(a.repeat(2)[:5]), tf.jacrev(square)(a.repeat(2)[:5]))
+
+
+def logistic_problem(n=200, d=8):
+    g = torch.Generator().manual_seed(1)
+    Xd = torch.randn(n, d, generator=g)
+    y = (torch.rand(n, generator=g) < 0.5).float()
+
+    def log_posterior(w):
+        z = Xd @ w
+        return (y * z - F.softplus(z)).sum() - 0.5 * (w * w).sum()
+
+    return Xd, y, log_posterior
+
+
+def test_logistic_posterior_hessian_matches_closed_form():
+    Xd, y, logp = logistic_problem()
+    w = torch.randn(Xd.shape[1]) * 0.1
+    p = torch.sigmoid(Xd @ w)
+    closed = -(Xd.T * (p * (1 - p))) @ Xd - torch.eye(Xd.shape[1])
+    assert close(engine.hessian(logp)(w), closed, atol=1e-3)
+    assert close(engine.functional.hessian(logp, w, vectorize=True), closed, atol=1e-3)
+    assert close(engine.functional.hessian(logp, w, vectorize=False), closed, atol=1e-3)
+    assert close(engine.functional.hessian(logp, w, vectorize=True, outer_jacobian_strategy="forward-mode"), closed, atol=1e-3)
+    assert close(engine.jacfwd(engine.jacrev(logp))(w), closed, atol=1e-3)
+
+
+def test_functional_structure_matches_torch():
+    def f(a, b):
+        return a * b.sum(), a.exp()
+
+    a, b = torch.randn(3), torch.randn(2)
+    ours = engine.functional.jacobian(f, (a, b), vectorize=True)
+    ref = torch.autograd.functional.jacobian(f, (a, b), vectorize=True)
+    assert close(ours, ref)
+    h = engine.functional.hessian(lambda a, b: (a.sin() * b.sum()).sum(), (a, b), vectorize=True)
+    href = torch.autograd.functional.hessian(lambda a, b: (a.sin() * b.sum()).sum(), (a, b), vectorize=True)
+    assert close(h, href)
+    with pytest.raises(RuntimeError, match="independent"):
+        engine.functional.jacobian(lambda a, b: a * 2, (a, b), strict=True, vectorize=True)
+
+
+def mlp_setup(seed=0):
+    torch.manual_seed(seed)
+    model = torch.nn.Sequential(torch.nn.Linear(12, 16), torch.nn.Tanh(), torch.nn.Linear(16, 4))
+    params = {k: v.detach() for k, v in model.named_parameters()}
+    x, t = torch.randn(6, 12), torch.randn(6, 4)
+
+    def loss(p, xi, ti):
+        return ((functional_call(model, p, (xi,)) - ti) ** 2).mean()
+
+    return model, params, x, t, loss
+
+
+def test_per_sample_grads_mlp_vs_loop_and_torch_func():
+    model, params, x, t, loss = mlp_setup()
+    ours = engine.vmap(engine.grad(loss), in_dims=(None, 0, 0))(params, x, t)
+    ref = tf.vmap(tf.grad(loss), in_dims=(None, 0, 0))(params, x, t)
+    assert close(ours, ref)
+    for i in range(x.shape[0]):
+        p = {k: v.clone().requires_grad_() for k, v in params.items()}
+        gs = torch.autograd.grad(loss(p, x[i], t[i]), list(p.values()))
+        assert all(torch.allclose(ours[k][i], g, atol=1e-5) for k, g in zip(p, gs))
+
+
+def test_per_sample_grads_through_autograd_grad_inside_vmap():
+    w = torch.randn(5, 3)
+
+    def grad_sample(xi):
+        wl = w.detach().requires_grad_()
+        return torch.autograd.grad(torch.tanh(xi @ wl).sum(), wl)[0]
+
+    x = torch.randn(7, 5)
+    ours = engine.vmap(grad_sample)(x)
+    ref = torch.stack([grad_sample(x[i]) for i in range(7)])
+    assert close(ours, ref)
+
+
+def test_per_sample_grads_cnn():
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Conv2d(3, 4, 3), torch.nn.ReLU(), torch.nn.MaxPool2d(2), torch.nn.Flatten(),
+                                torch.nn.Linear(4 * 3 * 3, 5))
+    params = {k: v.detach() for k, v in model.named_parameters()}
+    x, y = torch.randn(4, 3, 8, 8), torch.randint(0, 5, (4,))
+
+    def loss(p, xi, yi):
+        return F.cross_entropy(functional_call(model, p, (xi.unsqueeze(0),)), yi.unsqueeze(0))
+
+    ours = engine.vmap(engine.grad(loss), in_dims=(None, 0, 0))(params, x, y)
+    ref = tf.vmap(tf.grad(loss), in_dims=(None, 0, 0))(params, x, y)
+    assert close(ours, ref)
+
+
+def test_compositions():
+    x = torch.randn(4, 3)
+    f = lambda v: (v.sin() * v).sum()  # noqa: E731
+    # vmap of grad, grad of vmap, vmap of vmap of grad
+    assert close(engine.vmap(engine.grad(f))(x), tf.vmap(tf.grad(f))(x))
+    assert close(engine.grad(lambda m: engine.vmap(f)(m).sum())(x), tf.grad(lambda m: tf.vmap(f)(m).sum())(x))
+    xx = torch.randn(2, 4, 3)
+    assert close(engine.vmap(engine.vmap(engine.grad(f)))(xx), tf.vmap(tf.vmap(tf.grad(f)))(xx))
+    # jacrev of jacrev (scalar inner), vmap of jacrev, hessian of a function that calls vmap inside
+    assert close(engine.jacrev(engine.jacrev(f))(x[0]), tf.jacrev(tf.jacrev(f))(x[0]))
+    xs = torch.randn(3, 5)
+    assert close(engine.vmap(engine.jacrev(square))(xs), tf.vmap(tf.jacrev(square))(xs))
+    g = lambda v: engine.vmap(lambda r: (r * v).sin().sum())(X[:6]).sum()  # noqa: E731
+    gref = lambda v: tf.vmap(lambda r: (r * v).sin().sum())(X[:6]).sum()  # noqa: E731
+    assert close(engine.hessian(g)(x[0, :5].repeat(2)[:5]), tf.hessian(gref)(x[0, :5].repeat(2)[:5]))
+    # autograd outside the engine over its outputs
+    w = torch.randn(5, requires_grad=True)
+    (gw,) = torch.autograd.grad(engine.grad(lambda v: (v * w).sin().sum())(torch.randn(5)).sum(), (w,))
+    assert gw.shape == (5,) and type(gw) is torch.Tensor
+
+
+def test_jvp_linearize_against_torch_func():
+    x, v = torch.randn(5), torch.randn(5)
+    out, jv = engine.jvp(square, (x,), (v,))
+    rout, rjv = tf.jvp(square, (x,), (v,))
+    assert close(out, rout) and close(jv, rjv)
+    out, fn = engine.linearize(square, x)
+    for _ in range(3):
+        t = torch.randn(5)
+        assert close(fn(t), tf.jvp(square, (x,), (t,))[1])
+    # vmap over jvp_fn: batched tangents
+    ts = torch.randn(4, 5)
+    assert close(engine.vmap(fn)(ts), torch.stack([tf.jvp(square, (x,), (t,))[1] for t in ts]))
+
+
+def test_zero_fallbacks_on_workload_ops():
+    """Forward, backward and double backward of everything the workloads need, fallback disabled."""
+    torch.manual_seed(0)
+    q, k = torch.randn(4, 6, 8), torch.randn(4, 6, 8)
+    img = torch.randn(3, 2, 8, 8)
+    w_conv = torch.randn(3, 2, 3, 3)
+    labels = torch.randint(0, 8, (6,))
+
+    def terms(x):
+        h = F.linear(x, torch.ones(8, 8) * 0.1)
+        acts = torch.relu(h).sum() + torch.tanh(h).sum() + F.gelu(h).sum() + F.softplus(h).sum()
+        ls = F.log_softmax(h, -1).sum() + F.cross_entropy(h, labels)
+        bce = F.binary_cross_entropy_with_logits(h, torch.sigmoid(h.detach()))
+        ln = F.layer_norm(h, (8,)).pow(2).sum()
+        att = (torch.softmax(h @ h.transpose(-1, -2), -1) @ h).sum()
+        st = (torch.lgamma(h.abs() + 1) + torch.log1p(h.square() / 3)).sum()
+        return acts + ls + bce + ln + att + st + (h @ h.transpose(-1, -2)).mean()
+
+    def conv_terms(im):
+        o = F.conv2d(im.unsqueeze(0), w_conv, padding=1)
+        return F.max_pool2d(o, 2).pow(2).sum()
+
+    # vmap(grad) is per-sample backward; hessian is double backward; both with the fallback off
+    engine.vmap(engine.grad(terms))(q)
+    engine.vmap(engine.grad(conv_terms))(img)
+    engine.hessian(lambda v: terms(v.reshape(6, 8)))(q[0].reshape(-1)[:48].clone())
+    engine.vmap(engine.hessian(lambda v: conv_terms(v.reshape(2, 8, 8)).sum()), chunk_size=2)(img.reshape(3, -1)[:2])
+
+
+# ---- errors -----------------------------------------------------------------------------------------
+
+def test_errors():
+    x = torch.randn(3)
+    with pytest.raises(TransformError, match="Expected f\\(\\*args\\) to return a scalar Tensor"):
+        engine.grad(torch.sin)(x)
+    with pytest.raises(TransformError, match="argnums=2, but only 1 positional inputs"):
+        engine.grad(lambda a: a.sum(), argnums=2)(x)
+    with pytest.raises(TransformError, match="argnums"):
+        engine.jacrev(torch.sin, argnums=(0, 0))(x)
+    with pytest.raises(TransformError, match="has_aux=True.*tuple"):
+        engine.grad(lambda a: a.sum(), has_aux=True)(x)
+    with pytest.raises(TransformError, match="has_aux=True"):
+        engine.grad(lambda a: (a.sum(), 1, 2), has_aux=True)(x)
+    with pytest.raises(TransformError, match="tuples"):
+        engine.jvp(torch.sin, x, x)
+
+
+def test_nested_vector_jacrev_refuses_instead_of_wrong():
+    x = torch.randn(4)
+    with pytest.raises(TransformError, match="vmap level that already returned"):
+        engine.jacrev(engine.jacrev(square))(x)
