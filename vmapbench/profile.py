@@ -547,10 +547,11 @@ def print_report(summary: dict[str, Any], console: Console) -> None:
     if s.get("fallback_note"):
         rows.append(("engine fallbacks", s["fallback_note"]))
     for key, name in sorted(s["files"].items()):
-        rows.append((key, str(Path(s["out"]) / name)))
+        rows.append((key, name))
     for k, v in rows:
         table.add_row(k, v)
     console.print(table)
+    console.print(f"files are in {s['out']}", soft_wrap=True, highlight=False)
 
     for device in ("cpu", "cuda"):
         ops = s["top_ops"].get(device) or []
@@ -585,7 +586,7 @@ def print_report(summary: dict[str, Any], console: Console) -> None:
             console.print("engine fallbacks: none (every op had a batching rule or a decomposition)")
     for error in s["errors"]:
         console.print(f"[bold red]error:[/] {error}")
-    console.print(f"summary: {Path(s['out']) / 'summary.json'}")
+    console.print(f"summary: {Path(s['out']) / 'summary.json'}", soft_wrap=True, highlight=False)
 
 
 def main(args: argparse.Namespace) -> int:
