@@ -1,0 +1,68 @@
+"""OpInfo conformance: engine.vmap against a for-loop on PyTorch's operator database.
+
+Each op's engine status (native / fallback / error / skip) must equal tests/opinfo_expectations.json,
+so a regression and an unrecorded improvement both fail; regenerate with
+`vmapbench coverage --update-expectations`. A mismatch (wrong values) always fails unless the op has
+an entry under "xfail" with the reason it is accepted. The default run covers a representative
+subset; the whole database runs under @pytest.mark.slow.
+"""
+from __future__ import annotations
+
+import pytest
+
+from engine.coverage.expectations import load
+from engine.coverage.harness import check_op, iter_opinfos, op_key
+
+# Representative subset: every family, the ops the workloads lean on, and a few known fallbacks.
+FAST_OPS = [
+    "abs", "add", "mul", "div", "sub", "pow", "exp", "log", "sin", "tanh", "sigmoid", "where", "clamp",
+    "eq", "lt", "maximum", "addcmul", "lerp", "sum", "mean", "amax", "argmax", "prod", "std", "var",
+    "logsumexp", "cumsum", "sort", "topk", "cat", "stack", "reshape", "permute", "transpose", "expand",
+    "flip", "roll", "tril", "diag_embed", "squeeze", "unsqueeze", "narrow", "chunk", "matmul", "mm",
+    "bmm", "addmm", "einsum", "linalg.solve", "linalg.cholesky", "gather", "index_select", "scatter_add",
+    "index_add", "masked_fill", "take", "nn.functional.conv2d", "nn.functional.linear",
+    "nn.functional.softmax", "nn.functional.log_softmax", "nn.functional.layer_norm",
+    "nn.functional.relu", "nn.functional.gelu", "nn.functional.embedding", "nn.functional.cross_entropy",
+    "nn.functional.mse_loss", "nn.functional.max_pool2d", "zeros_like", "new_zeros",
+]
+
+_EXPECT = load()
+_ALL = {op_key(o): o for o in iter_opinfos()}
+
+
+def _check(key: str) -> None:
+    res = check_op(_ALL[key], torch_func=False)
+    xfail = _EXPECT["xfail"].get(key)
+    if res.engine == "mismatch" and not xfail:
+        pytest.fail(f"{key}: engine.vmap gives wrong values ({res.detail.get('engine')}); fix the rule or add a reasoned xfail")
+    if xfail and res.engine != "mismatch":
+        pytest.fail(f"{key}: listed as xfail ({xfail}) but now {res.engine}; remove it from 'xfail'")
+    expected = _EXPECT["ops"].get(key)
+    if expected is None:
+        pytest.fail(f"{key}: not in tests/opinfo_expectations.json (status {res.engine}); run vmapbench coverage --update-expectations")
+    assert res.engine == expected, (
+        f"{key}: engine status is {res.engine!r}, expectations file says {expected!r} "
+        f"(detail: {res.detail.get('engine', '')}; fallback ops: {res.fallback_ops}). If this is an "
+        f"improvement, run `vmapbench coverage --ops {key} --update-expectations --no-write`."
+    )
+
+
+@pytest.mark.parametrize("key", [k for k in FAST_OPS if k in _ALL])
+def test_opinfo_fast(key: str) -> None:
+    _check(key)
+
+
+def test_fast_subset_names_exist() -> None:
+    missing = [k for k in FAST_OPS if k not in _ALL]
+    assert not missing, f"FAST_OPS names not in op_db: {missing}"
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("key", sorted(set(_ALL) - set(FAST_OPS)))
+def test_opinfo_full(key: str) -> None:
+    _check(key)
+
+
+def test_expectations_file_lists_known_ops() -> None:
+    stale = sorted(set(_EXPECT["ops"]) - set(_ALL))
+    assert not stale, f"ops in tests/opinfo_expectations.json that op_db no longer has: {stale[:10]}"
