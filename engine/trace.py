@@ -132,6 +132,59 @@ def _lift_constants(gm: torch.fx.GraphModule) -> list[torch.Tensor]:
     return values
 
 
+def _broadcast_source(node: Any) -> tuple[Any, tuple[int, int]] | None:
+    """If `node` is an unbatched matrix expanded over a leading batch dim, return (that matrix, its shape)."""
+    while isinstance(node, torch.fx.Node) and node.op == "call_function" and node.target is aten.view.default:
+        node = node.args[0]
+    if not (isinstance(node, torch.fx.Node) and node.op == "call_function" and node.target is aten.expand.default):
+        return None
+    src = node.args[0]
+    val = src.meta.get("val") if isinstance(src, torch.fx.Node) else None
+    if not isinstance(val, torch.Tensor) or val.dim() < 2 or any(s != 1 for s in val.shape[:-2]):
+        return None
+    sizes = node.args[1]
+    if len(sizes) != 3 or tuple(sizes[1:]) != tuple(val.shape[-2:]):
+        return None
+    return src, (int(val.shape[-2]), int(val.shape[-1]))
+
+
+def _fold_broadcast_bmm(gm: torch.fx.GraphModule) -> None:
+    """bmm(expand(A), b) -> one mm: the batching rules of mv/mm with an unbatched matrix broadcast
+    it over the batch (B copies of the weight/data matrix), which is what makes the Hessian of a
+    regression posterior cost B full passes over the data. One matmul against the matrix does the
+    same arithmetic without the copies."""
+    graph = gm.graph
+    call = graph.call_function
+    for node in list(graph.nodes):
+        if node.op != "call_function" or node.target is not aten.bmm.default:
+            continue
+        a, b = node.args[:2]
+        out_val = node.meta.get("val")
+        if not isinstance(out_val, torch.Tensor):
+            continue
+        batch, n, k = (int(s) for s in out_val.shape)
+        lhs, rhs = _broadcast_source(a), _broadcast_source(b)
+        with graph.inserting_before(node):
+            if rhs is not None:  # a [B,n,m] @ M [m,k]
+                src, (m, _) = rhs
+                mat = call(aten.view.default, (src, [m, k]))
+                flat = call(aten.reshape.default, (a, [batch * n, m]))
+                new = call(aten.view.default, (call(aten.mm.default, (flat, mat)), [batch, n, k]))
+            elif lhs is not None:  # M [n,m] @ b [B,m,k]  ==  (b^T [B*k,m] @ M^T)^T
+                src, (_, m) = lhs
+                mat_t = call(aten.t.default, (call(aten.view.default, (src, [n, m])),))
+                flat = call(aten.reshape.default, (call(aten.transpose.int, (b, 1, 2)), [batch * k, m]))
+                prod = call(aten.view.default, (call(aten.mm.default, (flat, mat_t)), [batch, k, n]))
+                new = call(aten.transpose.int, (prod, 1, 2))
+                if k != 1:
+                    new = call(aten.clone.default, (new,), {"memory_format": torch.contiguous_format})
+            else:
+                continue
+        new.meta.update(node.meta)
+        node.replace_all_uses_with(new)
+        graph.erase_node(node)
+
+
 def _drop_no_ops(gm: torch.fx.GraphModule) -> None:
     """Remove detach/alias nodes (autograd bookkeeping that is a no-op on replayed plain tensors)."""
     graph = gm.graph
@@ -262,6 +315,7 @@ class TracedFunction:
             entry.eager = True
             return entry
         entry.constants = _lift_constants(gm)
+        _fold_broadcast_bmm(gm)
         _drop_no_ops(gm)
         self._traces += 1
         self.trace_seconds = time.perf_counter() - start
