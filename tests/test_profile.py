@@ -394,3 +394,21 @@ def test_fallback_counts_are_read_from_the_recorder():
 def test_call_stats():
     stats = child.call_stats([0.3, 0.1, 0.2, 0.4])
     assert stats["median"] == pytest.approx(0.25) and stats["min"] == 0.1 and stats["p90"] == 0.4
+
+
+def test_report_of_a_cuda_profile_shows_device_memory_and_cuda_ops():
+    from rich.console import Console
+    op = {"op": "aten::mm", "calls_per_call": 2.0, "self_us_per_call": 1500.0, "total_us_per_call": 1600.0,
+          "percent": 80.0}
+    summary = {"workload": "w", "method": "engine", "size": "n=1", "device": "cuda", "device_name": "Fake GPU",
+               "setup_s": 0.5, "first_call_s": 2.0, "iterations": 10, "loop_s": 1.0, "median_call_s": 0.1,
+               "memory": {"peak_rss_mib": 500.0, "cuda_max_allocated_mib": 42.5, "cuda_max_reserved_mib": 64.0},
+               "nvml": {"peak_memory_used_mib": 300.0}, "pyspy": None, "fallback_note": None,
+               "fallbacks": {"aten::foo.default": 3}, "files": {"chrome_trace": "trace.json"}, "out": "/x",
+               "top_ops": {"cpu": [], "cuda": [op]}, "profiled_calls": 5, "errors": []}
+    console = Console(record=True, width=200)
+    prof.print_report(summary, console)
+    text = console.export_text()
+    assert "peak CUDA allocated" in text and "42.5 MiB" in text and "300 MiB" in text
+    assert "self CUDA time" in text and "1.5 ms" in text and "aten::foo.default" in text
+    assert "ui.perfetto.dev" in text

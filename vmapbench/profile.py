@@ -584,6 +584,13 @@ def print_report(summary: dict[str, Any], console: Console) -> None:
             console.print(t)
         else:
             console.print("engine fallbacks: none (every op had a batching rule or a decomposition)")
+    viewers = [f"{s['files'][k]}: {how}" for k, how in (
+        ("speedscope", "drop it on https://www.speedscope.app"),
+        ("flamegraph", "open in a browser"),
+        ("chrome_trace", "open in https://ui.perfetto.dev or chrome://tracing"),
+        ("nvml_timeline", "open in a browser (offline)")) if k in s["files"]]
+    if viewers:
+        console.print("view: " + "; ".join(viewers), soft_wrap=True, highlight=False)
     for error in s["errors"]:
         console.print(f"[bold red]error:[/] {error}")
     console.print(f"summary: {Path(s['out']) / 'summary.json'}", soft_wrap=True, highlight=False)
@@ -597,7 +604,14 @@ def main(args: argparse.Namespace) -> int:
     except ProfileError as exc:
         Console(stderr=True).print(f"[bold red]vmapbench profile: error:[/] {exc}", highlight=False)
         return exc.exit_code
-    summary = Profiler(plan, out, console).run()
+    profiler = Profiler(plan, out, console)
+    try:
+        summary = profiler.run()
+    except KeyboardInterrupt:
+        summary = profiler.summary
+        summary["errors"].append("interrupted (Ctrl-C); what was collected so far is in this folder")
     (out / "summary.json").write_text(json.dumps(summary, indent=2) + "\n")
     print_report(summary, console)
-    return 1 if summary["errors"] else 0
+    if summary["errors"]:
+        return 130 if summary["errors"][-1].startswith("interrupted") else 1
+    return 0

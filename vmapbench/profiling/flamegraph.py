@@ -50,12 +50,12 @@ def frame_colour(label: str) -> str:
     if label == "all":
         return "rgb(200,200,200)"
     _, _, where = label.partition(" (")
+    if not where or ".so" in where or label.startswith("0x"):
+        return f"rgb({170 + jitter // 2},{170 + jitter // 2},{170 + jitter // 2})"
     if "engine/" in where:
         return f"rgb({80 + jitter // 2},{140 + jitter},{220})"
     if "torch/" in where:
         return f"rgb(240,{150 + jitter},{60 + jitter // 2})"
-    if not where or ".so" in where or label.startswith("0x"):
-        return f"rgb({170 + jitter // 2},{170 + jitter // 2},{170 + jitter // 2})"
     return f"rgb(230,{80 + jitter * 2},{60 + jitter})"
 
 
