@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import torch
 
-from engine.rules._helpers import lrank, materialize, norm_dim
+from engine.rules._helpers import lrank, materialize, norm_dim, pad_batched
 from engine.rules._table import RULES
 
 aten = torch.ops.aten
@@ -43,3 +43,59 @@ def index_select_rule(info, in_dims, x, dim, index):
 
 RULES[aten.gather.default] = gather_rule
 RULES[aten.index_select.default] = index_select_rule
+
+
+def _index_layout(indices: list) -> tuple[int, bool]:
+    """(position of the first advanced index, whether the advanced indices are adjacent)."""
+    pos = [i for i, t in enumerate(indices) if t is not None]
+    if not pos:
+        return 0, True
+    return pos[0], pos[-1] - pos[0] + 1 == len(pos)
+
+
+def _expand_bool(indices: list, dims: list) -> tuple[list, list]:
+    """Unbatched boolean masks become their long indices (a rank-r mask is r index tensors)."""
+    out, out_dims = [], []
+    for t, d in zip(indices, dims):
+        if t is not None and t.dtype in (torch.bool, torch.uint8) and d is None:
+            nz = t.nonzero().unbind(1)
+            out.extend(nz)
+            out_dims.extend([None] * len(nz))
+        else:
+            out.append(t)
+            out_dims.append(d)
+    return out, out_dims
+
+
+def index_rule(info, in_dims, x, indices):
+    """x[i0, i1, ...] with an arange over the batch as one more advanced index.
+
+    The batch dim is moved just before the first advanced index, so the advanced indices stay
+    adjacent exactly when they were (which decides where PyTorch puts the indexed dims).
+    """
+    B = info.batch_size
+    idims = list(in_dims[1]) if isinstance(in_dims[1], list) else [None] * len(indices)
+    indices, idims = _expand_bool(list(indices), idims)
+    if any(t is not None and d is not None and t.dtype in (torch.bool, torch.uint8) for t, d in zip(indices, idims)):
+        # A batched mask selects a different number of elements per batch element.
+        xm = materialize(x, in_dims[0], B)
+        outs = [aten.index.Tensor(xm[b], [t[b] if d is not None else t for t, d in zip(indices, idims)]) for b in range(B)]
+        return torch.stack(outs), 0
+    if in_dims[0] is not None and all(d is None for d in idims):
+        k, adjacent = _index_layout(indices)
+        out = aten.index.Tensor(x, [None] + indices)
+        if adjacent:
+            return out, 0
+        bshape = torch.broadcast_shapes(*[t.shape for t in indices if t is not None])
+        return out, len(bshape)
+    k, adjacent = _index_layout(indices)
+    rank = max((t.dim() - (d is not None)) for t, d in zip(indices, idims) if t is not None)
+    xm = materialize(x, in_dims[0], B).movedim(0, k)
+    phys = [None] * k + [torch.arange(B, device=x.device).view((B,) + (1,) * rank)]
+    for t, d in zip(indices[k:], idims[k:]):
+        phys.append(pad_batched(t, rank) if (t is not None and d is not None) else t)
+    out = aten.index.Tensor(xm, phys)
+    return out, (k if adjacent else 0)
+
+
+RULES[aten.index.Tensor] = index_rule
