@@ -1,0 +1,62 @@
+"""The workloads on a CUDA device: the same code as on CPU with device="cuda".
+
+Skipped, with the reason, on machines without CUDA. Compiled methods stay out (their CPU tests
+cover the code path; a CUDA compile costs minutes).
+"""
+from __future__ import annotations
+
+import pytest
+import torch
+
+import workloads
+from vmapbench import cli
+from workloads import COMPILED_METHODS, ENGINE_METHODS, measure
+
+pytestmark = [
+    pytest.mark.cuda,
+    pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device; torch.cuda.is_available() is False"),
+]
+
+ALL = [w for w in workloads.all_workloads() if "cuda" in w.devices]
+CASES = [(w.name, m) for w in ALL for m in w.methods if m not in COMPILED_METHODS]
+ENGINE_CASES = [(n, m) for n, m in CASES if m in ENGINE_METHODS]
+
+
+@pytest.mark.parametrize("name,method", CASES, ids=[f"{n}-{m}" for n, m in CASES])
+def test_method_matches_float64_loop_on_cuda(name: str, method: str) -> None:
+    w = workloads.get(name)
+    state = w.setup(w.params(w.sizes[0]), "cuda")
+    out = w.run(method, state)
+    assert all(t.device.type == "cuda" for t in (out if isinstance(out, (tuple, list)) else [out]))
+    w.check(state, [method])
+
+
+@pytest.mark.parametrize("name,method", ENGINE_CASES, ids=[f"{n}-{m}" for n, m in ENGINE_CASES])
+def test_engine_method_has_no_fallback_on_cuda(name: str, method: str) -> None:
+    import engine
+
+    w = workloads.get(name)
+    state = w.setup(w.params(w.sizes[0]), "cuda")
+    with engine.fallback_policy("error"):
+        w.run(method, state)
+
+
+def test_cuda_peak_bytes_sees_a_temporary_allocation() -> None:
+    def allocate() -> None:
+        t = torch.ones(64 * 2**20 // 4, device="cuda")
+        del t
+
+    assert measure.cuda_peak_bytes(allocate, "cuda") >= 64 * 2**20
+
+
+def test_time_call_synchronizes_on_cuda() -> None:
+    a = torch.randn(2048, 2048, device="cuda")
+    times = measure.time_call(lambda: a @ a, repeat=3, warmup=1, device="cuda")
+    assert len(times) == 3 and all(t > 0 for t in times)
+
+
+def test_cli_run_on_cuda(capsys: pytest.CaptureFixture[str]) -> None:
+    argv = ["run", "logreg_hessian", "--device", "cuda", "--size", "n=100,d=16", "-m", "loop,torch_func,closed_form",
+            "--repeat", "2", "--check"]
+    assert cli.main(argv) == 0
+    assert "on cuda" in capsys.readouterr().out
