@@ -26,6 +26,7 @@ import platform
 import queue
 import re
 import shlex
+import signal
 import subprocess
 import sys
 import threading
@@ -336,6 +337,8 @@ class Profiler:
     def __init__(self, plan: Plan, out: Path, console: Console, nvml: Any = None) -> None:
         self.plan, self.out, self.console, self.nvml = plan, out, console, nvml
         self.errors: list[str] = []
+        self.native = plan.native
+        self.spy: subprocess.Popen | None = None
         self.summary: dict[str, Any] = {
             "workload": plan.workload, "method": plan.method, "size": plan.size, "params": plan.params,
             "device": plan.device, "device_name": None, "seconds": plan.seconds, "tools": list(plan.tools),
@@ -360,7 +363,7 @@ class Profiler:
         self._mark(sampler, "setup")
         child = Child(plan, self.out)
         s["files"]["child_log"] = child.log_path.name
-        self.spy: subprocess.Popen | None = None
+        interrupted = False
         try:
             with Progress(SpinnerColumn(), TextColumn("{task.description}"), BarColumn(),
                           TextColumn("{task.fields[info]}"), TimeElapsedColumn(),
@@ -369,6 +372,8 @@ class Profiler:
         except ChildFailed as exc:
             self.errors.append(str(exc))
         except KeyboardInterrupt:
+            interrupted = True
+            self._stop_pyspy_gracefully()
             child.proc.kill()
             raise
         finally:
@@ -376,7 +381,7 @@ class Profiler:
                 self.spy.kill()
                 self.spy.wait()
             code = child.close()
-            if code not in (0, None) and not self.errors:
+            if code not in (0, None) and not self.errors and not interrupted:
                 self.errors.append(f"the profiled process exited with status {code}; see {child.log_path}")
             s["nvml"], timeline = finish_nvml(
                 sampler, nvml_info, self.out, f"{plan.workload} · {plan.method} · {plan.size} · GPU over time")
@@ -385,6 +390,24 @@ class Profiler:
             if plan.device == "cuda" and s["nvml"] and s["nvml"].get("skipped") and sampler is not None:
                 self.console.print(f"[yellow]{s['nvml']['skipped']}[/]")
         return s
+
+    def _stop_pyspy_gracefully(self) -> None:
+        """On Ctrl-C: py-spy writes what it sampled when it gets SIGINT; keep that flame graph."""
+        spy = self.spy
+        if spy is None:
+            return
+        if spy.poll() is None:
+            spy.send_signal(signal.SIGINT)
+            try:
+                spy.wait(timeout=10)
+            except subprocess.TimeoutExpired:
+                return
+        path = self.out / SPEEDSCOPE
+        if spy.returncode == 0 and path.exists() and path.stat().st_size > 0 and self.summary["pyspy"] is None:
+            try:
+                self._read_pyspy(self.native)
+            except (ValueError, KeyError, OSError):
+                pass  # a partial file is not worth a traceback on top of the interrupt
 
     def _wait(self, child: Child, kind: str, on_event: Callable[[dict[str, Any]], None] | None = None) -> dict[str, Any]:
         while True:
@@ -417,7 +440,7 @@ class Profiler:
         child.send("go")
         start = time.monotonic()
         spy = self._start_pyspy(child, setup["pid"], plan.native) if "py-spy" in plan.tools else None
-        native = plan.native
+        native = self.native = plan.native
         while True:
             try:
                 event = child.next_event(timeout=0.1)
@@ -442,7 +465,7 @@ class Profiler:
             if failure and native and not pyspy.is_permission_error(self._pyspy_log()):
                 # Native unwinding is the fragile part; keep the profile and say so.
                 self.console.print(f"[yellow]{failure}\nretrying without --native[/]")
-                native = False
+                native = self.native = False
                 s.setdefault("notes", []).append("--native failed; py-spy recorded Python frames only")
                 start = time.monotonic()
                 spy = self._start_pyspy(child, setup["pid"], native)
