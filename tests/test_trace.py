@@ -181,3 +181,25 @@ def test_compiled_hessian_matches_eager_and_reports_compile_time(monkeypatch):
     w2 = torch.randn(16)
     torch.testing.assert_close(compiled(w2), engine.hessian(logp)(w2), atol=1e-4, rtol=1e-5)
     assert compiled.cache_info().traces == 1
+
+
+@pytest.mark.parametrize("k", [1, 3])
+def test_bmm_of_a_broadcast_matrix_is_folded_into_one_mm(k):
+    from engine.trace import _fold_broadcast_bmm
+
+    left, right = torch.randn(5, 6), torch.randn(6, k)
+    xs, ys = torch.randn(4, 5, 6), torch.randn(4, 6, k)
+
+    def fn(left, right, xs, ys):
+        return torch.bmm(left.expand(4, 5, 6), ys), torch.bmm(xs, right.unsqueeze(0).expand(4, 6, k)) * 2
+
+    args = (left, right, xs, ys)
+    gm = torch.fx.experimental.proxy_tensor.make_fx(fn)(*args)
+    _fold_broadcast_bmm(gm)
+    gm.graph.eliminate_dead_code()
+    gm.recompile()
+    targets = [n.target for n in gm.graph.nodes]
+    assert torch.ops.aten.bmm.default not in targets and targets.count(torch.ops.aten.mm.default) == 2
+    for got, want in zip(gm(*args), fn(*args)):
+        assert got.is_contiguous()
+        torch.testing.assert_close(got, want)
