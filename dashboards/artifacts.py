@@ -1,0 +1,86 @@
+"""The non-ASV inputs of the dashboard: the engine's OpInfo coverage report and profile folders.
+
+Both are optional. `make coverage` writes results/coverage/<name>.json; `make profile` writes one
+folder per profiled case under results/profiles/, each with a summary.json next to its artifacts.
+"""
+from __future__ import annotations
+
+import json
+import warnings
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from dashboards.loader import CorruptResultWarning
+
+COVERAGE_STATUSES = ("native", "fallback", "error", "mismatch", "skip")
+COVERAGE_SIDES = ("engine", "torch_func")
+
+
+@dataclass
+class CoverageReport:
+    """One coverage report: per-op status of the engine and of torch.func, grouped by family."""
+
+    path: Path
+    ops: list[dict[str, Any]]
+    meta: dict[str, Any] = field(default_factory=dict)
+    others: list[Path] = field(default_factory=list)
+
+    def counts(self, side: str) -> dict[str, dict[str, int]]:
+        """family -> status -> number of ops, for side 'engine' or 'torch_func'."""
+        out: dict[str, dict[str, int]] = {}
+        for op in self.ops:
+            status = str(op.get(side) or "skip")
+            family = str(op.get("family") or "other")
+            out.setdefault(family, {}).setdefault(status, 0)
+            out[family][status] += 1
+        return out
+
+
+@dataclass
+class ProfileEntry:
+    name: str
+    path: Path
+    summary: dict[str, Any]
+    files: list[Path]
+    error: str | None = None
+
+
+def load_coverage(results_dir: str | Path) -> CoverageReport | None:
+    """The newest readable results/coverage/*.json, or None when there is none."""
+    folder = Path(results_dir) / "coverage"
+    candidates = sorted(folder.glob("*.json"), key=lambda p: (p.stat().st_mtime, p.name), reverse=True)
+    for i, path in enumerate(candidates):
+        try:
+            data = json.loads(path.read_text(encoding="utf-8"))
+            ops = data["ops"]
+            if not isinstance(ops, list) or not all(isinstance(o, dict) and "op" in o for o in ops):
+                raise ValueError("'ops' must be a list of objects with an 'op' key")
+        except (OSError, ValueError, KeyError, TypeError) as exc:
+            warnings.warn(f"skipping {path}: not a coverage report ({exc})", CorruptResultWarning,
+                          stacklevel=2)
+            continue
+        meta = {k: v for k, v in data.items() if k != "ops"}
+        return CoverageReport(path, ops, meta, [p for p in candidates if p != path])
+    return None
+
+
+def list_profiles(results_dir: str | Path) -> list[ProfileEntry]:
+    """Every results/profiles/<name>/ folder with its summary.json (when readable) and files."""
+    root = Path(results_dir) / "profiles"
+    entries = []
+    for folder in sorted(p for p in root.glob("*") if p.is_dir()):
+        files = sorted(p for p in folder.rglob("*") if p.is_file())
+        summary: dict[str, Any] = {}
+        error = None
+        summary_path = folder / "summary.json"
+        if summary_path.is_file():
+            try:
+                loaded = json.loads(summary_path.read_text(encoding="utf-8"))
+                summary = loaded if isinstance(loaded, dict) else {"summary": loaded}
+            except (OSError, ValueError) as exc:
+                error = f"summary.json unreadable: {exc}"
+        else:
+            error = "no summary.json"
+        entries.append(ProfileEntry(folder.name, folder, summary, files, error))
+    return entries

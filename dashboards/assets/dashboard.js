@@ -1,0 +1,272 @@
+/* vmapbench dashboard: filters, sortable tables and the commit comparison. Plain JS over what the
+ * page embeds (trace `meta`, data-* attributes, one JSON block), so it all works from file://.
+ * The filter state lives in the URL hash (#machine=..&device=..&workload=..) and the navigation
+ * links carry it from page to page. */
+(function () {
+  "use strict";
+  var KEYS = ["machine", "device", "workload"];
+
+  function readState() {
+    var state = {};
+    window.location.hash.replace(/^#/, "").split("&").forEach(function (part) {
+      var i = part.indexOf("=");
+      if (i < 0) return;
+      var key = part.slice(0, i), value = decodeURIComponent(part.slice(i + 1));
+      if (KEYS.indexOf(key) >= 0 && value) state[key] = value;
+    });
+    return state;
+  }
+
+  function writeState(state) {
+    var parts = KEYS.filter(function (k) { return state[k]; }).map(function (k) {
+      return k + "=" + encodeURIComponent(state[k]);
+    });
+    var hash = parts.length ? "#" + parts.join("&") : "";
+    try {
+      history.replaceState(null, "", window.location.pathname + window.location.search + hash);
+    } catch (err) {
+      window.location.hash = hash;
+    }
+    document.querySelectorAll("a[data-vb-nav]").forEach(function (a) {
+      a.setAttribute("href", a.getAttribute("data-vb-nav") + hash);
+    });
+  }
+
+  function matches(meta, state) {
+    if (!meta) return true;
+    for (var i = 0; i < KEYS.length; i++) {
+      var k = KEYS[i], want = state[k], have = meta[k];
+      if (want && have !== undefined && have !== null && have !== "" && String(have) !== want) return false;
+    }
+    return true;
+  }
+
+  function elementMeta(el) {
+    return { machine: el.getAttribute("data-machine"), device: el.getAttribute("data-device"),
+             workload: el.getAttribute("data-workload") };
+  }
+
+  function applyFilters() {
+    var state = readState();
+    document.querySelectorAll(".vb-f").forEach(function (el) {
+      el.classList.toggle("vb-hidden", !matches(elementMeta(el), state));
+    });
+    document.querySelectorAll(".js-plotly-plot").forEach(function (gd) {
+      if (!gd.data || !window.Plotly) return;
+      if (!gd._vbVisible) {
+        gd._vbVisible = gd.data.map(function (t) { return t.visible === undefined ? true : t.visible; });
+      }
+      var visible = gd.data.map(function (t, i) { return matches(t.meta, state) ? gd._vbVisible[i] : false; });
+      var changed = visible.some(function (v, i) {
+        var now = gd.data[i].visible === undefined ? true : gd.data[i].visible;
+        return now !== v;
+      });
+      if (changed) window.Plotly.restyle(gd, { visible: visible });
+      var card = gd.closest(".vb-card");
+      var empty = card && card.querySelector(".vb-nodata");
+      if (empty) empty.hidden = visible.some(function (v) { return v === true; });
+    });
+    if (compare) compare.sync(state);
+    var shown = document.querySelectorAll("tr.vb-f:not(.vb-hidden)").length;
+    document.body.setAttribute("data-vb-visible-rows", String(shown));
+  }
+
+  function setupFilters() {
+    var state = readState();
+    document.querySelectorAll("select[data-vb-filter]").forEach(function (sel) {
+      var key = sel.getAttribute("data-vb-filter");
+      if (state[key]) {
+        var known = Array.prototype.some.call(sel.options, function (o) { return o.value === state[key]; });
+        if (known) sel.value = state[key];
+      }
+      sel.addEventListener("change", function () {
+        var next = readState();
+        next[key] = sel.value;
+        writeState(next);
+        applyFilters();
+      });
+    });
+    writeState(state);
+  }
+
+  /* ---- sortable tables: click a header; numbers by their data-sort key, text otherwise ---- */
+  function sortKey(cell) {
+    if (!cell) return "";
+    var key = cell.hasAttribute("data-sort") ? cell.getAttribute("data-sort") : cell.textContent;
+    return key.trim();
+  }
+
+  function compareKeys(a, b) {
+    if (a === "" || b === "") return a === b ? 0 : (a === "" ? 1 : -1);
+    var x = Number(a), y = Number(b);
+    if (!isNaN(x) && !isNaN(y)) return x - y;
+    return a.localeCompare(b, undefined, { numeric: true });
+  }
+
+  function sortTable(table, index, descending) {
+    var body = table.tBodies[0];
+    var rows = Array.prototype.slice.call(body.rows);
+    rows.sort(function (r1, r2) {
+      var c = compareKeys(sortKey(r1.cells[index]), sortKey(r2.cells[index]));
+      return descending ? -c : c;
+    });
+    rows.forEach(function (r) { body.appendChild(r); });
+    Array.prototype.forEach.call(table.tHead.rows[0].cells, function (th, i) {
+      if (i === index) th.setAttribute("aria-sort", descending ? "descending" : "ascending");
+      else th.removeAttribute("aria-sort");
+    });
+  }
+
+  function setupSorting() {
+    document.querySelectorAll("table.vb-sortable").forEach(function (table) {
+      if (!table.tHead) return;
+      Array.prototype.forEach.call(table.tHead.rows[0].cells, function (th, index) {
+        th.addEventListener("click", function () {
+          var descending = th.getAttribute("aria-sort") === "ascending" ||
+            (!th.hasAttribute("aria-sort") && th.getAttribute("data-sort-default") === "desc");
+          sortTable(table, index, descending);
+        });
+      });
+    });
+  }
+
+  /* ---- compare: two commits of one machine, built from the embedded JSON ---- */
+  function format(value, unit) {
+    if (value === null || value === undefined) return "n/a";
+    var scales = null;
+    if (unit === "seconds") scales = [[1, "s"], [1e-3, "ms"], [1e-6, "µs"], [1e-9, "ns"]];
+    else if (unit === "bytes") scales = [[1073741824, "GiB"], [1048576, "MiB"], [1024, "KiB"], [1, "B"]];
+    if (scales) {
+      for (var i = 0; i < scales.length; i++) {
+        if (Math.abs(value) >= scales[i][0] || i === scales.length - 1) {
+          return Number((value / scales[i][0]).toPrecision(3)) + " " + scales[i][1];
+        }
+      }
+    }
+    var text = String(Number(Number(value).toPrecision(3)));
+    if (unit === "x" || unit === "ratio") return text + "×";
+    return unit && unit !== "unit" ? text + " " + unit : text;
+  }
+
+  function fillSelect(sel, options) {
+    sel.innerHTML = "";
+    options.forEach(function (o) {
+      var opt = document.createElement("option");
+      opt.value = o[0];
+      opt.textContent = o[1];
+      sel.appendChild(opt);
+    });
+  }
+
+  function cell(tr, text, sortValue, className) {
+    var td = document.createElement("td");
+    td.textContent = text;
+    if (sortValue !== undefined && sortValue !== null) td.setAttribute("data-sort", String(sortValue));
+    if (className) td.className = className;
+    tr.appendChild(td);
+    return td;
+  }
+
+  var compare = null;
+
+  function setupCompare() {
+    var holder = document.getElementById("vb-compare-data");
+    var table = document.getElementById("vb-compare");
+    if (!holder || !table) return;
+    var data = JSON.parse(holder.textContent);
+    var mSel = document.getElementById("vb-cmp-machine");
+    var aSel = document.getElementById("vb-cmp-a");
+    var bSel = document.getElementById("vb-cmp-b");
+    var summary = document.getElementById("vb-cmp-summary");
+    var machines = Object.keys(data.machines);
+    fillSelect(mSel, machines.map(function (m) { return [m, m]; }));
+
+    function fillCommits() {
+      var commits = data.machines[mSel.value].commits;
+      fillSelect(aSel, commits);
+      fillSelect(bSel, commits);
+      aSel.selectedIndex = Math.min(1, commits.length - 1);
+      bSel.selectedIndex = 0;
+    }
+
+    function values(commit) {
+      var pair = data.machines[mSel.value].values[commit] || [[], []];
+      var map = {};
+      for (var i = 0; i < pair[0].length; i++) map[pair[0][i]] = pair[1][i];
+      return map;
+    }
+
+    function render() {
+      var a = values(aSel.value), b = values(bSel.value);
+      var ids = {};
+      Object.keys(a).concat(Object.keys(b)).forEach(function (id) { ids[id] = true; });
+      var entries = Object.keys(ids).map(function (id) {
+        var row = data.rows[id], va = a[id], vb = b[id];
+        var ratio = (va !== undefined && vb !== undefined && va !== null && vb !== null && va !== 0) ? vb / va : null;
+        var worse = 0;
+        if (ratio !== null && ratio > 0) {
+          var lr = Math.log(ratio);
+          worse = row[6] ? -lr : lr;
+        }
+        return { row: row, va: va, vb: vb, ratio: ratio, worse: worse };
+      });
+      entries.sort(function (x, y) { return y.worse - x.worse; });
+      var body = table.tBodies[0];
+      body.innerHTML = "";
+      var counts = { worse: 0, better: 0, same: 0, missing: 0 };
+      var limit = Math.log(data.factor);
+      entries.forEach(function (e) {
+        var tr = document.createElement("tr");
+        var kind = e.ratio === null ? "missing" : (e.worse > limit ? "worse" : (e.worse < -limit ? "better" : "same"));
+        counts[kind] += 1;
+        tr.className = "vb-f vb-" + kind;
+        tr.setAttribute("data-machine", mSel.value);
+        if (e.row[2]) tr.setAttribute("data-workload", e.row[2]);
+        if (e.row[3]) tr.setAttribute("data-device", e.row[3]);
+        cell(tr, e.row[0], null);
+        cell(tr, e.row[1], null);
+        cell(tr, format(e.va, e.row[5]), e.va, "vb-num");
+        cell(tr, format(e.vb, e.row[5]), e.vb, "vb-num");
+        var mark = kind === "worse" ? " +" : (kind === "better" ? " −" : "");
+        cell(tr, e.ratio === null ? "n/a" : e.ratio.toFixed(2) + mark, e.ratio, "vb-num vb-ratio");
+        body.appendChild(tr);
+      });
+      Array.prototype.forEach.call(table.tHead.rows[0].cells, function (th) { th.removeAttribute("aria-sort"); });
+      summary.textContent = aSel.value === bSel.value
+        ? "base and head are the same commit: pick two to compare."
+        : counts.worse + " worse, " + counts.better + " better, " + counts.same +
+          " unchanged (factor " + data.factor + "), " + counts.missing + " in one commit only.";
+      var state = readState();
+      table.querySelectorAll("tr.vb-f").forEach(function (el) {
+        el.classList.toggle("vb-hidden", !matches(elementMeta(el), state));
+      });
+    }
+
+    mSel.addEventListener("change", function () { fillCommits(); render(); });
+    aSel.addEventListener("change", render);
+    bSel.addEventListener("change", render);
+    compare = {
+      sync: function (state) {
+        if (state.machine && state.machine !== mSel.value && data.machines[state.machine]) {
+          mSel.value = state.machine;
+          fillCommits();
+          render();
+        }
+      }
+    };
+    var state = readState();
+    if (state.machine && data.machines[state.machine]) mSel.value = state.machine;
+    if (machines.length) { fillCommits(); render(); }
+  }
+
+  function start() {
+    setupFilters();
+    setupSorting();
+    setupCompare();
+    applyFilters();
+    window.vbDashboard = { applyFilters: applyFilters, state: readState };
+  }
+
+  if (document.readyState === "loading") document.addEventListener("DOMContentLoaded", start);
+  else start();
+})();

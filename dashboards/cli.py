@@ -1,0 +1,30 @@
+"""`vmapbench dashboard`: build the offline HTML dashboard and print the path of its index.html."""
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+
+def configure(parser: argparse.ArgumentParser) -> None:
+    from dashboards.builder import DEFAULT_OUT, DEFAULT_RESULTS
+    parser.add_argument("--results", type=Path, default=DEFAULT_RESULTS,
+                        help=f"ASV results folder (default: {DEFAULT_RESULTS})")
+    parser.add_argument("--out", type=Path, default=DEFAULT_OUT,
+                        help=f"output folder, created or refreshed (default: {DEFAULT_OUT})")
+
+
+def main(args: argparse.Namespace) -> int:
+    from dashboards.builder import build_dashboard
+
+    if not args.results.is_dir():
+        print(f"vmapbench dashboard: no results folder {args.results}; run `make bench` first or "
+              "pass --results DIR. Building an empty dashboard.", file=sys.stderr)
+    result = build_dashboard(args.results, args.out)
+    figures = sum(result.pages.values())
+    print(f"dashboard: {result.files} result files, {result.rows} values, {figures} figures on "
+          f"{len(result.pages)} pages in {result.seconds:.1f} s"
+          + (f"; {len(result.skipped)} files skipped (warnings above)" if result.skipped else ""),
+          file=sys.stderr)
+    print(result.index.resolve())
+    return 0

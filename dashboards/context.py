@@ -1,0 +1,160 @@
+"""What the views share: the loaded results and the slices of them that several views use."""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from functools import cached_property
+from pathlib import Path
+from typing import Any
+
+import pandas as pd
+
+from dashboards.artifacts import CoverageReport, ProfileEntry
+from dashboards.loader import BASE_COLUMNS, STAT_COLUMNS, ResultSet
+from dashboards.page import esc
+from dashboards.regressions import history_regressions
+
+FILE_COLUMNS = ["machine", "commit", "date", "env", "python"]
+TIME_METRIC = "time"
+# Memory metric per device, best first: the CUDA allocator's peak on GPUs, the RSS growth on CPUs,
+# asv's whole-process peakmem as the last resort.
+MEMORY_METRICS = {
+    "cuda": ("cuda_peak_bytes", "nvml_peak_bytes", "peakmem"),
+    "cpu": ("rss_delta_bytes", "peakmem"),
+}
+THREAD_VARS = ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "TORCH_NUM_THREADS")
+
+
+@dataclass
+class Context:
+    results: ResultSet
+    coverage: CoverageReport | None = None
+    profiles: list[ProfileEntry] = field(default_factory=list)
+    out_dir: Path = Path(".")
+
+    @property
+    def frame(self) -> pd.DataFrame:
+        return self.results.frame
+
+    @cached_property
+    def case_columns(self) -> list[str]:
+        """Columns that identify one measured case (benchmark + every parameter)."""
+        skip = set(FILE_COLUMNS) | set(STAT_COLUMNS)
+        return [c for c in self.frame.columns if c not in skip and c not in ("suite", "metric", "unit", "type")]
+
+    @cached_property
+    def measured(self) -> pd.DataFrame:
+        """Rows the workload views use: those with a workload and a method."""
+        f = self.frame
+        return f[f["workload"].notna() & f["method"].notna()]
+
+    @cached_property
+    def latest_commits(self) -> dict[str, str]:
+        """machine -> its most recent commit (by commit date, then run time)."""
+        f = self.frame
+        if f.empty:
+            return {}
+        order = f.sort_values(["date", "started_at"], kind="stable", na_position="first")
+        return order.groupby("machine", sort=True)["commit"].last().to_dict()
+
+    @cached_property
+    def latest_commit_rows(self) -> pd.DataFrame:
+        m = self.measured
+        if m.empty:
+            return m
+        wanted = pd.Series(self.latest_commits)
+        return m[m["commit"].to_numpy() == wanted.reindex(m["machine"]).to_numpy()]
+
+    def latest_per_case(self, metrics: list[str] | tuple[str, ...]) -> pd.DataFrame:
+        """For `metrics`, the most recent value of every case on every machine."""
+        m = self.measured
+        m = m[m["metric"].isin(list(metrics))]
+        if m.empty:
+            return m
+        m = m.sort_values("date", kind="stable")
+        return m.drop_duplicates(subset=["machine"] + self.case_columns, keep="last")
+
+    def size_columns_of(self, rows: pd.DataFrame) -> list[str]:
+        return [c for c in self.results.size_columns if c in rows.columns and rows[c].notna().any()]
+
+    def x_param(self, rows: pd.DataFrame) -> str | None:
+        """The size parameter to put on a scaling axis: the one with the most distinct values."""
+        best, best_n = None, 1
+        for column in self.size_columns_of(rows):
+            if "chunk" in column:
+                continue
+            n = rows[column].nunique()
+            if n > best_n:
+                best, best_n = column, n
+        return best
+
+    def scale(self, rows: pd.DataFrame) -> pd.Series:
+        """Product of the numeric size parameters (chunking excluded): 'how big' a case is."""
+        out = pd.Series(1.0, index=rows.index)
+        for column in self.size_columns_of(rows):
+            if "chunk" not in column:
+                out = out * rows[column].fillna(1.0).astype(float)
+        return out
+
+    @cached_property
+    def regressions(self) -> pd.DataFrame:
+        """Step-detector regressions of the time metric (see dashboards.regressions)."""
+        return history_regressions(self)
+
+    @cached_property
+    def filters(self) -> dict[str, list[str]]:
+        m = self.frame
+        out = {}
+        for key in ("machine", "device", "workload"):
+            out[key] = sorted(str(v) for v in m[key].dropna().unique()) if key in m else []
+        return out
+
+    def machine_facts(self) -> dict[str, dict[str, Any]]:
+        """machine -> what it is and how it ran (from machine.json and its newest result file)."""
+        newest: dict[str, dict[str, Any]] = {}
+        for info in self.results.files.values():
+            name = info["machine"]
+            if name not in newest or (info.get("date") or 0) >= (newest[name].get("date") or 0):
+                newest[name] = info
+        facts = {}
+        for name in sorted(set(self.results.machines) | set(newest)):
+            machine = dict(self.results.machines.get(name, {}))
+            run = newest.get(name, {})
+            params = run.get("params", {})
+            env_vars = run.get("env_vars", {})
+            threads = ", ".join(f"{k}={env_vars[k]}" for k in THREAD_VARS if k in env_vars)
+            torch = params.get("torch") or (run.get("requirements") or {}).get("torch")
+            facts[name] = {
+                "cpu": machine.get("cpu") or params.get("cpu"),
+                "cores": machine.get("num_cpu") or params.get("num_cpu"),
+                "ram": machine.get("ram") or params.get("ram"),
+                "os": machine.get("os") or params.get("os"),
+                "python": run.get("python") or params.get("python"),
+                "torch": torch,
+                "threads": threads or "not recorded in the results",
+            }
+        return facts
+
+    def footer(self) -> str:
+        facts = self.machine_facts()
+        rows = []
+        for name, f in facts.items():
+            parts = [f"{k}: {esc(v)}" for k, v in f.items() if v]
+            rows.append(f"<li><b>{esc(name)}</b> — {'; '.join(parts)}</li>")
+        loaded = len(self.results.files)
+        skipped = len(self.results.skipped)
+        source = esc(self.results.results_dir) if self.results.results_dir else "?"
+        machines = f"<ul>{''.join(rows)}</ul>" if rows else ""
+        return (f"<p>Results: <code>{source}</code> — {loaded} result files loaded"
+                f"{f', {skipped} skipped (see the warning above)' if skipped else ''}.</p>{machines}")
+
+    def measured_note(self) -> str:
+        """One sentence on how the times were taken, for each view's explanation."""
+        facts = self.machine_facts()
+        if not facts:
+            return ""
+        bits = []
+        for name, f in facts.items():
+            bits.append(f"<b>{esc(name)}</b> ({esc(f['cores'] or '?')} cores, {esc(f['threads'])}, "
+                        f"torch {esc(f['torch'] or '?')})")
+        return "Measured on " + ", ".join(bits) + "."
+

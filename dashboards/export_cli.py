@@ -1,0 +1,41 @@
+"""`vmapbench export`: ASV results as one tidy table (one row per measured value), CSV or JSON lines."""
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+
+def configure(parser: argparse.ArgumentParser) -> None:
+    from dashboards.builder import DEFAULT_RESULTS
+    parser.add_argument("--results", type=Path, default=DEFAULT_RESULTS,
+                        help=f"ASV results folder (default: {DEFAULT_RESULTS})")
+    fmt = parser.add_mutually_exclusive_group()
+    fmt.add_argument("--csv", action="store_true", help="write CSV (the default)")
+    fmt.add_argument("--jsonl", action="store_true", help="write JSON lines")
+    parser.add_argument("-o", "--output", type=Path, default=None,
+                        help="file to write (default: standard output)")
+    parser.add_argument("--samples", action="store_true",
+                        help="keep the raw samples column (a list per row; off by default)")
+
+
+def main(args: argparse.Namespace) -> int:
+    from dashboards.loader import load_results
+
+    result = load_results(args.results)
+    frame = result.frame
+    if not args.samples:
+        frame = frame.drop(columns=["samples"])
+    target = args.output if args.output is not None else sys.stdout
+    if args.jsonl:
+        frame.to_json(target, orient="records", lines=True, date_format="iso")
+        if args.output is None:
+            sys.stdout.write("\n")
+    else:
+        frame.to_csv(target, index=False)
+    if args.output is not None:
+        print(f"wrote {len(frame)} rows from {len(result.files)} result files to {args.output}",
+              file=sys.stderr)
+    if result.skipped:
+        print(f"{len(result.skipped)} files skipped (see the warnings above)", file=sys.stderr)
+    return 0

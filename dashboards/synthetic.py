@@ -1,0 +1,280 @@
+"""Synthetic ASV results (format version 2) for the dashboard's tests and its build-speed benchmark.
+
+The numbers are made up but shaped like vmapbench's: a loop baseline, faster vectorized methods,
+a closed form far ahead, memory growing with size, a CUDA device on one machine, a chunk_size
+sweep, and one injected engine regression so the history view has something to flag. Output is
+deterministic for a given seed.
+
+    python -m dashboards.synthetic OUT_DIR [--commits N] [--machines M] [--seed S]
+
+writes OUT_DIR/benchmarks.json, OUT_DIR/<machine>/machine.json and one result file per commit and
+machine (so `--commits 500 --machines 2` gives 1000 result files).
+"""
+from __future__ import annotations
+
+import argparse
+import ast
+import hashlib
+import itertools
+import json
+import math
+import random
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Sequence
+
+# Relative time of each method against the loop (1.0), roughly the ratios of ANCHORS.md.
+METHOD_FACTOR = {
+    "loop": 1.0, "engine": 0.42, "engine_traced": 0.2, "engine_compiled": 0.07,
+    "torch_func": 0.38, "torch_func_compiled": 0.05, "loop_compiled": 0.6,
+    "functional_vectorize": 0.45, "closed_form": 0.007,
+}
+MEMORY_FACTOR = {
+    "loop": 1.0, "engine": 3.0, "engine_traced": 2.6, "engine_compiled": 2.0, "torch_func": 2.8,
+    "torch_func_compiled": 1.8, "loop_compiled": 1.1, "functional_vectorize": 3.2, "closed_form": 0.5,
+}
+ENV_NAME = "existing-py_work_main_.venv_bin_python"
+
+
+@dataclass(frozen=True)
+class SyntheticWorkload:
+    name: str
+    sizes: tuple[str, ...]
+    methods: tuple[str, ...]
+    # 'param': a suite class with a 'workload' parameter; 'class': one class per workload.
+    style: str = "param"
+
+
+DEFAULT_WORKLOADS: tuple[SyntheticWorkload, ...] = (
+    SyntheticWorkload("bayes_logreg_hessian", ("n=250,d=16", "n=1000,d=64", "n=4000,d=64"),
+                      ("loop", "engine", "engine_traced", "torch_func", "torch_func_compiled",
+                       "functional_vectorize", "closed_form")),
+    SyntheticWorkload("per_sample_grad_mlp", ("batch=16", "batch=64", "batch=256"),
+                      ("loop", "engine", "engine_traced", "torch_func", "closed_form"), style="class"),
+    SyntheticWorkload("jacobian_chunked", ("n=512,chunk_size=8", "n=512,chunk_size=64",
+                                           "n=512,chunk_size=512"),
+                      ("loop", "engine", "torch_func")),
+)
+# The bigger set the build-speed benchmark uses: about the quick suite's shape.
+BENCH_WORKLOADS: tuple[SyntheticWorkload, ...] = DEFAULT_WORKLOADS + (
+    SyntheticWorkload("jacobian_mlp", ("batch=32", "batch=128"),
+                      ("loop", "engine", "engine_traced", "torch_func", "functional_vectorize")),
+    SyntheticWorkload("hvp_rosenbrock", ("d=100", "d=1000"),
+                      ("loop", "engine", "torch_func", "closed_form"), style="class"),
+    SyntheticWorkload("ensemble_grad", ("models=8,batch=64", "models=32,batch=64"),
+                      ("loop", "engine", "engine_compiled", "torch_func", "torch_func_compiled")),
+)
+MACHINES: tuple[tuple[str, tuple[str, ...]], ...] = (
+    ("cpu-box", ("cpu",)),
+    ("gpu-box", ("cpu", "cuda")),
+)
+
+
+def _class_name(name: str) -> str:
+    return "".join(part.capitalize() for part in name.split("_"))
+
+
+def _size_scale(size: str) -> float:
+    scale = 1.0
+    for part in size.split(","):
+        key, _, value = part.partition("=")
+        if key != "chunk_size":
+            scale *= float(value)
+    return scale
+
+
+def _benchmark_layout(workloads: Sequence[SyntheticWorkload], devices: Sequence[str]) -> dict[str, dict]:
+    """benchmark name -> (params, param_names, type, unit, workload filter)."""
+    metrics = [
+        ("time_run", "time", "seconds"), ("peakmem_run", "peakmem", "bytes"),
+        ("track_rss_delta_bytes", "track", "bytes"), ("track_cuda_peak_bytes", "track", "bytes"),
+        ("track_fallbacks", "track", "calls"), ("track_speedup_vs_loop", "track", "x"),
+        ("track_ratio_vs_torch_func", "track", "x"),
+    ]
+    layout: dict[str, dict] = {}
+    shared = [w for w in workloads if w.style == "param"]
+    groups: list[tuple[str, list[SyntheticWorkload], list[str]]] = []
+    if shared:
+        groups.append(("bench_workloads.Workloads", shared, ["workload", "size", "method", "device"]))
+    for w in workloads:
+        if w.style == "class":
+            groups.append((f"bench_workloads.{_class_name(w.name)}", [w], ["size", "method", "device"]))
+    for prefix, members, names in groups:
+        sizes = sorted({s for w in members for s in w.sizes}, key=lambda s: (_size_scale(s), s))
+        methods = [m for m in METHOD_FACTOR if any(m in w.methods for w in members)]
+        values = {"workload": [w.name for w in members], "size": sizes, "method": methods,
+                  "device": list(devices)}
+        params = [[repr(v) for v in values[n]] for n in names]
+        for attr, kind, unit in metrics:
+            layout[f"{prefix}.{attr}"] = {
+                "params": params, "param_names": names, "type": kind, "unit": unit,
+                "members": {w.name: w for w in members},
+            }
+    return layout
+
+
+def _value(attr: str, w: SyntheticWorkload, size: str, method: str, device: str,
+           slowdown: float, rng: random.Random) -> float | None:
+    if method not in w.methods or size not in w.sizes:
+        return math.nan  # asv stores a benchmark skipped in setup as NaN
+    noise = 1.0 + rng.uniform(-0.03, 0.03)
+    scale = _size_scale(size)
+    chunk = dict(p.split("=") for p in size.split(",")).get("chunk_size")
+    gpu = device == "cuda"
+    base = 2e-7 * scale ** 0.9 * (0.5 if gpu and method == "loop" else 0.08 if gpu else 1.0)
+    factor = METHOD_FACTOR[method] * (slowdown if method.startswith("engine") else 1.0)
+    if chunk is not None and method != "loop":
+        factor *= 1.0 + 8.0 / float(chunk)
+    time = max(base * factor * noise, 2e-6)
+    mem = 4096.0 * scale * MEMORY_FACTOR[method] * (float(chunk) / 64 if chunk else 1.0)
+    if attr == "time_run":
+        return time
+    if attr == "peakmem_run":
+        return 350e6 + mem * noise
+    if attr == "track_rss_delta_bytes":
+        return mem * noise if not gpu else 1e6 * noise
+    if attr == "track_cuda_peak_bytes":
+        return mem * noise if gpu else math.nan
+    if attr == "track_fallbacks":
+        return float(1 + (len(size) % 3)) if method.startswith("engine") else 0.0
+    if attr == "track_speedup_vs_loop":
+        return noise / factor if method != "loop" else 1.0
+    if attr == "track_ratio_vs_torch_func":
+        return factor / METHOD_FACTOR["torch_func"] * noise if method.startswith("engine") else math.nan
+    raise KeyError(attr)
+
+
+def write_results(out_dir: str | Path, *, commits: int = 3, machines: int = 2, seed: int = 0,
+                  workloads: Sequence[SyntheticWorkload] = DEFAULT_WORKLOADS,
+                  regression_at: int | None = None, samples: bool = True,
+                  extras: bool = True) -> list[Path]:
+    """Write a synthetic ASV results tree; returns the result files written.
+
+    `regression_at` is the commit index from which the engine methods of the first workload are
+    1.5x slower (default: two thirds of the way, when there are at least 3 commits). `extras` also
+    writes a coverage report (coverage/engine.json) and one profile folder (profiles/...).
+    """
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    rng = random.Random(seed)
+    if regression_at is None and commits >= 3:
+        regression_at = max(1, (2 * commits) // 3)
+    hashes = [hashlib.sha1(f"{seed}-{i}".encode()).hexdigest() for i in range(commits)]
+    t0 = 1_767_225_600_000  # 2026-01-01T00:00Z in ms, as asv stores dates
+    all_devices = sorted({d for _, devs in MACHINES[:machines] for d in devs})
+    layout = _benchmark_layout(workloads, all_devices)
+    benchmarks: dict[str, Any] = {}
+    for name, spec in layout.items():
+        entry = {"code": f"# synthetic {name}", "name": name, "param_names": spec["param_names"],
+                 "params": spec["params"], "timeout": 120.0, "type": spec["type"],
+                 "unit": spec["unit"], "version": hashlib.sha1(name.encode()).hexdigest()}
+        if spec["type"] == "time":
+            entry.update({"number": 0, "repeat": 0, "min_run_count": 2, "rounds": 2,
+                          "sample_time": 0.01, "warmup_time": -1})
+        benchmarks[name] = entry
+    benchmarks["version"] = 2
+    (out / "benchmarks.json").write_text(json.dumps(benchmarks, indent=1, sort_keys=True))
+
+    written = []
+    for m_index, (machine, devices) in enumerate(MACHINES[:machines]):
+        mdir = out / machine
+        mdir.mkdir(exist_ok=True)
+        info = {"arch": "x86_64", "cpu": "Synthetic CPU @ 2.0GHz", "machine": machine,
+                "num_cpu": "2" if m_index == 0 else "16", "os": "Linux 6.1.0", "ram": "8GB",
+                "version": 1}
+        (mdir / "machine.json").write_text(json.dumps(info, indent=4, sort_keys=True))
+        for c_index, commit in enumerate(hashes):
+            slowdown = 1.5 if regression_at is not None and c_index >= regression_at else 1.0
+            date = t0 + c_index * 3_600_000 * 6
+            results = {}
+            for name, spec in layout.items():
+                attr = name.rsplit(".", 1)[1]
+                names = spec["param_names"]
+                values, stats_rows, sample_rows = [], [], []
+                for combo in itertools.product(*spec["params"]):
+                    p = dict(zip(names, (ast.literal_eval(v) for v in combo)))
+                    w = spec["members"][p.get("workload", next(iter(spec["members"])))]
+                    dev_ok = p["device"] in devices
+                    wslow = slowdown if w is workloads[0] else 1.0
+                    v = _value(attr, w, p["size"], p["method"], p["device"], wslow, rng) if dev_ok else math.nan
+                    values.append(v)
+                    if spec["type"] == "time" and v is not None and not math.isnan(v):
+                        stats_rows.append((v * 0.97, v * 1.04, v * 0.99, v * 1.02, 10, 10))
+                        sample_rows.append([v * (1 + 0.01 * k) for k in (-1, 0, 1, 2)])
+                    else:
+                        stats_rows.append(None)
+                        sample_rows.append(None)
+                row: list[Any] = [values, spec["params"], benchmarks[name]["version"],
+                                  date + 3_600_000, round(rng.uniform(1, 5), 3)]
+                if spec["type"] == "time":
+                    for k in range(6):
+                        row.append([s[k] if s else None for s in stats_rows])
+                    if samples and m_index == 0:
+                        row.append(sample_rows)
+                results[name] = row
+            data = {
+                "commit_hash": commit, "env_name": ENV_NAME, "date": date,
+                "params": {**{k: v for k, v in info.items() if k != "version"}, "python": "3.11",
+                           "torch": "2.13.0"},
+                "python": "3.11", "requirements": {"torch": "2.13.0"},
+                "env_vars": {"OMP_NUM_THREADS": "2"},
+                "result_columns": ["result", "params", "version", "started_at", "duration",
+                                   "stats_ci_99_a", "stats_ci_99_b", "stats_q_25", "stats_q_75",
+                                   "stats_number", "stats_repeat", "samples", "profile"],
+                "results": results, "durations": {"<build>": 1.5}, "version": 2,
+            }
+            path = mdir / f"{commit[:8]}-{ENV_NAME}.json"
+            path.write_text(json.dumps(data))
+            written.append(path)
+    if extras:
+        _write_extras(out, workloads)
+    return written
+
+
+def _write_extras(out: Path, workloads: Sequence[SyntheticWorkload]) -> None:
+    families = {"pointwise": ["add", "mul", "sin", "exp", "where", "clamp"],
+                "reduction": ["sum", "mean", "amax", "logsumexp"],
+                "linalg": ["matmul", "linalg.solve", "linalg.eigh"],
+                "indexing": ["index_select", "take", "put", "isin"]}
+    ops = []
+    for family, names in families.items():
+        for i, op in enumerate(names):
+            engine = "native" if i % 4 else ("fallback" if family != "linalg" else "error")
+            torch_func = "fallback" if op in ("take", "put", "isin") else "native"
+            if op == "linalg.eigh":
+                engine, torch_func = "mismatch", "native"
+            ops.append({"op": op, "family": family, "engine": engine, "torch_func": torch_func})
+    summary: dict[str, dict[str, int]] = {}
+    for side in ("engine", "torch_func"):
+        summary[side] = {}
+        for op in ops:
+            summary[side][op[side]] = summary[side].get(op[side], 0) + 1
+    cov = out / "coverage"
+    cov.mkdir(exist_ok=True)
+    (cov / "engine.json").write_text(json.dumps(
+        {"torch_version": "2.13.0", "dtype": "float32", "device": "cpu", "ops": ops,
+         "summary": summary}, indent=1))
+    prof = out / "profiles" / f"{workloads[0].name}-engine-cpu"
+    prof.mkdir(parents=True, exist_ok=True)
+    (prof / "summary.json").write_text(json.dumps(
+        {"workload": workloads[0].name, "method": "engine", "device": "cpu",
+         "size": workloads[0].sizes[0], "wall_ms": 12.5, "top_ops": ["aten::mm", "aten::mul"]}))
+    (prof / "py-spy.svg").write_text('<svg xmlns="http://www.w3.org/2000/svg" width="10" height="10"/>')
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("out", help="results folder to write (created)")
+    parser.add_argument("--commits", type=int, default=3)
+    parser.add_argument("--machines", type=int, default=2, choices=range(1, len(MACHINES) + 1))
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--bench", action="store_true", help="the larger workload set of the speed benchmark")
+    args = parser.parse_args(argv)
+    files = write_results(args.out, commits=args.commits, machines=args.machines, seed=args.seed,
+                          workloads=BENCH_WORKLOADS if args.bench else DEFAULT_WORKLOADS)
+    print(f"wrote {len(files)} result files under {args.out}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

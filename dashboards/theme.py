@@ -1,0 +1,83 @@
+"""What every view agrees on: method colors and labels, metric direction, value formatting.
+
+One color per method across all views, so 'engine' is the same blue in the overview, the scaling
+plots and the history.
+"""
+from __future__ import annotations
+
+import math
+from typing import Any
+
+from workloads.base import BASELINE, METHODS, REFERENCE
+
+METHOD_COLORS: dict[str, str] = {
+    "loop": "#7f7f7f",
+    "engine": "#1f77b4",
+    "engine_traced": "#17becf",
+    "engine_compiled": "#0b3d91",
+    "torch_func": "#ff7f0e",
+    "torch_func_compiled": "#d62728",
+    "loop_compiled": "#bcbd22",
+    "functional_vectorize": "#9467bd",
+    "closed_form": "#2ca02c",
+}
+METHOD_LABELS: dict[str, str] = {
+    "loop": "for-loop",
+    "engine": "engine",
+    "engine_traced": "engine (traced)",
+    "engine_compiled": "engine (compiled)",
+    "torch_func": "torch.func",
+    "torch_func_compiled": "torch.func (compiled)",
+    "loop_compiled": "loop (compiled)",
+    "functional_vectorize": "autograd.functional (vectorize)",
+    "closed_form": "closed form",
+}
+_EXTRA_COLORS = ["#8c564b", "#e377c2", "#393b79", "#637939", "#843c39", "#7b4173"]
+STATUS_COLORS = {"native": "#2ca02c", "fallback": "#ff7f0e", "error": "#d62728",
+                 "mismatch": "#9467bd", "skip": "#c7c7c7"}
+BASELINE_METHOD = BASELINE
+REFERENCE_METHOD = REFERENCE
+# Ratio beyond which the compare view colors a change, like `asv compare --factor 1.1`.
+COMPARE_FACTOR = 1.1
+# Relative step below which asv's regression detector ignores a jump (asv's default threshold).
+REGRESSION_THRESHOLD = 0.05
+
+
+def method_order(methods: Any) -> list[str]:
+    """Methods in the registry's table order; unknown ones after, alphabetically."""
+    known = [m for m in METHODS if m in set(methods)]
+    return known + sorted(set(methods) - set(METHODS))
+
+
+def method_color(method: str) -> str:
+    if method in METHOD_COLORS:
+        return METHOD_COLORS[method]
+    return _EXTRA_COLORS[sum(map(ord, method)) % len(_EXTRA_COLORS)]
+
+
+def method_label(method: str) -> str:
+    return METHOD_LABELS.get(method, method)
+
+
+def higher_is_better(metric: str) -> bool:
+    """Speedups are better when higher; times, memory, fallbacks and ratios-vs-reference lower."""
+    return "speedup" in metric
+
+
+def format_value(value: Any, unit: str | None) -> str:
+    """A short human reading of one measurement in its unit (seconds, bytes, or a plain number)."""
+    if value is None or (isinstance(value, float) and math.isnan(value)):
+        return "n/a"
+    v = float(value)
+    if unit == "seconds":
+        for scale, suffix in ((1.0, "s"), (1e-3, "ms"), (1e-6, "µs"), (1e-9, "ns")):
+            if abs(v) >= scale or scale == 1e-9:
+                return f"{v / scale:.3g} {suffix}"
+    if unit == "bytes":
+        for scale, suffix in ((2**30, "GiB"), (2**20, "MiB"), (2**10, "KiB"), (1, "B")):
+            if abs(v) >= scale or scale == 1:
+                return f"{v / scale:.3g} {suffix}"
+    if unit == "x":
+        return f"{v:.3g}×"
+    text = f"{v:.3g}"
+    return f"{text} {unit}" if unit and unit not in ("unit", "x") else text

@@ -1,0 +1,110 @@
+"""Engine coverage: OpInfo ops the engine batches natively, by fallback, or not at all, per family,
+against torch.func on the same ops (from the coverage report), and the suite's fallback counts.
+"""
+from __future__ import annotations
+
+import plotly.graph_objects as go
+from plotly.subplots import make_subplots
+
+from dashboards.artifacts import COVERAGE_STATUSES, CoverageReport
+from dashboards.context import Context
+from dashboards.page import Page, esc, table
+from dashboards.theme import STATUS_COLORS, method_color, method_label, method_order
+
+SIDE_LABELS = {"engine": "engine (ours)", "torch_func": "torch.func", "vjp_engine": "engine vmap(vjp)"}
+FALLBACK_METRIC = "fallbacks"
+
+
+def sides(report: CoverageReport) -> list[str]:
+    """engine and torch.func always; the vjp column when the report has it."""
+    return [s for s in SIDE_LABELS if s != "vjp_engine" or any(s in o for o in report.ops)]
+
+
+def coverage_figure(report: CoverageReport) -> go.Figure:
+    counts = {side: report.counts(side) for side in sides(report)}
+    families = sorted({f for c in counts.values() for f in c},
+                      key=lambda f: -sum(counts["engine"].get(f, {}).values()))
+    statuses = [s for s in COVERAGE_STATUSES if any(s in fam for c in counts.values() for fam in c.values())]
+    statuses += sorted({s for c in counts.values() for fam in c.values() for s in fam} - set(statuses))
+    fig = make_subplots(rows=1, cols=len(counts), shared_yaxes=True, horizontal_spacing=0.03,
+                        subplot_titles=[SIDE_LABELS[s] for s in counts])
+    for col, side in enumerate(counts, start=1):
+        for status in statuses:
+            fig.add_trace(go.Bar(
+                y=families, x=[counts[side].get(f, {}).get(status, 0) for f in families],
+                orientation="h", name=status, legendgroup=status, showlegend=col == 1,
+                marker_color=STATUS_COLORS.get(status, "#8c564b"),
+                hovertemplate=f"{SIDE_LABELS[side]} · %{{y}}<br>{status}: %{{x}} ops<extra></extra>",
+            ), row=1, col=col)
+    fig.update_layout(barmode="stack", height=max(260, 40 + 28 * len(families)),
+                      legend=dict(orientation="h", y=-0.12))
+    fig.update_yaxes(autorange="reversed")
+    fig.update_xaxes(title_text="OpInfo ops")
+    return fig
+
+
+def _difference_tables(report: CoverageReport) -> str:
+    ahead = [o for o in report.ops if o.get("engine") == "native" and o.get("torch_func") not in ("native", None)]
+    behind = [o for o in report.ops if o.get("torch_func") == "native" and o.get("engine") != "native"]
+    parts = []
+    for title, ops in (("Batched natively by the engine where torch.func does not", ahead),
+                       ("Batched natively by torch.func where the engine does not", behind)):
+        rows = [([(esc(o["op"]), o["op"]), (esc(o.get("family")), o.get("family")),
+                  (esc(o.get("engine")), o.get("engine")), (esc(o.get("torch_func")), o.get("torch_func"))], {})
+                for o in sorted(ops, key=lambda o: (str(o.get("family")), str(o["op"])))]
+        body = table(["op", "family", "engine", "torch.func"], rows) if rows else "<p>none</p>"
+        parts.append(f"<details><summary>{esc(title)}: {len(ops)} ops</summary>{body}</details>")
+    return "".join(parts)
+
+
+def fallback_figure(ctx: Context) -> go.Figure | None:
+    rows = ctx.latest_per_case([FALLBACK_METRIC])
+    if rows.empty:
+        return None
+    fig = go.Figure()
+    for method in method_order(rows["method"].unique()):
+        for (machine, device, workload), group in rows[rows["method"] == method].groupby(
+                ["machine", "device", "workload"], dropna=False):
+            total = group["value"].max()
+            fig.add_trace(go.Bar(
+                x=[workload], y=[total], name=method_label(method), legendgroup=method,
+                offsetgroup=method, marker_color=method_color(method),
+                showlegend=not any(t.legendgroup == method for t in fig.data),
+                meta={"machine": machine, "device": device, "workload": workload},
+                customdata=[[machine, device, ", ".join(group["size"].astype(str))]],
+                hovertemplate=(f"<b>{esc(method_label(method))}</b> %{{x}}<br>%{{y:g}} fallback calls "
+                               "(largest over sizes %{customdata[2]})<br>%{customdata[0]} · "
+                               "%{customdata[1]}<extra></extra>"),
+            ))
+    fig.update_layout(barmode="group", height=380, legend=dict(orientation="h", y=-0.25))
+    fig.update_yaxes(title_text="fallback calls in one run")
+    return fig
+
+
+def render(ctx: Context) -> Page:
+    page = Page("coverage.html", "Engine coverage", intro=(
+        "<p>How much of PyTorch the engine batches. The OpInfo conformance harness runs every "
+        "op of <code>op_db</code> on batched inputs through the engine and through torch.func and "
+        "sorts each op into <i>native</i> (a batching rule, correct result), <i>fallback</i> "
+        "(a per-example loop, correct but slow), <i>error</i>, <i>mismatch</i> (wrong result) or "
+        "<i>skip</i>. The second plot counts the fallback calls each workload made in the suite "
+        "(<code>track_fallbacks</code>): a fallback inside a measured workload costs a loop.</p>"))
+    report = ctx.coverage
+    if report is None:
+        page.notice("No coverage report found in <code>results/coverage/</code>. Run "
+                    "<code>make coverage</code> (or <code>vmapbench coverage</code>) to produce it, "
+                    "then <code>make dashboard</code>.", "warn")
+    else:
+        meta = ", ".join(f"{esc(k)}: {esc(v)}" for k, v in report.meta.items() if not isinstance(v, (dict, list)))
+        total = {side: sum(n for fam in report.counts(side).values() for n in fam.values()) for side in sides(report)}
+        native = {side: sum(fam.get("native", 0) for fam in report.counts(side).values()) for side in sides(report)}
+        summary = "; ".join(f"{SIDE_LABELS[s]}: {native[s]} of {total[s]} native" for s in total)
+        page.figure(coverage_figure(report), title="OpInfo ops by family",
+                    note=f"{summary}. Report <code>{esc(report.path.name)}</code> ({meta}).")
+        page.add(_difference_tables(report))
+    fig = fallback_figure(ctx)
+    if fig is None:
+        page.notice("The suite results record no fallback counts (<code>track_fallbacks</code>).")
+    else:
+        page.figure(fig, title="Fallback calls per workload (latest results)")
+    return page

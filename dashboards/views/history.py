@@ -1,0 +1,109 @@
+"""History: the engine's time per benchmark across commits, with regressions flagged.
+
+Regressions come from asv's step detector (see dashboards.regressions) run over every method's
+time series; the plots show the engine's methods (the code this repository changes), with a red
+cross at the first commit of every slower level, and the table lists all of them.
+"""
+from __future__ import annotations
+
+import pandas as pd
+import plotly.graph_objects as go
+
+from dashboards.context import TIME_METRIC, Context
+from dashboards.regressions import HISTORY_COMMITS, newest_commits
+from dashboards.page import Page, esc, table
+from dashboards.theme import REGRESSION_THRESHOLD, format_value, method_color, method_label, method_order
+from workloads.base import ENGINE_METHODS
+
+
+
+def _figure(rows: pd.DataFrame, regressions: pd.DataFrame) -> go.Figure:
+    fig = go.Figure()
+    multi_machine = rows["machine"].nunique() > 1
+    order = method_order(rows["method"].unique())
+    groups = sorted(rows.groupby(["machine", "device", "method", "size"], dropna=False),
+                    key=lambda g: (g[0][0], g[0][1], order.index(g[0][2]), str(g[0][3])))
+    sizes = sorted(rows["size"].dropna().unique())
+    for (machine, device, method, size), series in groups:
+        series = series.sort_values("date")
+        name = f"{method_label(method)} {size} — {device}" + (f" · {machine}" if multi_machine else "")
+        symbol = ("circle", "square", "diamond", "triangle-up", "star", "hexagon")[
+            sizes.index(size) % 6 if size in sizes else 0]
+        fig.add_trace(go.Scatter(
+            x=series["date"].tolist(), y=series["value"].tolist(), mode="lines+markers", name=name,
+            line=dict(color=method_color(method), width=1.5), marker=dict(symbol=symbol, size=6),
+            legendgroup=f"{method}", meta={"machine": machine, "device": device,
+                                           "workload": series["workload"].iloc[0]},
+            customdata=series["commit"].str[:8].tolist(),
+            hovertemplate=f"<b>{esc(name)}</b><br>commit %{{customdata}}<br>%{{y:.3s}}s<extra></extra>",
+        ))
+    if not regressions.empty:
+        for (machine, device), reg in regressions.groupby(["machine", "device"], dropna=False):
+            fig.add_trace(go.Scatter(
+                x=reg["date_after"].tolist(), y=reg["after"].tolist(), mode="markers",
+                name=f"regression — {device}" + (f" · {machine}" if multi_machine else ""),
+                marker=dict(symbol="x", size=13, color="#d62728", line=dict(width=1)),
+                meta={"machine": machine, "device": device, "workload": reg["workload"].iloc[0]},
+                customdata=[[f"{r.method} {r.size}", r.commit_before[:8], r.commit_after[:8], r.ratio]
+                            for r in reg.itertuples(index=False)],
+                hovertemplate=("<b>regression</b> %{customdata[0]}<br>%{customdata[1]} → "
+                               "%{customdata[2]}: %{customdata[3]:.2f}× slower<extra></extra>"),
+            ))
+    fig.update_yaxes(type="log", title_text="time per call (s, log)")
+    fig.update_xaxes(title_text="commit date")
+    fig.update_layout(height=420, hovermode="closest")
+    return fig
+
+
+def _regression_table(regs: pd.DataFrame) -> str:
+    regs = regs.sort_values("ratio", ascending=False)
+    headers = ["machine", "workload", "size", "method", "device", "last good", "first slow",
+               "before", "after", "ratio"]
+    rows = []
+    for r in regs.itertuples(index=False):
+        cells = [(esc(r.machine), r.machine), (esc(r.workload), r.workload), (esc(r.size), r.size),
+                 (esc(method_label(r.method)), r.method), (esc(r.device), r.device),
+                 (f"<code>{esc(r.commit_before[:8])}</code>", r.commit_before),
+                 (f"<code>{esc(r.commit_after[:8])}</code>", r.date_after.isoformat()),
+                 (format_value(r.before, r.unit), r.before), (format_value(r.after, r.unit), r.after),
+                 (f'<span class="vb-bad">{r.ratio:.2f}×</span>', r.ratio)]
+        rows.append((cells, {"machine": r.machine, "device": r.device, "workload": r.workload}))
+    return table(headers, rows)
+
+
+def render(ctx: Context) -> Page:
+    page = Page("history.html", "History", intro=(
+        "<p>The engine's time per call (<code>engine</code>, <code>engine_traced</code>, "
+        "<code>engine_compiled</code>) for every workload and size across commits, newest "
+        f"{HISTORY_COMMITS} commits per machine. Red crosses mark regressions found by asv's step "
+        "detector: it fits each series with a piecewise-constant level (a penalized L1 fit, the "
+        "one <code>asv publish</code> uses) and reports a step up of more than "
+        f"{REGRESSION_THRESHOLD:.0%} that the later commits do not undo, at the first commit of the "
+        "slower level. It needs three commits of a series. Other methods' times are in Compare and "
+        f"in <code>vmapbench export --csv</code>. {ctx.measured_note()}</p>"))
+    rows = ctx.measured
+    rows = rows[rows["metric"] == TIME_METRIC]
+    if rows.empty:
+        page.notice("No timed workload results yet: run <code>make bench</code>.", "warn")
+        return page
+    n_commits = rows.groupby("machine")["commit"].nunique()
+    if n_commits.max() < 2:
+        page.notice("Only one commit per machine so far, so there is no history to draw. Each "
+                    "<code>make bench</code> on a new commit adds one point (or benchmark a range "
+                    "with <code>make continuous BASE=&lt;rev&gt; HEAD=&lt;rev&gt;</code>).")
+        return page
+    rows = newest_commits(rows[rows["method"].isin(ENGINE_METHODS)], HISTORY_COMMITS)
+    regressions = ctx.regressions
+    engine = rows
+    if engine.empty:
+        page.notice("No engine method was timed in these results.", "warn")
+    for workload in sorted(engine["workload"].unique()):
+        w_rows = engine[engine["workload"] == workload]
+        w_regs = regressions[regressions["workload"] == workload]
+        page.figure(_figure(w_rows, w_regs), title=workload, workload=workload)
+    page.add("<h2>Regressions</h2>")
+    if regressions.empty:
+        page.notice("The step detector found no regression in these results.", "good")
+    else:
+        page.add(_regression_table(regressions))
+    return page
