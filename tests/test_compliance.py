@@ -72,22 +72,9 @@ def test_checker_agrees_with_vmap():
 
 
 def _workload_functions():
-    from workloads import bayes_logreg, hessians, per_sample_grads
+    from engine.compliance_cli import workload_functions
 
-    g = torch.Generator().manual_seed(0)
-    lr = bayes_logreg.logreg_data({"n": 20, "d": 4}, g)
-    rr = bayes_logreg.robust_reg_data({"n": 20, "d": 4}, g)
-    mlp = hessians.mlp_data({"hidden": 8}, g)
-    psg = per_sample_grads.mlp_data({"batch": 4}, g)
-    cnn = per_sample_grads.cnn_data({"batch": 2}, g)
-    return {
-        "bayes_logreg.neg_log_posterior": (bayes_logreg.neg_log_posterior, (lr["theta"], lr["X"], lr["y"])),
-        "bayes_logreg.robust_neg_log_posterior": (bayes_logreg.robust_neg_log_posterior, (rr["theta"], rr["X"], rr["y"])),
-        "hessians.mlp_loss": (lambda t, X, y: hessians.mlp_loss(t, X, y, mlp["shapes"]), (mlp["theta"], mlp["X"], mlp["y"])),
-        "hessians.rosenbrock": (hessians.rosenbrock, (torch.randn(8, generator=g),)),
-        "per_sample_grads.mlp_loss": (lambda *a: per_sample_grads.mlp_loss(a[:4], a[4], a[5]).sum(), (*psg["params"], psg["x"], psg["y"])),
-        "per_sample_grads.cnn_loss": (lambda *a: per_sample_grads.cnn_loss(a[:6], a[6], a[7]).sum(), (*cnn["params"], cnn["x"], cnn["y"])),
-    }
+    return workload_functions()
 
 
 @pytest.mark.parametrize("name", list(_workload_functions()))
@@ -95,3 +82,11 @@ def test_workload_functions_are_compliant(name):
     fn, args = _workload_functions()[name]
     rep = check_compliance(fn, *args, backward=True, double_backward=True)
     assert rep.ok, f"{name}:\n{rep}"
+
+
+def test_cli_reports_and_exit_code(capsys):
+    from vmapbench.cli import main
+
+    assert main(["compliance", "hessians.rosenbrock"]) == 0
+    assert "compliant" in capsys.readouterr().out
+    assert main(["compliance", "--list"]) == 0
