@@ -15,7 +15,7 @@ from typing import Any, Callable, Iterable, Mapping, Sequence
 
 import torch
 
-from workloads.base import BASELINE, Workload, register, size_label
+from workloads.base import BASELINE, COMPILED_METHODS, Workload, register, size_label
 
 SEED = 0
 # Normwise tolerance of a float32 method against the float64 loop: max|out - ref| <= tol * max|ref|.
@@ -119,6 +119,8 @@ def define(
     extra: Mapping[str, Any] | None = None,
 ) -> Workload:
     """Build and register a Workload whose setup/run/check follow the conventions above."""
+    if BASELINE not in methods:
+        raise ValueError(f"workload {name!r} needs the {BASELINE!r} method: check() compares against it in float64")
 
     def setup(params: dict[str, Any], device: str, dtype: torch.dtype = torch.float32) -> CaseState:
         dev = resolve_device(device)
@@ -136,8 +138,11 @@ def define(
         for method in workload.methods if methods is None else methods:
             if method not in workload.methods:
                 raise ValueError(f"workload {name!r} has no method {method!r}; it has {', '.join(workload.methods)}")
-            out = state.fn(method)()
-            assert_matches(out, state._reference, tolerance, f"{name} [{state.size}, {state.device}] {method}")
+            # A traced or compiled method records on its first call and replays afterwards: check both.
+            calls = ("first call", "second call") if method == "engine_traced" or method in COMPILED_METHODS else ("",)
+            for call in calls:
+                what = f"{name} [{state.size}, {state.device}] {method}" + (f" ({call})" if call else "")
+                assert_matches(state.fn(method)(), state._reference, tolerance, what)
 
     workload = Workload(
         name=name,

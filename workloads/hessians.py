@@ -120,6 +120,7 @@ define(
     methods=("loop", "engine", "engine_traced", "torch_func", "functional_vectorize", "closed_form"),
     make_inputs=point_data,
     make_method=lambda method, inputs: hessian_method(method, rosenbrock, inputs["x"], rosenbrock_hessian_closed_form),
+    quick=("d=128",),
 )
 
 
@@ -139,7 +140,6 @@ define(
     methods=("loop", "engine", "engine_traced", "torch_func", "functional_vectorize", "closed_form"),
     make_inputs=point_data,
     make_method=quadratic_method,
-    quick=("d=128",),
 )
 
 PINN_DIM = 3
