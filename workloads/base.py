@@ -54,8 +54,10 @@ class Workload:
     `grid` maps parameter names to value lists (their product is the full grid); `quick` is the
     subset of size labels the quick profile (`make bench`) runs; `heavy` names memory-heavy sizes
     the quick profile must skip. `setup(params, device)` builds seeded float32 data and returns a
-    state object; `run(method, state)` is the measured call; `check(state)` raises AssertionError
-    when any method disagrees with a float64 loop reference.
+    state object (NotImplementedError when the device is unavailable: ASV reports a skip);
+    `run(method, state)` is the measured call; `check(state, methods=None)` raises AssertionError
+    when any method (or each of `methods`) disagrees with a float64 loop reference. Workload
+    modules build all of this with `workloads.define.define()`.
     """
 
     name: str
