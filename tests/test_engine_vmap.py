@@ -53,6 +53,8 @@ CASES = {
     "matmuls": (lambda a, b, v: (a @ b, torch.mm(a, b), a @ v, torch.mv(a, v), torch.addmm(v[:3].unsqueeze(-1), a, b),
                                  torch.bmm(a.unsqueeze(0), b.unsqueeze(0))),
                 lambda: (torch.randn(B, 3, 4), torch.randn(B, 4, 3), torch.randn(B, 4))),
+    "matmul_right_batched": (lambda a, b, v: (a @ b, torch.mv(a, v), torch.mm(a, b)),
+                             lambda: (torch.randn(3, 4), torch.randn(B, 4, 2), torch.randn(B, 4)), (None, 0, 0)),
     "factory_like": (lambda x: (torch.zeros_like(x) + x, x.new_zeros(2, 3), torch.ones_like(x), x.new_full((2,), 3.0)),
                      lambda: (torch.randn(B, 3),)),
     "scalar_rank0": (lambda x: (x * 2.5, x.sum(0), x.softmax(-1), torch.stack([x, x])), lambda: (torch.randn(B),)),

@@ -11,13 +11,27 @@ aten = torch.ops.aten
 
 
 @register_rule(aten.mm.default)
-@register_rule(aten.bmm.default)
 def _mm(info, in_dims, a, b):
+    if in_dims[0] is None:
+        # Only the right operand is batched: one [n, k] @ [k, B*m] product, not B small ones.
+        size, k, m = b.shape
+        flat = b.movedim(0, 1).reshape(k, size * m)
+        return (a @ flat).view(a.shape[0], size, m), 1
+    return torch.matmul(a, b), 0
+
+
+@register_rule(aten.bmm.default)
+def _bmm(info, in_dims, a, b):
     return torch.matmul(a, b), 0
 
 
 @register_rule(aten.mv.default)
 def _mv(info, in_dims, a, v):
+    if in_dims[0] is None:
+        # Only the vector is batched: [B, k] @ [k, n] is a single matrix product.
+        return v @ a.transpose(0, 1), 0
+    if in_dims[1] is None:
+        return torch.matmul(a, v), 0
     return torch.matmul(a, v.unsqueeze(-1)).squeeze(-1), 0
 
 
