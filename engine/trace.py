@@ -21,6 +21,7 @@ What a trace may not capture, and how it is handled:
 from __future__ import annotations
 
 import functools
+import operator
 import time
 import warnings
 from collections import OrderedDict
@@ -31,7 +32,7 @@ import torch
 import torch.fx
 from torch.fx.experimental.proxy_tensor import make_fx
 from torch.utils._python_dispatch import TorchDispatchMode
-from torch.utils._pytree import tree_flatten, tree_unflatten
+from torch.utils._pytree import tree_flatten, tree_map, tree_unflatten
 
 from engine.errors import DataDependentError
 
@@ -148,13 +149,32 @@ def _broadcast_source(node: Any) -> tuple[Any, tuple[int, int]] | None:
     return src, (int(val.shape[-2]), int(val.shape[-1]))
 
 
+def _node_val(x: Any) -> Any:
+    return x.meta.get("val") if isinstance(x, torch.fx.Node) else x
+
+
+def _inserter(graph: torch.fx.Graph) -> Callable:
+    """graph.call_function that also fills meta['val'] (shape inference for the later passes)."""
+
+    def call(target: Any, args: tuple, kwargs: dict | None = None) -> torch.fx.Node:
+        node = graph.call_function(target, args, kwargs or {})
+        vals = tree_map(_node_val, (args, kwargs or {}))
+        try:
+            node.meta["val"] = target(*vals[0], **vals[1])
+        except Exception:  # noqa: BLE001 - a missing shape only disables later folds
+            pass
+        return node
+
+    return call
+
+
 def _fold_broadcast_bmm(gm: torch.fx.GraphModule) -> None:
     """bmm(expand(A), b) -> one mm: the batching rules of mv/mm with an unbatched matrix broadcast
     it over the batch (B copies of the weight/data matrix), which is what makes the Hessian of a
     regression posterior cost B full passes over the data. One matmul against the matrix does the
     same arithmetic without the copies."""
     graph = gm.graph
-    call = graph.call_function
+    call = _inserter(graph)
     for node in list(graph.nodes):
         if node.op != "call_function" or node.target is not aten.bmm.default:
             continue
@@ -182,6 +202,96 @@ def _fold_broadcast_bmm(gm: torch.fx.GraphModule) -> None:
                 continue
         new.meta.update(node.meta)
         node.replace_all_uses_with(new)
+        graph.erase_node(node)
+
+
+def _outer_bmm_to_mul(gm: torch.fx.GraphModule) -> None:
+    """bmm(a [B,n,1], b [B,1,k]) -> a * b: per-example outer products (per-sample weight gradients)
+    are a broadcast multiply; as a matmul with an inner size of 1 they run several times slower."""
+    graph = gm.graph
+    for node in list(graph.nodes):
+        if node.op != "call_function" or node.target is not aten.bmm.default:
+            continue
+        a, b = node.args[:2]
+        va = a.meta.get("val") if isinstance(a, torch.fx.Node) else None
+        if not isinstance(va, torch.Tensor) or va.dim() != 3 or va.shape[2] != 1:
+            continue
+        with graph.inserting_before(node):
+            new = _inserter(graph)(aten.mul.Tensor, (a, b))
+        new.meta.update(node.meta)
+        node.replace_all_uses_with(new)
+        graph.erase_node(node)
+
+
+_SHAPE_ONLY = {
+    aten.view.default, aten.reshape.default, aten._unsafe_view.default, aten.squeeze.dim, aten.squeeze.dims,
+    aten.squeeze.default, aten.unsqueeze.default, aten.clone.default, aten.contiguous.default, aten.alias.default,
+    aten.detach.default,
+}
+_TRANSPOSES = {aten.t.default, aten.transpose.int, aten.permute.default}
+
+
+def _squeezed_shape(node: torch.fx.Node) -> tuple[int, ...] | None:
+    val = node.meta.get("val")
+    return tuple(int(s) for s in val.shape if s != 1) if isinstance(val, torch.Tensor) else None
+
+
+def _identities(graph: torch.fx.Graph) -> set[torch.fx.Node]:
+    """Nodes whose value, with size-1 dims dropped, is an identity matrix (jacrev/hessian's basis).
+
+    Row-major reshapes keep it one; transposes of a symmetric matrix do too; so do expands to the
+    same shape, single-input cat and the one chunk of a split into a single piece.
+    """
+    ident: set[torch.fx.Node] = set()
+    for node in graph.nodes:
+        if node.op != "call_function":
+            continue
+        t, args = node.target, node.args
+        if t is aten.eye.default and len(args) == 1:
+            ident.add(node)
+            continue
+        src = args[0] if args else None
+        if t is aten.cat.default and len(args[0]) == 1:
+            src = args[0][0]
+        elif t is operator.getitem:
+            parent = args[0]
+            ok = (
+                isinstance(parent, torch.fx.Node) and parent.target is aten.split_with_sizes.default
+                and len(parent.args[1]) == 1 and parent.args[0] in ident
+            )
+            if ok:
+                ident.add(node)
+            continue
+        elif t is aten.expand.default:
+            sv, nv = getattr(src, "meta", {}).get("val"), node.meta.get("val")
+            if not (isinstance(sv, torch.Tensor) and isinstance(nv, torch.Tensor) and sv.shape == nv.shape):
+                continue  # a real broadcast repeats the matrix
+        elif t not in _SHAPE_ONLY and t not in _TRANSPOSES:
+            continue
+        if not (isinstance(src, torch.fx.Node) and src in ident):
+            continue
+        shape, src_shape = _squeezed_shape(node), _squeezed_shape(src)
+        if shape is not None and shape == src_shape and len(shape) == 2:
+            ident.add(node)
+    return ident
+
+
+def _fold_identity_mm(gm: torch.fx.GraphModule) -> None:
+    """mm(I, x) -> x and mm(x, I) -> x: the one-hot basis that reverse-mode Jacobians push through
+    the backward pass meets the first matmul as an identity, a full matmul of the data for nothing."""
+    graph = gm.graph
+    ident = _identities(graph)
+    for node in list(graph.nodes):
+        if node.op != "call_function" or node.target is not aten.mm.default:
+            continue
+        a, b = node.args[:2]
+        keep = b if a in ident else a if b in ident else None
+        if keep is None:
+            continue
+        keep_val, out_val = keep.meta.get("val"), node.meta.get("val")
+        if not (isinstance(keep_val, torch.Tensor) and isinstance(out_val, torch.Tensor)) or keep_val.shape != out_val.shape:
+            continue
+        node.replace_all_uses_with(keep)
         graph.erase_node(node)
 
 
@@ -316,6 +426,8 @@ class TracedFunction:
             return entry
         entry.constants = _lift_constants(gm)
         _fold_broadcast_bmm(gm)
+        _outer_bmm_to_mul(gm)
+        _fold_identity_mm(gm)
         _drop_no_ops(gm)
         self._traces += 1
         self.trace_seconds = time.perf_counter() - start

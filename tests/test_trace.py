@@ -203,3 +203,16 @@ def test_bmm_of_a_broadcast_matrix_is_folded_into_one_mm(k):
     for got, want in zip(gm(*args), fn(*args)):
         assert got.is_contiguous()
         torch.testing.assert_close(got, want)
+
+
+def test_identity_basis_matmul_is_folded_away():
+    W = torch.randn(3, 5)
+    traced = engine.trace(engine.jacrev(lambda x: W @ x))
+    x = torch.randn(5)
+    torch.testing.assert_close(traced(x), W)
+    matmuls = {torch.ops.aten.mm.default, torch.ops.aten.bmm.default, torch.ops.aten.mv.default}
+    backward = [n for n in traced.graphs()[0].graph.nodes if n.target in matmuls]
+    assert len(backward) <= 1  # only the forward W @ x is left, not W^T @ I
+    with torch.no_grad():
+        W.add_(1.0)
+    torch.testing.assert_close(traced(x), W)
