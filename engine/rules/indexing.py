@@ -26,14 +26,18 @@ def index_select_rule(info, in_dims, x, dim, index):
     B = info.batch_size
     rank = lrank(x, in_dims[0])
     d = norm_dim(dim, rank)
-    if in_dims[2] is None:
-        if in_dims[0] is None:
-            return aten.index_select.default(x, dim, index), None
-        return aten.index_select.default(x, d + 1 if rank else 0, index.reshape(-1) if rank else index), 0
+    if in_dims[2] is None and in_dims[0] is None:
+        return aten.index_select.default(x, dim, index), None
     xm = materialize(x, in_dims[0], B)
-    idx = index.reshape(B, -1)                                   # 0-dim indices become [B, 1]
     if rank == 0:
-        return torch.gather(xm, 0, idx.reshape(B)), 0
+        # A 0-dim input: every valid index is 0, the result is the element itself in the op's shape.
+        idx_shape = index.shape[1:] if in_dims[2] is not None else index.shape
+        shape = aten.index_select.default(torch.empty((), device="meta"), 0, torch.zeros(idx_shape, dtype=torch.long, device="meta")).shape
+        im = materialize(index, in_dims[2], B).reshape(B, -1)
+        return torch.gather(xm.reshape(B, 1), 1, im).reshape((B,) + tuple(shape)), 0
+    if in_dims[2] is None:
+        return aten.index_select.default(xm, d + 1, index), 0
+    idx = index.reshape(B, -1)                                   # 0-dim indices become [B, 1]
     shape = list(xm.shape)
     shape[d + 1] = idx.shape[1]
     view = [B] + [1] * rank
@@ -99,3 +103,32 @@ def index_rule(info, in_dims, x, indices):
 
 
 RULES[aten.index.Tensor] = index_rule
+
+
+def index_put_rule(info, in_dims, x, indices, values, accumulate=False):
+    """x[i0, i1, ...] = values with the same batch-arange index as index_rule; values are moved
+    to where the batch dim lands in the indexed view."""
+    B = info.batch_size
+    idims = list(in_dims[1]) if isinstance(in_dims[1], list) else [None] * len(indices)
+    indices, idims = _expand_bool(list(indices), idims)
+    rank_x = lrank(x, in_dims[0])
+    xm = materialize(x, in_dims[0], B)
+    vm = materialize(values, in_dims[2], B)
+    if any(t is not None and d is not None and t.dtype in (torch.bool, torch.uint8) for t, d in zip(indices, idims)):
+        outs = [aten.index_put.default(xm[b], [t[b] if d is not None else t for t, d in zip(indices, idims)], vm[b], accumulate) for b in range(B)]
+        return torch.stack(outs), 0
+    k, adjacent = _index_layout(indices)
+    lshapes = [t.shape[1:] if d is not None else t.shape for t, d in zip(indices, idims) if t is not None]
+    bshape = torch.broadcast_shapes(*lshapes)
+    n_adv = len(lshapes)
+    indexed_rank = len(bshape) + rank_x - n_adv
+    rank = len(bshape)
+    phys = [None] * k + [torch.arange(B, device=x.device).view((B,) + (1,) * rank)]
+    for t, d in zip(indices[k:], idims[k:]):
+        phys.append(pad_batched(t, rank) if (t is not None and d is not None) else t)
+    vphys = pad_batched(vm, indexed_rank).movedim(0, k if adjacent else 0)
+    out = aten.index_put.default(xm.movedim(0, k), phys, vphys, accumulate)
+    return out.movedim(k, 0), 0
+
+
+RULES[aten.index_put.default] = index_put_rule
