@@ -6,6 +6,7 @@ plots and the history.
 from __future__ import annotations
 
 import math
+import re
 from typing import Any
 
 from workloads.base import BASELINE, METHODS, REFERENCE
@@ -45,8 +46,14 @@ REGRESSION_THRESHOLD = 0.05
 
 def method_order(methods: Any) -> list[str]:
     """Methods in the registry's table order; unknown ones after, alphabetically."""
-    known = [m for m in METHODS if m in set(methods)]
-    return known + sorted(set(methods) - set(METHODS))
+    present = set(methods)
+    return [m for m in METHODS if m in present] + sorted(present - set(METHODS))
+
+
+def natural_key(text: Any) -> tuple:
+    """Sort key that orders 'n=250' before 'n=1000' (numbers compare as numbers)."""
+    parts = re.split(r"(\d+(?:\.\d+)?)", str(text))
+    return tuple((0, float(p)) if i % 2 else (1, p) for i, p in enumerate(parts) if p)
 
 
 def method_color(method: str) -> str:

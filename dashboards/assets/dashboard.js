@@ -202,9 +202,10 @@
       Object.keys(a).concat(Object.keys(b)).forEach(function (id) { ids[id] = true; });
       var entries = Object.keys(ids).map(function (id) {
         var row = data.rows[id], va = a[id], vb = b[id];
-        var ratio = (va !== undefined && vb !== undefined && va !== null && vb !== null && va !== 0) ? vb / va : null;
+        var both = va !== undefined && vb !== undefined && va !== null && vb !== null;
+        var ratio = !both ? null : (va === 0 ? (vb === 0 ? 1 : Infinity) : vb / va);
         var worse = 0;
-        if (ratio !== null && ratio > 0) {
+        if (ratio !== null && ratio >= 0) {
           var lr = Math.log(ratio);
           worse = row[6] ? -lr : lr;
         }
@@ -228,7 +229,8 @@
         cell(tr, format(e.va, e.row[5]), e.va, "vb-num");
         cell(tr, format(e.vb, e.row[5]), e.vb, "vb-num");
         var mark = kind === "worse" ? " +" : (kind === "better" ? " −" : "");
-        cell(tr, e.ratio === null ? "n/a" : e.ratio.toFixed(2) + mark, e.ratio, "vb-num vb-ratio");
+        var text = e.ratio === null ? "n/a" : (isFinite(e.ratio) ? e.ratio.toFixed(2) : "∞");
+        cell(tr, text + mark, e.ratio, "vb-num vb-ratio");
         body.appendChild(tr);
       });
       Array.prototype.forEach.call(table.tHead.rows[0].cells, function (th) { th.removeAttribute("aria-sort"); });

@@ -8,6 +8,7 @@ from plotly.subplots import make_subplots
 
 from dashboards.artifacts import COVERAGE_STATUSES, CoverageReport
 from dashboards.context import Context
+from dashboards.figures import Panels, panel_keys
 from dashboards.page import Page, esc, table
 from dashboards.theme import STATUS_COLORS, method_color, method_label, method_order
 
@@ -36,8 +37,7 @@ def coverage_figure(report: CoverageReport) -> go.Figure:
                 marker_color=STATUS_COLORS.get(status, "#8c564b"),
                 hovertemplate=f"{SIDE_LABELS[side]} · %{{y}}<br>{status}: %{{x}} ops<extra></extra>",
             ), row=1, col=col)
-    fig.update_layout(barmode="stack", height=max(260, 40 + 28 * len(families)),
-                      legend=dict(orientation="h", y=-0.12))
+    fig.update_layout(barmode="stack", height=max(260, 60 + 28 * len(families)))
     fig.update_yaxes(autorange="reversed")
     fig.update_xaxes(title_text="OpInfo ops")
     return fig
@@ -58,27 +58,29 @@ def _difference_tables(report: CoverageReport) -> str:
 
 
 def fallback_figure(ctx: Context) -> go.Figure | None:
+    """Per (machine, device) panel: the most fallback calls over sizes, per workload and method."""
     rows = ctx.latest_per_case([FALLBACK_METRIC])
     if rows.empty:
         return None
-    fig = go.Figure()
+    # Methods that never fall back (the loop, torch.func, ...) only take room.
+    active = rows.groupby("method")["value"].max()
+    rows = rows[rows["method"].isin(active[active > 0].index)]
+    if rows.empty:
+        rows = ctx.latest_per_case([FALLBACK_METRIC])
+    panels = Panels(panel_keys(rows), y_title="fallback calls in one run")
     for method in method_order(rows["method"].unique()):
         for (machine, device, workload), group in rows[rows["method"] == method].groupby(
                 ["machine", "device", "workload"], dropna=False):
-            total = group["value"].max()
-            fig.add_trace(go.Bar(
-                x=[workload], y=[total], name=method_label(method), legendgroup=method,
+            panels.add(go.Bar(
+                x=[workload], y=[group["value"].max()], name=method_label(method),
                 offsetgroup=method, marker_color=method_color(method),
-                showlegend=not any(t.legendgroup == method for t in fig.data),
                 meta={"machine": machine, "device": device, "workload": workload},
-                customdata=[[machine, device, ", ".join(group["size"].astype(str))]],
+                customdata=[[", ".join(group["size"].astype(str))]],
                 hovertemplate=(f"<b>{esc(method_label(method))}</b> %{{x}}<br>%{{y:g}} fallback calls "
-                               "(largest over sizes %{customdata[2]})<br>%{customdata[0]} · "
-                               "%{customdata[1]}<extra></extra>"),
-            ))
-    fig.update_layout(barmode="group", height=380, legend=dict(orientation="h", y=-0.25))
-    fig.update_yaxes(title_text="fallback calls in one run")
-    return fig
+                               "(most over sizes %{customdata[0]})<extra></extra>"),
+            ), machine, device)
+    panels.fig.update_layout(barmode="group")
+    return panels.fig
 
 
 def render(ctx: Context) -> Page:

@@ -1,8 +1,8 @@
 """History: the engine's time per benchmark across commits, with regressions flagged.
 
-Regressions come from asv's step detector (see dashboards.regressions) run over every method's
-time series; the plots show the engine's methods (the code this repository changes), with a red
-cross at the first commit of every slower level, and the table lists all of them.
+Regressions come from asv's step detector (see dashboards.regressions) run over the time series
+of the engine's methods (the code this repository changes); the plots show a red cross at the
+first commit of every slower level and the table lists them.
 """
 from __future__ import annotations
 
@@ -10,49 +10,47 @@ import pandas as pd
 import plotly.graph_objects as go
 
 from dashboards.context import TIME_METRIC, Context
+from dashboards.figures import Panels, panel_keys
 from dashboards.regressions import HISTORY_COMMITS, newest_commits
 from dashboards.page import Page, esc, table
-from dashboards.theme import REGRESSION_THRESHOLD, format_value, method_color, method_label, method_order
+from dashboards.theme import (REGRESSION_THRESHOLD, format_value, method_color, method_label,
+                              method_order, natural_key)
 from workloads.base import ENGINE_METHODS
 
 
 
+SYMBOLS = ("circle", "square", "diamond", "triangle-up", "star", "hexagon")
+
+
 def _figure(rows: pd.DataFrame, regressions: pd.DataFrame) -> go.Figure:
-    fig = go.Figure()
-    multi_machine = rows["machine"].nunique() > 1
+    """One panel per (machine, device): a line per engine method and size, red crosses at regressions."""
+    panels = Panels(panel_keys(rows), x_title="commit date", y_title="time per call (s, log)", log_y=True)
     order = method_order(rows["method"].unique())
+    sizes = sorted(rows["size"].dropna().astype(str).unique(), key=natural_key)
     groups = sorted(rows.groupby(["machine", "device", "method", "size"], dropna=False),
-                    key=lambda g: (g[0][0], g[0][1], order.index(g[0][2]), str(g[0][3])))
-    sizes = sorted(rows["size"].dropna().unique())
+                    key=lambda g: (order.index(g[0][2]), natural_key(g[0][3])))
     for (machine, device, method, size), series in groups:
         series = series.sort_values("date")
-        name = f"{method_label(method)} {size} — {device}" + (f" · {machine}" if multi_machine else "")
-        symbol = ("circle", "square", "diamond", "triangle-up", "star", "hexagon")[
-            sizes.index(size) % 6 if size in sizes else 0]
-        fig.add_trace(go.Scatter(
+        name = f"{method_label(method)} {size}"
+        symbol = SYMBOLS[sizes.index(str(size)) % len(SYMBOLS)] if str(size) in sizes else "circle"
+        panels.add(go.Scatter(
             x=series["date"].tolist(), y=series["value"].tolist(), mode="lines+markers", name=name,
             line=dict(color=method_color(method), width=1.5), marker=dict(symbol=symbol, size=6),
-            legendgroup=f"{method}", meta={"machine": machine, "device": device,
-                                           "workload": series["workload"].iloc[0]},
+            meta={"machine": machine, "device": device, "workload": series["workload"].iloc[0]},
             customdata=series["commit"].str[:8].tolist(),
             hovertemplate=f"<b>{esc(name)}</b><br>commit %{{customdata}}<br>%{{y:.3s}}s<extra></extra>",
-        ))
-    if not regressions.empty:
-        for (machine, device), reg in regressions.groupby(["machine", "device"], dropna=False):
-            fig.add_trace(go.Scatter(
-                x=reg["date_after"].tolist(), y=reg["after"].tolist(), mode="markers",
-                name=f"regression — {device}" + (f" · {machine}" if multi_machine else ""),
-                marker=dict(symbol="x", size=13, color="#d62728", line=dict(width=1)),
-                meta={"machine": machine, "device": device, "workload": reg["workload"].iloc[0]},
-                customdata=[[f"{r.method} {r.size}", r.commit_before[:8], r.commit_after[:8], r.ratio]
-                            for r in reg.itertuples(index=False)],
-                hovertemplate=("<b>regression</b> %{customdata[0]}<br>%{customdata[1]} → "
-                               "%{customdata[2]}: %{customdata[3]:.2f}× slower<extra></extra>"),
-            ))
-    fig.update_yaxes(type="log", title_text="time per call (s, log)")
-    fig.update_xaxes(title_text="commit date")
-    fig.update_layout(height=420, hovermode="closest")
-    return fig
+        ), machine, device)
+    for (machine, device), reg in regressions.groupby(["machine", "device"], dropna=False):
+        panels.add(go.Scatter(
+            x=reg["date_after"].tolist(), y=reg["after"].tolist(), mode="markers", name="regression",
+            marker=dict(symbol="x", size=13, color="#d62728", line=dict(width=1)),
+            meta={"machine": machine, "device": device, "workload": reg["workload"].iloc[0]},
+            customdata=[[f"{method_label(r.method)} {r.size}", r.commit_before[:8], r.commit_after[:8], r.ratio]
+                        for r in reg.itertuples(index=False)],
+            hovertemplate=("<b>regression</b> %{customdata[0]}<br>%{customdata[1]} → "
+                           "%{customdata[2]}: %{customdata[3]:.2f}× slower<extra></extra>"),
+        ), machine, device)
+    return panels.fig
 
 
 def _regression_table(regs: pd.DataFrame) -> str:

@@ -11,6 +11,7 @@ import pandas as pd
 import plotly.graph_objects as go
 
 from dashboards.context import MEMORY_METRICS, TIME_METRIC, Context
+from dashboards.figures import Panels, panel_keys
 from dashboards.page import Page, esc
 from dashboards.theme import format_value, method_color, method_label, method_order
 from dashboards.views.scaling import line_figure
@@ -47,29 +48,27 @@ def tradeoff_figure(ctx: Context, times: pd.DataFrame, mems: pd.DataFrame, chunk
     others = [c for c in ctx.size_columns_of(times) if c != chunk and times[c].nunique() > 1]
     if others:
         joined = joined.merge(times[keys + others].drop_duplicates(keys), on=keys, how="left")
-    fig = go.Figure()
+    panels = Panels(panel_keys(joined), x_title="time per call (s, log)",
+                    y_title="peak memory (bytes, log)", log_x=True, log_y=True)
     order = method_order(joined["method"].unique())
     groups = sorted(joined.groupby(["machine", "device", "method"] + others, dropna=False),
-                    key=lambda g: (g[0][0], g[0][1], order.index(g[0][2])))
+                    key=lambda g: (order.index(g[0][2]), tuple(map(str, g[0][3:]))))
     for (machine, device, method, *rest), series in groups:
         series = series.sort_values(chunk)
         suffix = ", ".join(f"{c}={v:g}" for c, v in zip(others, rest))
-        name = f"{method_label(method)}{f' ({suffix})' if suffix else ''} — {device}"
-        fig.add_trace(go.Scatter(
+        name = f"{method_label(method)}{f' ({suffix})' if suffix else ''}"
+        panels.add(go.Scatter(
             x=series["value_time"].tolist(), y=series["value_mem"].tolist(), mode="lines+markers+text",
             text=[f"{v:g}" for v in series[chunk]], textposition="top center", name=name,
-            line=dict(color=method_color(method)), legendgroup=method,
+            line=dict(color=method_color(method)),
             meta={"machine": machine, "device": device, "workload": series["workload"].iloc[0]},
             customdata=[[format_value(t, "seconds"), format_value(m, "bytes"), s, mt]
                         for t, m, s, mt in zip(series["value_time"], series["value_mem"], series["size"],
                                                series["metric"])],
             hovertemplate=(f"<b>{esc(name)}</b><br>%{{customdata[2]}}<br>time %{{customdata[0]}}"
                            "<br>memory %{customdata[1]} (%{customdata[3]})<extra></extra>"),
-        ))
-    fig.update_xaxes(type="log", title_text="time per call (s, log)")
-    fig.update_yaxes(type="log", title_text="peak memory (bytes, log)")
-    fig.update_layout(height=420)
-    return fig
+        ), machine, device)
+    return panels.fig
 
 
 def render(ctx: Context) -> Page:
@@ -99,7 +98,7 @@ def render(ctx: Context) -> Page:
         used = ", ".join(f"{d}: <code>{esc(m)}</code>" for d, m in
                          w_rows[["device", "metric"]].drop_duplicates().itertuples(index=False))
         fig = line_figure(ctx, w_rows[w_rows[x].notna()], x, y_title="peak memory (bytes, log)",
-                          unit="bytes", hover_value="%{y:.3s}B")
+                          hover_value="%{y:.3s}B")
         page.figure(fig, title=workload, note=f"metric — {used}", workload=workload)
     if single:
         page.notice("Measured at one size only: " + ", ".join(f"<code>{esc(w)}</code>" for w in single) + ".")

@@ -9,51 +9,43 @@ import pandas as pd
 import plotly.graph_objects as go
 
 from dashboards.context import TIME_METRIC, Context
+from dashboards.figures import Panels, panel_keys
 from dashboards.page import Page, esc
 from dashboards.theme import method_color, method_label, method_order
 
 DASHES = ("solid", "dash", "dot", "dashdot", "longdash", "longdashdot")
 
 
-def line_figure(ctx: Context, rows: pd.DataFrame, x: str, *, y_title: str, unit: str,
-                hover_value: str) -> go.Figure:
-    """One line per (machine, device, method, other size parameters) of `rows` against `x`."""
-    fig = go.Figure()
+def line_figure(ctx: Context, rows: pd.DataFrame, x: str, *, y_title: str, hover_value: str) -> go.Figure:
+    """One panel per (machine, device); in it one line per method (and other size parameters)."""
     others = [c for c in ctx.size_columns_of(rows) if c != x and rows[c].nunique() > 1]
-    multi_machine = rows["machine"].nunique() > 1
-    multi_device = rows["device"].nunique() > 1
+    panels = Panels(panel_keys(rows), x_title=f"{x} (log)", y_title=y_title, log_x=True, log_y=True)
     order = method_order(rows["method"].unique())
     groups = sorted(rows.groupby(["machine", "device", "method"] + others, dropna=False, sort=False),
-                    key=lambda g: (g[0][0], g[0][1], order.index(g[0][2]), tuple(map(str, g[0][3:]))))
+                    key=lambda g: (order.index(g[0][2]), tuple(map(str, g[0][3:]))))
     # Other size parameters are told apart by the dash (and the legend), methods by the color.
     combos = [tuple(r) for r in rows[others].drop_duplicates().itertuples(index=False)] if others else []
-    for key, series in groups:
+    for (machine, device, method, *rest), series in groups:
         series = series.sort_values(x)
-        machine, device, method, *rest = key
         suffix = ", ".join(f"{c}={v:g}" for c, v in zip(others, rest) if pd.notna(v))
-        where = " · ".join(p for p in (machine if multi_machine else "", device if multi_device else "") if p)
-        name = method_label(method) + (f" ({suffix})" if suffix else "") + (f" — {where}" if where else "")
-        dash_index = combos.index(tuple(rest)) % len(DASHES) if tuple(rest) in combos else 0
-        if multi_device and device != "cpu":
-            dash_index = (dash_index + 1) % len(DASHES)
-        fig.add_trace(go.Scatter(
+        name = method_label(method) + (f" ({suffix})" if suffix else "")
+        dash = DASHES[combos.index(tuple(rest)) % len(DASHES)] if tuple(rest) in combos else "solid"
+        panels.add(go.Scatter(
             x=series[x].tolist(), y=series["value"].tolist(), mode="lines+markers", name=name,
-            legendgroup=method, line=dict(color=method_color(method), dash=DASHES[dash_index]),
-            marker=dict(size=7), meta={"machine": machine, "device": device, "workload": series["workload"].iloc[0]},
+            line=dict(color=method_color(method), dash=dash), marker=dict(size=7),
+            meta={"machine": machine, "device": device, "workload": series["workload"].iloc[0]},
             customdata=list(zip(series["size"], series["commit"].str[:8])),
-            hovertemplate=(f"<b>{esc(name)}</b><br>%{{customdata[0]}}<br>{hover_value}"
-                           "<br>commit %{customdata[1]}<extra></extra>"),
-        ))
-    fig.update_xaxes(type="log", title_text=f"{x} (log)")
-    fig.update_yaxes(type="log", title_text=y_title)
-    fig.update_layout(height=420, legend=dict(font=dict(size=11)), hovermode="closest")
-    return fig
+            hovertemplate=(f"<b>{esc(name)}</b> · {esc(machine)} · {esc(device)}<br>%{{customdata[0]}}"
+                           f"<br>{hover_value}<br>commit %{{customdata[1]}}<extra></extra>"),
+        ), machine, device)
+    return panels.fig
 
 
 def render(ctx: Context) -> Page:
     page = Page("scaling.html", "Scaling", intro=(
-        "<p>Time per call against problem size for each workload, on log-log axes, one line per "
-        "method (and per value of any other size parameter, told apart by the dash). Parallel "
+        "<p>Time per call against problem size for each workload, on log-log axes, one panel per "
+        "machine and device, one line per method (and per value of any other size parameter, "
+        "told apart by the dash). Parallel "
         "lines differ by a constant factor; a steeper line scales worse. The x axis is the size "
         "parameter with the most distinct values. Each point is the most recent asv median "
         f"(<code>time_run</code>) of that case on its machine. {ctx.measured_note()}</p>"))
@@ -69,8 +61,7 @@ def render(ctx: Context) -> Page:
             single.append(workload)
             continue
         w_rows = w_rows[w_rows[x].notna()]
-        fig = line_figure(ctx, w_rows, x, y_title="time per call (s, log)", unit="seconds",
-                          hover_value="%{y:.3s}s")
+        fig = line_figure(ctx, w_rows, x, y_title="time per call (s, log)", hover_value="%{y:.3s}s")
         page.figure(fig, title=workload, workload=workload)
     if single:
         page.notice("Measured at one size only (nothing to scale over): "
