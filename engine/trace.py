@@ -438,9 +438,9 @@ class TracedFunction:
         return entry
 
     def _compile(self, entry: _Entry, flat: list) -> None:
+        start = time.perf_counter()
         compiled = torch.compile(entry.gm, **self.compile_kwargs)
         inputs = [flat[i] for i in entry.tensor_pos] + entry.constants
-        start = time.perf_counter()
         compiled(*inputs)  # compiles (or loads from inductor's on-disk cache)
         entry.compile_seconds = self.compile_seconds = time.perf_counter() - start
         entry.compiled = compiled
