@@ -138,6 +138,10 @@ def test_untraceable_function_raises_a_clear_error():
         traced(torch.randn(3))
     with pytest.raises(engine.DataDependentError, match=r"item"):  # also a DataDependentError
         engine.trace(lambda x: x * x.sum().item())(torch.randn(3))
+    # the engine's own refusal inside vmap is reported the same way
+    branchy = engine.vmap(lambda x: x if x.sum() > 0 else -x)
+    with pytest.raises(UntraceableError, match="lambda"):
+        engine.trace(branchy)(torch.randn(2, 3))
     # data-dependent shapes too
     with pytest.raises(UntraceableError, match="nonzero"):
         engine.trace(lambda x: x[x > 0].sum())(torch.randn(6))
