@@ -132,3 +132,39 @@ def index_put_rule(info, in_dims, x, indices, values, accumulate=False):
 
 
 RULES[aten.index_put.default] = index_put_rule
+
+
+def _scatter_rule(op):
+    def rule(info, in_dims, x, dim, index, *rest, **kwargs):
+        B = info.batch_size
+        rank = lrank(x, in_dims[0])
+        xm = materialize(x, in_dims[0], B)
+        im = materialize(index, in_dims[2], B)
+        rest = list(rest)
+        if rest and isinstance(rest[0], torch.Tensor):
+            rest[0] = materialize(rest[0], in_dims[3], B)
+        if rank == 0:  # 0-dim self/index/src: work on [B, 1] and drop the unit dim again
+            xm, im = xm.reshape(B, 1), im.reshape(B, 1)
+            if rest and isinstance(rest[0], torch.Tensor):
+                rest[0] = rest[0].reshape(B, 1)
+            return op(xm, 1, im, *rest, **kwargs).reshape(B), 0
+        return op(xm, norm_dim(dim, rank) + 1, im, *rest, **kwargs), 0
+
+    return rule
+
+
+for _op in (aten.scatter.src, aten.scatter.value, aten.scatter.reduce, aten.scatter.value_reduce,
+            aten.scatter_add.default, aten.scatter_reduce.two):
+    RULES[_op] = _scatter_rule(_op)
+
+
+def take_rule(info, in_dims, x, index):
+    B = info.batch_size
+    xm = materialize(x, in_dims[0], B).reshape(B, -1)
+    im = materialize(index, in_dims[1], B)
+    flat = im.reshape(B, -1)
+    flat = torch.where(flat < 0, flat + xm.shape[1], flat)
+    return torch.gather(xm, 1, flat).reshape(im.shape), 0
+
+
+RULES[aten.take.default] = take_rule

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import torch
 
-from engine.rules._helpers import materialize
+from engine.rules._helpers import lrank, materialize, ops_of
 from engine.rules._table import RULES
 
 aten = torch.ops.aten
@@ -44,3 +44,44 @@ def convolution_rule(info, in_dims, x, weight, bias, stride, padding, dilation, 
 
 
 RULES[aten.convolution.default] = convolution_rule
+
+
+def _fold_into_n(op, spatial: int):
+    """Pooling-style ops take [N, C, *spatial] or [C, *spatial]: the batch becomes (part of) N."""
+
+    def rule(info, in_dims, *args, **kwargs):
+        B = info.batch_size
+        tensors = [i for i, a in enumerate(args) if isinstance(a, torch.Tensor)]
+        ref = tensors[0]
+        has_n = lrank(args[ref], in_dims[ref]) == spatial + 2
+        new = list(args)
+        n = None
+        for i in tensors:
+            t = materialize(args[i], in_dims[i], B)
+            if has_n:
+                n = t.shape[1]
+                t = t.flatten(0, 1)
+            new[i] = t
+        out = op(*new, **kwargs)
+        if not has_n:
+            return out, (tuple(0 for _ in out) if isinstance(out, tuple) else 0)
+        if isinstance(out, tuple):
+            return tuple(o.unflatten(0, (B, n)) for o in out), tuple(0 for _ in out)
+        return out.unflatten(0, (B, n)), 0
+
+    return rule
+
+
+_POOLS = {
+    1: ["avg_pool1d.default", "adaptive_max_pool1d.default"],
+    2: ["avg_pool2d.default", "avg_pool2d_backward.default", "max_pool2d_with_indices.default",
+        "max_pool2d_with_indices_backward.default", "_adaptive_avg_pool2d.default", "_adaptive_avg_pool2d_backward.default",
+        "adaptive_max_pool2d.default", "adaptive_max_pool2d_backward.default", "upsample_nearest2d.default",
+        "upsample_bilinear2d.default", "reflection_pad2d.default", "replication_pad2d.default"],
+    3: ["avg_pool3d.default", "avg_pool3d_backward.default", "max_pool3d_with_indices.default",
+        "max_pool3d_with_indices_backward.default", "_adaptive_avg_pool3d.default", "_adaptive_avg_pool3d_backward.default",
+        "adaptive_max_pool3d.default", "adaptive_max_pool3d_backward.default"],
+}
+for _spatial, _names in _POOLS.items():
+    for _op in ops_of(*_names):
+        RULES[_op] = _fold_into_n(_op, _spatial)
