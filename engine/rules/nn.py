@@ -85,3 +85,45 @@ _POOLS = {
 for _spatial, _names in _POOLS.items():
     for _op in ops_of(*_names):
         RULES[_op] = _fold_into_n(_op, _spatial)
+
+
+def convolution_backward_rule(info, in_dims, grad_out, x, weight, bias_sizes, stride, padding, dilation, transposed,
+                              output_padding, groups, output_mask):
+    """The forward's groups trick applied to the backward: batch folded into channels, groups * B.
+
+    grad_input comes back as [N, B*C, ...] and grad_weight / grad_bias as [B*O, ...], so each batch
+    element keeps its own weight gradient (folding into N would sum them)."""
+    B = info.batch_size
+    wd = in_dims[2]
+    no_n = x.dim() - (in_dims[1] is not None) == weight.dim() - (wd is not None) - 1
+    go = materialize(grad_out, in_dims[0], B)
+    xm = materialize(x, in_dims[1], B)
+    wm = materialize(weight, wd, B)
+    if no_n:
+        go, xm = go.unsqueeze(1), xm.unsqueeze(1)
+    gof = go.transpose(0, 1).flatten(1, 2)
+    xf = xm.transpose(0, 1).flatten(1, 2)
+    wf = wm.flatten(0, 1)
+    bsz = None if bias_sizes is None else [B * bias_sizes[0]]
+    gi, gw, gb = aten.convolution_backward.default(gof, xf, wf, bsz, stride, padding, dilation, transposed,
+                                                   output_padding, groups * B, output_mask)
+    outs, dims = [], []
+    if gi is not None:
+        gi = gi.unflatten(1, (B, -1))
+        if no_n:
+            outs.append(gi.squeeze(0))
+            dims.append(0)
+        else:
+            outs.append(gi)
+            dims.append(1)
+    else:
+        outs.append(None)
+        dims.append(None)
+    outs.append(None if gw is None else gw.unflatten(0, (B, -1)))
+    dims.append(None if gw is None else 0)
+    outs.append(None if gb is None else gb.unflatten(0, (B, -1)))
+    dims.append(None if gb is None else 0)
+    return tuple(outs), tuple(dims)
+
+
+RULES[aten.convolution_backward.default] = convolution_backward_rule
