@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import torch
 
-from engine.rules._helpers import lrank, materialize, ops_of
+from engine.rules._helpers import lrank, materialize, ops_of, pad_batched
 from engine.rules._table import RULES
 
 aten = torch.ops.aten
@@ -127,3 +127,24 @@ def convolution_backward_rule(info, in_dims, grad_out, x, weight, bias_sizes, st
 
 
 RULES[aten.convolution_backward.default] = convolution_backward_rule
+
+
+def native_layer_norm_rule(info, in_dims, x, normalized_shape, weight, bias, eps):
+    """Normalization runs over trailing dims, so the leading batch dim needs nothing; a batched
+    affine weight/bias is applied after an unweighted normalization."""
+    B = info.batch_size
+    xm = materialize(x, in_dims[0], B)
+    wd = in_dims[2] if len(in_dims) > 2 else None
+    bd = in_dims[3] if len(in_dims) > 3 else None
+    if wd is None and bd is None:
+        return aten.native_layer_norm.default(xm, normalized_shape, weight, bias, eps), (0, 0, 0)
+    out, mean, rstd = aten.native_layer_norm.default(xm, normalized_shape, None, None, eps)
+    rank = xm.dim() - 1
+    if weight is not None:
+        out = out * (pad_batched(weight, rank) if wd is not None else weight)
+    if bias is not None:
+        out = out + (pad_batched(bias, rank) if bd is not None else bias)
+    return (out, mean, rstd), (0, 0, 0)
+
+
+RULES[aten.native_layer_norm.default] = native_layer_norm_rule
