@@ -47,3 +47,33 @@ RULES[aten.squeeze.dim] = squeeze_dims_rule
 RULES[aten.constant_pad_nd.default] = constant_pad_nd_rule
 RULES[aten.diagonal_scatter.default] = diagonal_scatter_rule
 RULES[prims.copy_to.default] = copy_to_rule
+
+
+# prims the refs-based decompositions (group_norm, var_mean, ...) emit: without these they loop.
+def _prims_reduction(op):
+    def rule(info, in_dims, x, dims, *args, **kwargs):
+        rank = lrank(x, in_dims[0])
+        pd = None if dims is None else [norm_dim(d, rank) + 1 for d in dims]
+        if pd is None:
+            pd = list(range(1, x.dim()))
+        return op(x, pd, *args, **kwargs), 0
+
+    return rule
+
+
+def prims_div_rule(info, in_dims, a, b):
+    B = info.batch_size
+    a = materialize(a, in_dims[0], B) if isinstance(a, torch.Tensor) else a
+    b = materialize(b, in_dims[1], B) if isinstance(b, torch.Tensor) else b
+    return prims.div.default(a, b), 0
+
+
+def broadcast_in_dim_rule(info, in_dims, a, shape, broadcast_dimensions):
+    B = info.batch_size
+    return prims.broadcast_in_dim.default(a, [B, *shape], [0, *[d + 1 for d in broadcast_dimensions]]), 0
+
+
+RULES[prims.sum.default] = _prims_reduction(prims.sum.default)
+RULES[prims.var.default] = _prims_reduction(prims.var.default)
+RULES[prims.div.default] = prims_div_rule
+RULES[prims.broadcast_in_dim.default] = broadcast_in_dim_rule
