@@ -57,7 +57,9 @@ def _fold_into_n(op, spatial: int):
         new = list(args)
         n = None
         for i in tensors:
-            t = materialize(args[i], in_dims[i], B)
+            # contiguous: some CPU pooling backward kernels index raw memory and crash on
+            # expanded (stride-0) inputs.
+            t = materialize(args[i], in_dims[i], B).contiguous()
             if has_n:
                 n = t.shape[1]
                 t = t.flatten(0, 1)
