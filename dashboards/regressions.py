@@ -96,8 +96,8 @@ def compare_commits(ctx: "Context", machine: str, base: str, head: str) -> pd.Da
     keys = ctx.case_columns
     a = on[on["commit"] == base].drop_duplicates(keys, keep="last").set_index(keys)
     b = on[on["commit"] == head].drop_duplicates(keys, keep="last").set_index(keys)
-    both = a[["metric", "unit", "value"]].join(b[["value"]], how="inner", lsuffix="_base",
-                                                 rsuffix="_head")
+    both = a[["metric", "unit", "value"]].merge(b[["value"]], left_index=True, right_index=True,
+                                                  suffixes=("_base", "_head"))
     both["ratio"] = both["value_head"] / both["value_base"]
     return both.reset_index()
 

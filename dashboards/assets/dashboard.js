@@ -97,7 +97,6 @@
   }
 
   function compareKeys(a, b) {
-    if (a === "" || b === "") return a === b ? 0 : (a === "" ? 1 : -1);
     var x = Number(a), y = Number(b);
     if (!isNaN(x) && !isNaN(y)) return x - y;
     return a.localeCompare(b, undefined, { numeric: true });
@@ -107,7 +106,9 @@
     var body = table.tBodies[0];
     var rows = Array.prototype.slice.call(body.rows);
     rows.sort(function (r1, r2) {
-      var c = compareKeys(sortKey(r1.cells[index]), sortKey(r2.cells[index]));
+      var a = sortKey(r1.cells[index]), b = sortKey(r2.cells[index]);
+      if (a === "" || b === "") return a === b ? 0 : (a === "" ? 1 : -1);  // blanks last, both ways
+      var c = compareKeys(a, b);
       return descending ? -c : c;
     });
     rows.forEach(function (r) { body.appendChild(r); });
@@ -226,11 +227,11 @@
         if (e.row[3]) tr.setAttribute("data-device", e.row[3]);
         cell(tr, e.row[0], null);
         cell(tr, e.row[1], null);
-        cell(tr, format(e.va, e.row[5]), e.va, "vb-num");
-        cell(tr, format(e.vb, e.row[5]), e.vb, "vb-num");
+        cell(tr, format(e.va, e.row[5]), e.va === undefined ? "" : e.va, "vb-num");
+        cell(tr, format(e.vb, e.row[5]), e.vb === undefined ? "" : e.vb, "vb-num");
         var mark = kind === "worse" ? " +" : (kind === "better" ? " −" : "");
         var text = e.ratio === null ? "n/a" : (isFinite(e.ratio) ? e.ratio.toFixed(2) : "∞");
-        cell(tr, text + mark, e.ratio, "vb-num vb-ratio");
+        cell(tr, text + mark, e.ratio === null ? "" : e.ratio, "vb-num vb-ratio");
         body.appendChild(tr);
       });
       Array.prototype.forEach.call(table.tHead.rows[0].cells, function (th) { th.removeAttribute("aria-sort"); });
