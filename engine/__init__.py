@@ -11,7 +11,7 @@ from engine._dispatch import FallbackRecord, fallback_policy, record_fallbacks
 from engine import functional
 from engine._vmap import vmap
 from engine.transforms import TransformError, grad, grad_and_value, hessian, jacfwd, jacrev, jvp, linearize, vjp
-from engine.trace import compile, trace  # noqa: A004  (engine.compile mirrors torch.compile)
+from engine.trace import TraceFallbackWarning, UntraceableError, compile, trace  # noqa: A004  (engine.compile mirrors torch.compile)
 from engine.errors import (
     DataDependentError,
     FallbackError,
@@ -25,6 +25,8 @@ __all__ = [
     "BatchedTensor",
     "compile",
     "trace",
+    "TraceFallbackWarning",
+    "UntraceableError",
     "DataDependentError",
     "FallbackError",
     "FallbackRecord",
