@@ -1,0 +1,51 @@
+"""First-call benchmarks of every workload x size x method x device, generated from the registry.
+
+Same classes and parameters as bench_workloads, but setup only builds the data: the measured call
+is the method's first one, where tracing and compiling happen.
+
+- track_compile_seconds: Workload.prepare (the first call) of a traced or compiled method, with
+  an empty TorchInductor cache, so it is the cold compile a user pays on a fresh machine.
+- track_fallbacks: engine fallback calls (engine.record_fallbacks) during the first call and one
+  steady call of an engine method. Must be 0 for every shipped workload: a fallback is a hidden
+  per-example loop.
+"""
+from __future__ import annotations
+
+from workloads.base import Workload
+
+from . import probes, selection
+from .generate import workload_classes
+
+probes.preload()
+
+
+class _FirstCall:
+    """Base of the generated classes: the workload's case, not yet called."""
+
+    workload: Workload
+    timeout = 600.0  # a cold torch.compile takes ~30 s on 2 cores, several minutes for big graphs
+    rounds = 1
+
+    def setup(self, size: str, method: str, device: str) -> None:
+        probes.pin_threads()
+        reason = selection.outside_profile(self.workload, size, device)
+        if reason is not None:
+            raise NotImplementedError(reason)
+        self.state = self.workload.setup(self.workload.params(size), device)
+
+    def track_compile_seconds(self, size: str, method: str, device: str) -> float:
+        with probes.fresh_inductor_cache():
+            return self.workload.prepare(method, self.state)
+
+    track_compile_seconds.unit = "seconds"  # type: ignore[attr-defined]
+
+    def track_fallbacks(self, size: str, method: str, device: str) -> int:
+        def first_and_steady_call() -> None:
+            self.workload.prepare(method, self.state)
+            self.workload.run(method, self.state)
+        return probes.fallback_count(first_and_steady_call)
+
+    track_fallbacks.unit = "calls"  # type: ignore[attr-defined]
+
+
+globals().update(workload_classes(_FirstCall, "bench_first_call"))

@@ -1,0 +1,43 @@
+"""Turn the workload registry into ASV classes: one class per workload and suite module.
+
+A generated class subclasses a hand-written base (its setup and metric functions) and adds the
+workload, its full parameter grid (size, method, device) and, per metric function, the asv
+``skip_params`` of the grid points where that metric does not apply (`selection.METRICS`).
+Subclass names come from `selection.class_name`, so no workload is listed anywhere by hand.
+"""
+from __future__ import annotations
+
+import functools
+from typing import Any, Callable
+
+from .selection import ALL_DEVICES, class_names, metrics_of, skipped_params
+
+
+def _with_skips(func: Callable[..., Any], skips: list[tuple[str, str, str]]) -> Callable[..., Any]:
+    @functools.wraps(func)  # keeps the source (asv versions a benchmark by it) and the `unit`
+    def metric(self: Any, *params: Any) -> Any:
+        return func(self, *params)
+
+    metric.skip_params = skips  # type: ignore[attr-defined]
+    return metric
+
+
+def workload_classes(base: type, module: str) -> dict[str, type]:
+    """class name -> ASV class, for every registered workload, deriving from `base`."""
+    metrics = metrics_of(module)
+    missing = [m.name for m in metrics if not callable(getattr(base, m.name, None))]
+    if missing:
+        raise TypeError(f"{base.__name__} lacks the metric functions {missing} that selection.METRICS lists for {module}")
+    classes: dict[str, type] = {}
+    for name, workload in class_names().items():
+        namespace: dict[str, Any] = {
+            "__module__": base.__module__,
+            "__doc__": f"{workload.description} ({workload.family})",
+            "workload": workload,
+            "params": [list(workload.sizes), list(workload.methods), list(ALL_DEVICES)],
+            "param_names": ["size", "method", "device"],
+        }
+        for metric in metrics:
+            namespace[metric.name] = _with_skips(getattr(base, metric.name), skipped_params(workload, metric))
+        classes[name] = type(name, (base,), namespace)
+    return classes

@@ -1,0 +1,204 @@
+"""Measurements the ASV suite needs beyond workloads.measure: threads, ratios, NVML, fallbacks.
+
+- `pin_threads`: torch's intra-op thread count from OMP_NUM_THREADS (default 2), set in every
+  benchmark process so timings from machines and runs are comparable; bench_runtime records it.
+- `interleaved_seconds`: per-call medians of several callables timed in one process, alternating
+  between them round by round. Ratios of these medians are the stable figures on a noisy machine:
+  a slow phase of the machine slows every method alike instead of whichever ran at that moment.
+- `nvml_peak_bytes`: device memory in use (as nvidia-smi reports it: all allocations, the CUDA
+  context and PyTorch's cached blocks) sampled by a thread while a call runs; its maximum.
+- `fallback_count`: how many times the engine fell back to a per-example loop during a call.
+- `fresh_inductor_cache`: an empty TorchInductor cache for the duration of a block, so a compile
+  time is the cold one a user pays, not a cache lookup.
+"""
+from __future__ import annotations
+
+import math
+import os
+import shutil
+import statistics
+import tempfile
+import threading
+import time
+from contextlib import contextmanager
+from typing import Any, Callable, Iterator, Mapping
+
+import torch
+
+THREADS_ENV = "OMP_NUM_THREADS"
+DEFAULT_THREADS = 2
+
+try:  # asv_runner is installed wherever asv runs benchmarks; the fallback keeps this importable.
+    from asv_runner.benchmarks.mark import SkipNotImplemented
+except ImportError:  # pragma: no cover - only outside an asv environment
+    class SkipNotImplemented(NotImplementedError):  # type: ignore[no-redef]
+        """Raised inside a benchmark body to mark it skipped (asv's class when asv is present)."""
+
+
+def requested_threads() -> int:
+    raw = os.environ.get(THREADS_ENV, str(DEFAULT_THREADS)).strip()
+    try:
+        threads = int(raw)
+    except ValueError:
+        raise ValueError(f"{THREADS_ENV}={raw!r} is not an integer; set it to a thread count such as 2") from None
+    if threads < 1:
+        raise ValueError(f"{THREADS_ENV}={threads} must be at least 1")
+    return threads
+
+
+def pin_threads() -> int:
+    """Set torch's intra-op threads from OMP_NUM_THREADS (default 2) and return the count."""
+    threads = requested_threads()
+    if torch.get_num_threads() != threads:
+        torch.set_num_threads(threads)
+    return threads
+
+
+def synchronize(device: str) -> None:
+    if torch.device(device).type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def _batch_seconds(fn: Callable[[], Any], number: int, device: str) -> float:
+    synchronize(device)
+    start = time.perf_counter()
+    for _ in range(number):
+        fn()
+    synchronize(device)
+    return time.perf_counter() - start
+
+
+def interleaved_seconds(
+    calls: Mapping[str, Callable[[], Any]],
+    device: str = "cpu",
+    rounds: int = 9,
+    min_batch_s: float = 0.02,
+    budget_s: float = 3.0,
+) -> dict[str, float]:
+    """Median seconds per call of each callable, measured alternately in rounds.
+
+    Each callable is first called once (warm-up, and a first estimate of its cost); then every
+    round times a batch of calls of each one (batches last at least `min_batch_s`), in forward
+    order on even rounds and reverse order on odd ones. The number of rounds shrinks to fit
+    `budget_s`, but never below 3.
+    """
+    if not calls:
+        raise ValueError("interleaved_seconds needs at least one callable")
+    estimate = {name: max(_batch_seconds(fn, 1, device), 1e-7) for name, fn in calls.items()}
+    number = {name: max(1, min(100_000, math.ceil(min_batch_s / t))) for name, t in estimate.items()}
+    round_cost = sum(number[name] * estimate[name] for name in calls)
+    rounds = max(3, min(rounds, int(budget_s / round_cost)))
+    samples: dict[str, list[float]] = {name: [] for name in calls}
+    order = list(calls)
+    for r in range(rounds):
+        for name in order if r % 2 == 0 else reversed(order):
+            samples[name].append(_batch_seconds(calls[name], number[name], device) / number[name])
+    return {name: statistics.median(values) for name, values in samples.items()}
+
+
+def nvml_peak_bytes(fn: Callable[[], Any], device: str, interval_s: float = 0.0005) -> int:
+    """Peak device memory in use while `fn` runs, sampled through NVML (nvidia-ml-py).
+
+    Raises SkipNotImplemented (asv: skipped) when nvidia-ml-py or an NVIDIA driver is missing.
+    """
+    try:
+        import pynvml
+    except ImportError:
+        raise SkipNotImplemented("nvidia-ml-py is not installed (pip install nvidia-ml-py)") from None
+    try:
+        pynvml.nvmlInit()
+    except pynvml.NVMLError as exc:
+        raise SkipNotImplemented(f"NVML is not available on this machine: {exc}") from None
+    try:
+        handle = _nvml_handle(pynvml, torch.device(device))
+        peak = pynvml.nvmlDeviceGetMemoryInfo(handle).used
+        stop = threading.Event()
+
+        def sample() -> None:
+            nonlocal peak
+            while not stop.is_set():
+                peak = max(peak, pynvml.nvmlDeviceGetMemoryInfo(handle).used)
+                time.sleep(interval_s)
+
+        sampler = threading.Thread(target=sample, name="nvml-sampler", daemon=True)
+        synchronize(device)
+        sampler.start()
+        try:
+            fn()
+            synchronize(device)
+        finally:
+            stop.set()
+            sampler.join()
+        return int(max(peak, pynvml.nvmlDeviceGetMemoryInfo(handle).used))
+    finally:
+        pynvml.nvmlShutdown()
+
+
+def _nvml_handle(pynvml: Any, device: torch.device) -> Any:
+    """The NVML handle of a torch CUDA device (by UUID: CUDA and NVML may number GPUs differently)."""
+    index = device.index if device.index is not None else torch.cuda.current_device()
+    uuid = getattr(torch.cuda.get_device_properties(index), "uuid", None)
+    if uuid is not None:
+        text = str(uuid)
+        try:
+            return pynvml.nvmlDeviceGetHandleByUUID(text if text.startswith("GPU-") else f"GPU-{text}")
+        except pynvml.NVMLError:
+            pass  # MIG slices and old drivers: fall back to the index
+    return pynvml.nvmlDeviceGetHandleByIndex(index)
+
+
+def fallback_count(fn: Callable[[], Any]) -> int:
+    """Engine fallback calls (all ops together) while `fn` runs, via engine.record_fallbacks()."""
+    try:
+        import engine
+    except ImportError as exc:
+        raise SkipNotImplemented(f"the engine does not import at this commit: {exc}") from None
+    record = getattr(engine, "record_fallbacks", None)
+    if record is None:
+        raise SkipNotImplemented("engine.record_fallbacks() does not exist at this commit")
+    with record() as recorded:
+        fn()
+    return int(sum(recorded.counts.values()))
+
+
+@contextmanager
+def fresh_inductor_cache() -> Iterator[str]:
+    """Point TORCHINDUCTOR_CACHE_DIR at an empty folder for the block (removed afterwards)."""
+    previous = os.environ.get("TORCHINDUCTOR_CACHE_DIR")
+    folder = tempfile.mkdtemp(prefix="vmapbench-inductor-")
+    os.environ["TORCHINDUCTOR_CACHE_DIR"] = folder
+    try:
+        yield folder
+    finally:
+        if previous is None:
+            os.environ.pop("TORCHINDUCTOR_CACHE_DIR", None)
+        else:
+            os.environ["TORCHINDUCTOR_CACHE_DIR"] = previous
+        shutil.rmtree(folder, ignore_errors=True)
+
+
+def preload() -> None:
+    """Pay, once, the lazy imports that every first call would otherwise pay in its own process.
+
+    asv's fork server imports the suite once and forks a process per benchmark; without this,
+    each process spent seconds importing torch._dynamo, TorchInductor and torch.func's internals
+    (the engine and torch.func import them on their first call). The warm-up calls use 3-element
+    tensors, so no intra-op worker threads exist yet when asv forks. An engine that fails here is
+    left alone: the benchmarks that use it report its error.
+    """
+    import torch._dynamo  # noqa: F401
+    import torch._inductor.compile_fx  # noqa: F401
+    import torch.func
+
+    x = torch.linspace(0.1, 0.3, 3)
+
+    def f(t: torch.Tensor) -> torch.Tensor:
+        return (t.sin() * t).sum()
+
+    torch.func.hessian(f)(x)
+    try:
+        import engine
+
+        engine.hessian(f)(x)
+    except Exception:  # noqa: BLE001 - reported by the benchmarks that use the engine
+        pass

@@ -1,0 +1,355 @@
+"""`make bench`: run the ASV suite for the current commit into results/, then build the dashboard.
+
+    python -m vmapbench.bench                      # quick profile, cpu (what `make bench` runs)
+    python -m vmapbench.bench --profile full       # every size, cpu and cuda (nightly, GPU boxes)
+    python -m vmapbench.bench --family hessians    # one CI shard (see --list-families)
+    python -m vmapbench.bench --merge DIR [DIR..]  # merge shards' results folders into results/
+
+It runs `asv run` against the already installed environment (this interpreter: no environment
+build) with `--set-commit-hash HEAD`, so every commit benchmarked this way adds one point to the
+history of a stable machine name (VMAPBENCH_MACHINE, or derived from the hardware; registered with
+`asv machine`). `make continuous` is the one that builds each commit in its own virtualenv.
+
+A benchmark that fails does not lose the others: asv keeps every result; this script then still
+builds the dashboard, lists the failed benchmarks and exits non-zero only when nothing ran.
+"""
+from __future__ import annotations
+
+import argparse
+import importlib.util
+import json
+import os
+import platform
+import re
+import shutil
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Iterable, Sequence
+
+MACHINE_ENV = "VMAPBENCH_MACHINE"
+DEFAULT_THREADS = "2"
+
+
+def repo_root() -> Path:
+    """The folder holding asv.conf.json: the current one or one above it, else this checkout's."""
+    for folder in (Path.cwd(), *Path.cwd().parents):
+        if (folder / "asv.conf.json").is_file():
+            return folder
+    return Path(__file__).resolve().parents[1]
+
+
+def load_selection(root: Path):  # noqa: ANN202 - the suite's module, imported from the working tree
+    """suite.selection from this checkout (the suite is not an installed package; asv imports it too)."""
+    if str(root) not in sys.path:
+        sys.path.insert(0, str(root))
+    from suite import selection
+
+    return selection
+
+
+# --- machine -----------------------------------------------------------------------------------
+
+def _slug(text: str) -> str:
+    text = re.sub(r"\((r|tm)\)|\bcpu\b|\bprocessor\b|@.*$", " ", text.lower())
+    return re.sub(r"[^a-z0-9]+", "-", text).strip("-")
+
+
+def cpu_model() -> str:
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.lower().startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine() or "unknown-cpu"
+
+
+def gpu_model() -> str | None:
+    import torch
+
+    return torch.cuda.get_device_name(0) if torch.cuda.is_available() else None
+
+
+def machine_name() -> str:
+    """VMAPBENCH_MACHINE, else '<cpu model>-<n>cpu[-<gpu model>]', e.g. 'amd-epyc-2cpu'.
+
+    Derived from the hardware rather than the hostname, which containers and CI runners randomize:
+    the name must stay the same from run to run for results to form a history.
+    """
+    explicit = os.environ.get(MACHINE_ENV, "").strip()
+    if explicit:
+        if not re.fullmatch(r"[\w.-]+", explicit):
+            raise SystemExit(f"bench: {MACHINE_ENV}={explicit!r} may only hold letters, digits, '.', '_' and '-'")
+        return explicit
+    name = f"{_slug(cpu_model()) or 'cpu'}-{os.cpu_count() or 1}cpu"
+    gpu = gpu_model()
+    return f"{name}-{_slug(gpu.replace('NVIDIA', ''))}" if gpu else name
+
+
+def _ram() -> str:
+    try:
+        for line in Path("/proc/meminfo").read_text().splitlines():
+            if line.startswith("MemTotal:"):
+                return f"{round(int(line.split()[1]) / 2**20)}GB"
+    except OSError:
+        pass
+    return "unknown"
+
+
+def register_machine(name: str, env: dict[str, str]) -> dict[str, str]:
+    """Record this machine's facts under `name` in asv's machine file (~/.asv-machine.json).
+
+    What `asv machine --yes --machine NAME` does, with every field filled in: asv itself leaves
+    out the fields equal to its detected defaults, and results/<machine>/machine.json (what the
+    dashboard shows) then lacks the OS, architecture and CPU count.
+    """
+    from asv.machine import MachineCollection
+
+    cpu = f"{cpu_model()} ({os.cpu_count()} cores; OMP_NUM_THREADS={env.get('OMP_NUM_THREADS')})"
+    gpu = gpu_model()
+    info = {
+        "machine": name,
+        "os": f"{platform.system()} {platform.release()}",
+        "arch": platform.machine(),
+        "cpu": cpu + (f"; GPU {gpu}" if gpu else ""),
+        "num_cpu": str(os.cpu_count()),
+        "ram": _ram(),
+    }
+    MachineCollection.save(name, info)
+    return info
+
+
+# --- running asv -------------------------------------------------------------------------------
+
+def asv(*args: str) -> list[str]:
+    return [sys.executable, "-m", "asv", *args]
+
+
+def bench_env(profile: str, devices: Sequence[str] | None, root: Path) -> dict[str, str]:
+    """The environment every benchmark process inherits: profile, devices, pinned threads, caches."""
+    env = dict(os.environ)
+    env["VMAPBENCH_PROFILE"] = profile
+    if devices:
+        env["VMAPBENCH_DEVICES"] = ",".join(devices)
+    threads = env.setdefault("OMP_NUM_THREADS", DEFAULT_THREADS)
+    env.setdefault("MKL_NUM_THREADS", threads)
+    env.setdefault("TORCHINDUCTOR_CACHE_DIR", str(root / ".inductor-cache"))
+    env.setdefault("PYTHONUNBUFFERED", "1")
+    return env
+
+
+class NaRowFilter:
+    """Drops the rows of asv's result tables that hold only parameter values and 'n/a'.
+
+    The suite's grids are full grids; a profile measures part of them, and asv prints a row for
+    every point. Rows with a value, 'failed' or anything unknown are kept.
+    """
+
+    def __init__(self, param_values: Iterable[str]):
+        self.known = set(param_values) | {"n/a"}
+
+    def keep(self, line: str) -> bool:
+        tokens = line.split()
+        if "n/a" not in tokens or line.lstrip().startswith("["):
+            return True
+        return not all(t in self.known for t in tokens)
+
+
+def param_values(selection) -> set[str]:  # noqa: ANN001
+    from workloads.base import METHODS, all_workloads
+
+    values = set(METHODS) | set(selection.ALL_DEVICES) | {"native"}
+    for w in all_workloads():
+        values.update(w.sizes)
+    return values
+
+
+def stream(cmd: Sequence[str], env: dict[str, str], cwd: Path, row_filter: NaRowFilter | None) -> tuple[int, str]:
+    """Run `cmd`, echoing its output line by line (filtered); return its exit code and output."""
+    proc = subprocess.Popen(cmd, cwd=cwd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                            text=True, errors="replace", bufsize=1)
+    kept: list[str] = []
+    assert proc.stdout is not None
+    for line in proc.stdout:
+        kept.append(line)
+        if row_filter is None or row_filter.keep(line):
+            sys.stdout.write(line)
+            sys.stdout.flush()
+    return proc.wait(), "".join(kept)
+
+
+def git(root: Path, *args: str) -> str:
+    return subprocess.run(["git", *args], cwd=root, check=True, capture_output=True, text=True).stdout.strip()
+
+
+def warn_if_dirty(root: Path, commit: str) -> None:
+    dirty = git(root, "status", "--porcelain", "--", "engine", "workloads", "suite")
+    if dirty:
+        print(f"bench: warning: uncommitted changes in engine/, workloads/ or suite/; the results are "
+              f"recorded under HEAD {commit[:8]} but measure the working tree:\n{dirty}", file=sys.stderr)
+
+
+# --- reading results back ----------------------------------------------------------------------
+
+def run_outcome(results_dir: Path, machine: str, commit: str, since_ms: float,
+                regexes: Sequence[str], env_prefix: str = "existing") -> tuple[int, list[str]]:
+    """(values measured, failed 'benchmark(params)') among this run's benchmarks of `commit`.
+
+    asv stores a failed point as None and a skipped one as NaN; points are this run's when their
+    benchmark started after `since_ms` and they match the run's --bench regexes.
+    """
+    from asv import results as asv_results
+
+    measured, failed = 0, []
+    for res in asv_results.iter_results_for_machine_and_hash(str(results_dir), machine, commit):
+        if not res.env_name.startswith(env_prefix):
+            continue
+        for name in res.get_all_result_keys():
+            if res.started_at.get(name, 0) < since_ms:
+                continue
+            params = res.get_result_params(name)
+            values = res.get_result_value(name, params)
+            points = [f"{name}({', '.join(p)})" for p in _product(params)] if params else [name]
+            for point, value in zip(points, values):
+                if regexes and not any(re.search(r, point) for r in regexes):
+                    continue
+                if value is None:
+                    failed.append(point)
+                elif value == value:  # not NaN (skipped)
+                    measured += 1
+    return measured, failed
+
+
+def _product(params: list[list[str]]) -> list[tuple[str, ...]]:
+    import itertools
+
+    return list(itertools.product(*params))
+
+
+# --- dashboard, merge --------------------------------------------------------------------------
+
+def build_dashboard(root: Path, env: dict[str, str]) -> Path | None:
+    """`python -m vmapbench dashboard`; the path of its index.html, or None when it cannot run."""
+    if importlib.util.find_spec("dashboards.cli") is None:
+        print("bench: the dashboard (dashboards/cli.py) is not in this checkout yet; skipping it", file=sys.stderr)
+        return None
+    proc = subprocess.run([sys.executable, "-m", "vmapbench", "dashboard", "--results", str(root / "results")],
+                          cwd=root, env=env, stdout=subprocess.PIPE, text=True)
+    lines = proc.stdout.strip().splitlines()
+    if proc.returncode != 0 or not lines:
+        print(f"bench: building the dashboard failed (exit {proc.returncode}); the results are kept in "
+              f"{root / 'results'}", file=sys.stderr)
+        return None
+    return Path(lines[-1])
+
+
+def merge_results(sources: Sequence[Path], dest: Path) -> int:
+    """Merge asv results folders (e.g. CI shards' artifacts) into `dest`; returns files written.
+
+    Shards of one commit on one machine write the same file name holding different benchmarks:
+    their "results" rows are united; a benchmark present in both keeps the row that started last.
+    Other files (machine.json, benchmarks.json) are copied when missing.
+    """
+    written = 0
+    for source in sources:
+        if not source.is_dir():
+            raise SystemExit(f"bench: --merge: {source} is not a folder of asv results")
+        for path in sorted(source.rglob("*.json")):
+            target = dest / path.relative_to(source)
+            target.parent.mkdir(parents=True, exist_ok=True)
+            if not target.exists():
+                shutil.copy2(path, target)
+                written += 1
+                continue
+            theirs, ours = json.loads(path.read_text()), json.loads(target.read_text())
+            if "results" not in theirs or "results" not in ours:
+                continue  # machine.json, benchmarks.json: the copy already there stands
+            if (theirs.get("commit_hash"), theirs.get("env_name")) != (ours.get("commit_hash"), ours.get("env_name")):
+                raise SystemExit(f"bench: --merge: {path} and {target} hold different commits or environments")
+            if theirs.get("result_columns") != ours.get("result_columns"):
+                raise SystemExit(f"bench: --merge: {path} and {target} were written by different asv versions")
+            started = ours["result_columns"].index("started_at")
+            for name, row in theirs["results"].items():
+                mine = ours["results"].get(name)
+                if mine is None or (row[started] or 0) >= (mine[started] or 0):
+                    ours["results"][name] = row
+            ours.setdefault("durations", {}).update(
+                {k: v for k, v in theirs.get("durations", {}).items() if k not in ours["durations"]})
+            target.write_text(json.dumps(ours))
+            written += 1
+    return written
+
+
+# --- command line ------------------------------------------------------------------------------
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="python -m vmapbench.bench", description=__doc__.splitlines()[0])
+    p.add_argument("--profile", choices=("quick", "full"),
+                   default=os.environ.get("VMAPBENCH_PROFILE", "quick") or "quick",
+                   help="quick: the registry's quick sizes on cpu (default); full: every size, cpu and cuda")
+    p.add_argument("--family", action="append", default=[],
+                   help="only this workload family (repeatable; 'suite' = the suite's own benchmarks); "
+                        "see --list-families")
+    p.add_argument("--device", action="append", choices=("cpu", "cuda"), default=[],
+                   help="devices to measure (repeatable; default: the profile's)")
+    p.add_argument("--machine", default=None, help=f"machine name (default: ${MACHINE_ENV} or derived from the hardware)")
+    p.add_argument("--no-dashboard", action="store_true", help="do not build the dashboard afterwards")
+    p.add_argument("--list-families", action="store_true", help="print the families (JSON list) and exit")
+    p.add_argument("--merge", nargs="+", type=Path, metavar="DIR",
+                   help="merge these asv results folders into results/ and exit")
+    p.add_argument("asv_args", nargs="*", help="extra arguments for `asv run` (after --), e.g. -- --show-stderr")
+    return p
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    root = repo_root()
+    selection = load_selection(root)
+    if args.list_families:
+        print(json.dumps(selection.families()))
+        return 0
+    if args.merge:
+        n = merge_results(args.merge, root / "results")
+        print(f"bench: merged {n} result files into {root / 'results'}")
+        return 0
+
+    devices = args.device or None
+    env = bench_env(args.profile, devices, root)
+    try:
+        regexes = selection.bench_regexes(args.profile, args.family or None, devices)
+    except ValueError as exc:
+        raise SystemExit(f"bench: {exc}") from None
+    machine = args.machine or machine_name()
+    register_machine(machine, env)
+    commit = git(root, "rev-parse", "HEAD")
+    warn_if_dirty(root, commit)
+
+    print(f"bench: profile {args.profile}, devices {','.join(devices or selection.PROFILE_DEVICES[args.profile])}, "
+          f"families {','.join(args.family) or 'all'}, machine {machine}, commit {commit[:8]}, "
+          f"OMP_NUM_THREADS={env['OMP_NUM_THREADS']}", flush=True)
+    started = time.time()
+    cmd = asv("run", "--environment", f"existing:{sys.executable}", "--set-commit-hash", commit,
+              "--machine", machine, "--durations", "10", *[f"--bench={r}" for r in regexes], *args.asv_args)
+    rc, _ = stream(cmd, env, root, NaRowFilter(param_values(selection)))
+    elapsed = time.time() - started
+
+    measured, failed = run_outcome(root / "results", machine, commit, started * 1000 - 1000, regexes)
+    print(f"\nbench: asv exited {rc} after {elapsed / 60:.1f} min; {measured} values measured, "
+          f"{len(failed)} failed; results in {root / 'results' / machine}")
+    if failed:
+        print("bench: failed benchmarks (asv printed their errors above):")
+        for point in failed:
+            print(f"  {point}")
+
+    index = None if args.no_dashboard else build_dashboard(root, env)
+    if index is not None:
+        print(f"bench: dashboard: {index}")
+    if measured == 0:
+        return rc or 1
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
