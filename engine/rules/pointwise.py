@@ -131,3 +131,30 @@ RULES[aten.masked_fill.Tensor] = _masked_fill_tensor
 RULES[aten.masked_fill_.Tensor] = _masked_fill_tensor_
 RULES[aten.fill.Tensor] = _fill_tensor
 RULES[aten.fill_.Tensor] = _fill_tensor_
+
+
+def prims_elementwise_rule(func: Any):
+    """prims elementwise ops do not broadcast: pad, then expand every tensor to the common shape."""
+
+    def rule(info, in_dims, *args, **kwargs):
+        rank = max((a.dim() - (d is not None) for a, d in zip(args, in_dims) if isinstance(a, torch.Tensor)), default=0)
+        new = [pad_batched(a, rank) if d is not None else a for a, d in zip(args, in_dims)]
+        shape = torch.broadcast_shapes(*[a.shape for a in new if isinstance(a, torch.Tensor)])
+        new = [a.expand(shape) if isinstance(a, torch.Tensor) and a.shape != shape else a for a in new]
+        return func(*new, **kwargs), 0
+
+    return rule
+
+
+_PRIMS_ELEMENTWISE = (
+    "abs acos acosh asin asinh atan atanh bessel_i0 bessel_i0e bessel_i1 bessel_i1e bessel_j0 bessel_j1 "
+    "bitwise_not cbrt ceil conj_physical cos cosh digamma erf erf_inv erfc erfcx exp exp2 expm1 floor imag "
+    "isfinite lgamma log log1p log2 log10 ndtri neg real reciprocal round rsqrt sign signbit sin sinh "
+    "spherical_bessel_j0 sqrt tan tanh trunc add atan2 bitwise_and bitwise_or bitwise_xor div eq fmax fmin "
+    "fmod gcd ge gt hypot igamma igammac le lt maximum minimum mul ne nextafter pow remainder shift_left "
+    "shift_right_arithmetic sub zeta where convert_element_type"
+).split()
+set_rule(
+    [getattr(torch.ops.prims, n).default for n in _PRIMS_ELEMENTWISE if hasattr(torch.ops.prims, n)],
+    prims_elementwise_rule,
+)
