@@ -15,13 +15,13 @@ from engine.coverage.harness import check_op, iter_opinfos, op_key
 
 # Representative subset: every family, the ops the workloads lean on, and a few known fallbacks.
 FAST_OPS = [
-    "abs", "add", "mul", "div", "sub", "pow", "exp", "log", "sin", "tanh", "sigmoid", "where", "clamp",
+    "abs", "add", "mul", "div.no_rounding_mode", "sub", "pow", "exp", "log", "sin", "tanh", "sigmoid", "where", "clamp",
     "eq", "lt", "maximum", "addcmul", "lerp", "sum", "mean", "amax", "argmax", "prod", "std", "var",
     "logsumexp", "cumsum", "sort", "topk", "cat", "stack", "reshape", "permute", "transpose", "expand",
     "flip", "roll", "tril", "diag_embed", "squeeze", "unsqueeze", "narrow", "chunk", "matmul", "mm",
     "bmm", "addmm", "einsum", "linalg.solve", "linalg.cholesky", "gather", "index_select", "scatter_add",
     "index_add", "masked_fill", "take", "nn.functional.conv2d", "nn.functional.linear",
-    "nn.functional.softmax", "nn.functional.log_softmax", "nn.functional.layer_norm",
+    "softmax", "log_softmax", "_softmax_backward_data", "nn.functional.layer_norm",
     "nn.functional.relu", "nn.functional.gelu", "nn.functional.embedding", "nn.functional.cross_entropy",
     "nn.functional.mse_loss", "nn.functional.max_pool2d", "zeros_like", "new_zeros",
 ]
