@@ -1,0 +1,32 @@
+"""Single-matrix linalg kernels treat every leading dim as a batch dim, so the batch dim at 0 is
+just one more: call the op as is (one LAPACK batch instead of the loop)."""
+from __future__ import annotations
+
+import torch
+
+from engine.rules._helpers import ops_of
+from engine.rules._table import RULES
+
+aten = torch.ops.aten
+
+
+def _leading_batch_rule(op):
+    def rule(info, in_dims, x, *args, **kwargs):
+        out = op(x, *args, **kwargs)
+        return out, (tuple(0 for _ in out) if isinstance(out, (tuple, list)) else 0)
+
+    return rule
+
+
+def check_errors_rule(info, in_dims, info_tensor, api_name, is_matrix):
+    # Batched info tensor: report it the way a batch of matrices is reported.
+    aten._linalg_check_errors.default(info_tensor, api_name, is_matrix=False)
+    return None, None
+
+
+for _op in ops_of("linalg_cholesky_ex.default", "linalg_inv_ex.default", "_linalg_svd.default", "_linalg_eigh.default",
+                  "linalg_eig.default", "linalg_qr.default", "linalg_lu_factor_ex.default", "linalg_ldl_factor_ex.default",
+                  "_linalg_slogdet.default", "_linalg_det.default", "cholesky.default", "geqrf.default",
+                  "linalg_matrix_exp.default", "_linalg_eigvals.default", "linalg_lu.default"):
+    RULES[_op] = _leading_batch_rule(_op)
+RULES[aten._linalg_check_errors.default] = check_errors_rule
