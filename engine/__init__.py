@@ -19,10 +19,12 @@ from engine.errors import (
     RandomnessError,
     VmapError,
 )
+from engine.compliance import check_compliance
 from engine.rules._table import register_rule
 
 __all__ = [
     "BatchedTensor",
+    "check_compliance",
     "compile",
     "trace",
     "TraceFallbackWarning",
