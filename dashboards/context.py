@@ -36,42 +36,74 @@ class Context:
         return self.results.frame
 
     @cached_property
-    def case_columns(self) -> list[str]:
-        """Columns that identify one measured case (benchmark + every parameter)."""
-        skip = set(FILE_COLUMNS) | set(STAT_COLUMNS)
-        return [c for c in self.frame.columns if c not in skip and c not in ("suite", "metric", "unit", "type")]
+    def param_columns(self) -> list[str]:
+        """Columns that describe one measured case (benchmark + every parameter)."""
+        skip = set(FILE_COLUMNS) | set(STAT_COLUMNS) | {"suite", "metric", "unit", "type", "case"}
+        return [c for c in self.frame.columns if c not in skip]
+
+    @cached_property
+    def lean(self) -> pd.DataFrame:
+        """The frame without the statistics columns no view plots (cheaper to filter and copy)."""
+        heavy = {"samples", "ci_99_a", "ci_99_b", "q_25", "q_75", "number", "repeat", "duration"}
+        return self.frame[[c for c in self.frame.columns if c not in heavy]]
 
     @cached_property
     def measured(self) -> pd.DataFrame:
         """Rows the workload views use: those with a workload and a method."""
-        f = self.frame
+        f = self.lean
         return f[f["workload"].notna() & f["method"].notna()]
 
+    def metric_rows(self, metrics: tuple[str, ...] | list[str]) -> pd.DataFrame:
+        """Workload rows of `metrics` (cached per metric set)."""
+        key = tuple(metrics)
+        if key not in self._metric_cache:
+            m = self.measured
+            self._metric_cache[key] = m[m["metric"].isin(list(key))]
+        return self._metric_cache[key]
+
     @cached_property
+    def _metric_cache(self) -> dict[tuple[str, ...], pd.DataFrame]:
+        return {}
+
+    @cached_property
+    def commits(self) -> dict[str, list[str]]:
+        """machine -> its commits, oldest first (by commit date), from the loaded files."""
+        seen: dict[str, dict[str, Any]] = {}
+        for info in self.results.files.values():
+            date = info.get("date")
+            date = date if isinstance(date, (int, float)) else float("-inf")
+            mine = seen.setdefault(info["machine"], {})
+            mine[info["commit"]] = max(mine.get(info["commit"], date), date)
+        return {m: [c for c, _ in sorted(cs.items(), key=lambda kv: kv[1])] for m, cs in sorted(seen.items())}
+
+    @property
     def latest_commits(self) -> dict[str, str]:
-        """machine -> its most recent commit (by commit date, then run time)."""
-        f = self.frame
-        if f.empty:
-            return {}
-        order = f.sort_values(["date", "started_at"], kind="stable", na_position="first")
-        return order.groupby("machine", sort=True)["commit"].last().to_dict()
+        """machine -> its most recent commit (by commit date)."""
+        return {m: cs[-1] for m, cs in self.commits.items() if cs}
 
     @cached_property
     def latest_commit_rows(self) -> pd.DataFrame:
-        m = self.measured
-        if m.empty:
-            return m
-        wanted = pd.Series(self.latest_commits)
-        return m[m["commit"].to_numpy() == wanted.reindex(m["machine"]).to_numpy()]
+        """Times and measured speedups of each machine's latest commit."""
+        return self.of_commits(self.metric_rows(("time", "speedup_vs_loop")), 1)
+
+    def of_commits(self, rows: pd.DataFrame, newest: int) -> pd.DataFrame:
+        """`rows` of each machine's `newest` commits."""
+        keep = {(m, c) for m, cs in self.commits.items() for c in cs[-newest:]}
+        if rows.empty:
+            return rows
+        pairs = rows[["machine", "commit"]].drop_duplicates()
+        wanted = pairs[[(m, c) in keep for m, c in pairs.itertuples(index=False)]]
+        if len(wanted) == len(pairs):
+            return rows
+        return rows.merge(wanted, on=["machine", "commit"]) if len(wanted) else rows.iloc[0:0]
 
     def latest_per_case(self, metrics: list[str] | tuple[str, ...]) -> pd.DataFrame:
         """For `metrics`, the most recent value of every case on every machine."""
-        m = self.measured
-        m = m[m["metric"].isin(list(metrics))]
+        m = self.metric_rows(tuple(metrics))
         if m.empty:
             return m
         m = m.sort_values("date", kind="stable")
-        return m.drop_duplicates(subset=["machine"] + self.case_columns, keep="last")
+        return m.drop_duplicates(subset=["machine", "case"], keep="last")
 
     def size_columns_of(self, rows: pd.DataFrame) -> list[str]:
         return [c for c in self.results.size_columns if c in rows.columns and rows[c].notna().any()]

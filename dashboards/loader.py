@@ -18,6 +18,7 @@ import itertools
 import json
 import math
 import re
+import sys
 import warnings
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -36,6 +37,8 @@ BASE_COLUMNS = [
     "machine", "commit", "date", "env", "python", "benchmark", "suite", "metric", "unit", "type",
     "workload", "method", "size", "device",
 ]
+# After the stats: `case`, the id of the (benchmark, parameter combination) of the row, the same
+# for every commit and machine within one load (group by it instead of every parameter column).
 STAT_COLUMNS = [
     "value", "ci_99_a", "ci_99_b", "q_25", "q_75", "number", "repeat", "started_at", "duration",
     "samples",
@@ -52,6 +55,7 @@ _ROLE_NAMES = {
     "device": ("device", "devices"),
     "size": ("size", "sizes", "shape", "grid"),
 }
+_ABSENT = sys.maxsize  # position of a column a file does not have
 _DEFAULT_UNITS = {"time": "seconds", "peakmem": "bytes", "mem": "bytes"}
 
 
@@ -225,17 +229,26 @@ class _Loader:
         scalars: dict[str, list[Any]] = {"started_at": [], "duration": []}
         stats: dict[str, list[tuple[int, list[Any]]]] = {name: [] for name in _STAT_KEYS.values()}
         samples: list[tuple[int, list[Any]]] = []
+        # Column positions; asv drops trailing null columns of a row, so rows differ in length.
+        at = {name: col.get(name, _ABSENT) for name in ("result", "params", "started_at", "duration", "samples")}
+        stat_at = [(col[key], name, key) for key, name in _STAT_KEYS.items() if key in col]
+        optional_from = min([i for i, _, _ in stat_at] + [at["samples"]])
+        started, durations = scalars["started_at"], scalars["duration"]
         for bench, row in results.items():
-            if not isinstance(row, list):
+            if type(row) is not list:
                 raise _FileError(f"benchmark {bench!r}: expected a list row")
-            result = _cell(row, col, "result")
+            width = len(row)
+            result = row[at["result"]] if at["result"] < width else None
             if result is None:
                 continue  # the whole benchmark failed or was skipped
-            params = _cell(row, col, "params") or []
-            if not isinstance(result, list) or not isinstance(params, list) or \
-                    not all(isinstance(p, list) for p in params):
+            params = (row[at["params"]] if at["params"] < width else None) or []
+            if type(result) is not list or type(params) is not list:
                 raise _FileError(f"benchmark {bench!r}: 'result' and 'params' must be lists")
-            n = math.prod(len(p) for p in params)
+            n = 1
+            for p in params:
+                if type(p) is not list:
+                    raise _FileError(f"benchmark {bench!r}: 'params' must be a list of lists")
+                n *= len(p)
             if len(result) != n:
                 raise _FileError(f"benchmark {bench!r}: {len(result)} results for {n} parameter "
                                  "combinations")
@@ -243,15 +256,14 @@ class _Loader:
             cases.append(self.cases_for(bench, params))
             values.extend(result)
             counts.append(n)
-            scalars["started_at"].append(_cell(row, col, "started_at"))
-            scalars["duration"].append(_cell(row, col, "duration"))
-            for key, name in _STAT_KEYS.items():
-                stat = _cell(row, col, key)
-                if stat is not None:
-                    stats[name].append((offset, _per_param(stat, n, bench, key)))
-            bench_samples = _cell(row, col, "samples")
-            if bench_samples is not None:
-                samples.append((offset, _per_param(bench_samples, n, bench, "samples")))
+            started.append(row[at["started_at"]] if at["started_at"] < width else None)
+            durations.append(row[at["duration"]] if at["duration"] < width else None)
+            if width > optional_from:
+                for i, name, key in stat_at:
+                    if i < width and row[i] is not None:
+                        stats[name].append((offset, _per_param(row[i], n, bench, key)))
+                if at["samples"] < width and row[at["samples"]] is not None:
+                    samples.append((offset, _per_param(row[at["samples"]], n, bench, "samples")))
 
         try:
             arrays = {"value": np.array(values, dtype=float)}
@@ -379,9 +391,10 @@ class _Loader:
         size_columns = list(self.size_columns)
         n_rows = sum(len(c) for c in self.chunks["file"])
         if n_rows == 0:
-            frame = pd.DataFrame({c: pd.Series(dtype=object) for c in BASE_COLUMNS + STAT_COLUMNS})
+            frame = pd.DataFrame({c: pd.Series(dtype=object) for c in BASE_COLUMNS + STAT_COLUMNS + ["case"]})
             for column in STAT_COLUMNS[:-1]:
                 frame[column] = frame[column].astype(float)
+            frame["case"] = frame["case"].astype(np.int64)
             frame["date"] = pd.to_datetime(frame["date"], utc=True)
             frame["started_at"] = pd.to_datetime(frame["started_at"], utc=True)
             return ResultSet(frame, [], self.machines, self.file_info, self.skipped,
@@ -393,31 +406,40 @@ class _Loader:
             cases[column] = pd.to_numeric(cases[column], errors="coerce")
         file_idx = np.concatenate(self.chunks["file"])
         case_idx = np.concatenate(self.chunks["case"])
-        parts: dict[str, Any] = {}
-        for column in files.columns:
-            parts[column] = files[column].take(file_idx).reset_index(drop=True)
-        for column in cases.columns:
-            parts[column] = cases[column].take(case_idx).reset_index(drop=True)
+        parts: dict[str, Any] = {"case": case_idx}
+        # Row columns are the small file and case tables indexed by row: text columns become
+        # categoricals (codes taken per row, no string copied), numbers and dates plain arrays.
+        for table, idx in ((files, file_idx), (cases, case_idx)):
+            for column in table.columns:
+                parts[column] = _take(table[column], idx)
         for column in STAT_COLUMNS[:-1]:
             parts[column] = np.concatenate(self.chunks[column])
-        parts["started_at"] = _js_time(parts["started_at"])
+        parts["started_at"] = _js_time(parts["started_at"]).array
         parts["samples"] = list(itertools.chain.from_iterable(self.chunks["samples"]))
-        extra = [c for c in parts if c not in BASE_COLUMNS and c not in STAT_COLUMNS]
+        extra = [c for c in parts if c not in BASE_COLUMNS and c not in STAT_COLUMNS and c != "case"]
         ordered = BASE_COLUMNS + [c for c in extra if c in size_columns] + \
-            [c for c in extra if c not in size_columns] + STAT_COLUMNS
-        frame = pd.DataFrame({c: parts[c] for c in ordered})
+            [c for c in extra if c not in size_columns] + STAT_COLUMNS + ["case"]
+        frame = pd.DataFrame({c: parts[c] for c in ordered}, copy=False)
         return ResultSet(frame, size_columns, self.machines, self.file_info, self.skipped,
                          self.benchmarks, self.root)
+
+
+def _take(column: pd.Series, idx: np.ndarray) -> Any:
+    """`column[idx]`, as a categorical with sorted categories when it holds text."""
+    if pd.api.types.is_datetime64_any_dtype(column):
+        return column.array.take(idx)  # keeps the time zone (to_numpy would box Timestamps)
+    if pd.api.types.is_numeric_dtype(column):
+        return column.to_numpy()[idx]
+    try:
+        codes, uniques = pd.factorize(column, sort=True)
+    except TypeError:  # values of mixed types cannot be sorted: keep first-seen order
+        codes, uniques = pd.factorize(column)
+    return pd.Categorical.from_codes(codes[idx], categories=uniques)
 
 
 def _js_time(values: Any) -> pd.Series:
     """asv's JavaScript timestamps (ms since the epoch) as UTC datetimes; bad entries become NaT."""
     return pd.to_datetime(pd.to_numeric(pd.Series(values), errors="coerce"), unit="ms", utc=True)
-
-
-def _cell(row: list[Any], col: dict[str, int], name: str) -> Any:
-    i = col.get(name)
-    return row[i] if i is not None and i < len(row) else None
 
 
 def _per_param(value: Any, n: int, bench: str, key: str) -> list[Any]:

@@ -12,8 +12,9 @@ import json
 from dataclasses import dataclass, field
 from typing import Any, Iterable
 
-import plotly.graph_objects as go
 import plotly.io as pio
+
+from dashboards.figures import BASE_LAYOUT
 
 # (file, nav title); the order of the navigation bar.
 PAGES: tuple[tuple[str, str], ...] = (
@@ -52,12 +53,11 @@ class Page:
     def add(self, html_text: str) -> None:
         self.body.append(html_text)
 
-    def figure(self, fig: go.Figure, *, title: str, note: str = "", **meta: Any) -> None:
-        """Append a card holding `fig` (plotly.js is not inlined; the page loads it once)."""
+    def figure(self, fig: dict[str, Any], *, title: str, note: str = "", **meta: Any) -> None:
+        """Append a card holding `fig`, a Plotly JSON dict (plotly.js is loaded once per page)."""
         div_id = f"fig-{self.filename.split('.')[0]}-{self.figures}"
-        fig.update_layout(template="plotly_white", margin=dict(l=60, r=20, t=40, b=50),
-                          font=dict(family="system-ui, -apple-system, Segoe UI, sans-serif", size=12))
-        plot = pio.to_html(fig, include_plotlyjs=False, full_html=False, include_mathjax=False,
+        figure = {"data": fig.get("data", []), "layout": {**BASE_LAYOUT, **fig.get("layout", {})}}
+        plot = pio.to_html(figure, include_plotlyjs=False, full_html=False, include_mathjax=False,
                            div_id=div_id, config=PLOTLY_CONFIG, validate=False)
         note_html = f'<p class="vb-note">{note}</p>' if note else ""
         self.add(f'<section class="vb-card vb-f"{data_attrs(**meta)}><h3>{esc(title)}</h3>{note_html}'

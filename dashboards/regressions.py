@@ -39,25 +39,18 @@ def find_steps(values: list[float]) -> list[tuple[int, int, float, float]]:
             if a is not None and b is not None]
 
 
-def newest_commits(rows: pd.DataFrame, n: int) -> pd.DataFrame:
-    """`rows` restricted to the newest `n` commits of each machine (by commit date)."""
-    commits = rows.drop_duplicates(["machine", "commit"]).sort_values(["date", "started_at"], kind="stable")
-    keep = commits.groupby("machine").tail(n)[["machine", "commit"]]
-    return rows.merge(keep, on=["machine", "commit"])
-
-
 def history_regressions(ctx: "Context", metric: str = TIME_METRIC,
                         methods: Iterable[str] = ENGINE_METHODS,
                         max_commits: int = HISTORY_COMMITS) -> pd.DataFrame:
     """Regressions the step detector finds in `metric` of `methods` over each machine's newest
     `max_commits` commits."""
-    rows = ctx.measured
-    rows = rows[(rows["metric"] == metric) & rows["method"].isin(list(methods))]
+    rows = ctx.metric_rows((metric,))
+    rows = rows[rows["method"].isin(list(methods))]
     found: list[dict[str, Any]] = []
-    if rows.empty or rows.groupby("machine")["commit"].nunique().max() < 3:
+    if rows.empty or max(len(c) for c in ctx.commits.values()) < 3:
         return pd.DataFrame(columns=REGRESSION_COLUMNS)
-    rows = newest_commits(rows, max_commits).sort_values("date", kind="stable")
-    for _, series in rows.groupby(["machine"] + ctx.case_columns, dropna=False, sort=False):
+    rows = ctx.of_commits(rows, max_commits).sort_values("date", kind="stable")
+    for _, series in rows.groupby(["machine", "case"], sort=False, observed=True):
         if len(series) < 3:
             continue
         values = series["value"].tolist()
@@ -82,24 +75,18 @@ def history_regressions(ctx: "Context", metric: str = TIME_METRIC,
 
 def commit_pair(ctx: "Context", machine: str) -> tuple[str, str] | None:
     """(previous, latest) commit of a machine by commit date, or None with fewer than two."""
-    f = ctx.frame
-    on = f[f["machine"] == machine]
-    order = on.drop_duplicates("commit").sort_values(["date", "started_at"], kind="stable")
-    commits = order["commit"].tolist()
+    commits = ctx.commits.get(machine, [])
     return (commits[-2], commits[-1]) if len(commits) >= 2 else None
 
 
-def compare_commits(ctx: "Context", machine: str, base: str, head: str) -> pd.DataFrame:
-    """Every case measured at both commits with ratio = head / base (asv compare's ratio)."""
-    f = ctx.frame
-    on = f[(f["machine"] == machine) & f["commit"].isin([base, head])]
-    keys = ctx.case_columns
-    a = on[on["commit"] == base].drop_duplicates(keys, keep="last").set_index(keys)
-    b = on[on["commit"] == head].drop_duplicates(keys, keep="last").set_index(keys)
-    both = a[["metric", "unit", "value"]].merge(b[["value"]], left_index=True, right_index=True,
-                                                  suffixes=("_base", "_head"))
+def compare_commits(rows: pd.DataFrame, machine: str, base: str, head: str) -> pd.DataFrame:
+    """Every case of `rows` measured at both commits, with ratio = head / base (asv compare's)."""
+    on = rows[(rows["machine"] == machine) & rows["commit"].isin([base, head])]
+    a = on[on["commit"] == base].drop_duplicates("case", keep="last")
+    b = on[on["commit"] == head].drop_duplicates("case", keep="last")
+    both = a.merge(b[["case", "value"]], on="case", suffixes=("_base", "_head"))
     both["ratio"] = both["value_head"] / both["value_base"]
-    return both.reset_index()
+    return both
 
 
 def latest_changes(ctx: "Context", factor: float = COMPARE_FACTOR) -> list[dict[str, Any]]:
@@ -110,8 +97,7 @@ def latest_changes(ctx: "Context", factor: float = COMPARE_FACTOR) -> list[dict[
         pair = commit_pair(ctx, machine)
         if pair is None:
             continue
-        cmp = compare_commits(ctx, machine, *pair)
-        cmp = cmp[(cmp["metric"] == TIME_METRIC) & cmp["workload"].notna()]
+        cmp = compare_commits(ctx.metric_rows((TIME_METRIC,)), machine, *pair)
         slower, faster = [], []
         for r in cmp.itertuples(index=False):
             label = f"{r.workload} {r.size or ''} {r.method} {r.device or ''}".replace("  ", " ")

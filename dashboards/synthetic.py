@@ -55,15 +55,27 @@ DEFAULT_WORKLOADS: tuple[SyntheticWorkload, ...] = (
                                            "n=512,chunk_size=512"),
                       ("loop", "engine", "torch_func")),
 )
-# The bigger set the build-speed benchmark uses: about the quick suite's shape.
-BENCH_WORKLOADS: tuple[SyntheticWorkload, ...] = DEFAULT_WORKLOADS + (
-    SyntheticWorkload("jacobian_mlp", ("batch=32", "batch=128"),
-                      ("loop", "engine", "engine_traced", "torch_func", "functional_vectorize")),
-    SyntheticWorkload("hvp_rosenbrock", ("d=100", "d=1000"),
-                      ("loop", "engine", "torch_func", "closed_form"), style="class"),
-    SyntheticWorkload("ensemble_grad", ("models=8,batch=64", "models=32,batch=64"),
-                      ("loop", "engine", "engine_compiled", "torch_func", "torch_func_compiled")),
-)
+# The bigger set of the build-speed benchmark: about the real suite's shape (a dozen workloads,
+# one class each, ~100 benchmarks and ~4000 values per result file, most of them skipped).
+BENCH_WORKLOADS: tuple[SyntheticWorkload, ...] = DEFAULT_WORKLOADS + tuple(
+    SyntheticWorkload(name, sizes, methods, style="class") for name, sizes, methods in (
+        ("jacobian_mlp", ("batch=8", "batch=32", "batch=128"),
+         ("loop", "engine", "engine_traced", "torch_func", "functional_vectorize")),
+        ("hvp_rosenbrock", ("d=8", "d=128", "d=1024"), ("loop", "engine", "torch_func", "closed_form")),
+        ("ensemble_grad", ("models=8,batch=64", "models=32,batch=64"),
+         ("loop", "engine", "engine_compiled", "torch_func", "torch_func_compiled")),
+        ("robust_reg_hessian", ("n=100,d=8", "n=100,d=64", "n=1000,d=8", "n=1000,d=64"),
+         ("loop", "engine", "engine_traced", "torch_func", "closed_form")),
+        ("psg_cnn", ("batch=8", "batch=64", "batch=256"), ("loop", "engine", "torch_func", "engine_traced")),
+        ("psg_attention", ("batch=8", "batch=64", "batch=256"),
+         ("loop", "engine", "engine_traced", "torch_func", "closed_form")),
+        ("pinn_batched_hessian", ("points=16", "points=256", "points=4096"),
+         ("loop", "engine", "torch_func", "functional_vectorize", "closed_form")),
+        ("quadratic_hessian", ("d=8", "d=128", "d=1024"),
+         ("loop", "engine", "engine_traced", "torch_func", "functional_vectorize", "closed_form")),
+        ("mlp_hvp", ("hidden=32,k=8", "hidden=32,k=128", "hidden=128,k=8", "hidden=128,k=128"),
+         ("loop", "engine", "torch_func", "functional_vectorize")),
+    ))
 MACHINES: tuple[tuple[str, tuple[str, ...]], ...] = (
     ("cpu-box", ("cpu",)),
     ("gpu-box", ("cpu", "cuda")),

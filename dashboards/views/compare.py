@@ -9,11 +9,11 @@ from __future__ import annotations
 import math
 from typing import Any
 
+import numpy as np
 import pandas as pd
 
 from dashboards.context import Context
 from dashboards.page import Page, json_script
-from dashboards.regressions import newest_commits
 from dashboards.theme import COMPARE_FACTOR, higher_is_better
 
 # Commits per machine offered for comparison (the newest).
@@ -24,30 +24,31 @@ PARAM_ORDER = ("workload", "size", "method", "device")
 def compare_data(ctx: Context) -> dict[str, Any]:
     """{'factor', 'rows': [[benchmark, params, workload, device, metric, unit, higher_better]],
     'machines': {machine: {'commits': [[hash, label]] newest first, 'values': {hash: [ids, values]}}}}"""
-    f = ctx.frame
+    f = ctx.lean
     data: dict[str, Any] = {"factor": COMPARE_FACTOR, "rows": [], "machines": {}}
     if f.empty:
         return data
-    f = newest_commits(f, COMPARE_COMMITS)
-    keys = ctx.case_columns
-    f = f.drop_duplicates(["machine", "commit"] + keys, keep="last")
-    ids = f.groupby(keys, dropna=False, sort=True).ngroup().to_numpy()
-    f = f.assign(_row=ids)
+    f = ctx.of_commits(f, COMPARE_COMMITS)
+    f = f.drop_duplicates(["machine", "commit", "case"], keep="last")
+    cases = np.sort(f["case"].unique())
+    f = f.assign(_row=np.searchsorted(cases, f["case"].to_numpy()))
     firsts = f.drop_duplicates("_row").sort_values("_row")
-    extra = [c for c in keys if c not in ("benchmark",) + PARAM_ORDER and c not in ctx.results.size_columns]
+    extra = [c for c in ctx.param_columns
+             if c not in ("benchmark",) + PARAM_ORDER and c not in ctx.results.size_columns]
     rows = []
     for r in firsts.to_dict("records"):
         params = [str(r[c]) for c in PARAM_ORDER + tuple(extra) if c in r and _present(r[c])]
         rows.append([r["benchmark"], " · ".join(params), r.get("workload"), r.get("device"),
                      r["metric"], r["unit"], int(higher_is_better(r["metric"]))])
     data["rows"] = rows
-    for machine, on in f.groupby("machine", sort=True):
-        commits = on.drop_duplicates("commit").sort_values(["date", "started_at"], ascending=False)
+    for machine, on in f.groupby("machine", sort=True, observed=True):
+        dates = on.drop_duplicates("commit").set_index("commit")["date"]
         entry: dict[str, Any] = {"commits": [], "values": {}}
-        for c in commits.itertuples(index=False):
-            when = c.date.strftime("%Y-%m-%d %H:%M") if pd.notna(c.date) else "no date"
-            entry["commits"].append([c.commit, f"{c.commit[:8]} · {when}"])
-        for commit, group in on.groupby("commit", sort=False):
+        for commit in reversed(ctx.commits[machine][-COMPARE_COMMITS:]):
+            date = dates.get(commit)
+            when = date.strftime("%Y-%m-%d %H:%M") if date is not None and pd.notna(date) else "no date"
+            entry["commits"].append([commit, f"{commit[:8]} · {when}"])
+        for commit, group in on.groupby("commit", sort=False, observed=True):
             values = [v if math.isfinite(v) else None for v in group["value"].tolist()]
             entry["values"][commit] = [group["_row"].tolist(), values]
         data["machines"][machine] = entry

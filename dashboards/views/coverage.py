@@ -3,8 +3,6 @@ against torch.func on the same ops (from the coverage report), and the suite's f
 """
 from __future__ import annotations
 
-import plotly.graph_objects as go
-from plotly.subplots import make_subplots
 
 from dashboards.artifacts import COVERAGE_STATUSES, CoverageReport
 from dashboards.context import Context
@@ -21,26 +19,24 @@ def sides(report: CoverageReport) -> list[str]:
     return [s for s in SIDE_LABELS if s != "vjp_engine" or any(s in o for o in report.ops)]
 
 
-def coverage_figure(report: CoverageReport) -> go.Figure:
+def coverage_figure(report: CoverageReport) -> dict:
     counts = {side: report.counts(side) for side in sides(report)}
     families = sorted({f for c in counts.values() for f in c},
                       key=lambda f: -sum(counts["engine"].get(f, {}).values()))
     statuses = [s for s in COVERAGE_STATUSES if any(s in fam for c in counts.values() for fam in c.values())]
     statuses += sorted({s for c in counts.values() for fam in c.values() for s in fam} - set(statuses))
-    fig = make_subplots(rows=1, cols=len(counts), shared_yaxes=True, horizontal_spacing=0.03,
-                        subplot_titles=[SIDE_LABELS[s] for s in counts])
-    for col, side in enumerate(counts, start=1):
+    panels = Panels(list(counts), titles=[SIDE_LABELS[s] for s in counts], x_title="OpInfo ops",
+                    y_extra={"autorange": "reversed"}, panel_height=max(200, 40 + 28 * len(families)))
+    for side in counts:
         for status in statuses:
-            fig.add_trace(go.Bar(
-                y=families, x=[counts[side].get(f, {}).get(status, 0) for f in families],
-                orientation="h", name=status, legendgroup=status, showlegend=col == 1,
-                marker_color=STATUS_COLORS.get(status, "#8c564b"),
-                hovertemplate=f"{SIDE_LABELS[side]} · %{{y}}<br>{status}: %{{x}} ops<extra></extra>",
-            ), row=1, col=col)
-    fig.update_layout(barmode="stack", height=max(260, 60 + 28 * len(families)))
-    fig.update_yaxes(autorange="reversed")
-    fig.update_xaxes(title_text="OpInfo ops")
-    return fig
+            panels.add({
+                "type": "bar", "orientation": "h", "y": families,
+                "x": [counts[side].get(f, {}).get(status, 0) for f in families], "name": status,
+                "marker": {"color": STATUS_COLORS.get(status, "#8c564b")},
+                "hovertemplate": f"{SIDE_LABELS[side]} · %{{y}}<br>{status}: %{{x}} ops<extra></extra>",
+            }, side)
+    panels.layout["barmode"] = "stack"
+    return panels.fig
 
 
 def _difference_tables(report: CoverageReport) -> str:
@@ -57,7 +53,7 @@ def _difference_tables(report: CoverageReport) -> str:
     return "".join(parts)
 
 
-def fallback_figure(ctx: Context) -> go.Figure | None:
+def fallback_figure(ctx: Context) -> dict | None:
     """Per (machine, device) panel: the most fallback calls over sizes, per workload and method."""
     rows = ctx.latest_per_case([FALLBACK_METRIC])
     if rows.empty:
@@ -70,16 +66,16 @@ def fallback_figure(ctx: Context) -> go.Figure | None:
     panels = Panels(panel_keys(rows), y_title="fallback calls in one run")
     for method in method_order(rows["method"].unique()):
         for (machine, device, workload), group in rows[rows["method"] == method].groupby(
-                ["machine", "device", "workload"], dropna=False):
-            panels.add(go.Bar(
-                x=[workload], y=[group["value"].max()], name=method_label(method),
-                offsetgroup=method, marker_color=method_color(method),
-                meta={"machine": machine, "device": device, "workload": workload},
-                customdata=[[", ".join(group["size"].astype(str))]],
-                hovertemplate=(f"<b>{esc(method_label(method))}</b> %{{x}}<br>%{{y:g}} fallback calls "
-                               "(most over sizes %{customdata[0]})<extra></extra>"),
-            ), machine, device)
-    panels.fig.update_layout(barmode="group")
+                ["machine", "device", "workload"], dropna=False, observed=True):
+            panels.add({
+                "type": "bar", "x": [workload], "y": [group["value"].max()], "name": method_label(method),
+                "offsetgroup": method, "marker": {"color": method_color(method)},
+                "meta": {"machine": machine, "device": device, "workload": workload},
+                "customdata": [[", ".join(group["size"].astype(str))]],
+                "hovertemplate": (f"<b>{esc(method_label(method))}</b> %{{x}}<br>%{{y:g}} fallback calls "
+                                  "(most over sizes %{customdata[0]})<extra></extra>"),
+            }, machine, device)
+    panels.layout["barmode"] = "group"
     return panels.fig
 
 

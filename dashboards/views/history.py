@@ -7,11 +7,10 @@ first commit of every slower level and the table lists them.
 from __future__ import annotations
 
 import pandas as pd
-import plotly.graph_objects as go
 
 from dashboards.context import TIME_METRIC, Context
 from dashboards.figures import Panels, panel_keys
-from dashboards.regressions import HISTORY_COMMITS, newest_commits
+from dashboards.regressions import HISTORY_COMMITS
 from dashboards.page import Page, esc, table
 from dashboards.theme import (REGRESSION_THRESHOLD, format_value, method_color, method_label,
                               method_order, natural_key)
@@ -22,34 +21,36 @@ from workloads.base import ENGINE_METHODS
 SYMBOLS = ("circle", "square", "diamond", "triangle-up", "star", "hexagon")
 
 
-def _figure(rows: pd.DataFrame, regressions: pd.DataFrame) -> go.Figure:
+def _figure(rows: pd.DataFrame, regressions: pd.DataFrame) -> dict:
     """One panel per (machine, device): a line per engine method and size, red crosses at regressions."""
     panels = Panels(panel_keys(rows), x_title="commit date", y_title="time per call (s, log)", log_y=True)
     order = method_order(rows["method"].unique())
     sizes = sorted(rows["size"].dropna().astype(str).unique(), key=natural_key)
-    groups = sorted(rows.groupby(["machine", "device", "method", "size"], dropna=False),
+    groups = sorted(rows.groupby(["machine", "device", "method", "size"], dropna=False, observed=True),
                     key=lambda g: (order.index(g[0][2]), natural_key(g[0][3])))
     for (machine, device, method, size), series in groups:
         series = series.sort_values("date")
         name = f"{method_label(method)} {size}"
         symbol = SYMBOLS[sizes.index(str(size)) % len(SYMBOLS)] if str(size) in sizes else "circle"
-        panels.add(go.Scatter(
-            x=series["date"].tolist(), y=series["value"].tolist(), mode="lines+markers", name=name,
-            line=dict(color=method_color(method), width=1.5), marker=dict(symbol=symbol, size=6),
-            meta={"machine": machine, "device": device, "workload": series["workload"].iloc[0]},
-            customdata=series["commit"].str[:8].tolist(),
-            hovertemplate=f"<b>{esc(name)}</b><br>commit %{{customdata}}<br>%{{y:.3s}}s<extra></extra>",
-        ), machine, device)
-    for (machine, device), reg in regressions.groupby(["machine", "device"], dropna=False):
-        panels.add(go.Scatter(
-            x=reg["date_after"].tolist(), y=reg["after"].tolist(), mode="markers", name="regression",
-            marker=dict(symbol="x", size=13, color="#d62728", line=dict(width=1)),
-            meta={"machine": machine, "device": device, "workload": reg["workload"].iloc[0]},
-            customdata=[[f"{method_label(r.method)} {r.size}", r.commit_before[:8], r.commit_after[:8], r.ratio]
-                        for r in reg.itertuples(index=False)],
-            hovertemplate=("<b>regression</b> %{customdata[0]}<br>%{customdata[1]} → "
-                           "%{customdata[2]}: %{customdata[3]:.2f}× slower<extra></extra>"),
-        ), machine, device)
+        panels.add({
+            "type": "scatter", "x": series["date"].dt.strftime("%Y-%m-%d %H:%M:%S").tolist(),
+            "y": series["value"].tolist(), "mode": "lines+markers", "name": name,
+            "line": {"color": method_color(method), "width": 1.5}, "marker": {"symbol": symbol, "size": 6},
+            "meta": {"machine": machine, "device": device, "workload": series["workload"].iloc[0]},
+            "customdata": [c[:8] for c in series["commit"]],
+            "hovertemplate": f"<b>{esc(name)}</b><br>commit %{{customdata}}<br>%{{y:.3s}}s<extra></extra>",
+        }, machine, device)
+    for (machine, device), reg in regressions.groupby(["machine", "device"], dropna=False, observed=True):
+        panels.add({
+            "type": "scatter", "x": reg["date_after"].dt.strftime("%Y-%m-%d %H:%M:%S").tolist(),
+            "y": reg["after"].tolist(), "mode": "markers", "name": "regression",
+            "marker": {"symbol": "x", "size": 13, "color": "#d62728", "line": {"width": 1}},
+            "meta": {"machine": machine, "device": device, "workload": reg["workload"].iloc[0]},
+            "customdata": [[f"{method_label(r.method)} {r.size}", r.commit_before[:8], r.commit_after[:8], r.ratio]
+                           for r in reg.itertuples(index=False)],
+            "hovertemplate": ("<b>regression</b> %{customdata[0]}<br>%{customdata[1]} → "
+                              "%{customdata[2]}: %{customdata[3]:.2f}× slower<extra></extra>"),
+        }, machine, device)
     return panels.fig
 
 
@@ -79,20 +80,17 @@ def render(ctx: Context) -> Page:
         f"{REGRESSION_THRESHOLD:.0%} that the later commits do not undo, at the first commit of the "
         "slower level. It needs three commits of a series. Other methods' times are in Compare and "
         f"in <code>vmapbench export --csv</code>. {ctx.measured_note()}</p>"))
-    rows = ctx.measured
-    rows = rows[rows["metric"] == TIME_METRIC]
+    rows = ctx.metric_rows((TIME_METRIC,))
     if rows.empty:
         page.notice("No timed workload results yet: run <code>make bench</code>.", "warn")
         return page
-    n_commits = rows.groupby("machine")["commit"].nunique()
-    if n_commits.max() < 2:
+    if max(len(c) for c in ctx.commits.values()) < 2:
         page.notice("Only one commit per machine so far, so there is no history to draw. Each "
                     "<code>make bench</code> on a new commit adds one point (or benchmark a range "
                     "with <code>make continuous BASE=&lt;rev&gt; HEAD=&lt;rev&gt;</code>).")
         return page
-    rows = newest_commits(rows[rows["method"].isin(ENGINE_METHODS)], HISTORY_COMMITS)
+    engine = ctx.of_commits(rows[rows["method"].isin(list(ENGINE_METHODS))], HISTORY_COMMITS)
     regressions = ctx.regressions
-    engine = rows
     if engine.empty:
         page.notice("No engine method was timed in these results.", "warn")
     for workload in sorted(engine["workload"].unique()):

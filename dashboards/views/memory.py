@@ -8,7 +8,6 @@ The memory metric depends on the device: on CUDA the allocator's peak during one
 from __future__ import annotations
 
 import pandas as pd
-import plotly.graph_objects as go
 
 from dashboards.context import MEMORY_METRICS, TIME_METRIC, Context
 from dashboards.figures import Panels, panel_keys
@@ -25,7 +24,8 @@ def memory_rows(ctx: Context) -> pd.DataFrame:
     if rows.empty:
         return rows
     picked = []
-    for (machine, device, workload), group in rows.groupby(["machine", "device", "workload"], dropna=False):
+    for (machine, device, workload), group in rows.groupby(["machine", "device", "workload"], dropna=False,
+                                                           observed=True):
         prefs = MEMORY_METRICS.get(device, MEMORY_METRICS["cpu"])
         present = set(group["metric"])
         metric = next((m for m in prefs if m in present), None)
@@ -41,7 +41,7 @@ def chunk_column(ctx: Context, rows: pd.DataFrame) -> str | None:
     return None
 
 
-def tradeoff_figure(ctx: Context, times: pd.DataFrame, mems: pd.DataFrame, chunk: str) -> go.Figure:
+def tradeoff_figure(ctx: Context, times: pd.DataFrame, mems: pd.DataFrame, chunk: str) -> dict:
     keys = ["machine", "device", "method", "size"]
     joined = times[keys + ["workload", chunk, "value"]].merge(
         mems[keys + ["value", "metric"]], on=keys, suffixes=("_time", "_mem"))
@@ -51,23 +51,23 @@ def tradeoff_figure(ctx: Context, times: pd.DataFrame, mems: pd.DataFrame, chunk
     panels = Panels(panel_keys(joined), x_title="time per call (s, log)",
                     y_title="peak memory (bytes, log)", log_x=True, log_y=True)
     order = method_order(joined["method"].unique())
-    groups = sorted(joined.groupby(["machine", "device", "method"] + others, dropna=False),
+    groups = sorted(joined.groupby(["machine", "device", "method"] + others, dropna=False, observed=True),
                     key=lambda g: (order.index(g[0][2]), tuple(map(str, g[0][3:]))))
     for (machine, device, method, *rest), series in groups:
         series = series.sort_values(chunk)
         suffix = ", ".join(f"{c}={v:g}" for c, v in zip(others, rest))
         name = f"{method_label(method)}{f' ({suffix})' if suffix else ''}"
-        panels.add(go.Scatter(
-            x=series["value_time"].tolist(), y=series["value_mem"].tolist(), mode="lines+markers+text",
-            text=[f"{v:g}" for v in series[chunk]], textposition="top center", name=name,
-            line=dict(color=method_color(method)),
-            meta={"machine": machine, "device": device, "workload": series["workload"].iloc[0]},
-            customdata=[[format_value(t, "seconds"), format_value(m, "bytes"), s, mt]
-                        for t, m, s, mt in zip(series["value_time"], series["value_mem"], series["size"],
-                                               series["metric"])],
-            hovertemplate=(f"<b>{esc(name)}</b><br>%{{customdata[2]}}<br>time %{{customdata[0]}}"
-                           "<br>memory %{customdata[1]} (%{customdata[3]})<extra></extra>"),
-        ), machine, device)
+        panels.add({
+            "type": "scatter", "x": series["value_time"].tolist(), "y": series["value_mem"].tolist(),
+            "mode": "lines+markers+text", "text": [f"{v:g}" for v in series[chunk]],
+            "textposition": "top center", "name": name, "line": {"color": method_color(method)},
+            "meta": {"machine": machine, "device": device, "workload": series["workload"].iloc[0]},
+            "customdata": [[format_value(t, "seconds"), format_value(m, "bytes"), s, mt]
+                           for t, m, s, mt in zip(series["value_time"], series["value_mem"], series["size"],
+                                                  series["metric"])],
+            "hovertemplate": (f"<b>{esc(name)}</b><br>%{{customdata[2]}}<br>time %{{customdata[0]}}"
+                              "<br>memory %{customdata[1]} (%{customdata[3]})<extra></extra>"),
+        }, machine, device)
     return panels.fig
 
 
@@ -114,7 +114,7 @@ def render(ctx: Context) -> Page:
         if chunk is None:
             continue
         fig = tradeoff_figure(ctx, w_times, mems[mems["workload"] == workload], chunk)
-        if fig.data:
+        if fig["data"]:
             page.figure(fig, title=f"{workload}: time vs memory by {chunk}", workload=workload)
             shown += 1
     if not shown:

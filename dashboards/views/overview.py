@@ -9,10 +9,9 @@ from __future__ import annotations
 import math
 
 import pandas as pd
-import plotly.graph_objects as go
-from plotly.subplots import make_subplots
 
 from dashboards.context import TIME_METRIC, Context
+from dashboards.figures import Panels, panel_keys
 from dashboards.page import Page, esc, table
 from dashboards.regressions import latest_changes
 from dashboards.theme import (BASELINE_METHOD, REFERENCE_METHOD, format_value, method_color,
@@ -62,38 +61,29 @@ def headline(ctx: Context, sp: pd.DataFrame) -> pd.DataFrame:
     return base[base["size"].to_numpy() == keep.to_numpy()].drop(columns="_scale")
 
 
-def _speedup_figure(machine: str, data: pd.DataFrame) -> go.Figure:
-    devices = sorted(data["device"].dropna().unique(), key=lambda d: (d != "cpu", d))
-    fig = make_subplots(rows=1, cols=len(devices), shared_yaxes=True, horizontal_spacing=0.04,
-                        subplot_titles=[f"{machine} · {d}" for d in devices])
-    shown: set[str] = set()
-    methods = method_order(m for m in data["method"].unique() if m != BASELINE_METHOD)
-    workloads = sorted(data["workload"].unique())
-    for col, device in enumerate(devices, start=1):
-        on_device = data[data["device"] == device]
-        for method in methods:
-            for workload in workloads:
-                pick = on_device[(on_device["method"] == method) & (on_device["workload"] == workload)]
-                if pick.empty:
-                    continue
-                r = pick.iloc[0]
-                fig.add_trace(go.Bar(
-                    x=[workload], y=[r["speedup"]], name=method_label(method), legendgroup=method,
-                    showlegend=method not in shown, offsetgroup=method, marker_color=method_color(method),
-                    meta={"machine": machine, "device": device, "workload": workload},
-                    customdata=[[r["size"], format_value(r["time"], "seconds"),
-                                 format_value(r["loop_time"], "seconds"), r["source"]]],
-                    hovertemplate=(f"<b>{esc(method_label(method))}</b><br>%{{x}} (%{{customdata[0]}})"
-                                   "<br>speedup %{y:.3g}×<br>time %{customdata[1]}, loop %{customdata[2]}"
-                                   "<br>%{customdata[3]}<extra></extra>"),
-                ), row=1, col=col)
-                shown.add(method)
-    fig.add_hline(y=1.0, line_dash="dot", line_color="#555")
-    fig.update_yaxes(type="log")
-    fig.update_yaxes(title_text="speedup over the for-loop (×, log; dotted: 1×)", row=1, col=1)
-    fig.update_layout(barmode="group", height=440, legend=dict(orientation="h", y=-0.18),
-                      bargap=0.2)
-    return fig
+def _speedup_figure(machine: str, data: pd.DataFrame) -> dict:
+    """Grouped bars per workload, one bar per method, one panel per device of `machine`."""
+    panels = Panels(panel_keys(data), y_title="speedup over the for-loop (×, log; dotted: 1×)",
+                    log_y=True, panel_height=380)
+    order = method_order(data["method"].unique())
+    records = sorted(data.itertuples(index=False), key=lambda r: (order.index(r.method), str(r.workload)))
+    for r in records:
+        method, workload = r.method, r.workload
+        if method == BASELINE_METHOD:
+            continue
+        panels.add({
+            "type": "bar", "x": [workload], "y": [r.speedup], "name": method_label(method),
+            "legendgroup": method, "offsetgroup": method, "marker": {"color": method_color(method)},
+            "meta": {"machine": machine, "device": r.device, "workload": workload},
+            "customdata": [[r.size, format_value(r.time, "seconds"),
+                            format_value(r.loop_time, "seconds"), r.source]],
+            "hovertemplate": (f"<b>{esc(method_label(method))}</b><br>%{{x}} (%{{customdata[0]}})"
+                              "<br>speedup %{y:.3g}×<br>time %{customdata[1]}, loop %{customdata[2]}"
+                              "<br>%{customdata[3]}<extra></extra>"),
+        }, machine, r.device)
+    panels.hline(1.0)
+    panels.layout.update(barmode="group", bargap=0.2, legend={"orientation": "h", "y": -0.15})
+    return panels.fig
 
 
 def _headline_table(data: pd.DataFrame) -> str:

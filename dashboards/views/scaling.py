@@ -6,7 +6,6 @@ factor faster. Each point is the most recent measurement of its case on its mach
 from __future__ import annotations
 
 import pandas as pd
-import plotly.graph_objects as go
 
 from dashboards.context import TIME_METRIC, Context
 from dashboards.figures import Panels, panel_keys
@@ -16,12 +15,13 @@ from dashboards.theme import method_color, method_label, method_order
 DASHES = ("solid", "dash", "dot", "dashdot", "longdash", "longdashdot")
 
 
-def line_figure(ctx: Context, rows: pd.DataFrame, x: str, *, y_title: str, hover_value: str) -> go.Figure:
+def line_figure(ctx: Context, rows: pd.DataFrame, x: str, *, y_title: str, hover_value: str) -> dict:
     """One panel per (machine, device); in it one line per method (and other size parameters)."""
     others = [c for c in ctx.size_columns_of(rows) if c != x and rows[c].nunique() > 1]
     panels = Panels(panel_keys(rows), x_title=f"{x} (log)", y_title=y_title, log_x=True, log_y=True)
     order = method_order(rows["method"].unique())
-    groups = sorted(rows.groupby(["machine", "device", "method"] + others, dropna=False, sort=False),
+    groups = sorted(rows.groupby(["machine", "device", "method"] + others, dropna=False, sort=False,
+                                 observed=True),
                     key=lambda g: (order.index(g[0][2]), tuple(map(str, g[0][3:]))))
     # Other size parameters are told apart by the dash (and the legend), methods by the color.
     combos = [tuple(r) for r in rows[others].drop_duplicates().itertuples(index=False)] if others else []
@@ -30,14 +30,15 @@ def line_figure(ctx: Context, rows: pd.DataFrame, x: str, *, y_title: str, hover
         suffix = ", ".join(f"{c}={v:g}" for c, v in zip(others, rest) if pd.notna(v))
         name = method_label(method) + (f" ({suffix})" if suffix else "")
         dash = DASHES[combos.index(tuple(rest)) % len(DASHES)] if tuple(rest) in combos else "solid"
-        panels.add(go.Scatter(
-            x=series[x].tolist(), y=series["value"].tolist(), mode="lines+markers", name=name,
-            line=dict(color=method_color(method), dash=dash), marker=dict(size=7),
-            meta={"machine": machine, "device": device, "workload": series["workload"].iloc[0]},
-            customdata=list(zip(series["size"], series["commit"].str[:8])),
-            hovertemplate=(f"<b>{esc(name)}</b> · {esc(machine)} · {esc(device)}<br>%{{customdata[0]}}"
-                           f"<br>{hover_value}<br>commit %{{customdata[1]}}<extra></extra>"),
-        ), machine, device)
+        panels.add({
+            "type": "scatter", "x": series[x].tolist(), "y": series["value"].tolist(),
+            "mode": "lines+markers", "name": name, "legendgroup": name,
+            "line": {"color": method_color(method), "dash": dash}, "marker": {"size": 7},
+            "meta": {"machine": machine, "device": device, "workload": series["workload"].iloc[0]},
+            "customdata": [[size, commit[:8]] for size, commit in zip(series["size"], series["commit"])],
+            "hovertemplate": (f"<b>{esc(name)}</b> · {esc(machine)} · {esc(device)}<br>%{{customdata[0]}}"
+                              f"<br>{hover_value}<br>commit %{{customdata[1]}}<extra></extra>"),
+        }, machine, device)
     return panels.fig
 
 
