@@ -68,8 +68,6 @@ define(
     make_inputs=logreg_data,
     make_method=logreg_hessian_method,
     quick=("n=1000,d=16", "n=1000,d=64"),
-    # vmap over D rows of the backward holds D x N x D floats: 2.6 GB at N=10000, D=256.
-    heavy=("n=10000,d=256",),
 )
 
 
