@@ -140,6 +140,15 @@ class Context:
             out[key] = sorted(str(v) for v in m[key].dropna().unique()) if key in m else []
         return out
 
+    @cached_property
+    def torch_threads(self) -> dict[str, float]:
+        """machine -> torch.get_num_threads() at its newest run, when the suite records it."""
+        f = self.lean
+        rows = f[f["metric"] == "torch_num_threads"]
+        if rows.empty:
+            return {}
+        return rows.sort_values("date").groupby("machine", observed=True)["value"].last().to_dict()
+
     def machine_facts(self) -> dict[str, dict[str, Any]]:
         """machine -> what it is and how it ran (from machine.json and its newest result file)."""
         newest: dict[str, dict[str, Any]] = {}
@@ -154,6 +163,8 @@ class Context:
             params = run.get("params", {})
             env_vars = run.get("env_vars", {})
             threads = ", ".join(f"{k}={env_vars[k]}" for k in THREAD_VARS if k in env_vars)
+            if name in self.torch_threads:
+                threads = f"torch threads {self.torch_threads[name]:g}" + (f" ({threads})" if threads else "")
             torch = params.get("torch") or (run.get("requirements") or {}).get("torch")
             facts[name] = {
                 "cpu": machine.get("cpu") or params.get("cpu"),

@@ -35,8 +35,10 @@ def find_steps(values: list[float]) -> list[tuple[int, int, float, float]]:
         return []
     steps = detect_steps(values)
     _, _, positions = detect_regressions(steps, threshold=REGRESSION_THRESHOLD)
+    # asv weighs a step against the segments' spread, which short noisy series underestimate:
+    # keep only jumps that are themselves above the threshold.
     return [(int(a), int(b), float(va), float(vb)) for a, b, va, vb in positions or []
-            if a is not None and b is not None]
+            if a is not None and b is not None and vb > va * (1 + REGRESSION_THRESHOLD)]
 
 
 def history_regressions(ctx: "Context", metric: str = TIME_METRIC,

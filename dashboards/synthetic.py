@@ -18,10 +18,11 @@ import hashlib
 import itertools
 import json
 import math
-import random
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Sequence
+
+import numpy as np
 
 # Relative time of each method against the loop (1.0), roughly the ratios of ANCHORS.md.
 METHOD_FACTOR = {
@@ -125,11 +126,11 @@ def _benchmark_layout(workloads: Sequence[SyntheticWorkload], devices: Sequence[
     return layout
 
 
-def _value(attr: str, w: SyntheticWorkload, size: str, method: str, device: str,
-           slowdown: float, rng: random.Random) -> float | None:
+def _base_value(attr: str, w: SyntheticWorkload, size: str, method: str, device: str,
+                slowdown: float) -> float:
+    """The noise-free value of one case (NaN: asv's mark of a case skipped in setup)."""
     if method not in w.methods or size not in w.sizes:
-        return math.nan  # asv stores a benchmark skipped in setup as NaN
-    noise = 1.0 + rng.uniform(-0.03, 0.03)
+        return math.nan
     scale = _size_scale(size)
     chunk = dict(p.split("=") for p in size.split(",")).get("chunk_size")
     gpu = device == "cuda"
@@ -137,23 +138,27 @@ def _value(attr: str, w: SyntheticWorkload, size: str, method: str, device: str,
     factor = METHOD_FACTOR[method] * (slowdown if method.startswith("engine") else 1.0)
     if chunk is not None and method != "loop":
         factor *= 1.0 + 8.0 / float(chunk)
-    time = max(base * factor * noise, 2e-6)
     mem = 4096.0 * scale * MEMORY_FACTOR[method] * (float(chunk) / 64 if chunk else 1.0)
     if attr == "time_run":
-        return time
+        return max(base * factor, 2e-6)
     if attr == "peakmem_run":
-        return 350e6 + mem * noise
+        return 350e6 + mem
     if attr == "track_rss_delta_bytes":
-        return mem * noise if not gpu else 1e6 * noise
+        return mem if not gpu else 1e6
     if attr == "track_cuda_peak_bytes":
-        return mem * noise if gpu else math.nan
+        return mem if gpu else math.nan
     if attr == "track_fallbacks":
         return float(1 + (len(size) % 3)) if method.startswith("engine") else 0.0
     if attr == "track_speedup_vs_loop":
-        return noise / factor if method != "loop" else 1.0
+        return 1.0 / factor if method != "loop" else 1.0
     if attr == "track_ratio_vs_torch_func":
-        return factor / METHOD_FACTOR["torch_func"] * noise if method.startswith("engine") else math.nan
+        return factor / METHOD_FACTOR["torch_func"] if method.startswith("engine") else math.nan
     raise KeyError(attr)
+
+
+def _nulls(values: list[float]) -> list[float | None]:
+    """NaN -> None, as asv writes statistics of a skipped case."""
+    return [None if v != v else v for v in values]
 
 
 def write_results(out_dir: str | Path, *, commits: int = 3, machines: int = 2, seed: int = 0,
@@ -162,13 +167,15 @@ def write_results(out_dir: str | Path, *, commits: int = 3, machines: int = 2, s
                   extras: bool = True) -> list[Path]:
     """Write a synthetic ASV results tree; returns the result files written.
 
-    `regression_at` is the commit index from which the engine methods of the first workload are
-    1.5x slower (default: two thirds of the way, when there are at least 3 commits). `extras` also
-    writes a coverage report (coverage/engine.json) and one profile folder (profiles/...).
+    The first machine runs the quick profile (the middle size of each workload, cpu only), the
+    second the full grid on cpu and cuda. `regression_at` is the commit index from which the
+    engine methods of the first workload are 1.5x slower (default: two thirds of the way, when
+    there are at least 3 commits). `extras` also writes a coverage report
+    (coverage/engine.json) and one profile folder (profiles/...).
     """
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
-    rng = random.Random(seed)
+    rng = np.random.default_rng(seed)
     if regression_at is None and commits >= 3:
         regression_at = max(1, (2 * commits) // 3)
     hashes = [hashlib.sha1(f"{seed}-{i}".encode()).hexdigest() for i in range(commits)]
@@ -186,6 +193,9 @@ def write_results(out_dir: str | Path, *, commits: int = 3, machines: int = 2, s
         benchmarks[name] = entry
     benchmarks["version"] = 2
     (out / "benchmarks.json").write_text(json.dumps(benchmarks, indent=1, sort_keys=True))
+    columns = ["result", "params", "version", "started_at", "duration", "stats_ci_99_a",
+               "stats_ci_99_b", "stats_q_25", "stats_q_75", "stats_number", "stats_repeat",
+               "samples", "profile"]
 
     written = []
     for m_index, (machine, devices) in enumerate(MACHINES[:machines]):
@@ -195,44 +205,47 @@ def write_results(out_dir: str | Path, *, commits: int = 3, machines: int = 2, s
                 "num_cpu": "2" if m_index == 0 else "16", "os": "Linux 6.1.0", "ram": "8GB",
                 "version": 1}
         (mdir / "machine.json").write_text(json.dumps(info, indent=4, sort_keys=True))
+        quick = m_index == 0
+        # Noise-free values per benchmark, without and with the injected regression.
+        bases: dict[str, tuple[np.ndarray, np.ndarray]] = {}
+        for name, spec in layout.items():
+            attr = name.rsplit(".", 1)[1]
+            both = []
+            for slowdown in (1.0, 1.5):
+                row = []
+                for combo in itertools.product(*spec["params"]):
+                    p = dict(zip(spec["param_names"], (ast.literal_eval(v) for v in combo)))
+                    w = spec["members"][p.get("workload", next(iter(spec["members"])))]
+                    skipped = p["device"] not in devices or (quick and p["size"] != w.sizes[len(w.sizes) // 2])
+                    wslow = slowdown if w is workloads[0] else 1.0
+                    row.append(math.nan if skipped else _base_value(attr, w, p["size"], p["method"],
+                                                                      p["device"], wslow))
+                both.append(np.array(row))
+            bases[name] = (both[0], both[1])
         for c_index, commit in enumerate(hashes):
-            slowdown = 1.5 if regression_at is not None and c_index >= regression_at else 1.0
+            slow = regression_at is not None and c_index >= regression_at
             date = t0 + c_index * 3_600_000 * 6
             results = {}
             for name, spec in layout.items():
-                attr = name.rsplit(".", 1)[1]
-                names = spec["param_names"]
-                values, stats_rows, sample_rows = [], [], []
-                for combo in itertools.product(*spec["params"]):
-                    p = dict(zip(names, (ast.literal_eval(v) for v in combo)))
-                    w = spec["members"][p.get("workload", next(iter(spec["members"])))]
-                    dev_ok = p["device"] in devices
-                    wslow = slowdown if w is workloads[0] else 1.0
-                    v = _value(attr, w, p["size"], p["method"], p["device"], wslow, rng) if dev_ok else math.nan
-                    values.append(v)
-                    if spec["type"] == "time" and v is not None and not math.isnan(v):
-                        stats_rows.append((v * 0.97, v * 1.04, v * 0.99, v * 1.02, 10, 10))
-                        sample_rows.append([v * (1 + 0.01 * k) for k in (-1, 0, 1, 2)])
-                    else:
-                        stats_rows.append(None)
-                        sample_rows.append(None)
-                row: list[Any] = [values, spec["params"], benchmarks[name]["version"],
-                                  date + 3_600_000, round(rng.uniform(1, 5), 3)]
+                base = bases[name][1 if slow else 0]
+                noisy = not name.endswith("track_fallbacks")
+                v = base * rng.uniform(0.97, 1.03, base.shape) if noisy else base
+                row: list[Any] = [v.tolist(), spec["params"], benchmarks[name]["version"],
+                                  date + 3_600_000, round(float(rng.uniform(1, 5)), 3)]
                 if spec["type"] == "time":
-                    for k in range(6):
-                        row.append([s[k] if s else None for s in stats_rows])
-                    if samples and m_index == 0:
-                        row.append(sample_rows)
+                    for factor in (0.97, 1.04, 0.99, 1.02):
+                        row.append(_nulls((v * factor).tolist()))
+                    row.extend([_nulls(np.where(np.isnan(v), np.nan, 10.0).tolist())] * 2)
+                    if samples and quick:
+                        row.append([None if x != x else [x * (1 + 0.01 * k) for k in (-1, 0, 1, 2)]
+                                    for x in v.tolist()])
                 results[name] = row
             data = {
                 "commit_hash": commit, "env_name": ENV_NAME, "date": date,
                 "params": {**{k: v for k, v in info.items() if k != "version"}, "python": "3.11",
                            "torch": "2.13.0"},
                 "python": "3.11", "requirements": {"torch": "2.13.0"},
-                "env_vars": {"OMP_NUM_THREADS": "2"},
-                "result_columns": ["result", "params", "version", "started_at", "duration",
-                                   "stats_ci_99_a", "stats_ci_99_b", "stats_q_25", "stats_q_75",
-                                   "stats_number", "stats_repeat", "samples", "profile"],
+                "env_vars": {"OMP_NUM_THREADS": "2"}, "result_columns": columns,
                 "results": results, "durations": {"<build>": 1.5}, "version": 2,
             }
             path = mdir / f"{commit[:8]}-{ENV_NAME}.json"
