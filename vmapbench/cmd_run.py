@@ -2,12 +2,14 @@
 
 The fastest way to see one comparison: median time, speedup against the loop, time ratio
 against torch.func and peak memory growth, all measured in this one process. The first call
-(where tracing or compiling happens) is shown apart from the timed calls.
+(where tracing or compiling happens) is shown apart from the timed calls, which are taken
+round-robin across methods so that load on a shared machine hits every method alike.
 """
 from __future__ import annotations
 
 import argparse
 import traceback
+from typing import Callable
 
 from rich.console import Console
 from rich.markup import escape
@@ -27,7 +29,7 @@ def configure(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--device", default="cpu", choices=("cpu", "cuda"), help="device (default cpu)")
     parser.add_argument("--size", help="size label, e.g. 'n=1000,d=64'; default: the first quick size")
     parser.add_argument("--repeat", type=int, default=5, help="timed calls per method (default 5)")
-    parser.add_argument("--warmup", type=int, default=1, help="untimed calls after the first (default 1)")
+    parser.add_argument("--warmup", type=int, default=2, help="untimed calls, the first included (default 2)")
     parser.add_argument("--check", action="store_true", help="also check each method against the float64 loop")
     parser.add_argument("--traceback", action="store_true", help="print the traceback of a failing method")
     parser.add_argument("--no-memory", dest="memory", action="store_false", help="skip the peak-memory call")
@@ -65,8 +67,8 @@ def _resolve(args: argparse.Namespace, console: Console) -> tuple[workloads.Work
         console.print(f"[red]error:[/] workload {w.name!r} does not run on {args.device!r}; "
                       f"its devices: {', '.join(w.devices)}")
         return None
-    if args.repeat < 1 or args.warmup < 0:
-        console.print("[red]error:[/] --repeat must be >= 1 and --warmup >= 0")
+    if args.repeat < 1 or args.warmup < 1:
+        console.print("[red]error:[/] --repeat and --warmup must be >= 1 (the first call is a warm-up call)")
         return None
     return w, list(dict.fromkeys(methods)), size
 
@@ -83,32 +85,64 @@ def main(args: argparse.Namespace) -> int:
         console.print(f"[yellow]skipped:[/] {e}")
         return 2
 
-    results: dict[str, measure.Measurement] = {}
-    failures: dict[str, str] = {}
-    with Progress(TextColumn("{task.description}"), BarColumn(), TextColumn("{task.completed}/{task.total}"),
-                  TimeElapsedColumn(), console=console, transient=True) as progress:
-        label = escape(f"{w.name} [{size}]")
-        task = progress.add_task(label, total=len(methods))
-        for method in methods:
-            note = " (compiling, ~30 s)" if method in workloads.COMPILED_METHODS else ""
-            progress.update(task, description=f"{label} {method}{note}")
-            try:
-                results[method] = measure.measure(w, method, size, state, repeat=args.repeat,
-                                                  warmup=args.warmup, memory=args.memory)
-                if args.check:
-                    w.check(state, [method])
-            except Exception as e:  # one broken method must not hide the others' figures
-                failures[method] = f"{type(e).__name__}: {e}".splitlines()[0]
-                if args.traceback:
-                    progress.console.print(escape(traceback.format_exc()))
-            progress.advance(task)
-
+    results, failures = run_methods(w, methods, size, state, args, console)
     console.print(results_table(w, size, args.device, methods, args.repeat, results, failures, args.memory))
     for method, reason in failures.items():
         console.print(f"[red]{method} failed:[/] {escape(reason)}")
     if args.check and not failures:
         console.print("check: every method matches the float64 loop within the workload's tolerance")
     return 1 if failures else 0
+
+
+def run_methods(w: workloads.Workload, methods: list[str], size: str, state: object, args: argparse.Namespace,
+                console: Console) -> tuple[dict[str, measure.Measurement], dict[str, str]]:
+    """First call (trace/compile) and warm-up of each method, then timed calls round-robin, then memory.
+
+    Timing round-robin keeps the ratios fair on a shared machine; a failing method is reported
+    and left out instead of hiding the others' figures.
+    """
+    device = getattr(state, "device", args.device)
+    failures: dict[str, str] = {}
+    first: dict[str, float] = {}
+    peaks: dict[str, int] = {}
+
+    def attempt(method: str, step: Callable[[], None]) -> None:
+        try:
+            step()
+        except Exception as e:  # noqa: BLE001 - reported per method below the table
+            failures[method] = f"{type(e).__name__}: {e}".splitlines()[0]
+            if args.traceback:
+                progress.console.print(escape(traceback.format_exc()))
+
+    def prepare(method: str) -> None:
+        first[method] = w.prepare(method, state)
+        for _ in range(args.warmup - 1):
+            state.fn(method)()
+        if args.check:
+            w.check(state, [method])
+
+    label = escape(f"{w.name} [{size}]")
+    with Progress(TextColumn("{task.description}"), BarColumn(), TextColumn("{task.completed}/{task.total}"),
+                  TimeElapsedColumn(), console=console, transient=True) as progress:
+        task = progress.add_task(label, total=len(methods) * (2 if args.memory else 1) + args.repeat)
+        for method in methods:
+            note = " (compiling, ~30 s)" if method in workloads.COMPILED_METHODS else ""
+            progress.update(task, description=f"{label} first call: {method}{note}")
+            attempt(method, lambda: prepare(method))
+            progress.advance(task)
+        ok = [m for m in methods if m not in failures]
+        progress.update(task, description=f"{label} timing {len(ok)} methods round-robin")
+        times = measure.interleaved_times({m: state.fn(m) for m in ok}, repeat=args.repeat, device=device,
+                                          on_round=lambda _: progress.advance(task))
+        for method in ok if args.memory else []:
+            progress.update(task, description=f"{label} peak memory: {method}")
+            attempt(method, lambda: peaks.__setitem__(method, measure.peak_bytes(state.fn(method), device)))
+            progress.advance(task)
+    results = {
+        m: measure.Measurement(w.name, m, size, str(device), first[m], times[m], peaks.get(m, 0))
+        for m in ok if m not in failures
+    }
+    return results, failures
 
 
 def results_table(w: workloads.Workload, size: str, device: str, methods: list[str], repeat: int,

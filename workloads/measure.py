@@ -8,6 +8,8 @@ Three primitives, each taking a zero-argument callable (the measured call):
   (peak during the call, read from /proc, not a sample after it). Linux only; no psutil needed.
 - `cuda_peak_bytes(fn, device)`: peak CUDA memory allocated during the call, above what was
   allocated before it.
+- `interleaved_times(fns, repeat, device)`: several callables timed round-robin, so that load
+  bursts on a shared machine hit all of them alike (what `vmapbench run` uses for its ratios).
 
 `measure(workload, method, state, ...)` combines them into one `Measurement` for a table row.
 """
@@ -18,7 +20,7 @@ import statistics
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any, Callable, Mapping
 
 import torch
 
@@ -54,6 +56,32 @@ def time_call(
         fn()
         _sync(device)
         times.append(time.perf_counter() - start)
+    return times
+
+
+def interleaved_times(
+    fns: Mapping[str, Callable[[], Any]],
+    repeat: int = 5,
+    device: str | torch.device | None = None,
+    on_round: Callable[[int], None] | None = None,
+) -> dict[str, list[float]]:
+    """Wall times of `repeat` calls of each function, taken round-robin (one call of each per round).
+
+    On a shared or noisy machine a load burst then hits every method alike, so the ratios between
+    them stay meaningful even when absolute times drift. Warm the functions up before calling this.
+    """
+    if repeat < 1:
+        raise ValueError(f"repeat must be >= 1, got {repeat}")
+    times: dict[str, list[float]] = {name: [] for name in fns}
+    _sync(device)
+    for i in range(repeat):
+        for name, fn in fns.items():
+            start = time.perf_counter()
+            fn()
+            _sync(device)
+            times[name].append(time.perf_counter() - start)
+        if on_round is not None:
+            on_round(i)
     return times
 
 
