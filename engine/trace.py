@@ -295,6 +295,15 @@ def _fold_identity_mm(gm: torch.fx.GraphModule) -> None:
         graph.erase_node(node)
 
 
+def _views_as_reshapes(gm: torch.fx.GraphModule) -> None:
+    """view -> reshape. The rewrites above change the strides of some tensors (mm(I, x) -> x keeps
+    x's layout), so a view that was valid at trace time may not be at replay; reshape is the same
+    view whenever one exists and copies only when none does."""
+    for node in gm.graph.nodes:
+        if node.op == "call_function" and node.target in (aten.view.default, aten._unsafe_view.default):
+            node.target = aten.reshape.default
+
+
 def _drop_no_ops(gm: torch.fx.GraphModule) -> None:
     """Remove detach/alias nodes (autograd bookkeeping that is a no-op on replayed plain tensors)."""
     graph = gm.graph
@@ -428,6 +437,7 @@ class TracedFunction:
         _fold_broadcast_bmm(gm)
         _outer_bmm_to_mul(gm)
         _fold_identity_mm(gm)
+        _views_as_reshapes(gm)
         _drop_no_ops(gm)
         self._traces += 1
         self.trace_seconds = time.perf_counter() - start
