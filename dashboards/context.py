@@ -43,9 +43,10 @@ class Context:
 
     @cached_property
     def lean(self) -> pd.DataFrame:
-        """The frame without the statistics columns no view plots (cheaper to filter and copy)."""
-        heavy = {"samples", "ci_99_a", "ci_99_b", "q_25", "q_75", "number", "repeat", "duration"}
-        return self.frame[[c for c in self.frame.columns if c not in heavy]]
+        """The frame with only the columns the views use (cheaper to filter and copy)."""
+        unused = {"env", "python", "suite", "type", "started_at", "samples", "ci_99_a", "ci_99_b",
+                  "q_25", "q_75", "number", "repeat", "duration"}
+        return self.frame[[c for c in self.frame.columns if c not in unused]]
 
     @cached_property
     def measured(self) -> pd.DataFrame:

@@ -150,6 +150,7 @@ class _Loader:
         # One entry per (benchmark, parameter combination), referenced by row.
         self.case_ids: dict[tuple[str, tuple], np.ndarray] = {}
         self.case_records: list[dict[str, Any]] = []
+        self.last_params: dict[str, tuple[list[Any], np.ndarray]] = {}
         self.size_columns: dict[str, None] = {}
         # Row columns as one array (one list for samples) per loaded file, concatenated at the end.
         self.chunks: dict[str, list[Any]] = {c: [] for c in ["file", "case", *STAT_COLUMNS]}
@@ -269,8 +270,10 @@ class _Loader:
             arrays = {"value": np.array(values, dtype=float)}
             for name, segments in stats.items():
                 arr = np.full(len(values), np.nan)
-                for offset, segment in segments:
-                    arr[offset:offset + len(segment)] = np.array(segment, dtype=float)
+                if segments:  # one conversion per column, then scattered to the segments' rows
+                    flat_stat = list(itertools.chain.from_iterable(seg for _, seg in segments))
+                    where = np.concatenate([np.arange(o, o + len(seg)) for o, seg in segments])
+                    arr[where] = np.array(flat_stat, dtype=float)
                 arrays[name] = arr
             for name, per_bench in scalars.items():
                 arrays[name] = np.repeat(np.array(per_bench, dtype=float), counts)
@@ -306,6 +309,10 @@ class _Loader:
 
     # -- cases: one per (benchmark, parameter combination) -------------------------------------
     def cases_for(self, bench: str, params: list[list[Any]]) -> np.ndarray:
+        # Consecutive files nearly always repeat a benchmark's parameters: one list comparison.
+        last = self.last_params.get(bench)
+        if last is not None and last[0] == params:
+            return last[1]
         try:
             key = (bench, tuple(map(tuple, params)))
             ids = self.case_ids.get(key)
@@ -313,6 +320,7 @@ class _Loader:
             key = (bench, tuple(tuple(str(v) for v in p) for p in params))
             ids = self.case_ids.get(key)
         if ids is not None:
+            self.last_params[bench] = (params, ids)
             return ids
         meta = self.benchmarks.get(bench, {})
         names = meta.get("param_names") or []
@@ -333,6 +341,7 @@ class _Loader:
             ids.append(len(self.case_records))
             self.case_records.append(record)
         self.case_ids[key] = np.asarray(ids, dtype=np.int64)
+        self.last_params[bench] = (params, self.case_ids[key])
         return self.case_ids[key]
 
     def describe_benchmark(self, bench: str, meta: dict[str, Any]) -> dict[str, Any]:
@@ -434,7 +443,9 @@ def _take(column: pd.Series, idx: np.ndarray) -> Any:
         codes, uniques = pd.factorize(column, sort=True)
     except TypeError:  # values of mixed types cannot be sorted: keep first-seen order
         codes, uniques = pd.factorize(column)
-    return pd.Categorical.from_codes(codes[idx], categories=uniques)
+    # Narrow the (small) code table before gathering a million rows from it.
+    small = codes.astype(np.int8 if len(uniques) < 127 else np.int16 if len(uniques) < 32767 else np.int32)
+    return pd.Categorical.from_codes(small[idx], categories=uniques, validate=False)
 
 
 def _js_time(values: Any) -> pd.Series:

@@ -4,9 +4,9 @@ Each series (one machine, one benchmark case, commits in date order) is fitted w
 constant function by `asv.step_detect.detect_steps` (a penalized L1 fit, the one `asv publish`
 uses), and `detect_regressions` reports upward steps larger than REGRESSION_THRESHOLD (5%, asv's
 default) relative to the best later level. A regression is reported at the first commit of the
-slower level. The fit costs about 10 ms per 100-commit series, so the search covers the engine's
-methods over each machine's newest HISTORY_COMMITS commits. The one-commit comparison of the overview and of Compare is a plain ratio with
-COMPARE_FACTOR, like `asv compare`.
+slower level. The fit is pure Python (about 3 ms per 60-commit series), so the search covers the
+engine's methods over each machine's newest HISTORY_COMMITS commits. The one-commit comparison
+of the overview and of Compare is a plain ratio with COMPARE_FACTOR, like `asv compare`.
 """
 from __future__ import annotations
 
@@ -23,7 +23,7 @@ if TYPE_CHECKING:
 
 TIME_METRIC = "time"
 # Commits per machine the history and its regression search cover (the newest).
-HISTORY_COMMITS = 100
+HISTORY_COMMITS = 60
 REGRESSION_COLUMNS = ["machine", "benchmark", "workload", "size", "method", "device", "metric",
                       "unit", "commit_before", "commit_after", "date_after", "before", "after", "ratio"]
 

@@ -17,7 +17,7 @@ from dashboards.page import Page, json_script
 from dashboards.theme import COMPARE_FACTOR, higher_is_better
 
 # Commits per machine offered for comparison (the newest).
-COMPARE_COMMITS = 60
+COMPARE_COMMITS = 30
 PARAM_ORDER = ("workload", "size", "method", "device")
 
 
