@@ -8,7 +8,9 @@ Subclass names come from `selection.class_name`, so no workload is listed anywhe
 from __future__ import annotations
 
 import functools
-from typing import Any, Callable
+from typing import Any, Callable, Iterable
+
+from workloads.base import Workload
 
 from .selection import ALL_DEVICES, class_names, metrics_of, skipped_params
 
@@ -22,14 +24,14 @@ def _with_skips(func: Callable[..., Any], skips: list[tuple[str, str, str]]) -> 
     return metric
 
 
-def workload_classes(base: type, module: str) -> dict[str, type]:
-    """class name -> ASV class, for every registered workload, deriving from `base`."""
+def workload_classes(base: type, module: str, workloads: Iterable[Workload] | None = None) -> dict[str, type]:
+    """class name -> ASV class deriving from `base`, for every registered workload (or those given)."""
     metrics = metrics_of(module)
     missing = [m.name for m in metrics if not callable(getattr(base, m.name, None))]
     if missing:
         raise TypeError(f"{base.__name__} lacks the metric functions {missing} that selection.METRICS lists for {module}")
     classes: dict[str, type] = {}
-    for name, workload in class_names().items():
+    for name, workload in class_names(workloads).items():
         namespace: dict[str, Any] = {
             "__module__": base.__module__,
             "__doc__": f"{workload.description} ({workload.family})",
