@@ -180,6 +180,11 @@ def stream(cmd: Sequence[str], env: dict[str, str], cwd: Path, row_filter: NaRow
     return proc.wait(), "".join(kept)
 
 
+def shell_regex(point: str) -> str:
+    """A double-quoted --bench regex matching exactly `point` (its quotes matched by '.')."""
+    return '"' + re.escape(point).replace("'", ".").replace("\\ ", " ") + '$"'
+
+
 def git(root: Path, *args: str) -> str:
     return subprocess.run(["git", *args], cwd=root, check=True, capture_output=True, text=True).stdout.strip()
 
@@ -339,9 +344,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     print(f"\nbench: asv exited {rc} after {elapsed / 60:.1f} min; {measured} values measured, "
           f"{len(failed)} failed; results in {root / 'results' / machine}")
     if failed:
-        print("bench: failed benchmarks (asv printed their errors above):")
+        print("bench: failed benchmarks (asv printed the errors of parameterized ones above):")
         for point in failed:
             print(f"  {point}")
+        print(f"bench: to see one's error: VMAPBENCH_PROFILE={args.profile} {sys.executable} -m asv run "
+              f"--python=same --quick --show-stderr --dry-run --machine {machine} "
+              f"--bench {shell_regex(failed[0])}")
 
     index = None if args.no_dashboard else build_dashboard(root, env)
     if index is not None:
