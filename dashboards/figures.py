@@ -29,6 +29,17 @@ def axis(**extra: Any) -> dict[str, Any]:
     return base
 
 
+def records(rows: pd.DataFrame, columns: list[str]) -> list[tuple]:
+    """Rows as plain tuples of `columns`: grouping a few hundred rows in Python beats pandas'
+    per-group overhead by an order of magnitude."""
+    return list(zip(*(rows[c].tolist() for c in columns))) if len(rows) else []
+
+
+def epoch_ms(dates: pd.Series) -> list[int]:
+    """UTC datetimes as milliseconds since the epoch (a date axis reads them directly)."""
+    return ((dates - pd.Timestamp(0, tz="UTC")) // pd.Timedelta(milliseconds=1)).tolist()
+
+
 def panel_keys(rows: pd.DataFrame) -> list[tuple[str, str]]:
     """(machine, device) pairs of `rows`, machines alphabetically, cpu before other devices."""
     pairs = rows[["machine", "device"]].drop_duplicates().itertuples(index=False)

@@ -9,7 +9,7 @@ from __future__ import annotations
 import pandas as pd
 
 from dashboards.context import TIME_METRIC, Context
-from dashboards.figures import Panels, panel_keys
+from dashboards.figures import Panels, epoch_ms, panel_keys, records
 from dashboards.regressions import HISTORY_COMMITS
 from dashboards.page import Page, esc, table
 from dashboards.theme import (REGRESSION_THRESHOLD, format_value, method_color, method_label,
@@ -23,27 +23,32 @@ SYMBOLS = ("circle", "square", "diamond", "triangle-up", "star", "hexagon")
 
 def _figure(rows: pd.DataFrame, regressions: pd.DataFrame) -> dict:
     """One panel per (machine, device): a line per engine method and size, red crosses at regressions."""
-    panels = Panels(panel_keys(rows), x_title="commit date", y_title="time per call (s, log)", log_y=True)
+    panels = Panels(panel_keys(rows), x_title="commit date", y_title="time per call (s, log)", log_y=True,
+                    x_extra={"type": "date"})
     order = method_order(rows["method"].unique())
-    sizes = sorted(rows["size"].dropna().astype(str).unique(), key=natural_key)
-    groups = sorted(rows.groupby(["machine", "device", "method", "size"], dropna=False, observed=True),
-                    key=lambda g: (order.index(g[0][2]), natural_key(g[0][3])))
-    for (machine, device, method, size), series in groups:
-        series = series.sort_values("date")
+    sizes = sorted({str(s) for s in rows["size"].dropna().unique()}, key=natural_key)
+    lines: dict[tuple, list[tuple]] = {}
+    dates = epoch_ms(rows["date"])
+    for (machine, device, method, size, workload, commit, value), date in zip(
+            records(rows, ["machine", "device", "method", "size", "workload", "commit", "value"]), dates):
+        lines.setdefault((machine, device, method, size, workload), []).append((date, value, commit))
+    for key in sorted(lines, key=lambda k: (order.index(k[2]), natural_key(k[3]))):
+        machine, device, method, size, workload = key
+        points = sorted(lines[key])
         name = f"{method_label(method)} {size}"
         symbol = SYMBOLS[sizes.index(str(size)) % len(SYMBOLS)] if str(size) in sizes else "circle"
         panels.add({
-            "type": "scatter", "x": series["date"].dt.strftime("%Y-%m-%d %H:%M:%S").tolist(),
-            "y": series["value"].tolist(), "mode": "lines+markers", "name": name,
+            "type": "scatter", "x": [p[0] for p in points], "y": [p[1] for p in points],
+            "mode": "lines+markers", "name": name,
             "line": {"color": method_color(method), "width": 1.5}, "marker": {"symbol": symbol, "size": 6},
-            "meta": {"machine": machine, "device": device, "workload": series["workload"].iloc[0]},
-            "customdata": [c[:8] for c in series["commit"]],
+            "meta": {"machine": machine, "device": device, "workload": workload},
+            "customdata": [p[2][:8] for p in points],
             "hovertemplate": f"<b>{esc(name)}</b><br>commit %{{customdata}}<br>%{{y:.3s}}s<extra></extra>",
         }, machine, device)
     for (machine, device), reg in regressions.groupby(["machine", "device"], dropna=False, observed=True):
         panels.add({
-            "type": "scatter", "x": reg["date_after"].dt.strftime("%Y-%m-%d %H:%M:%S").tolist(),
-            "y": reg["after"].tolist(), "mode": "markers", "name": "regression",
+            "type": "scatter", "x": epoch_ms(reg["date_after"]), "y": reg["after"].tolist(),
+            "mode": "markers", "name": "regression",
             "marker": {"symbol": "x", "size": 13, "color": "#d62728", "line": {"width": 1}},
             "meta": {"machine": machine, "device": device, "workload": reg["workload"].iloc[0]},
             "customdata": [[f"{method_label(r.method)} {r.size}", r.commit_before[:8], r.commit_after[:8], r.ratio]

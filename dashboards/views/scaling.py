@@ -8,7 +8,7 @@ from __future__ import annotations
 import pandas as pd
 
 from dashboards.context import TIME_METRIC, Context
-from dashboards.figures import Panels, panel_keys
+from dashboards.figures import Panels, panel_keys, records
 from dashboards.page import Page, esc
 from dashboards.theme import method_color, method_label, method_order
 
@@ -20,22 +20,25 @@ def line_figure(ctx: Context, rows: pd.DataFrame, x: str, *, y_title: str, hover
     others = [c for c in ctx.size_columns_of(rows) if c != x and rows[c].nunique() > 1]
     panels = Panels(panel_keys(rows), x_title=f"{x} (log)", y_title=y_title, log_x=True, log_y=True)
     order = method_order(rows["method"].unique())
-    groups = sorted(rows.groupby(["machine", "device", "method"] + others, dropna=False, sort=False,
-                                 observed=True),
-                    key=lambda g: (order.index(g[0][2]), tuple(map(str, g[0][3:]))))
+    lines: dict[tuple, list[tuple]] = {}
+    for machine, device, method, workload, size, commit, xv, value, *rest in records(
+            rows, ["machine", "device", "method", "workload", "size", "commit", x, "value"] + others):
+        rest = tuple(None if v != v else v for v in rest)  # NaN -> None: one key for 'absent'
+        lines.setdefault((machine, device, method, workload, rest), []).append((xv, value, size, commit))
     # Other size parameters are told apart by the dash (and the legend), methods by the color.
-    combos = [tuple(r) for r in rows[others].drop_duplicates().itertuples(index=False)] if others else []
-    for (machine, device, method, *rest), series in groups:
-        series = series.sort_values(x)
-        suffix = ", ".join(f"{c}={v:g}" for c, v in zip(others, rest) if pd.notna(v))
+    combos = sorted({key[4] for key in lines}, key=str)
+    for key in sorted(lines, key=lambda k: (order.index(k[2]), str(k[4]))):
+        machine, device, method, workload, rest = key
+        points = sorted(lines[key], key=lambda p: p[0])
+        suffix = ", ".join(f"{c}={v:g}" for c, v in zip(others, rest) if v is not None)
         name = method_label(method) + (f" ({suffix})" if suffix else "")
-        dash = DASHES[combos.index(tuple(rest)) % len(DASHES)] if tuple(rest) in combos else "solid"
+        dash = DASHES[combos.index(rest) % len(DASHES)] if others else "solid"
         panels.add({
-            "type": "scatter", "x": series[x].tolist(), "y": series["value"].tolist(),
+            "type": "scatter", "x": [p[0] for p in points], "y": [p[1] for p in points],
             "mode": "lines+markers", "name": name, "legendgroup": name,
             "line": {"color": method_color(method), "dash": dash}, "marker": {"size": 7},
-            "meta": {"machine": machine, "device": device, "workload": series["workload"].iloc[0]},
-            "customdata": [[size, commit[:8]] for size, commit in zip(series["size"], series["commit"])],
+            "meta": {"machine": machine, "device": device, "workload": workload},
+            "customdata": [[p[2], p[3][:8]] for p in points],
             "hovertemplate": (f"<b>{esc(name)}</b> · {esc(machine)} · {esc(device)}<br>%{{customdata[0]}}"
                               f"<br>{hover_value}<br>commit %{{customdata[1]}}<extra></extra>"),
         }, machine, device)
