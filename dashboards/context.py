@@ -6,6 +6,7 @@ from functools import cached_property
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import pandas as pd
 
 from dashboards.artifacts import CoverageReport, ProfileEntry
@@ -49,17 +50,17 @@ class Context:
         return self.frame[[c for c in self.frame.columns if c not in unused]]
 
     @cached_property
-    def measured(self) -> pd.DataFrame:
-        """Rows the workload views use: those with a workload and a method."""
-        f = self.lean
-        return f[f["workload"].notna() & f["method"].notna()]
+    def _has_case(self) -> "pd.Series[bool]":
+        f = self.frame
+        return f["workload"].notna() & f["method"].notna()
 
     def metric_rows(self, metrics: tuple[str, ...] | list[str]) -> pd.DataFrame:
-        """Workload rows of `metrics` (cached per metric set)."""
+        """Rows of `metrics` that have a workload and a method (cached per metric set); one
+        filter of the full frame, so only the rows kept are copied."""
         key = tuple(metrics)
         if key not in self._metric_cache:
-            m = self.measured
-            self._metric_cache[key] = m[m["metric"].isin(list(key))]
+            f = self.lean
+            self._metric_cache[key] = f[self._has_case & f["metric"].isin(list(key))]
         return self._metric_cache[key]
 
     @cached_property
@@ -89,22 +90,31 @@ class Context:
 
     def of_commits(self, rows: pd.DataFrame, newest: int) -> pd.DataFrame:
         """`rows` of each machine's `newest` commits."""
-        keep = {(m, c) for m, cs in self.commits.items() for c in cs[-newest:]}
         if rows.empty:
             return rows
-        pairs = rows[["machine", "commit"]].drop_duplicates()
-        wanted = pairs[[(m, c) in keep for m, c in pairs.itertuples(index=False)]]
-        if len(wanted) == len(pairs):
+        keep = {(m, c) for m, cs in self.commits.items() for c in cs[-newest:]}
+        pairs = _pair_codes(rows)
+        uniq, first = np.unique(pairs, return_index=True)
+        machines, commits = rows["machine"].to_numpy(), rows["commit"].to_numpy()
+        allowed = [p for p, i in zip(uniq, first) if (machines[i], commits[i]) in keep]
+        if len(allowed) == len(uniq):
             return rows
-        return rows.merge(wanted, on=["machine", "commit"]) if len(wanted) else rows.iloc[0:0]
+        return rows[np.isin(pairs, allowed)]
 
     def latest_per_case(self, metrics: list[str] | tuple[str, ...]) -> pd.DataFrame:
         """For `metrics`, the most recent value of every case on every machine."""
         m = self.metric_rows(tuple(metrics))
         if m.empty:
             return m
-        m = m.sort_values("date", kind="stable")
-        return m.drop_duplicates(subset=["machine", "case"], keep="last")
+        # Sort (machine, case, date) keys with numpy and keep each group's last row: the same
+        # as sort_values + drop_duplicates, without moving every column twice.
+        machine = pd.factorize(m["machine"])[0].astype(np.int64)
+        key = machine * (int(m["case"].max()) + 1) + m["case"].to_numpy()
+        dates = m["date"].astype("int64").to_numpy()  # NaT sorts first
+        order = np.lexsort((dates, key))
+        ordered = key[order]
+        last = np.append(ordered[1:] != ordered[:-1], True)
+        return m.iloc[np.sort(order[last])]
 
     def size_columns_of(self, rows: pd.DataFrame) -> list[str]:
         return [c for c in self.results.size_columns if c in rows.columns and rows[c].notna().any()]
@@ -202,3 +212,9 @@ class Context:
                         f"torch {esc(f['torch'] or '?')})")
         return "Measured on " + ", ".join(bits) + "."
 
+
+def _pair_codes(rows: pd.DataFrame) -> np.ndarray:
+    """One integer per (machine, commit) of each row."""
+    machine = pd.factorize(rows["machine"])[0].astype(np.int64)
+    commit, uniques = pd.factorize(rows["commit"])
+    return machine * (len(uniques) + 1) + commit

@@ -203,8 +203,8 @@ class _Loader:
 
     def read_result_file(self, path: Path, machine: str) -> None:
         try:
-            data = json.loads(path.read_text(encoding="utf-8"))
-        except ValueError as exc:
+            data = json.loads(path.read_bytes())
+        except ValueError as exc:  # UnicodeDecodeError included
             raise _FileError(f"not valid JSON ({exc}); the file is probably truncated") from None
         if not isinstance(data, dict):
             raise _FileError("expected a JSON object")
