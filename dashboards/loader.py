@@ -310,7 +310,7 @@ class _Loader:
                 flat[offset:offset + len(segment)] = segment
             self.chunks["samples"].append([flat[i] for i in keep])
         else:
-            self.chunks["samples"].append([None] * len(keep))
+            self.chunks["samples"].append(len(keep))  # as many rows without samples
 
     # -- cases: one per (benchmark, parameter combination) -------------------------------------
     def cases_for(self, bench: str, params: list[list[Any]]) -> np.ndarray:
@@ -429,7 +429,16 @@ class _Loader:
         for column in STAT_COLUMNS[:-1]:
             parts[column] = np.concatenate(self.chunks[column])
         parts["started_at"] = _js_time(parts["started_at"]).array
-        parts["samples"] = list(itertools.chain.from_iterable(self.chunks["samples"]))
+        samples = np.full(n_rows, None, dtype=object)
+        offset = 0
+        for chunk in self.chunks["samples"]:
+            if isinstance(chunk, int):
+                offset += chunk
+            else:
+                for i, sample in enumerate(chunk, start=offset):  # element-wise: numpy would
+                    samples[i] = sample                            # read equal-length lists as 2-D
+                offset += len(chunk)
+        parts["samples"] = samples
         extra = [c for c in parts if c not in BASE_COLUMNS and c not in STAT_COLUMNS and c != "case"]
         ordered = BASE_COLUMNS + [c for c in extra if c in size_columns] + \
             [c for c in extra if c not in size_columns] + STAT_COLUMNS + ["case"]
