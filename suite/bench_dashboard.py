@@ -30,7 +30,8 @@ def generate(root: Path, files: int = FILES) -> Path:
     from dashboards.synthetic import BENCH_WORKLOADS, write_results
 
     results = root / "results"
-    write_results(results, commits=files // MACHINES, machines=MACHINES, workloads=BENCH_WORKLOADS)
+    write_results(results, commits=files // MACHINES, machines=MACHINES, workloads=BENCH_WORKLOADS,
+                  samples=False)  # `make bench` does not pass asv --record-samples
     return results
 
 
