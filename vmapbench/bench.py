@@ -4,6 +4,7 @@
     python -m vmapbench.bench --profile full       # every size, cpu and cuda (nightly, GPU boxes)
     python -m vmapbench.bench --family hessians    # one CI shard (see --list-families)
     python -m vmapbench.bench --merge DIR [DIR..]  # merge shards' results folders into results/
+    python -m vmapbench.bench --commits REV [REV..]  # past commits, each built in asv's virtualenv
 
 It runs `asv run` against the already installed environment (this interpreter: no environment
 build) with `--set-commit-hash HEAD`, so every commit benchmarked this way adds one point to the
@@ -300,6 +301,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--device", action="append", choices=("cpu", "cuda"), default=[],
                    help="devices to measure (repeatable; default: the profile's)")
     p.add_argument("--machine", default=None, help=f"machine name (default: ${MACHINE_ENV} or derived from the hardware)")
+    p.add_argument("--commits", nargs="+", metavar="REV", default=None,
+                   help="benchmark these commits, each installed into asv's virtualenv (.asv/env), instead "
+                        "of the working tree: backfills history, e.g. --commits HEAD~5 HEAD~2")
     p.add_argument("--no-dashboard", action="store_true", help="do not build the dashboard afterwards")
     p.add_argument("--list-families", action="store_true", help="print the families (JSON list) and exit")
     p.add_argument("--merge", nargs="+", type=Path, metavar="DIR",
@@ -328,19 +332,34 @@ def main(argv: Sequence[str] | None = None) -> int:
         raise SystemExit(f"bench: {exc}") from None
     machine = args.machine or machine_name()
     register_machine(machine, env)
-    commit = git(root, "rev-parse", "HEAD")
-    warn_if_dirty(root, commit)
+    if args.commits:
+        commits = [git(root, "rev-parse", rev) for rev in args.commits]
+        env_prefix, where = "virtualenv", "each commit installed into .asv/env"
+    else:
+        commits = [git(root, "rev-parse", "HEAD")]
+        env_prefix, where = "existing", "the working tree, installed in this environment"
+        warn_if_dirty(root, commits[0])
 
     print(f"bench: profile {args.profile}, devices {','.join(devices or selection.PROFILE_DEVICES[args.profile])}, "
-          f"families {','.join(args.family) or 'all'}, machine {machine}, commit {commit[:8]}, "
-          f"OMP_NUM_THREADS={env['OMP_NUM_THREADS']}", flush=True)
+          f"families {','.join(args.family) or 'all'}, machine {machine}, "
+          f"commits {' '.join(c[:8] for c in commits)} ({where}), OMP_NUM_THREADS={env['OMP_NUM_THREADS']}",
+          flush=True)
     started = time.time()
-    cmd = asv("run", "--environment", f"existing:{sys.executable}", "--set-commit-hash", commit,
-              "--machine", machine, "--durations", "10", *[f"--bench={r}" for r in regexes], *args.asv_args)
+    common = ["--machine", machine, "--durations", "10", *[f"--bench={r}" for r in regexes], *args.asv_args]
+    if args.commits:
+        hashfile = root / ".asv" / "bench-commits.txt"
+        hashfile.parent.mkdir(exist_ok=True)
+        hashfile.write_text("\n".join(commits) + "\n")
+        cmd = asv("run", *common, f"HASHFILE:{hashfile}")
+    else:
+        cmd = asv("run", "--environment", f"existing:{sys.executable}", "--set-commit-hash", commits[0], *common)
     rc, _ = stream(cmd, env, root, NaRowFilter(param_values(selection)))
     elapsed = time.time() - started
 
-    measured, failed = run_outcome(root / "results", machine, commit, started * 1000 - 1000, regexes)
+    measured, failed = 0, []
+    for commit in commits:
+        m, f = run_outcome(root / "results", machine, commit, started * 1000 - 1000, regexes, env_prefix)
+        measured, failed = measured + m, failed + [f"{p} @{commit[:8]}" if args.commits else p for p in f]
     print(f"\nbench: asv exited {rc} after {elapsed / 60:.1f} min; {measured} values measured, "
           f"{len(failed)} failed; results in {root / 'results' / machine}")
     if failed:
@@ -349,7 +368,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             print(f"  {point}")
         print(f"bench: to see one's error: VMAPBENCH_PROFILE={args.profile} {sys.executable} -m asv run "
               f"--python=same --quick --show-stderr --dry-run --machine {machine} "
-              f"--bench {shell_regex(failed[0])}")
+              f"--bench {shell_regex(failed[0].split(' @')[0])}")
 
     index = None if args.no_dashboard else build_dashboard(root, env)
     if index is not None:
