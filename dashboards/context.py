@@ -208,8 +208,9 @@ class Context:
             return ""
         bits = []
         for name, f in facts.items():
-            bits.append(f"<b>{esc(name)}</b> ({esc(f['cores'] or '?')} cores, {esc(f['threads'])}, "
-                        f"torch {esc(f['torch'] or '?')})")
+            facts = [f"{esc(f['cores'])} cores" if f["cores"] else "", esc(f["threads"]),
+                     f"torch {esc(f['torch'])}" if f["torch"] else ""]
+            bits.append(f"<b>{esc(name)}</b> ({', '.join(x for x in facts if x)})")
         return "Measured on " + ", ".join(bits) + "."
 
 

@@ -105,6 +105,11 @@ class Panels:
         self.legend.add(name)
         self.data.append(trace)
 
+    def x_axis(self, *key: Hashable) -> dict[str, Any]:
+        """The layout dict of the x axis of `key`'s panel (to set per-panel properties)."""
+        k = key[0] if len(key) == 1 and key[0] in self.ref else tuple(str(p) for p in key)
+        return self.layout["xaxis" + self.ref[k][0][1:]]
+
     def hline(self, y: float) -> None:
         """A dotted horizontal line at `y` across every panel."""
         for xref, yref in self.ref.values():

@@ -123,6 +123,15 @@ def _benchmark_layout(workloads: Sequence[SyntheticWorkload], devices: Sequence[
                 "params": params, "param_names": names, "type": kind, "unit": unit,
                 "members": {w.name: w for w in members},
             }
+    # Benchmarks outside the workload grid, as the real suite has them: a parameterless record of
+    # the run (no workload, no method) and a microbenchmark with methods but no workload parameter.
+    layout["bench_runtime.track_torch_num_threads"] = {
+        "params": [], "param_names": [], "type": "track", "unit": "threads", "members": {},
+        "static": lambda p, devices: 2.0}
+    layout["bench_overhead.PerOpOverhead.time_chain"] = {
+        "params": [["'native'", "'engine'"], [repr(d) for d in devices]], "param_names": ["method", "device"],
+        "type": "time", "unit": "seconds", "members": {},
+        "static": lambda p, devices: (1e-3 if p["method"] == "native" else 4e-3) if p["device"] in devices else math.nan}
     return layout
 
 
@@ -164,14 +173,16 @@ def _nulls(values: list[float]) -> list[float | None]:
 def write_results(out_dir: str | Path, *, commits: int = 3, machines: int = 2, seed: int = 0,
                   workloads: Sequence[SyntheticWorkload] = DEFAULT_WORKLOADS,
                   regression_at: int | None = None, samples: bool = True,
-                  extras: bool = True) -> list[Path]:
+                  extras: bool = True, noise: float = 0.02) -> list[Path]:
     """Write a synthetic ASV results tree; returns the result files written.
 
     The first machine runs the quick profile (the middle size of each workload, cpu only), the
     second the full grid on cpu and cuda. `regression_at` is the commit index from which the
     engine methods of the first workload are 1.5x slower (default: two thirds of the way, when
     there are at least 3 commits). `extras` also writes a coverage report
-    (coverage/engine.json) and one profile folder (profiles/...).
+    (coverage/engine.json) and one profile folder (profiles/...). `noise` is the relative spread
+    of every value around its level (uniform): at 2% no two commits differ by the 5% a
+    regression needs, so the injected one is the only one.
     """
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
@@ -215,6 +226,9 @@ def write_results(out_dir: str | Path, *, commits: int = 3, machines: int = 2, s
                 row = []
                 for combo in itertools.product(*spec["params"]):
                     p = dict(zip(spec["param_names"], (ast.literal_eval(v) for v in combo)))
+                    if "static" in spec:
+                        row.append(spec["static"](p, devices))
+                        continue
                     w = spec["members"][p.get("workload", next(iter(spec["members"])))]
                     skipped = p["device"] not in devices or (quick and p["size"] != w.sizes[len(w.sizes) // 2])
                     wslow = slowdown if w is workloads[0] else 1.0
@@ -228,8 +242,8 @@ def write_results(out_dir: str | Path, *, commits: int = 3, machines: int = 2, s
             results = {}
             for name, spec in layout.items():
                 base = bases[name][1 if slow else 0]
-                noisy = not name.endswith("track_fallbacks")
-                v = base * rng.uniform(0.97, 1.03, base.shape) if noisy else base
+                noisy = not (name.endswith("track_fallbacks") or name.startswith("bench_runtime."))
+                v = base * rng.uniform(1 - noise, 1 + noise, base.shape) if noisy else base
                 row: list[Any] = [v.tolist(), spec["params"], benchmarks[name]["version"],
                                   date + 3_600_000, round(float(rng.uniform(1, 5)), 3)]
                 if spec["type"] == "time":

@@ -76,15 +76,15 @@ def format_value(value: Any, unit: str | None) -> str:
     if value is None or (isinstance(value, float) and math.isnan(value)):
         return "n/a"
     v = float(value)
-    if unit == "seconds":
-        for scale, suffix in ((1.0, "s"), (1e-3, "ms"), (1e-6, "µs"), (1e-9, "ns")):
-            if abs(v) >= scale or scale == 1e-9:
+    scales = {"seconds": ((1.0, "s"), (1e-3, "ms"), (1e-6, "µs"), (1e-9, "ns")),
+              "bytes": ((2**30, "GiB"), (2**20, "MiB"), (2**10, "KiB"), (1, "B"))}.get(unit or "")
+    if scales:
+        # Round first, so 0.9996 ms reads '1 ms', not '1e+03 µs'.
+        v = float(f"{v:.3g}")
+        for scale, suffix in scales:
+            if abs(v) >= scale or scale == scales[-1][0]:
                 return f"{v / scale:.3g} {suffix}"
-    if unit == "bytes":
-        for scale, suffix in ((2**30, "GiB"), (2**20, "MiB"), (2**10, "KiB"), (1, "B")):
-            if abs(v) >= scale or scale == 1:
-                return f"{v / scale:.3g} {suffix}"
-    if unit == "x":
+    if unit in ("x", "ratio"):
         return f"{v:.3g}×"
     text = f"{v:.3g}"
-    return f"{text} {unit}" if unit and unit not in ("unit", "x") else text
+    return f"{text} {unit}" if unit and unit != "unit" else text

@@ -38,9 +38,16 @@ def test_fixture_loads_every_file_into_one_tidy_frame() -> None:
     assert len(rs.files) == len(result_files(FIXTURE)) == 6
     assert set(f["machine"]) == {"cpu-box", "gpu-box"}
     assert f.groupby("machine")["commit"].nunique().to_dict() == {"cpu-box": 3, "gpu-box": 3}
-    assert set(f["workload"]) == {"bayes_logreg_hessian", "per_sample_grad_mlp", "jacobian_chunked"}
-    assert set(f[f["machine"] == "cpu-box"]["device"]) == {"cpu"}
-    assert set(f[f["machine"] == "gpu-box"]["device"]) == {"cpu", "cuda"}
+    # The microbenchmark class without a workload parameter is named after its class.
+    assert set(f["workload"].dropna()) == {"bayes_logreg_hessian", "per_sample_grad_mlp", "jacobian_chunked",
+                                           "per_op_overhead"}
+    assert set(f[f["machine"] == "cpu-box"]["device"].dropna()) == {"cpu"}
+    assert set(f[f["machine"] == "gpu-box"]["device"].dropna()) == {"cpu", "cuda"}
+    # A parameterless benchmark is one row per file, with no workload, method or device.
+    threads = f[f["benchmark"] == "bench_runtime.track_torch_num_threads"]
+    assert len(threads) == 6 and threads["value"].eq(2).all()
+    assert threads[["workload", "method", "device", "size"]].isna().all().all()
+    assert set(threads["metric"]) == {"torch_num_threads"} and set(threads["unit"]) == {"threads"}
     assert {"n", "d", "batch", "chunk_size"} <= set(rs.size_columns)
     assert f["value"].notna().all() and f["date"].notna().all()
     assert str(f["date"].dt.tz) == "UTC"

@@ -38,8 +38,8 @@ def compare_data(ctx: Context) -> dict[str, Any]:
     rows = []
     for r in firsts.to_dict("records"):
         params = [str(r[c]) for c in PARAM_ORDER + tuple(extra) if c in r and _present(r[c])]
-        rows.append([r["benchmark"], " · ".join(params), r.get("workload"), r.get("device"),
-                     r["metric"], r["unit"], int(higher_is_better(r["metric"]))])
+        rows.append([r["benchmark"], " · ".join(params), _text(r.get("workload")), _text(r.get("device")),
+                     r["metric"], _text(r["unit"]) or "", int(higher_is_better(r["metric"]))])
     data["rows"] = rows
     for machine, on in f.groupby("machine", sort=True, observed=True):
         dates = on.drop_duplicates("commit").set_index("commit")["date"]
@@ -53,6 +53,11 @@ def compare_data(ctx: Context) -> dict[str, Any]:
             entry["values"][commit] = [group["_row"].tolist(), values]
         data["machines"][machine] = entry
     return data
+
+
+def _text(value: Any) -> str | None:
+    """A JSON-safe label: None for missing values (pandas gives NaN for them)."""
+    return str(value) if _present(value) else None
 
 
 def _present(value: Any) -> bool:

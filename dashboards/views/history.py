@@ -21,33 +21,38 @@ from workloads.base import ENGINE_METHODS
 SYMBOLS = ("circle", "square", "diamond", "triangle-up", "star", "hexagon")
 
 
-def _figure(rows: pd.DataFrame, regressions: pd.DataFrame) -> dict:
-    """One panel per (machine, device): a line per engine method and size, red crosses at regressions."""
-    panels = Panels(panel_keys(rows), x_title="commit date", y_title="time per call (s, log)", log_y=True,
-                    x_extra={"type": "date"})
+def _figure(ctx: Context, rows: pd.DataFrame, regressions: pd.DataFrame) -> dict:
+    """One panel per (machine, device): a line per engine method and size over the machine's
+    commits (in commit-date order, like asv's graphs), red crosses at regressions."""
+    keys = panel_keys(rows)
+    panels = Panels(keys, x_title="commit (oldest → newest)", y_title="time per call (s, log)", log_y=True,
+                    x_extra={"type": "category", "categoryorder": "array", "tickangle": -45})
+    for machine, device in keys:
+        shown = ctx.commits.get(machine, [])[-HISTORY_COMMITS:]
+        panels.x_axis(machine, device)["categoryarray"] = [c[:8] for c in shown]
     order = method_order(rows["method"].unique())
     sizes = sorted({str(s) for s in rows["size"].dropna().unique()}, key=natural_key)
     lines: dict[tuple, list[tuple]] = {}
     dates = epoch_ms(rows["date"])
     for (machine, device, method, size, workload, commit, value), date in zip(
             records(rows, ["machine", "device", "method", "size", "workload", "commit", "value"]), dates):
-        lines.setdefault((machine, device, method, size, workload), []).append((date, value, commit))
+        lines.setdefault((machine, device, method, size, workload), []).append((date, commit, value))
     for key in sorted(lines, key=lambda k: (order.index(k[2]), natural_key(k[3]))):
         machine, device, method, size, workload = key
         points = sorted(lines[key])
         name = f"{method_label(method)} {size}"
         symbol = SYMBOLS[sizes.index(str(size)) % len(SYMBOLS)] if str(size) in sizes else "circle"
         panels.add({
-            "type": "scatter", "x": [p[0] for p in points], "y": [p[1] for p in points],
+            "type": "scatter", "x": [p[1][:8] for p in points], "y": [p[2] for p in points],
             "mode": "lines+markers", "name": name,
             "line": {"color": method_color(method), "width": 1.5}, "marker": {"symbol": symbol, "size": 6},
             "meta": {"machine": machine, "device": device, "workload": workload},
-            "customdata": [p[2][:8] for p in points],
-            "hovertemplate": f"<b>{esc(name)}</b><br>commit %{{customdata}}<br>%{{y:.3s}}s<extra></extra>",
+            "customdata": [_when(p[0]) for p in points],
+            "hovertemplate": f"<b>{esc(name)}</b><br>commit %{{x}} (%{{customdata}})<br>%{{y:.3s}}s<extra></extra>",
         }, machine, device)
     for (machine, device), reg in regressions.groupby(["machine", "device"], dropna=False, observed=True):
         panels.add({
-            "type": "scatter", "x": epoch_ms(reg["date_after"]), "y": reg["after"].tolist(),
+            "type": "scatter", "x": [c[:8] for c in reg["commit_after"]], "y": reg["after"].tolist(),
             "mode": "markers", "name": "regression",
             "marker": {"symbol": "x", "size": 13, "color": "#d62728", "line": {"width": 1}},
             "meta": {"machine": machine, "device": device, "workload": reg["workload"].iloc[0]},
@@ -57,6 +62,10 @@ def _figure(rows: pd.DataFrame, regressions: pd.DataFrame) -> dict:
                               "%{customdata[2]}: %{customdata[3]:.2f}× slower<extra></extra>"),
         }, machine, device)
     return panels.fig
+
+
+def _when(ms: int) -> str:
+    return pd.Timestamp(ms, unit="ms", tz="UTC").strftime("%Y-%m-%d %H:%M UTC")
 
 
 def _regression_table(regs: pd.DataFrame) -> str:
@@ -78,7 +87,8 @@ def _regression_table(regs: pd.DataFrame) -> str:
 def render(ctx: Context) -> Page:
     page = Page("history.html", "History", intro=(
         "<p>The engine's time per call (<code>engine</code>, <code>engine_traced</code>, "
-        "<code>engine_compiled</code>) for every workload and size across commits, newest "
+        "<code>engine_compiled</code>) for every workload and size across commits in commit-date "
+        "order, newest "
         f"{HISTORY_COMMITS} commits per machine. Red crosses mark regressions found by asv's step "
         "detector: it fits each series with a piecewise-constant level (a penalized L1 fit, the "
         "one <code>asv publish</code> uses) and reports a step up of more than "
@@ -101,7 +111,7 @@ def render(ctx: Context) -> Page:
     for workload in sorted(engine["workload"].unique()):
         w_rows = engine[engine["workload"] == workload]
         w_regs = regressions[regressions["workload"] == workload]
-        page.figure(_figure(w_rows, w_regs), title=workload, workload=workload)
+        page.figure(_figure(ctx, w_rows, w_regs), title=workload, workload=workload)
     page.add("<h2>Regressions</h2>")
     if regressions.empty:
         page.notice("The step detector found no regression in these results.", "good")

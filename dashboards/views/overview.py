@@ -82,7 +82,10 @@ def _speedup_figure(machine: str, data: pd.DataFrame) -> dict:
                               "<br>%{customdata[3]}<extra></extra>"),
         }, machine, r.device)
     panels.hline(1.0)
-    panels.layout.update(barmode="group", bargap=0.2, legend={"orientation": "h", "y": -0.15})
+    panels.layout.update(barmode="group", bargap=0.2)
+    for name in list(panels.layout):
+        if name.startswith("xaxis"):
+            panels.layout[name]["tickangle"] = -30
     return panels.fig
 
 
@@ -140,7 +143,7 @@ def render(ctx: Context) -> Page:
         commit = ctx.latest_commits.get(machine, "")
         page.figure(_speedup_figure(machine, data), title=f"Speedup over the for-loop — {machine}",
                     note=f"commit <code>{esc(commit[:8])}</code>", machine=machine)
-    page.add("<h2>Times at the latest commit</h2>" + _headline_table(head))
+    page.add('<h2>Times at the latest commit</h2><div class="vb-scroll">' + _headline_table(head) + "</div>")
     return page
 
 
@@ -152,6 +155,11 @@ def _changes_box(ctx: Context) -> str:
                 'commits are benchmarked.</div>')
     items = []
     for c in changes:
+        if not c["total"]:
+            items.append(f'<li class="vb-f" data-machine="{esc(c["machine"])}"><b>{esc(c["machine"])}</b> '
+                         f'<code>{esc(c["base"][:8])}</code> → <code>{esc(c["head"][:8])}</code>: no timed '
+                         'workload benchmark in common, nothing to compare.</li>')
+            continue
         worse = c["slower"]
         kind = "vb-bad" if worse else "vb-good"
         items.append(
