@@ -10,7 +10,7 @@ import numpy as np
 import pandas as pd
 
 from dashboards.artifacts import CoverageReport, ProfileEntry
-from dashboards.loader import BASE_COLUMNS, STAT_COLUMNS, ResultSet
+from dashboards.loader import STAT_COLUMNS, ResultSet
 from dashboards.page import esc
 from dashboards.regressions import history_regressions
 

@@ -16,7 +16,6 @@ import ast
 import functools
 import itertools
 import json
-import math
 import re
 import sys
 import warnings

@@ -7,7 +7,6 @@ import math
 import shutil
 import subprocess
 import sys
-import warnings
 from pathlib import Path
 
 import pandas as pd
