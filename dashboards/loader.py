@@ -21,7 +21,7 @@ import sys
 import warnings
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Iterable
+from typing import Any
 
 import numpy as np
 import pandas as pd
@@ -482,9 +482,3 @@ def _looks_like_size(value: str) -> bool:
 def _normalize(name: str) -> str:
     return re.sub(r"[^a-z0-9]", "", name.lower())
 
-
-def iter_result_paths(results_dir: str | Path) -> Iterable[Path]:
-    """Every results file asv would read (machine folders with a machine.json)."""
-    root = Path(results_dir)
-    for machine_json in sorted(root.glob("*/machine.json")):
-        yield from sorted(p for p in machine_json.parent.glob("*.json") if p.name != "machine.json")
