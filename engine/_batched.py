@@ -75,7 +75,7 @@ class BatchedTensor(torch.Tensor):
         # reaching it after vmap returns is summed over the batch (see _broadcast_outer_grads).
         kwargs = kwargs or {}
         with torch._C.DisableTorchFunctionSubclass():
-            if torch.is_grad_enabled() and _active:
+            if _active and torch.is_grad_enabled() and _any_plain_requires_grad(args, kwargs):
                 args, kwargs = _broadcast_outer_grads(args, kwargs)
             return func(*args, **kwargs)
 
@@ -213,6 +213,20 @@ def _is_outer(t: torch.Tensor, info: LevelInfo) -> bool:
     return False
 
 
+def _any_plain_requires_grad(args: tuple, kwargs: dict) -> bool:
+    """Cheap pre-check for _broadcast_outer_grads: a tensor that requires grad and may be unbatched
+    at the op's level (a plain tensor, or with nested vmaps any batched one)."""
+    nested = len(_active) > 1
+
+    def candidate(a: Any) -> bool:
+        return isinstance(a, torch.Tensor) and (nested or type(a) is not BatchedTensor) and a.requires_grad
+
+    for a in args:
+        if candidate(a) or (type(a) in (list, tuple) and any(candidate(b) for b in a)):
+            return True
+    return any(candidate(v) for v in kwargs.values())
+
+
 def _broadcast_outer_grads(args: tuple, kwargs: dict) -> tuple[tuple, dict]:
     level = None
     for a in args:
@@ -224,13 +238,16 @@ def _broadcast_outer_grads(args: tuple, kwargs: dict) -> tuple[tuple, dict]:
                     level = b._level
     if level is None:
         return args, kwargs
-    info = _active[level]
+    levels = [_active[lvl] for lvl in sorted(_active) if lvl <= level]
 
     def fix(a):
         if isinstance(a, torch.Tensor) and a.requires_grad and not (type(a) is BatchedTensor and a._level >= level):
-            if _is_outer(a, info):
-                return _AddBatchDim.apply(a.unsqueeze(0).expand(info.batch_size, *a.shape), level, info.batch_size)
-        elif type(a) in (list, tuple):
+            # Innermost last: a tensor outer to a level is outer to every level entered after it too.
+            for info in levels:
+                if info.level not in batch_levels(a) and _is_outer(a, info):
+                    a = _AddBatchDim.apply(a.unsqueeze(0).expand(info.batch_size, *a.shape), info.level, info.batch_size)
+            return a
+        if type(a) in (list, tuple):
             return type(a)(fix(b) for b in a)
         return a
 

@@ -17,7 +17,7 @@ from torch.utils._python_dispatch import TorchDispatchMode
 from engine._batched import BatchedTensor, LevelInfo, add_batch_dim, level_info
 from engine.custom_ops import custom_vmap_rule, run_custom_op
 from engine.errors import DataDependentError, FallbackError, FallbackWarning, RandomnessError, VmapError
-from engine.rules._table import lookup
+from engine.rules._table import PLANS, lookup
 
 aten = torch.ops.aten
 
@@ -169,21 +169,37 @@ def wrap_outputs(out: Any, out_dims: Any, level: int) -> Any:
     return out
 
 
+_NORMAL, _DATA_DEP, _INPLACE_VIEW = 0, 1, 2
+
+
+def _plan(func: Any) -> tuple:
+    """(kind, meta, rule) for an op, computed once: the per-op part of dispatch off the hot path."""
+    plan = PLANS.get(func)
+    if plan is None:
+        if func in _DATA_DEPENDENT:
+            kind = _DATA_DEP
+        elif torch.Tag.inplace_view in func.tags:
+            kind = _INPLACE_VIEW
+        else:
+            kind = _NORMAL
+        plan = PLANS[func] = (kind, op_meta(func), lookup(func) or custom_vmap_rule(func))
+    return plan
+
+
 def batched_dispatch(func: Any, args: tuple, kwargs: dict) -> Any:
     level, size = _find_level(args, kwargs)
     if level is None:
         return func(*args, **kwargs)
-    if func in _DATA_DEPENDENT:
-        raise _data_dependent(func)
-    info = level_info(level, size)
-    meta = op_meta(func)
-    if meta.random:
-        if info.randomness == "error":
-            raise _randomness_error(func)
-    if torch.Tag.inplace_view in func.tags:
+    kind, meta, rule = _plan(func)
+    if kind:
+        if kind == _DATA_DEP:
+            raise _data_dependent(func)
         return _inplace_view(func, args, kwargs)
-    kw_batched = any(type(v) is BatchedTensor and v._level == level for v in kwargs.values())
-    rule = None if kw_batched else (lookup(func) or custom_vmap_rule(func))
+    info = level_info(level, size)
+    if meta.random and info.randomness == "error":
+        raise _randomness_error(func)
+    if kwargs and any(type(v) is BatchedTensor and v._level == level for v in kwargs.values()):
+        rule = None
     if rule is not None:
         uargs, dims = _unwrap(args, level)
         if meta.mutated:
@@ -365,6 +381,12 @@ class VmapMode(TorchDispatchMode):
     def __init__(self, info: LevelInfo):
         super().__init__()
         self.info = info
+
+    @classmethod
+    def _should_skip_dynamo(cls) -> bool:
+        # The engine never runs under dynamo (engine.compile compiles the traced graph), so the
+        # per-op dynamo-disable wrapper PyTorch puts around modes is pure overhead here.
+        return False
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}

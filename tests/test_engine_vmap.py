@@ -313,3 +313,15 @@ def test_error_data_dependent():
 def test_error_chunk_size():
     with pytest.raises(VmapError, match="chunk_size should be None or a positive integer"):
         engine.vmap(torch.sin, chunk_size=0)
+
+
+def test_nested_vmap_closure_backward_outside():
+    """A tensor requiring grad closed over by two nested vmaps gets its gradient summed over both."""
+    X = torch.randn(3, 4, requires_grad=True)
+    Y = torch.randn(5, 4)
+    w = torch.randn(4, requires_grad=True)
+    out = engine.vmap(lambda a: engine.vmap(lambda b: (a * b * w).sum())(Y))(X)
+    ref = (X[:, None, :] * Y[None] * w).sum(-1)
+    got = torch.autograd.grad(out.sum(), (X, w))
+    want = torch.autograd.grad(ref.sum(), (X, w))
+    assert close(out, ref) and all(type(g) is torch.Tensor and close(g, r) for g, r in zip(got, want))

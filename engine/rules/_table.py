@@ -15,8 +15,35 @@ import torch
 
 Rule = Callable[..., tuple[Any, Any]]
 
-RULES: dict[Any, Rule] = {}            # OpOverload -> rule
-PACKET_RULES: dict[Any, Rule] = {}     # OpOverloadPacket -> rule, for every overload without its own
+PLANS: dict[Any, Any] = {}  # per-op dispatch plans (engine._dispatch), derived from the tables below
+
+
+class _RuleTable(dict):
+    """A dict that drops the derived dispatch plans whenever a rule is added or removed."""
+
+    def __setitem__(self, key, value):
+        PLANS.clear()
+        super().__setitem__(key, value)
+
+    def __delitem__(self, key):
+        PLANS.clear()
+        super().__delitem__(key)
+
+    def pop(self, *args):
+        PLANS.clear()
+        return super().pop(*args)
+
+    def update(self, *args, **kwargs):
+        PLANS.clear()
+        super().update(*args, **kwargs)
+
+    def clear(self):
+        PLANS.clear()
+        super().clear()
+
+
+RULES: dict[Any, Rule] = _RuleTable()            # OpOverload -> rule
+PACKET_RULES: dict[Any, Rule] = _RuleTable()     # OpOverloadPacket -> rule, for every overload without its own
 
 
 def register_rule(op: Any) -> Callable[[Rule], Rule]:
