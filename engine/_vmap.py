@@ -192,6 +192,16 @@ def _out_dims_for(func, out, out_dims):
 
 
 def _stack_parts(func, parts, out_dims, size):
+    """Per-element outputs of the chunk_size=1 loop, stacked along each output's out_dim."""
+    return _combine_parts(func, parts, out_dims, torch.stack)
+
+
+def _cat_parts(func, parts, out_dims):
+    """Per-chunk outputs, concatenated along each output's out_dim."""
+    return _combine_parts(func, parts, out_dims, torch.cat)
+
+
+def _combine_parts(func, parts, out_dims, combine):
     flats = []
     for p in parts:
         flat, out_spec, dims = _out_dims_for(func, p, out_dims)
@@ -204,17 +214,5 @@ def _stack_parts(func, parts, out_dims, size):
         elif not isinstance(column[0], torch.Tensor):
             raise VmapError(f"vmap({_fname(func)}, ...): output {j} is a {type(column[0]).__name__}; only tensors can be batched.")
         else:
-            result.append(torch.stack(column, d))
-    return tree_unflatten(result, out_spec)
-
-
-def _cat_parts(func, parts, out_dims):
-    flats = []
-    for p in parts:
-        flat, out_spec, dims = _out_dims_for(func, p, out_dims)
-        flats.append(flat)
-    result = []
-    for j, d in enumerate(dims):
-        column = [f[j] for f in flats]
-        result.append(column[0] if d is None else torch.cat(column, d))
+            result.append(combine(column, d))
     return tree_unflatten(result, out_spec)
