@@ -23,6 +23,7 @@ class _FirstCall:
     """Base of the generated classes: the workload's case, not yet called."""
 
     workload: Workload
+    version = selection.SUITE_VERSION
     timeout = 600.0  # a cold torch.compile takes ~30 s on 2 cores, several minutes for big graphs
     rounds = 1
 
@@ -31,17 +32,18 @@ class _FirstCall:
         reason = selection.outside_profile(self.workload, size, device)
         if reason is not None:
             raise NotImplementedError(reason)
+        probes.require_method(method)
         self.state = self.workload.setup(self.workload.params(size), device)
 
     def track_compile_seconds(self, size: str, method: str, device: str) -> float:
         with probes.fresh_inductor_cache():
-            return self.workload.prepare(method, self.state)
+            return probes.first_call(self.workload, method, self.state)
 
     track_compile_seconds.unit = "seconds"  # type: ignore[attr-defined]
 
     def track_fallbacks(self, size: str, method: str, device: str) -> int:
         def first_and_steady_call() -> None:
-            self.workload.prepare(method, self.state)
+            probes.first_call(self.workload, method, self.state)
             self.workload.run(method, self.state)
         return probes.fallback_count(first_and_steady_call)
 

@@ -59,6 +59,7 @@ def chain_call(method: str, x: torch.Tensor) -> Callable[[], Any]:
 class PerOpOverhead:
     params = [list(METHODS), list(selection.ALL_DEVICES)]
     param_names = ["method", "device"]
+    version = selection.SUITE_VERSION
     timeout = 120.0
     quick = selection.active_profile() == "quick"
     if quick:
@@ -76,7 +77,10 @@ class PerOpOverhead:
         self.device = device
         x = torch.randn(BATCH, WIDTH, generator=torch.Generator().manual_seed(0)).to(device)
         self.calls = {m: chain_call(m, x) for m in ("native", method)}
-        self.calls[method]()  # first call: trace happens here
+        try:
+            self.calls[method]()  # first call: the trace happens here
+        except NotImplementedError as exc:  # torch's "could not run op": a failure, not a skip
+            raise RuntimeError(f"{method}: the first call raised NotImplementedError: {exc}") from exc
         probes.synchronize(device)
 
     def time_chain(self, method: str, device: str) -> None:

@@ -9,6 +9,7 @@ from __future__ import annotations
 import torch
 
 from . import probes
+from .selection import SUITE_VERSION
 
 
 def track_torch_num_threads() -> int:
@@ -16,6 +17,7 @@ def track_torch_num_threads() -> int:
     return torch.get_num_threads()
 
 
+track_torch_num_threads.version = SUITE_VERSION  # type: ignore[attr-defined]
 track_torch_num_threads.unit = "threads"  # type: ignore[attr-defined]
 
 
@@ -24,6 +26,7 @@ def track_torch_interop_threads() -> int:
     return torch.get_num_interop_threads()
 
 
+track_torch_interop_threads.version = SUITE_VERSION  # type: ignore[attr-defined]
 track_torch_interop_threads.unit = "threads"  # type: ignore[attr-defined]
 
 
@@ -31,4 +34,5 @@ def track_cuda_device_count() -> int:
     return torch.cuda.device_count() if torch.cuda.is_available() else 0
 
 
+track_cuda_device_count.version = SUITE_VERSION  # type: ignore[attr-defined]
 track_cuda_device_count.unit = "devices"  # type: ignore[attr-defined]

@@ -47,6 +47,7 @@ class _SteadyState:
     """Base of the generated classes: the workload's case, prepared, and the metrics above."""
 
     workload: Workload
+    version = selection.SUITE_VERSION
     timeout = 300.0  # setup compiles for *_compiled methods (~30 s cold on 2 cores)
     if QUICK:
         warmup_time, repeat, rounds = 0.05, (3, 8, 0.6), 1
@@ -58,9 +59,10 @@ class _SteadyState:
         reason = selection.outside_profile(self.workload, size, device)
         if reason is not None:
             raise NotImplementedError(reason)
+        probes.require_method(method)
         self.device = device
         self.state = self.workload.setup(self.workload.params(size), device)
-        self.workload.prepare(method, self.state)
+        probes.first_call(self.workload, method, self.state)
         self.call = self._call_of(method)
 
     def _call_of(self, method: str) -> Callable[[], Any]:
@@ -93,7 +95,7 @@ class _SteadyState:
         return probes.nvml_peak_bytes(self.call, device)
 
     def _interleaved(self, method: str, other: str) -> dict[str, float]:
-        self.workload.prepare(other, self.state)
+        probes.first_call(self.workload, other, self.state)
         calls = {other: self._call_of(other), method: self.call}
         return probes.interleaved_seconds(calls, self.device, **RATIO_BUDGET)
 

@@ -54,6 +54,36 @@ def pin_threads() -> int:
     return threads
 
 
+# What an engine method needs from the engine package. At a commit without it the method is skipped
+# (asv: n/a), which keeps a backfill over old commits meaningful.
+ENGINE_API: dict[str, str] = {"engine": "vmap", "engine_traced": "trace", "engine_compiled": "compile"}
+
+
+def require_method(method: str) -> None:
+    """NotImplementedError (asv: skipped) when `method` needs an engine API this commit lacks."""
+    attr = ENGINE_API.get(method)
+    if attr is None:
+        return
+    try:
+        import engine
+    except ImportError as exc:
+        raise NotImplementedError(f"{method}: the engine does not import at this commit: {exc}") from None
+    if not hasattr(engine, attr):
+        raise NotImplementedError(f"{method} needs engine.{attr}, which this commit does not have")
+
+
+def first_call(workload: Any, method: str, state: Any) -> float:
+    """Workload.prepare (seconds), where NotImplementedError means the method broke, not a skip.
+
+    asv treats NotImplementedError from setup as "skipped"; torch raises it for ops a backend
+    lacks, which is a failure of the method and must show up as one.
+    """
+    try:
+        return workload.prepare(method, state)
+    except NotImplementedError as exc:
+        raise RuntimeError(f"{workload.name} {method}: the first call raised NotImplementedError: {exc}") from exc
+
+
 def synchronize(device: str) -> None:
     if torch.device(device).type == "cuda":
         torch.cuda.synchronize(device)

@@ -49,6 +49,8 @@ def _tiny_workload(name: str = "tiny-cubic") -> Workload:
             return torch.func.hessian(f)(x)
         if method == "closed_form":
             return torch.diag(6 * x)
+        if method == "functional_vectorize":  # stands for a method torch cannot run on this backend
+            raise NotImplementedError("Could not run 'aten::cubic' with arguments from the 'CPU' backend")
         raise ValueError(method)
 
     def check(state: dict[str, Any]) -> None:
@@ -57,7 +59,7 @@ def _tiny_workload(name: str = "tiny-cubic") -> Workload:
             torch.testing.assert_close(run(m, state), ref)
 
     return Workload(name=name, family="tiny", description="Hessian of sum(x^3)", grid={"n": [4, 8]},
-                    methods=("loop", "torch_func", "closed_form"), setup=setup, run=run, check=check,
+                    methods=("loop", "torch_func", "closed_form", "functional_vectorize"), setup=setup, run=run, check=check,
                     quick=("n=4",))
 
 
@@ -163,6 +165,20 @@ def test_setup_skips_cases_outside_the_profile(quick_profile, monkeypatch):
     if not torch.cuda.is_available():
         with pytest.raises(NotImplementedError, match="cuda"):
             cls().setup("n=4", "loop", "cuda")
+
+
+def test_not_implemented_first_call_fails_but_a_missing_engine_api_skips(quick_profile, monkeypatch):
+    from suite import bench_workloads
+
+    (cls,) = generate.workload_classes(bench_workloads._SteadyState, "bench_workloads", [_tiny_workload()]).values()
+    with pytest.raises(RuntimeError, match="first call raised NotImplementedError"):
+        cls().setup("n=4", "functional_vectorize", "cpu")
+    import engine
+
+    monkeypatch.delattr(engine, "trace", raising=False)
+    with pytest.raises(NotImplementedError, match="needs engine.trace"):
+        probes.require_method("engine_traced")
+    probes.require_method("loop")  # not an engine method: nothing required
 
 
 def test_first_call_metrics_on_a_throwaway_workload(quick_profile):
@@ -328,3 +344,5 @@ def test_asv_run_smoke_records_a_result_we_read_back(tmp_path):
     times = res.get_result_value(name, res.get_result_params(name))
     measured = [t for t in times if t is not None and not math.isnan(t)]
     assert len(measured) == 1 and measured[0] > 0, times
+    # The suite's declared version, not a source hash: history survives refactors of the suite.
+    assert res.benchmark_version[name] == selection.SUITE_VERSION
