@@ -27,6 +27,7 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+from types import ModuleType
 from typing import Iterable, Sequence
 
 MACHINE_ENV = "VMAPBENCH_MACHINE"
@@ -41,7 +42,7 @@ def repo_root() -> Path:
     return Path(__file__).resolve().parents[1]
 
 
-def load_selection(root: Path):  # noqa: ANN202 - the suite's module, imported from the working tree
+def load_selection(root: Path) -> ModuleType:
     """suite.selection from this checkout (the suite is not an installed package; asv imports it too)."""
     if str(root) not in sys.path:
         sys.path.insert(0, str(root))
@@ -158,7 +159,8 @@ class NaRowFilter:
         return not all(t in self.known for t in tokens)
 
 
-def param_values(selection) -> set[str]:  # noqa: ANN001
+def param_values(selection: ModuleType) -> set[str]:
+    """Every parameter value of the suite's grids (what NaRowFilter may drop)."""
     from workloads.base import METHODS, all_workloads
 
     values = set(METHODS) | set(selection.ALL_DEVICES) | {"native"}
