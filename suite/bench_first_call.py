@@ -28,12 +28,7 @@ class _FirstCall:
     rounds = 1
 
     def setup(self, size: str, method: str, device: str) -> None:
-        probes.pin_threads()
-        reason = selection.outside_profile(self.workload, size, device)
-        if reason is not None:
-            raise NotImplementedError(reason)
-        probes.require_method(method)
-        self.state = self.workload.setup(self.workload.params(size), device)
+        self.state = probes.setup_case(self.workload, size, method, device)
 
     def track_compile_seconds(self, size: str, method: str, device: str) -> float:
         with probes.fresh_inductor_cache():

@@ -55,13 +55,8 @@ class _SteadyState:
         warmup_time, repeat, rounds = 0.5, (5, 20, 10.0), 2
 
     def setup(self, size: str, method: str, device: str) -> None:
-        probes.pin_threads()
-        reason = selection.outside_profile(self.workload, size, device)
-        if reason is not None:
-            raise NotImplementedError(reason)
-        probes.require_method(method)
         self.device = device
-        self.state = self.workload.setup(self.workload.params(size), device)
+        self.state = probes.setup_case(self.workload, size, method, device)
         probes.first_call(self.workload, method, self.state)
         self.call = self._call_of(method)
 

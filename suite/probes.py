@@ -72,6 +72,19 @@ def require_method(method: str) -> None:
         raise NotImplementedError(f"{method} needs engine.{attr}, which this commit does not have")
 
 
+def setup_case(workload: Any, size: str, method: str, device: str) -> Any:
+    """Common setup of a generated benchmark: pin threads, skip cases outside the active profile or
+    methods the installed engine lacks (NotImplementedError: asv reports a skip), build the state."""
+    from . import selection
+
+    pin_threads()
+    reason = selection.outside_profile(workload, size, device)
+    if reason is not None:
+        raise NotImplementedError(reason)
+    require_method(method)
+    return workload.setup(workload.params(size), device)
+
+
 def first_call(workload: Any, method: str, state: Any) -> float:
     """Workload.prepare (seconds), where NotImplementedError means the method broke, not a skip.
 
