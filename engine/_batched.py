@@ -10,7 +10,7 @@ strides to choose view or copy) and autograd see the per-example tensor.
 from __future__ import annotations
 
 import itertools
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import torch
@@ -25,6 +25,8 @@ class LevelInfo:
     randomness: str = "error"
     # autograd sequence number at entry: graph nodes older than this were built outside the level
     seq: int = 0
+    # autograd nodes of this level to hook when it returns (engine._gradsum)
+    pending: list = field(default_factory=list)
 
 
 _level_counter = itertools.count(1)
@@ -39,6 +41,10 @@ def push_level(batch_size: int, randomness: str) -> LevelInfo:
 
 def pop_level(info: LevelInfo) -> None:
     _active.pop(info.level, None)
+    if info.pending:
+        from engine._gradsum import flush_level
+
+        flush_level(info)
 
 
 def level_info(level: int, batch_size: int) -> LevelInfo:
@@ -68,16 +74,9 @@ class BatchedTensor(torch.Tensor):
         r._level = level
         return r
 
-    @classmethod
-    def __torch_function__(cls, func, types, args=(), kwargs=None):
-        # Runs above autograd: the only place where an unbatched tensor that requires grad from
-        # outside this vmap can be broadcast into the batch *differentiably*, so that the gradient
-        # reaching it after vmap returns is summed over the batch (see _broadcast_outer_grads).
-        kwargs = kwargs or {}
-        with torch._C.DisableTorchFunctionSubclass():
-            if _active and torch.is_grad_enabled() and _any_plain_requires_grad(args, kwargs):
-                args, kwargs = _broadcast_outer_grads(args, kwargs)
-            return func(*args, **kwargs)
+    # No Python hop above autograd: every op goes straight to __torch_dispatch__ (gradients that
+    # leave a returned level are summed by engine._gradsum's node hooks instead).
+    __torch_function__ = torch._C._disabled_torch_function_impl
 
     @classmethod
     def __torch_dispatch__(cls, func, types, args=(), kwargs=None):
@@ -211,44 +210,3 @@ def _is_outer(t: torch.Tensor, info: LevelInfo) -> bool:
             return True
         stack.extend(n for n, _ in node.next_functions if n is not None)
     return False
-
-
-def _any_plain_requires_grad(args: tuple, kwargs: dict) -> bool:
-    """Cheap pre-check for _broadcast_outer_grads: a tensor that requires grad and may be unbatched
-    at the op's level (a plain tensor, or with nested vmaps any batched one)."""
-    nested = len(_active) > 1
-
-    def candidate(a: Any) -> bool:
-        return isinstance(a, torch.Tensor) and (nested or type(a) is not BatchedTensor) and a.requires_grad
-
-    for a in args:
-        if candidate(a) or (type(a) in (list, tuple) and any(candidate(b) for b in a)):
-            return True
-    return any(candidate(v) for v in kwargs.values())
-
-
-def _broadcast_outer_grads(args: tuple, kwargs: dict) -> tuple[tuple, dict]:
-    level = None
-    for a in args:
-        if type(a) is BatchedTensor and a._level in _active and (level is None or a._level > level):
-            level = a._level
-        elif type(a) in (list, tuple):
-            for b in a:
-                if type(b) is BatchedTensor and b._level in _active and (level is None or b._level > level):
-                    level = b._level
-    if level is None:
-        return args, kwargs
-    levels = [_active[lvl] for lvl in sorted(_active) if lvl <= level]
-
-    def fix(a):
-        if isinstance(a, torch.Tensor) and a.requires_grad and not (type(a) is BatchedTensor and a._level >= level):
-            # Innermost last: a tensor outer to a level is outer to every level entered after it too.
-            for info in levels:
-                if info.level not in batch_levels(a) and _is_outer(a, info):
-                    a = _AddBatchDim.apply(a.unsqueeze(0).expand(info.batch_size, *a.shape), info.level, info.batch_size)
-            return a
-        if type(a) in (list, tuple):
-            return type(a)(fix(b) for b in a)
-        return a
-
-    return tuple(fix(a) for a in args), {k: fix(v) for k, v in kwargs.items()}

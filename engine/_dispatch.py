@@ -14,6 +14,7 @@ from typing import Any, Iterator
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
+from engine import _gradsum
 from engine._batched import BatchedTensor, LevelInfo, add_batch_dim, level_info
 from engine.custom_ops import custom_vmap_rule, run_custom_op
 from engine.errors import DataDependentError, FallbackError, FallbackWarning, RandomnessError, VmapError
@@ -190,6 +191,15 @@ def batched_dispatch(func: Any, args: tuple, kwargs: dict) -> Any:
     level, size = _find_level(args, kwargs)
     if level is None:
         return func(*args, **kwargs)
+    if _gradsum._last or _gradsum._urgent:
+        _gradsum.flush_urgent()
+    out = _batched_call(func, args, kwargs, level, size)
+    if torch.is_grad_enabled():
+        _gradsum.note(args, kwargs, out, level)
+    return out
+
+
+def _batched_call(func: Any, args: tuple, kwargs: dict, level: int, size: int) -> Any:
     kind, meta, rule = _plan(func)
     if kind:
         if kind == _DATA_DEP:
@@ -405,9 +415,4 @@ class VmapMode(TorchDispatchMode):
                     )
                 draws = [func(*args, **kwargs) for _ in range(self.info.batch_size)]
                 return _stack_results(draws, self.info.level)
-        out = func(*args, **kwargs)
-        if type(out) is torch.Tensor:
-            # Created inside this vmap: if it becomes a leaf that requires grad (x.detach().requires_grad_()),
-            # gradients into it are per example, not summed (see engine._batched._is_outer).
-            out._vb_seq = self.info.seq
-        return out
+        return func(*args, **kwargs)

@@ -14,6 +14,7 @@ from typing import Any, Callable, Iterator
 import torch
 from torch.utils._pytree import tree_flatten, tree_map, tree_unflatten
 
+from engine import _gradsum
 from engine._batched import LevelInfo, _is_outer, mark_inner
 from engine._vmap import vmap
 from engine.errors import VmapError
@@ -84,6 +85,7 @@ def _grads(outputs: list, inputs: list, cotangents: list, create_graph: bool, re
     pairs = [(o, c) for o, c in zip(outputs, cotangents) if isinstance(o, torch.Tensor) and o.requires_grad]
     if not pairs:
         return [torch.zeros_like(i) for i in inputs]
+    _gradsum.flush_urgent()
     gs = torch.autograd.grad(
         [o for o, _ in pairs], inputs, [c for _, c in pairs],
         create_graph=create_graph, retain_graph=True if retain_graph is None else retain_graph, allow_unused=True,

@@ -240,7 +240,45 @@ def test_errors():
         engine.jvp(torch.sin, x, x)
 
 
-def test_nested_vector_jacrev_refuses_instead_of_wrong():
+@pytest.mark.parametrize("outer,inner", [
+    ("jacrev", "jacrev"), ("jacfwd", "jacrev"), ("jacrev", "jacfwd"), ("jacfwd", "jacfwd"),
+])
+def test_second_derivatives_of_vector_functions(outer, inner):
+    """Differentiating the backward graph of a finished vector-valued vmap: gradients leaving the
+    inner vmap's level are summed on the edge where they leave it (engine._gradsum)."""
+    torch.manual_seed(0)
+    W = torch.randn(3, 4)
+    f = lambda v: torch.tanh(W @ v) * v.sum()  # noqa: E731
     x = torch.randn(4)
-    with pytest.raises(TransformError, match="vmap level that already returned"):
-        engine.jacrev(engine.jacrev(square))(x)
+    ours = getattr(engine, outer)(getattr(engine, inner)(f))(x)
+    ref = getattr(tf, outer)(getattr(tf, inner)(f))(x)
+    assert type(ours) is torch.Tensor and close(ours, ref)
+    assert close(engine.jacrev(engine.jacrev(square))(x), tf.jacrev(tf.jacrev(square))(x))
+
+
+def test_third_derivatives_and_vmap_over_them():
+    torch.manual_seed(0)
+    f = lambda v: v.sin() * v.sum()  # noqa: E731
+    x, xs = torch.randn(3), torch.randn(2, 3)
+    assert close(engine.jacrev(engine.jacrev(engine.jacrev(f)))(x), tf.jacrev(tf.jacrev(tf.jacrev(f)))(x))
+    assert close(engine.vmap(engine.jacrev(engine.jacrev(f)))(xs), tf.vmap(tf.jacrev(tf.jacrev(f)))(xs))
+    assert close(engine.jacrev(engine.hessian(lambda v: (v.sin() * v).sum()))(x),
+                 tf.jacrev(tf.hessian(lambda v: (v.sin() * v).sum()))(x))
+
+
+def test_closed_over_weight_gets_summed_gradient_outside_vmap():
+    """Plain autograd after vmap returned: a weight shared by every batch element gets the sum of the
+    per-example gradients, also when it reaches the weight along a batched and an unbatched path."""
+    torch.manual_seed(0)
+    w = torch.randn(4, requires_grad=True)
+    X = torch.randn(5, 4)
+    f = lambda r: (r * w).sin().sum() + (w * w).sum()  # noqa: E731
+    (ours,) = torch.autograd.grad(engine.vmap(f)(X).sum() + w.sum(), w)
+    (ref,) = torch.autograd.grad(torch.vmap(f)(X).sum() + w.sum(), w)
+    assert type(ours) is torch.Tensor and close(ours, ref)
+    # second order through the same path
+    (g1,) = torch.autograd.grad(engine.vmap(f)(X).sum(), w, create_graph=True)
+    (h_ours,) = torch.autograd.grad(g1.pow(2).sum(), w)
+    (g2,) = torch.autograd.grad(torch.vmap(f)(X).sum(), w, create_graph=True)
+    (h_ref,) = torch.autograd.grad(g2.pow(2).sum(), w)
+    assert close(h_ours, h_ref)
