@@ -41,35 +41,41 @@ def levels_of(x: Any) -> tuple[int, ...]:
 def note(args: tuple, kwargs: dict, out: Any, level: int) -> None:
     """Called for an op at `level` while grad mode is on: remember the node autograd is about to make
     for `out` when its requires-grad inputs are batched at different levels."""
-    inputs: list[tuple[Any, tuple[int, ...]]] = []
-    union: set[int] = set()
-    mixed = False
-    first_levels: tuple[int, ...] | None = None
-    for a in _tensor_args(args, kwargs):
-        lv = levels_of(a)
-        union.update(lv)
+    tensors = [a for a in _tensor_args(args, kwargs)]
+    for a in tensors:
         if a.requires_grad:
-            inputs.append((a, lv))
-            if first_levels is None:
-                first_levels = lv
-            elif lv != first_levels:
-                mixed = True
-    if not inputs:
-        return
-    if not mixed and len(first_levels) == len(union):  # type: ignore[arg-type]
+            break
+    else:
+        return  # the cheap common exit: autograd records nothing
+    per = [(a, levels_of(a)) for a in tensors]
+    union = {lvl for _, lv in per for lvl in lv}
+    edges = []
+    for t, lv in per:
+        if not t.requires_grad or len(lv) == len(union):
+            continue  # it has every level: nothing to sum for it
+        lacking = union.difference(lv)
+        if t.grad_fn is None and _made_inside(t, lacking):
+            continue  # a transform's own input made inside the level: its gradient is asked for there
+        edges.append((t.grad_fn if t.grad_fn is not None else t, t.output_nr if t.grad_fn is not None else None, frozenset(lv)))
+    if not edges:
         return
     anchor = _first_tensor(out)
     if anchor is None:
         return
-    edges = []
-    for t, lv in inputs:
-        if len(lv) == len(union):
-            continue  # it has every level: nothing to sum for it
-        edges.append((t.grad_fn if t.grad_fn is not None else t, t.output_nr if t.grad_fn is not None else None, frozenset(lv)))
     if _last:
         resolve_last()
     target = _active[max(union)].pending if all(lvl in _active for lvl in union) else _urgent
     _last.append((anchor, edges, target))
+
+
+def _made_inside(leaf: torch.Tensor, levels: set[int]) -> bool:
+    """Whether `leaf` was made (engine._batched.mark_inner) after every one of `levels` started."""
+    stamp = getattr(leaf, "_vb_seq", -1)
+    for lvl in levels:
+        info = _active.get(lvl)
+        if info is None or stamp < info.seq:
+            return False
+    return True
 
 
 def resolve_last() -> None:

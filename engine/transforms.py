@@ -98,21 +98,17 @@ def _grads(outputs: list, inputs: list, cotangents: list, create_graph: bool, re
 def _check_no_dead_level(g: Any) -> None:
     """A gradient still batched at a vmap level that has returned would be silently wrong: refuse it.
 
-    It happens when the backward graph of a vmapped computation that mixed batched values with
-    unbatched tensors requiring grad is differentiated again outside that vmap (e.g. jacrev of a
-    vector-valued jacrev). The engine records such ops per example, so the gradient reaching the
-    unbatched tensor would need a sum over the finished batch that autograd does not do.
+    engine._gradsum sums such gradients over the finished batch on the edge where they leave the
+    level; this guard turns any node it missed into an error instead of a wrong answer.
     """
     from engine._batched import _active, batch_levels
 
     dead = [lvl for lvl in batch_levels(g) if lvl not in _active]
     if dead:
         raise TransformError(
-            "engine: a gradient flowed out of a vmap level that already returned (level "
-            f"{dead[0]}) into a tensor that was not batched there. Differentiating through the backward graph "
-            "of a finished vmap is not supported by this engine: compute the inner Jacobian with "
-            "engine.functional.jacobian(..., vectorize=False) or restructure so the inner transform is scalar "
-            "(engine.hessian of a scalar function works)."
+            f"engine: a gradient is still batched at a vmap level that already returned (level {dead[0]}), so it "
+            "was not summed over that finished batch. This is an engine bug: please report the function. "
+            "engine.functional.jacobian(..., vectorize=False) computes the same result without vmap."
         )
 
 

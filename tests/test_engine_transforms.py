@@ -282,3 +282,23 @@ def test_closed_over_weight_gets_summed_gradient_outside_vmap():
     (g2,) = torch.autograd.grad(torch.vmap(f)(X).sum(), w, create_graph=True)
     (h_ref,) = torch.autograd.grad(g2.pow(2).sum(), w)
     assert close(h_ours, h_ref)
+
+
+def test_gradient_of_per_sample_gradient_norms_wrt_shared_params():
+    """Per-sample gradients of parameters that require grad, then autograd over their norms (a
+    gradient penalty): the second backward runs after the vmap returned, through nodes that mix the
+    per-example batch with the shared parameters."""
+    torch.manual_seed(0)
+    W, b = torch.randn(3, 5, requires_grad=True), torch.randn(3, requires_grad=True)
+    x, y = torch.randn(6, 5), torch.randint(0, 3, (6,))
+
+    def loss(p, xi, yi):
+        return F.cross_entropy(torch.tanh(xi @ p[0].T + p[1]).unsqueeze(0), yi.unsqueeze(0))
+
+    def penalty(m):
+        g = m.vmap(m.grad(loss), in_dims=(None, 0, 0))((W, b), x, y)
+        return sum(t.pow(2).sum() for t in g)
+
+    ours = torch.autograd.grad(penalty(engine), (W, b))
+    ref = torch.autograd.grad(penalty(tf), (W, b))
+    assert all(type(t) is torch.Tensor for t in ours) and close(ours, ref)
