@@ -72,10 +72,100 @@ def _leaf_key(x: Any) -> Hashable:
     return ("V", type(x), x)
 
 
-def _signature(args: tuple, kwargs: dict) -> tuple[Hashable, list, Any]:
+def _signature(args: tuple, kwargs: dict, strides: bool = False) -> tuple[Hashable, list, Any]:
     flat, spec = tree_flatten((args, kwargs))
-    key = (spec, tuple(_leaf_key(x) for x in flat), torch.is_grad_enabled())
+    if strides:
+        leaves = tuple(_leaf_key(x) + (x.stride(),) if isinstance(x, torch.Tensor) else _leaf_key(x) for x in flat)
+    else:
+        leaves = tuple(_leaf_key(x) for x in flat)
+    key = (spec, leaves, torch.is_grad_enabled())
     return key, flat, spec
+
+
+# The fast signature: for the argument shapes almost every call has (plain tensors, Python scalars,
+# and flat tuples/lists/dicts of them), a key built by direct attribute reads instead of a general
+# pytree flatten plus a nested key. It is cheaper by an order of magnitude (the flatten and the
+# hash of the TreeSpec are most of a small compiled graph's per-call cost) and maps to a cache
+# entry found once through the full signature. It must determine the full signature: equal fast
+# keys imply equal full keys. So it records the positional arity, every container's exact type
+# (and a dict's keys in order), the keyword names, each leaf's kind, each tensor's shape, dtype,
+# device, requires_grad, layout (and strides when compiled code asserts them), each scalar's type
+# and value, and grad mode. Anything else (tensor subclasses other than Parameter, namedtuples,
+# nesting, other leaf types) returns None and takes the full path. The leaves come out in
+# tree_flatten's order, so an entry's input positions apply to either.
+_FAST_TENSORS = frozenset({torch.Tensor, torch.nn.Parameter})
+_FAST_SCALARS = frozenset({int, float, bool, complex, str, type(None)})
+_FAST_SEQUENCES = frozenset({tuple, list})
+
+
+def _fast_leaf(x: Any, flat: list, strides: bool) -> Hashable | None:
+    t = type(x)
+    if t in _FAST_TENSORS:
+        flat.append(x)
+        if strides:
+            return (x.shape, x.dtype, x.device, x.requires_grad, x.layout, x.stride())
+        return (x.shape, x.dtype, x.device, x.requires_grad, x.layout)
+    if t in _FAST_SCALARS:
+        flat.append(x)
+        return (t, x)
+    return None
+
+
+def _fast_arg(x: Any, flat: list, strides: bool) -> Hashable | None:
+    """Key of one argument (a leaf, or a flat tuple/list/dict of leaves); None if not covered."""
+    key = _fast_leaf(x, flat, strides)
+    if key is not None:
+        return key
+    t = type(x)
+    if t in _FAST_SEQUENCES:
+        keys = []
+        for item in x:
+            k = _fast_leaf(item, flat, strides)
+            if k is None:
+                return None
+            keys.append(k)
+        return (t, tuple(keys))
+    if t is dict:
+        keys = []
+        for item in x.values():
+            k = _fast_leaf(item, flat, strides)
+            if k is None:
+                return None
+            keys.append(k)
+        return (t, tuple(x), tuple(keys))
+    return None
+
+
+def _fast_signature(args: tuple, kwargs: dict, strides: bool) -> tuple[Hashable, list] | None:
+    """(fast key, leaves in tree_flatten order), or None when the arguments need the full path.
+
+    Key shapes cannot collide: a tensor's is a 5/6-tuple starting with a torch.Size, a scalar's a
+    2-tuple (scalar type, value), a sequence's a 2-tuple (tuple/list type, tuple), a dict's a
+    3-tuple starting with dict.
+    """
+    flat: list = []
+    parts: list = [torch.is_grad_enabled(), len(args)]
+    for a in args:
+        t = type(a)
+        if t in _FAST_TENSORS:  # inlined: the overwhelmingly common case
+            flat.append(a)
+            if strides:
+                parts.append((a.shape, a.dtype, a.device, a.requires_grad, a.layout, a.stride()))
+            else:
+                parts.append((a.shape, a.dtype, a.device, a.requires_grad, a.layout))
+            continue
+        k = _fast_arg(a, flat, strides)
+        if k is None:
+            return None
+        parts.append(k)
+    if kwargs:
+        parts.append(tuple(kwargs))
+        for v in kwargs.values():
+            k = _fast_arg(v, flat, strides)
+            if k is None:
+                return None
+            parts.append(k)
+    return tuple(parts), flat
 
 
 # ------------------------------------------------------------------------------------------------
@@ -304,6 +394,46 @@ def _views_as_reshapes(gm: torch.fx.GraphModule) -> None:
             node.target = aten.reshape.default
 
 
+def _same_shape(a: Any, b: Any) -> bool:
+    va, vb = _node_val(a), _node_val(b)
+    return isinstance(va, torch.Tensor) and isinstance(vb, torch.Tensor) and va.shape == vb.shape
+
+
+def _is_call(node: Any, target: Any) -> bool:
+    return isinstance(node, torch.fx.Node) and node.op == "call_function" and node.target is target
+
+
+def _fold_shape_chains(gm: torch.fx.GraphModule) -> None:
+    """Collapse the shape bookkeeping the batching rules and backward formulas leave behind:
+    reshape(reshape(x)) -> reshape(x), a reshape to x's own shape -> x, t(t(x)) -> x, and the one
+    chunk of a single-piece split -> x. They are free in compiled code but each is a dispatcher
+    round trip (several microseconds) in a replayed graph, and a small jacrev graph is half such ops.
+
+    A node the output reads is never replaced (only its inputs are rewired), so outputs stay
+    distinct tensor objects, neither a graph input nor another output.
+    """
+    graph = gm.graph
+    for node in list(graph.nodes):
+        if node.op != "call_function" or not node.args or not isinstance(node.args[0], torch.fx.Node):
+            continue
+        src, target = node.args[0], node.target
+        if target is aten.reshape.default and _is_call(src, aten.reshape.default):
+            node.args = (src.args[0],) + tuple(node.args[1:])
+            src = src.args[0]
+        if target is aten.reshape.default:
+            keep = src if _same_shape(src, node) else None
+        elif target is aten.t.default and _is_call(src, aten.t.default):
+            keep = src.args[0]
+        elif target is operator.getitem and _is_call(src, aten.split_with_sizes.default) and len(src.args[1]) == 1:
+            keep = src.args[0] if _same_shape(src.args[0], node) else None
+        else:
+            keep = None
+        if keep is None or not isinstance(keep, torch.fx.Node) or any(u.op == "output" for u in node.users):
+            continue
+        node.replace_all_uses_with(keep)
+        graph.erase_node(node)
+
+
 def _drop_no_ops(gm: torch.fx.GraphModule) -> None:
     """Remove detach/alias nodes (autograd bookkeeping that is a no-op on replayed plain tensors)."""
     graph = gm.graph
@@ -321,29 +451,102 @@ def _drop_no_ops(gm: torch.fx.GraphModule) -> None:
 # traced entries
 
 
+def _output_builder(spec: Any, consts: list[tuple[int, Any]]) -> Callable[[Any], Any]:
+    """How to turn the graph's list of output tensors into the function's return value.
+
+    Decided once per entry: the common structures (one tensor, a flat tuple/list/dict of tensors)
+    get a direct constructor, which skips the per-call list copy, the insertion of non-tensor
+    outputs and the general tree_unflatten.
+    """
+    if not consts:
+        if spec.is_leaf():
+            return operator.itemgetter(0)
+        if spec.type in (tuple, list, dict) and all(spec.child(i).is_leaf() for i in range(spec.num_children)):
+            if spec.type is dict:
+                keys = list(spec.context)
+                return lambda outs: dict(zip(keys, outs))
+            return spec.type
+
+    def build(outs: Any) -> Any:
+        outs = list(outs)
+        for i, v in consts:
+            outs.insert(i, v)
+        return tree_unflatten(outs, spec)
+
+    return build
+
+
 class _Entry:
     """One signature's recorded graph, the live tensors it reads, and the output structure."""
 
-    __slots__ = ("gm", "run", "constants", "tensor_pos", "out_spec", "out_consts", "eager", "compiled", "compile_seconds")
+    __slots__ = (
+        "gm", "run", "constants", "tensor_pos", "select", "out_spec", "out_consts", "build", "eager", "compiled",
+        "compile_seconds", "key", "fast_keys",
+    )
 
     def __init__(self) -> None:
         self.gm: torch.fx.GraphModule | None = None
         self.run: Callable | None = None
-        self.constants: list[torch.Tensor] = []
+        self.constants: tuple[torch.Tensor, ...] = ()
         self.tensor_pos: list[int] = []
+        self.select: list[int] | None = None  # tensor_pos, or None when every leaf is a tensor, in order
         self.out_spec: Any = None
         self.out_consts: list[tuple[int, Any]] = []
+        self.build: Callable[[Any], Any] = operator.itemgetter(0)
         self.eager = False
         self.compiled: Callable | None = None
         self.compile_seconds: float | None = None
+        self.key: Hashable = None
+        self.fast_keys: list[Hashable] = []
+
+    def inputs(self, flat: list) -> list:
+        return [flat[i] for i in self.tensor_pos] + list(self.constants)
 
     def call(self, flat: list) -> Any:
-        inputs = [flat[i] for i in self.tensor_pos]
-        inputs.extend(self.constants)
-        outs = list(self.run(*inputs))
-        for i, v in self.out_consts:
-            outs.insert(i, v)
-        return tree_unflatten(outs, self.out_spec)
+        select = self.select
+        if select is None:
+            return self.build(self.run(*flat, *self.constants))
+        return self.build(self.run(*[flat[i] for i in select], *self.constants))
+
+
+# torch.compile keywords the direct inductor path can honour: `mode` and `options` become inductor
+# config patches; `fullgraph` holds trivially (the recorded graph is whole); `dynamic` has nothing
+# to act on, since every new shape is a new signature and so a new trace of its own.
+_INDUCTOR_KWARGS = frozenset({"backend", "mode", "options", "fullgraph", "dynamic"})
+
+
+def _direct_inductor(kwargs: dict) -> bool:
+    return kwargs.get("backend", "inductor") == "inductor" and set(kwargs) <= _INDUCTOR_KWARGS
+
+
+def _inductor_patches(kwargs: dict) -> dict[str, Any]:
+    mode, options = kwargs.get("mode"), kwargs.get("options")
+    patches: dict[str, Any] = {}
+    if mode is not None and mode != "default":
+        from torch._inductor import list_mode_options
+
+        patches.update(list_mode_options(mode))
+    for name, value in (options or {}).items():
+        patches[name.replace("-", "_")] = value
+    return patches
+
+
+def _compile_with_inductor(gm: torch.fx.GraphModule, inputs: list, kwargs: dict) -> Callable:
+    """Compile an already-recorded aten graph with inductor, without dynamo.
+
+    torch.compile(gm) would have dynamo trace the graph's Python code again (redundant: it is
+    already a functional aten graph) and leave a guarded, frame-evaluating wrapper around the
+    compiled code, whose checks cost more than the whole computation of a small graph. Our own
+    signature key does the guarding instead (it includes strides in compiled mode, since the
+    compiled code asserts them). `standalone_compile` is inductor's entry point for a graph from
+    outside torch.compile; it goes through AOTAutograd and inductor's on-disk caches
+    (TORCHINDUCTOR_CACHE_DIR) like torch.compile does, so a later process loads instead of compiling.
+    """
+    from torch._inductor import standalone_compile
+
+    patches = _inductor_patches(kwargs)
+    options = {"config_patches": patches} if patches else {}
+    return standalone_compile(gm, inputs, dynamic_shapes="from_example_inputs", options=options)
 
 
 class TracedFunction:
@@ -354,6 +557,8 @@ class TracedFunction:
             raise ValueError(f"engine.trace: fallback must be 'error' or 'eager', got {fallback!r}")
         if not isinstance(cache_size, int) or cache_size < 1:
             raise ValueError(f"engine.trace: cache_size must be a positive int, got {cache_size!r}")
+        if compile_kwargs and compile_kwargs.get("mode") is not None and compile_kwargs.get("options") is not None:
+            raise ValueError("engine.compile: pass either mode or options, not both (as torch.compile)")
         functools.update_wrapper(self, fn)
         self.fn = fn
         self.fallback = fallback
@@ -362,37 +567,33 @@ class TracedFunction:
         self.trace_seconds: float | None = None
         self.compile_seconds: float | None = None
         self._cache: OrderedDict[Hashable, _Entry] = OrderedDict()
+        self._fast: dict[Hashable, _Entry] = {}  # fast key -> a live, ready (traced, compiled) entry
+        self._mru: _Entry | None = None  # the most recently used entry: the end of self._cache
+        self._strides = compile_kwargs is not None  # compiled code asserts input strides
         self._hits = self._misses = self._traces = self._evictions = 0
         self._warned = False
 
     # -- public -------------------------------------------------------------------------------
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
-        key, flat, spec = _signature(args, kwargs)
-        entry = self._cache.get(key)
-        if entry is not None:
-            self._hits += 1
-            self._cache.move_to_end(key)
-        else:
-            self._misses += 1
-            entry = self._trace(flat, spec, args, kwargs)
-            self._cache[key] = entry
-            if len(self._cache) > self.cache_size:
-                self._cache.popitem(last=False)
-                self._evictions += 1
-            if entry.eager:
-                return self.fn(*args, **kwargs)
-        if entry.eager:
-            return self.fn(*args, **kwargs)
-        if self.compile_kwargs is not None and entry.compiled is None:
-            self._compile(entry, flat)
-        return entry.call(flat)
+        fast = _fast_signature(args, kwargs, self._strides)
+        if fast is not None:
+            entry = self._fast.get(fast[0])
+            if entry is not None:
+                self._hits += 1
+                if entry is not self._mru:
+                    self._cache.move_to_end(entry.key)
+                    self._mru = entry
+                return entry.call(fast[1])
+        return self._call_slow(args, kwargs, fast)
 
     def cache_info(self) -> CacheInfo:
         return CacheInfo(self._hits, self._misses, self._traces, self._evictions, len(self._cache), self.cache_size)
 
     def cache_clear(self) -> None:
         self._cache.clear()
+        self._fast.clear()
+        self._mru = None
 
     def graphs(self) -> list[torch.fx.GraphModule]:
         """The recorded graphs, least recently used first (for inspection and tests)."""
@@ -400,9 +601,37 @@ class TracedFunction:
 
     # -- internals ----------------------------------------------------------------------------
 
+    def _call_slow(self, args: tuple, kwargs: dict, fast: tuple[Hashable, list] | None) -> Any:
+        """The full signature path: first calls of a signature, and arguments the fast key does not cover."""
+        key, flat, spec = _signature(args, kwargs, self._strides)
+        entry = self._cache.get(key)
+        if entry is not None:
+            self._hits += 1
+            self._cache.move_to_end(key)
+        else:
+            self._misses += 1
+            entry = self._trace(flat, spec, args, kwargs)
+            entry.key = key
+            self._cache[key] = entry
+            if len(self._cache) > self.cache_size:
+                _, evicted = self._cache.popitem(last=False)
+                for k in evicted.fast_keys:
+                    del self._fast[k]
+                self._evictions += 1
+        self._mru = entry
+        if entry.eager:
+            return self.fn(*args, **kwargs)
+        if self.compile_kwargs is not None and entry.compiled is None:
+            self._compile(entry, flat)
+        if fast is not None:
+            self._fast[fast[0]] = entry
+            entry.fast_keys.append(fast[0])
+        return entry.call(flat)
+
     def _trace(self, flat: list, spec: Any, args: tuple, kwargs: dict) -> _Entry:
         entry = _Entry()
         entry.tensor_pos = [i for i, x in enumerate(flat) if isinstance(x, torch.Tensor)]
+        entry.select = None if len(entry.tensor_pos) == len(flat) else entry.tensor_pos
         fn = self.fn
         out_info: dict[str, Any] = {}
 
@@ -429,15 +658,16 @@ class TracedFunction:
                 warnings.warn(
                     f"engine.trace: {_name(fn)} cannot be traced ({err}); running it eagerly for this signature.",
                     TraceFallbackWarning,
-                    stacklevel=3,
+                    stacklevel=4,
                 )
             entry.eager = True
             return entry
-        entry.constants = _lift_constants(gm)
+        entry.constants = tuple(_lift_constants(gm))
         _fold_broadcast_bmm(gm)
         _outer_bmm_to_mul(gm)
         _fold_identity_mm(gm)
         _views_as_reshapes(gm)
+        _fold_shape_chains(gm)
         _drop_no_ops(gm)
         self._traces += 1
         self.trace_seconds = time.perf_counter() - start
@@ -445,16 +675,28 @@ class TracedFunction:
         entry.run = gm.forward
         entry.out_spec = out_info["spec"]
         entry.out_consts = out_info["consts"]
+        entry.build = _output_builder(entry.out_spec, entry.out_consts)
         return entry
 
     def _compile(self, entry: _Entry, flat: list) -> None:
+        kwargs = self.compile_kwargs or {}
         start = time.perf_counter()
-        compiled = torch.compile(entry.gm, **self.compile_kwargs)
-        inputs = [flat[i] for i in entry.tensor_pos] + entry.constants
-        compiled(*inputs)  # compiles (or loads from inductor's on-disk cache)
+        inputs = entry.inputs(flat)
+        if not _graph_outputs(entry.gm):
+            compiled = entry.run  # only non-tensor results: nothing to compile
+        elif _direct_inductor(kwargs):
+            compiled = _compile_with_inductor(entry.gm, inputs, kwargs)
+        else:
+            compiled = torch.compile(entry.gm, **kwargs)
+        compiled(*inputs)  # the first call: lazy initialisation (and, through torch.compile, the compile)
         entry.compile_seconds = self.compile_seconds = time.perf_counter() - start
         entry.compiled = compiled
         entry.run = compiled
+
+
+def _graph_outputs(gm: torch.fx.GraphModule) -> list:
+    out = next(n for n in reversed(gm.graph.nodes) if n.op == "output")
+    return list(out.args[0]) if isinstance(out.args[0], (list, tuple)) else [out.args[0]]
 
 
 class TraceFallbackWarning(UserWarning):
@@ -479,11 +721,19 @@ def trace(fn: Callable, *, fallback: str = "error", cache_size: int = 8) -> Trac
 
 
 def compile(fn: Callable, *, fallback: str = "error", cache_size: int = 8, **torch_compile_kwargs: Any) -> TracedFunction:  # noqa: A001
-    """`trace(fn)`, with each recorded graph compiled by `torch.compile(**torch_compile_kwargs)`.
+    """`trace(fn)`, with each recorded graph compiled by inductor.
 
     The compile runs on the first call of each signature and its duration is exposed separately
     as `.compile_seconds` (`.trace_seconds` is the trace alone). Inductor's on-disk caches (under
     TORCHINDUCTOR_CACHE_DIR) are used, so a later process loads the compiled code instead of
     compiling it again.
+
+    `torch_compile_kwargs` are torch.compile's. With the default backend the recorded graph goes
+    to inductor directly (no dynamo: the graph is already functional aten, and dynamo's guards
+    would cost more per call than a small graph's arithmetic): `mode` and `options` are applied as
+    inductor config, `fullgraph` always holds, and `dynamic` is ignored, because each new shape
+    is a new signature and gets its own trace anyway. Any other keyword, or another `backend`,
+    hands the graph to `torch.compile(graph, **torch_compile_kwargs)` as given. The signature of
+    a compiled function also includes the input strides (the compiled code is specialised to them).
     """
     return TracedFunction(fn, fallback, cache_size, compile_kwargs=dict(torch_compile_kwargs))

@@ -220,3 +220,221 @@ def test_identity_basis_matmul_is_folded_away():
     with torch.no_grad():
         W.add_(1.0)
     torch.testing.assert_close(traced(x), W)
+
+
+# ------------------------------------------------------------------------------------------------
+# the per-call fast paths
+
+
+def test_fast_signature_leaves_match_tree_flatten():
+    from collections import namedtuple
+
+    from torch.utils._pytree import tree_flatten
+
+    from engine.trace import _fast_signature
+
+    x, y = torch.randn(3), torch.randn(2, 2)
+    p = torch.nn.Parameter(torch.randn(4))
+    covered = [
+        ((x,), {}),
+        ((x, 2.0, None, "s", True, 3), {}),
+        (({"b": x, "a": y}, (x, 1), [y]), {}),
+        ((p, x), {"scale": 2.0, "w": y}),
+        ((), {}),
+    ]
+    for args, kwargs in covered:
+        fast = _fast_signature(args, kwargs, False)
+        assert fast is not None
+        flat = tree_flatten((args, kwargs))[0]
+        assert len(fast[1]) == len(flat) and all(a is b for a, b in zip(fast[1], flat))
+    Pair = namedtuple("Pair", "a b")
+    for args in [((x, (y,)),), (Pair(x, y),), ({"a": {"b": x}},), (torch.Size([2]),), (object(),)]:
+        assert _fast_signature(args, {}, False) is None
+
+
+def test_fast_signature_tells_apart_what_the_full_signature_does():
+    from engine.trace import _fast_signature
+
+    x = torch.randn(3)
+
+    def key(*args, strides=False, **kwargs):
+        return _fast_signature(args, kwargs, strides)[0]
+
+    variants = [
+        key(x), key(torch.randn(4)), key(x.double()), key(x.clone().requires_grad_()), key(x, 1), key(x, 1.0), key(x, True),
+        key(x, 2), key((x,)), key([x]), key({"a": x}), key({"b": x}), key(x, a=1), key(x, b=1), key(x, x),
+    ]
+    assert len(set(variants)) == len(variants)
+    with torch.no_grad():
+        assert key(x) != variants[0]
+    assert key(x) == variants[0] and key(torch.randn(3)) == variants[0]
+    z = torch.randn(6)[::2]
+    assert key(z) == key(x)  # the traced replay does not care about strides
+    assert key(z, strides=True) != key(x, strides=True)  # compiled code does
+
+
+def test_fast_path_retraces_when_the_signature_changes():
+    fn = engine.grad(lambda x, scale, p: (scale * x.sin() * p["w"]).sum())
+    traced = engine.trace(fn)
+    x, p = torch.randn(4), {"w": torch.randn(4)}
+    calls = [
+        (x, 2.0, p),
+        (torch.randn(5), 2.0, {"w": torch.randn(5)}),  # shape
+        (x.double(), 2.0, {"w": p["w"].double()}),  # dtype
+        (x, 3.0, p),  # non-tensor value
+        (x, 3, p),  # non-tensor type
+        (x, 2.0, {"w": p["w"].clone().requires_grad_()}),  # requires_grad
+    ]
+    for i, args in enumerate(calls):
+        for _ in range(2):
+            got = traced(*args)
+            torch.testing.assert_close(got, args[1] * args[0].cos() * args[2]["w"].detach())
+        assert traced.cache_info().traces == i + 1
+    with torch.no_grad():  # grad mode
+        traced(x, 2.0, p)
+    assert traced.cache_info().traces == len(calls) + 1
+    for args in calls:  # all still cached (cache_size 8) and found by the fast key
+        traced(*args)
+    info = traced.cache_info()
+    assert (info.traces, info.misses, info.hits) == (len(calls) + 1, len(calls) + 1, 2 * len(calls))
+
+
+def test_fast_keys_of_evicted_entries_are_dropped():
+    traced = engine.trace(engine.grad(lambda x: (x * x).sum()), cache_size=2)
+    for n in (2, 3, 4, 2, 3, 4):
+        x = torch.randn(n)
+        torch.testing.assert_close(traced(x), 2 * x)
+    info = traced.cache_info()
+    assert (info.traces, info.evictions, info.currsize) == (6, 4, 2)
+    assert set(traced._fast.values()) <= set(traced._cache.values())
+    traced.cache_clear()
+    assert not traced._fast
+    x = torch.randn(4)
+    torch.testing.assert_close(traced(x), 2 * x)
+    assert traced.cache_info().traces == 7
+
+
+def test_unusual_arguments_take_the_full_path_and_still_hit_the_cache():
+    from collections import namedtuple
+
+    Pair = namedtuple("Pair", "a b")
+    traced = engine.trace(engine.grad(lambda p: (p.a * p.b["c"]).sum()))
+    a, c = torch.randn(3), torch.randn(3)
+    for _ in range(3):
+        got = traced(Pair(a, {"c": c}))  # gradients in the arguments' structure
+        assert type(got) is Pair
+        torch.testing.assert_close(got.a, c)
+        torch.testing.assert_close(got.b["c"], a)
+    info = traced.cache_info()
+    assert (info.traces, info.hits) == (1, 2) and not traced._fast
+
+
+@pytest.mark.parametrize(
+    "fn",
+    [
+        lambda x: x.sin() * 2,
+        lambda x: (x.sin(), x.cos()),
+        lambda x: [x.sin(), x * 3],
+        lambda x: {"s": x.sin(), "c": x.cos()},
+        lambda x: {"s": (x.sin(), 1.5), "n": 7, "t": [x.exp()]},
+        lambda x: (x.sum(), "tag", None),
+    ],
+)
+def test_outputs_keep_their_structure_and_are_fresh_tensors(fn):
+    traced = engine.trace(fn)
+    x = torch.randn(5)
+    first, second = traced(x), traced(x)
+    want = fn(x)
+    assert type(first) is type(want)
+    for got in (first, second):
+        flat_got, spec_got = torch.utils._pytree.tree_flatten(got)
+        flat_want, spec_want = torch.utils._pytree.tree_flatten(want)
+        assert spec_got == spec_want
+        for g, w in zip(flat_got, flat_want):
+            if isinstance(w, torch.Tensor):
+                torch.testing.assert_close(g, w)
+            else:
+                assert g == w
+    tensors = lambda out: [t for t in torch.utils._pytree.tree_flatten(out)[0] if isinstance(t, torch.Tensor)]  # noqa: E731
+    for a, b in zip(tensors(first), tensors(second)):
+        assert a is not b and a.data_ptr() != b.data_ptr()
+
+
+def test_shape_chains_are_folded_but_outputs_stay_distinct():
+    def fn(x, w):
+        y = x.reshape(2, 3).reshape(6) * 2  # reshape of a reshape
+        z = (w.t().t() @ y).reshape(4)  # transpose of a transpose; reshape to its own shape
+        return y, y.reshape(6), z, x.reshape(6)
+
+    traced = engine.trace(fn)
+    x, w = torch.randn(6), torch.randn(4, 6)
+    outs = traced(x, w)
+    for got, want in zip(outs, fn(x, w)):
+        torch.testing.assert_close(got, want)
+    assert len({id(o) for o in outs}) == 4 and all(o is not x for o in outs)
+    targets = [n.target for n in traced.graphs()[0].graph.nodes]
+    assert torch.ops.aten.t.default not in targets
+    # the graph's shape-only nodes: one reshape per output that needs one, none in between
+    assert targets.count(torch.ops.aten.reshape.default) <= 3
+
+
+def test_jacrev_graph_has_no_leftover_shape_ops():
+    model = _mlp()
+    traced = engine.trace(engine.jacrev(lambda x: model(x)))
+    x = torch.randn(8)
+    torch.testing.assert_close(traced(x), torch.func.jacrev(model)(x), atol=ATOL, rtol=1e-5)
+    targets = [n.target for n in traced.graphs()[0].graph.nodes if n.op == "call_function"]
+    shape_ops = {torch.ops.aten.reshape.default, torch.ops.aten.t.default, torch.ops.aten.split_with_sizes.default}
+    assert sum(t in shape_ops for t in targets) <= 4
+
+
+# ------------------------------------------------------------------------------------------------
+# compile options
+
+
+def test_compile_kwargs_map_to_inductor_config_or_torch_compile():
+    from engine.trace import _direct_inductor, _inductor_patches
+
+    assert _direct_inductor({}) and _direct_inductor({"mode": "max-autotune-no-cudagraphs", "dynamic": False})
+    assert _direct_inductor({"backend": "inductor", "fullgraph": True, "options": {"max_autotune": True}})
+    assert not _direct_inductor({"backend": "eager"}) and not _direct_inductor({"disable": True})
+    assert _inductor_patches({}) == {}
+    assert _inductor_patches({"mode": "max-autotune-no-cudagraphs"})["max_autotune"] is True
+    assert _inductor_patches({"options": {"epilogue-fusion": False}}) == {"epilogue_fusion": False}
+    with pytest.raises(ValueError, match="mode or options"):
+        engine.compile(lambda x: x, mode="max-autotune", options={"max_autotune": True})
+
+
+def test_compile_with_another_backend_goes_through_torch_compile():
+    model = _mlp()
+    compiled = engine.compile(engine.jacrev(lambda x: model(x)), backend="eager")
+    x = torch.randn(8)
+    torch.testing.assert_close(compiled(x), torch.func.jacrev(model)(x), atol=ATOL, rtol=1e-5)
+    torch.testing.assert_close(compiled(x), torch.func.jacrev(model)(x), atol=ATOL, rtol=1e-5)
+    assert compiled.compile_seconds is not None and compiled.cache_info().traces == 1
+
+
+def _with_inductor_cache(monkeypatch) -> None:
+    if "TORCHINDUCTOR_CACHE_DIR" not in os.environ:
+        root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+        monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", os.path.join(root, ".inductor-cache"))
+
+
+@pytest.mark.slow
+def test_compiled_jacrev_matches_eager_and_strides_are_part_of_the_signature(monkeypatch):
+    _with_inductor_cache(monkeypatch)
+    model = _mlp()
+    compiled = engine.compile(engine.jacrev(lambda x: model(x)))
+    x = torch.randn(8)
+    want = torch.func.jacrev(model)(x)
+    first, second = compiled(x), compiled(x)
+    torch.testing.assert_close(first, want, atol=ATOL, rtol=1e-5)
+    assert first.data_ptr() != second.data_ptr()  # fresh outputs
+    assert compiled.compile_seconds is not None and compiled.cache_info().traces == 1
+    strided = torch.randn(16)[::2]  # same shape, other strides: compiled code is specialised to strides
+    torch.testing.assert_close(compiled(strided), torch.func.jacrev(model)(strided), atol=ATOL, rtol=1e-5)
+    assert compiled.cache_info().traces == 2
+    with torch.no_grad():
+        for p in model.parameters():
+            p.mul_(0.5)  # closed-over parameters stay live through the compiled graph
+    torch.testing.assert_close(compiled(x), torch.func.jacrev(model)(x), atol=ATOL, rtol=1e-5)
