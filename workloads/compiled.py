@@ -11,7 +11,7 @@ for per-sample gradients: AOTAutograd does not support the double backward a Hes
 """
 from __future__ import annotations
 
-from workloads import bayes_logreg, per_sample_grads
+from workloads import bayes_logreg, hessians, per_sample_grads
 from workloads.define import define
 
 FAMILY = "compiled"
@@ -35,4 +35,14 @@ define(
     methods=("loop", "torch_func", "closed_form", "loop_compiled", "engine_compiled", "torch_func_compiled"),
     make_inputs=per_sample_grads.mlp_data,
     make_method=per_sample_grads.mlp_method,
+)
+
+define(
+    name="compiled_mlp_jacobian",
+    family=FAMILY,
+    description="mlp_jacobian compiled: engine.compile vs torch.compile(torch.func.jacrev)",
+    grid={"hidden": [32]},
+    methods=("loop", "torch_func", "closed_form", "engine_compiled", "torch_func_compiled"),
+    make_inputs=hessians.jacobian_data,
+    make_method=hessians.jacobian_mlp_method,
 )

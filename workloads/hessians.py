@@ -1,4 +1,5 @@
-"""Hessians: of a network loss, of classic test functions, at many points, and Hessian-vector products.
+"""Hessians (of a network loss, of classic test functions, at many points), Hessian-vector products
+and network Jacobians: the second-order and Jacobian workloads.
 
 - `mlp_loss_hessian`: full Hessian of a small tanh MLP's regression loss w.r.t. its flattened
   parameters (P = 10 * hidden + 1 of them), the object second-order optimisers and Laplace
@@ -8,6 +9,8 @@
 - `pinn_batched_hessian`: vmap(hessian) of a network u: R^3 -> R over many collocation points,
   as physics-informed nets do for Laplacians; closed form for one tanh hidden layer.
 - `mlp_hvp`: K Hessian-vector products of the MLP loss at one point (Lanczos, Hutchinson trace).
+- `mlp_jacobian`: jacrev of a small tanh MLP R^16 -> R^8 w.r.t. its input (sensitivity analysis,
+  Jacobian regularisers, normalising flows), with the closed form W2 diag(1 - tanh^2) W1.
 """
 from __future__ import annotations
 
@@ -17,7 +20,7 @@ from typing import Any, Callable
 import torch
 
 from workloads.define import define
-from workloads.methods import batched_hessian_method, hessian_method, hvp_method
+from workloads.methods import batched_hessian_method, hessian_method, hvp_method, jacobian_method
 
 FAMILY = "hessians"
 MLP_IN = 8
@@ -178,4 +181,41 @@ define(
     make_inputs=pinn_data,
     make_method=pinn_method,
     quick=("points=256",),
+)
+
+JAC_IN, JAC_OUT = 16, 8
+
+
+def jacobian_data(params: dict[str, Any], gen: torch.Generator) -> dict[str, Any]:
+    hidden = params["hidden"]
+    return {
+        "x": torch.randn(JAC_IN, generator=gen),
+        "W1": torch.randn(hidden, JAC_IN, generator=gen) / math.sqrt(JAC_IN),
+        "b1": torch.randn(hidden, generator=gen) * 0.1,
+        "W2": torch.randn(JAC_OUT, hidden, generator=gen) / math.sqrt(hidden),
+        "b2": torch.randn(JAC_OUT, generator=gen) * 0.1,
+    }
+
+
+def jacobian_mlp_method(method: str, inputs: dict[str, Any]) -> Callable[[], Any]:
+    W1, b1, W2, b2 = inputs["W1"], inputs["b1"], inputs["W2"], inputs["b2"]
+
+    def mlp(x: torch.Tensor) -> torch.Tensor:
+        return torch.tanh(x @ W1.T + b1) @ W2.T + b2
+
+    def closed_form(x: torch.Tensor) -> torch.Tensor:
+        t = torch.tanh(W1 @ x + b1)
+        return (W2 * (1 - t * t)) @ W1
+    return jacobian_method(method, mlp, inputs["x"], closed_form)
+
+
+define(
+    name="mlp_jacobian",
+    family=FAMILY,
+    description=f"jacrev of a tanh MLP {JAC_IN}-hidden-{JAC_OUT} w.r.t. its input (one batched backward pass)",
+    grid={"hidden": [32, 256]},
+    methods=("loop", "engine", "engine_traced", "torch_func", "functional_vectorize", "closed_form"),
+    make_inputs=jacobian_data,
+    make_method=jacobian_mlp_method,
+    quick=("hidden=32",),
 )

@@ -8,6 +8,7 @@ function in `engine.trace`, `engine.compile` or `torch.compile`; the trace or co
 the first call (`Workload.prepare` times it apart from the runs).
 
 Task kinds:
+- `jacobian_method`: Jacobian of a vector function of one flat tensor (reverse mode).
 - `hessian_method`: Hessian of a scalar function of one flat tensor.
 - `batched_hessian_method`: Hessians of a scalar function at many points (vmap over hessian).
 - `hvp_method`: many Hessian-vector products at one point (vmap over the vjp of the gradient).
@@ -69,6 +70,27 @@ def _loop_hessian(f: Fn, x: torch.Tensor) -> torch.Tensor:
     g = g.reshape(-1)
     rows = [torch.autograd.grad(g[i], x, retain_graph=True)[0].reshape(-1) for i in range(g.numel())]
     return torch.stack(rows).reshape(*x.shape, *x.shape)
+
+
+def jacobian_method(method: str, f: Fn, x: torch.Tensor, closed_form: Fn | None = None) -> Thunk:
+    """Jacobian of `f`: R^n -> R^m at a 1-d `x` (shape [m, n]) by reverse mode: the loop runs one
+    backward pass per output; the transforms run all of them as one batched backward pass."""
+    if method == "loop":
+        xg = x.detach().requires_grad_()
+
+        def run() -> torch.Tensor:
+            out = f(xg)
+            return torch.stack([torch.autograd.grad(out[i], xg, retain_graph=True)[0] for i in range(out.numel())])
+        return run
+    if method in TRANSFORM_METHODS:
+        ft = transforms(method)
+        jac = wrap(method, ft.jacrev(f))
+        return lambda: jac(x)
+    if method == "functional_vectorize":
+        return lambda: torch.autograd.functional.jacobian(f, x, vectorize=True)
+    if method == "closed_form" and closed_form is not None:
+        return lambda: closed_form(x)
+    raise _unsupported("jacobian", method, ("loop", *TRANSFORM_METHODS, "functional_vectorize", "closed_form"))
 
 
 def hessian_method(method: str, f: Fn, x: torch.Tensor, closed_form: Fn | None = None) -> Thunk:
