@@ -16,6 +16,7 @@ import torch
 from torch.func import functional_call
 
 import engine
+from engine.trace import TracedFunction
 
 
 def _median_times(fns: list[Callable[[], object]], repeats: int, warmup: int) -> list[float]:
@@ -45,6 +46,14 @@ def _logreg(n: int, d: int):
         return -(X.T @ (X * (p * (1 - p)).unsqueeze(1)) + torch.eye(d))
 
     return logp, closed_form, torch.randn(d, generator=g)
+
+
+def _small_mlp() -> torch.nn.Module:
+    torch.manual_seed(0)
+    small = torch.nn.Sequential(torch.nn.Linear(16, 32), torch.nn.Tanh(), torch.nn.Linear(32, 8))
+    for p in small.parameters():
+        p.requires_grad_(False)
+    return small
 
 
 def _row(name: str, t_engine: float, t_ref: float, ref: str) -> str:
@@ -81,9 +90,7 @@ def bench_replay(repeats: int, warmup: int) -> None:
         (params, x, t),
     ))
 
-    small = torch.nn.Sequential(torch.nn.Linear(16, 32), torch.nn.Tanh(), torch.nn.Linear(32, 8))
-    for p in small.parameters():
-        p.requires_grad_(False)
+    small = _small_mlp()
     cases.append(("jacrev MLP 16-32-8", engine.jacrev(small), torch.func.jacrev(small), (torch.randn(16),)))
 
     for name, eng, ref, args in cases:
@@ -95,29 +102,45 @@ def bench_replay(repeats: int, warmup: int) -> None:
         print(_row(name, t_eng, t_ref, "torch.func eager"), f"  (trace {traced.trace_seconds:.2f} s, untraced engine {t_eager * 1e6:.0f} us)")
 
 
+def _first_calls(ours: TracedFunction, theirs: Callable, args: tuple, what: str) -> None:
+    t0 = time.perf_counter()
+    ours(*args)
+    first = time.perf_counter() - t0
+    print(f"  engine.compile first call {first:.2f} s = trace {ours.trace_seconds:.2f} s + compile {ours.compile_seconds:.2f} s")
+    t0 = time.perf_counter()
+    theirs(*args)
+    print(f"  torch.compile({what}) first call {time.perf_counter() - t0:.2f} s")
+
+
 def bench_compiled(repeats: int, warmup: int) -> None:
-    print("== compiled engine vs torch.compile(torch.func) and the closed form (hessian logreg N=1000 D=64) ==")
+    print("== compiled engine vs torch.compile(torch.func) ==")
+    print("-- hessian logreg N=1000 D=64 (and the closed form)")
     logp, closed_form, w = _logreg(1000, 64)
     ours = engine.compile(engine.hessian(logp))
-    t0 = time.perf_counter()
-    ours(w)
-    first = time.perf_counter() - t0
-    print(f"engine.compile first call {first:.2f} s = trace {ours.trace_seconds:.2f} s + compile {ours.compile_seconds:.2f} s")
     theirs = torch.compile(torch.func.hessian(logp))
-    t0 = time.perf_counter()
-    theirs(w)
-    print(f"torch.compile(torch.func.hessian) first call {time.perf_counter() - t0:.2f} s")
+    _first_calls(ours, theirs, (w,), "torch.func.hessian")
     _check(ours(w), closed_form(w))
     _check(theirs(w), closed_form(w))
     t_ours, t_theirs, t_closed = _median_times([lambda: ours(w), lambda: theirs(w), lambda: closed_form(w)], repeats, warmup)
     print(_row("compiled hessian D=64", t_ours, t_theirs, "torch.compile(func)"))
     print(_row("compiled hessian D=64", t_ours, t_closed, "closed form (eager)"))
 
+    # A small function, where the per-call overhead around the compiled code is the whole cost.
+    print("-- jacrev MLP 16-32-8")
+    small, x = _small_mlp(), torch.randn(16)
+    ours = engine.compile(engine.jacrev(small))
+    theirs = torch.compile(torch.func.jacrev(small))
+    _first_calls(ours, theirs, (x,), "torch.func.jacrev")
+    _check(ours(x), torch.func.jacrev(small)(x))
+    _check(theirs(x), torch.func.jacrev(small)(x))
+    t_ours, t_theirs = _median_times([lambda: ours(x), lambda: theirs(x)], max(repeats, 300), warmup)
+    print(_row("compiled jacrev MLP 16-32-8", t_ours, t_theirs, "torch.compile(func)"))
+
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__)
-    parser.add_argument("--repeats", type=int, default=50)
-    parser.add_argument("--warmup", type=int, default=5)
+    parser.add_argument("--repeats", type=int, default=300)
+    parser.add_argument("--warmup", type=int, default=10)
     parser.add_argument("--no-compile", action="store_true", help="skip the torch.compile comparisons (~1 min of compiling)")
     args = parser.parse_args()
     os.environ.setdefault("TORCHINDUCTOR_CACHE_DIR", os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), ".inductor-cache"))
