@@ -403,32 +403,127 @@ def _is_call(node: Any, target: Any) -> bool:
     return isinstance(node, torch.fx.Node) and node.op == "call_function" and node.target is target
 
 
-def _fold_shape_chains(gm: torch.fx.GraphModule) -> None:
-    """Collapse the shape bookkeeping the batching rules and backward formulas leave behind:
-    reshape(reshape(x)) -> reshape(x), a reshape to x's own shape -> x, t(t(x)) -> x, and the one
-    chunk of a single-piece split -> x. They are free in compiled code but each is a dispatcher
-    round trip (several microseconds) in a replayed graph, and a small jacrev graph is half such ops.
+_VIEW_RESHAPES = frozenset({
+    aten.reshape.default, aten.squeeze.dim, aten.squeeze.dims, aten.squeeze.default, aten.unsqueeze.default,
+})
 
-    A node the output reads is never replaced (only its inputs are rewired), so outputs stay
-    distinct tensor objects, neither a graph input nor another output.
+
+def _reshape_source(node: torch.fx.Node) -> tuple[Any, bool] | None:
+    """If `node` holds its input's elements in the same row-major order, (that input, whether
+    the op is a view); else None. Such ops are reshapes, whatever they are called."""
+    if node.op != "call_function" or not node.args:
+        return None
+    t, src = node.target, node.args[0]
+    if t in _VIEW_RESHAPES:
+        return src, True
+    if t is aten.expand.default and _same_shape(src, node):
+        return src, True
+    if t is operator.getitem and _is_call(src, aten.split_with_sizes.default) and len(src.args[1]) == 1:
+        return src.args[0], True
+    if t is aten.cat.default and len(src) == 1:
+        return src[0], False
+    return None
+
+
+def _transpose_of(node: Any) -> tuple[Any, tuple[int, int]] | None:
+    """(input, the two swapped dims) if `node` is a transpose (t of a matrix, or transpose.int)."""
+    if not (isinstance(node, torch.fx.Node) and node.op == "call_function" and node.args):
+        return None
+    val = _node_val(node)
+    if not isinstance(val, torch.Tensor) or val.dim() < 2:
+        return None
+    if node.target is aten.t.default:
+        return node.args[0], (0, 1)
+    if node.target is aten.transpose.int:
+        nd = val.dim()
+        return node.args[0], tuple(sorted((node.args[1] % nd, node.args[2] % nd)))
+    return None
+
+
+def _is_one(x: Any) -> bool:
+    return type(x) in (int, float) and x == 1
+
+
+def _cse_key(node: torch.fx.Node) -> Hashable | None:
+    def freeze(x: Any) -> Any:
+        if isinstance(x, (list, tuple)):
+            return (type(x), tuple(freeze(y) for y in x))
+        if isinstance(x, dict):
+            return (dict, tuple((k, freeze(v)) for k, v in x.items()))
+        hash(x)
+        return (type(x), x)
+
+    if not isinstance(node.target, torch._ops.OpOverload) or torch.Tag.nondeterministic_seeded in node.target.tags:
+        return None
+    try:
+        return (node.target, freeze(node.args), freeze(node.kwargs))
+    except TypeError:
+        return None
+
+
+def _simplify(gm: torch.fx.GraphModule) -> None:
+    """Remove the bookkeeping that batching rules and backward formulas leave in a recorded graph.
+
+    Each op is a dispatcher round trip of several microseconds in a replayed graph, and a small
+    jacrev graph is mostly such ops; a Hessian graph also recomputes the function's value only to
+    take ones_like of it (the seed of the backward pass). Rewrites, in one forward sweep:
+    - chains of reshape-like ops (reshape, squeeze, unsqueeze, same-shape expand, a one-piece
+      split or cat) -> one reshape of the chain's source, or the source itself if its shape is kept;
+    - a transpose of the same transpose -> its input;
+    - x * 1 -> x (same dtype and shape);
+    - ones_like/zeros_like(x) -> ones/zeros of x's shape, so the value of x is no longer needed;
+    - repeated identical ops (deterministic ones only) -> the first (common subexpressions).
+    The dead code these leave is removed by `_drop_no_ops`.
+
+    Graphs with in-place ops are left alone (replacing a view could hide a mutation). A node the
+    output reads is replaced only by a node it is a view of (or an identical op) that is computed
+    in the graph and not an output itself, and rewired only through view ops: outputs stay distinct
+    objects, never graph inputs, and alias the graph's inputs exactly when they did before.
     """
     graph = gm.graph
+    if any(n.op == "call_function" and isinstance(n.target, torch._ops.OpOverload) and n.target._schema.is_mutable for n in graph.nodes):
+        return
+    seen: dict[Hashable, torch.fx.Node] = {}
     for node in list(graph.nodes):
-        if node.op != "call_function" or not node.args or not isinstance(node.args[0], torch.fx.Node):
+        if node.op != "call_function":
             continue
-        src, target = node.args[0], node.target
-        if target is aten.reshape.default and _is_call(src, aten.reshape.default):
-            node.args = (src.args[0],) + tuple(node.args[1:])
-            src = src.args[0]
-        if target is aten.reshape.default:
-            keep = src if _same_shape(src, node) else None
-        elif target is aten.t.default and _is_call(src, aten.t.default):
-            keep = src.args[0]
-        elif target is operator.getitem and _is_call(src, aten.split_with_sizes.default) and len(src.args[1]) == 1:
-            keep = src.args[0] if _same_shape(src.args[0], node) else None
-        else:
-            keep = None
-        if keep is None or not isinstance(keep, torch.fx.Node) or any(u.op == "output" for u in node.users):
+        is_output = any(u.op == "output" for u in node.users)
+        keep, view_only = None, False  # view_only: node is a view of keep (same aliasing if swapped)
+        found = _reshape_source(node)
+        if found is not None:
+            root, views = found
+            while isinstance(root, torch.fx.Node) and (up := _reshape_source(root)) is not None:
+                root, views = up[0], views and up[1]
+            if isinstance(root, torch.fx.Node):
+                if _same_shape(root, node):
+                    keep, view_only = root, views
+                elif root is not node.args[0] and (not is_output or (views and root.op != "placeholder")):
+                    val = _node_val(node)
+                    if isinstance(val, torch.Tensor):
+                        node.target, node.args, node.kwargs = aten.reshape.default, (root, list(val.shape)), {}
+        elif (outer := _transpose_of(node)) is not None:
+            inner = _transpose_of(outer[0])
+            if inner is not None and inner[1] == outer[1]:
+                keep, view_only = inner[0], True
+        elif node.target in (aten.mul.Tensor, aten.mul.Scalar) and _is_one(node.args[1]):
+            src = node.args[0]
+            if _same_shape(src, node) and _node_val(src).dtype == _node_val(node).dtype:
+                keep = src
+        elif node.target in (aten.ones_like.default, aten.zeros_like.default):
+            val = _node_val(node)
+            if isinstance(val, torch.Tensor) and val.is_contiguous():
+                make = aten.ones.default if node.target is aten.ones_like.default else aten.zeros.default
+                node.target, node.args = make, (list(val.shape),)
+                node.kwargs = {"dtype": val.dtype, "layout": val.layout, "device": val.device, "pin_memory": False}
+        if keep is None and (key := _cse_key(node)) is not None:
+            first = seen.setdefault(key, node)
+            if first is not node:
+                keep, view_only = first, True  # the same op on the same inputs: the same aliasing
+        if not isinstance(keep, torch.fx.Node):
+            continue
+        if is_output and not (
+            view_only and keep.op == "call_function" and not any(u.op == "output" for u in keep.users)
+        ):
             continue
         node.replace_all_uses_with(keep)
         graph.erase_node(node)
@@ -667,7 +762,7 @@ class TracedFunction:
         _outer_bmm_to_mul(gm)
         _fold_identity_mm(gm)
         _views_as_reshapes(gm)
-        _fold_shape_chains(gm)
+        _simplify(gm)
         _drop_no_ops(gm)
         self._traces += 1
         self.trace_seconds = time.perf_counter() - start

@@ -388,6 +388,41 @@ def test_jacrev_graph_has_no_leftover_shape_ops():
     assert sum(t in shape_ops for t in targets) <= 4
 
 
+def test_hessian_graph_does_not_recompute_the_function_value():
+    _, _, logp = _logreg()
+    traced = engine.trace(engine.hessian(logp))
+    w = torch.randn(16)
+    torch.testing.assert_close(traced(w), torch.func.hessian(logp)(w), atol=1e-4, rtol=1e-5)
+    targets = {n.target for n in traced.graphs()[0].graph.nodes}
+    # ones_like(f(w)) seeds the backward pass; only its shape is needed, not f(w)
+    assert torch.ops.aten.softplus.default not in targets and torch.ops.aten.ones_like.default not in targets
+
+
+def test_simplify_keeps_random_draws_and_distinct_outputs():
+    traced = engine.trace(lambda x: x + torch.randn(3) - torch.randn(3))
+    assert traced(torch.zeros(3)).abs().sum() > 0  # two draws, not one shared by CSE
+    traced = engine.trace(lambda x: (x.sin(), x.sin(), x.t().t(), (x * 2).t().t()))
+    x = torch.randn(3, 4)
+    outs = traced(x)
+    assert outs[0] is not outs[1] and outs[2] is not x
+    torch.testing.assert_close(outs[2], x)
+    torch.testing.assert_close(outs[3], x * 2)
+    assert outs[3].data_ptr() != traced(x)[3].data_ptr()
+
+
+def test_graphs_with_in_place_ops_replay_correctly():
+    def fn(x):
+        y = x.clone()
+        v = y.reshape(2, 3)
+        v.add_(1.0)  # writes through a view: the graph must keep it
+        return y.reshape(6).reshape(3, 2) * 1
+
+    traced = engine.trace(fn)
+    x = torch.randn(6)
+    torch.testing.assert_close(traced(x), fn(x))
+    torch.testing.assert_close(traced(x), fn(x))
+
+
 # ------------------------------------------------------------------------------------------------
 # compile options
 
