@@ -198,25 +198,28 @@ _NO_OPS = (aten.detach.default, aten.alias.default)
 
 
 def _lift_constants(gm: torch.fx.GraphModule) -> list[torch.Tensor]:
-    """Turn `get_attr` tensor constants into trailing placeholders; return the tensors to feed them."""
+    """Turn `get_attr` tensor constants into trailing placeholders; return the tensors to feed them.
+
+    All placeholders are inserted before any get_attr node is erased: the insertion point (the
+    first node after the placeholders) may itself be one of them.
+    """
     graph = gm.graph
     anchor = next(n for n in graph.nodes if n.op != "placeholder")
+    lifted = [
+        n for n in graph.nodes if n.op == "get_attr" and isinstance(getattr(gm, n.target, None), torch.Tensor)
+    ]
     by_target: dict[str, torch.fx.Node] = {}
     values: list[torch.Tensor] = []
-    for node in list(graph.nodes):
-        if node.op != "get_attr":
+    for node in lifted:
+        if node.target in by_target:
             continue
-        value = getattr(gm, node.target)
-        if not isinstance(value, torch.Tensor):
-            continue
-        ph = by_target.get(node.target)
-        if ph is None:
-            with graph.inserting_before(anchor):
-                ph = graph.placeholder(f"lifted_{node.target}")
-            ph.meta.update(node.meta)
-            by_target[node.target] = ph
-            values.append(value)
-        node.replace_all_uses_with(ph)
+        with graph.inserting_before(anchor):
+            ph = graph.placeholder(f"lifted_{node.target}")
+        ph.meta.update(node.meta)
+        by_target[node.target] = ph
+        values.append(getattr(gm, node.target))
+    for node in lifted:
+        node.replace_all_uses_with(by_target[node.target])
         graph.erase_node(node)
     for target in by_target:
         delattr(gm, target)

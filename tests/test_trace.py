@@ -125,6 +125,21 @@ def test_closed_over_weights_are_read_at_call_time():
     assert not any(n.op == "get_attr" for n in jac.graphs()[0].graph.nodes)
 
 
+def test_many_closed_over_tensors_used_before_any_argument_are_lifted_in_order():
+    # the graph starts with constants only (W1 @ x): lifting them must keep the graph well ordered
+    g = torch.Generator().manual_seed(0)
+    x, tangents = torch.randn(6, generator=g), torch.randn(4, 6, generator=g)
+    W1, b1, W2 = torch.randn(10, 6, generator=g), torch.randn(10, generator=g), torch.randn(6, 10, generator=g)
+
+    def mlp(x):
+        return torch.tanh(W1 @ x + b1) @ W2.T
+
+    fn = engine.vmap(lambda t: engine.jvp(mlp, (x,), (t,))[1])
+    traced = engine.trace(fn)
+    torch.testing.assert_close(traced(tangents), torch.func.vmap(lambda t: torch.func.jvp(mlp, (x,), (t,))[1])(tangents))
+    assert len(next(iter(traced._cache.values())).constants) == 4
+
+
 def _data_dependent(w: torch.Tensor) -> torch.Tensor:
     s = (w * w).sum()
     if s > 1.0:  # Python branch on a tensor value
