@@ -11,6 +11,8 @@ and network Jacobians: the second-order and Jacobian workloads.
 - `mlp_hvp`: K Hessian-vector products of the MLP loss at one point (Lanczos, Hutchinson trace).
 - `mlp_jacobian`: jacrev of a small tanh MLP R^16 -> R^8 w.r.t. its input (sensitivity analysis,
   Jacobian regularisers, normalising flows), with the closed form W2 diag(1 - tanh^2) W1.
+- `mlp_jvp`: K Jacobian-vector products of a tanh MLP 64-256-64 at one point (forward mode:
+  PyTorch's forward AD per tangent vs vmap(jvp): forward AD in torch.func, double vjp in the engine).
 """
 from __future__ import annotations
 
@@ -20,7 +22,7 @@ from typing import Any, Callable
 import torch
 
 from workloads.define import define
-from workloads.methods import batched_hessian_method, hessian_method, hvp_method, jacobian_method
+from workloads.methods import batched_hessian_method, hessian_method, hvp_method, jacobian_method, jvp_method
 
 FAMILY = "hessians"
 MLP_IN = 8
@@ -218,4 +220,40 @@ define(
     make_inputs=jacobian_data,
     make_method=jacobian_mlp_method,
     quick=("hidden=32",),
+)
+
+JVP_DIM, JVP_HIDDEN = 64, 256
+
+
+def jvp_data(params: dict[str, Any], gen: torch.Generator) -> dict[str, Any]:
+    return {
+        "x": torch.randn(JVP_DIM, generator=gen),
+        "tangents": torch.randn(params["k"], JVP_DIM, generator=gen),
+        "W1": torch.randn(JVP_HIDDEN, JVP_DIM, generator=gen) / math.sqrt(JVP_DIM),
+        "b1": torch.randn(JVP_HIDDEN, generator=gen) * 0.1,
+        "W2": torch.randn(JVP_DIM, JVP_HIDDEN, generator=gen) / math.sqrt(JVP_HIDDEN),
+    }
+
+
+def jvp_mlp_method(method: str, inputs: dict[str, Any]) -> Callable[[], Any]:
+    W1, b1, W2 = inputs["W1"], inputs["b1"], inputs["W2"]
+
+    def mlp(x: torch.Tensor) -> torch.Tensor:
+        return torch.tanh(W1 @ x + b1) @ W2.T
+
+    def closed_form(x: torch.Tensor, tangents: torch.Tensor) -> torch.Tensor:
+        t = torch.tanh(W1 @ x + b1)
+        return (tangents @ W1.T) * (1 - t * t) @ W2.T
+    return jvp_method(method, mlp, inputs["x"], inputs["tangents"], closed_form)
+
+
+define(
+    name="mlp_jvp",
+    family=FAMILY,
+    description=f"K Jacobian-vector products of a tanh MLP {JVP_DIM}-{JVP_HIDDEN}-{JVP_DIM} at one point (forward mode)",
+    grid={"k": [16, 128]},
+    methods=("loop", "engine", "engine_traced", "torch_func", "closed_form"),
+    make_inputs=jvp_data,
+    make_method=jvp_mlp_method,
+    quick=("k=16",),
 )

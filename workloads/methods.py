@@ -9,6 +9,7 @@ the first call (`Workload.prepare` times it apart from the runs).
 
 Task kinds:
 - `jacobian_method`: Jacobian of a vector function of one flat tensor (reverse mode).
+- `jvp_method`: many Jacobian-vector products at one point (forward mode).
 - `hessian_method`: Hessian of a scalar function of one flat tensor.
 - `batched_hessian_method`: Hessians of a scalar function at many points (vmap over hessian).
 - `hvp_method`: many Hessian-vector products at one point (vmap over the vjp of the gradient).
@@ -91,6 +92,26 @@ def jacobian_method(method: str, f: Fn, x: torch.Tensor, closed_form: Fn | None 
     if method == "closed_form" and closed_form is not None:
         return lambda: closed_form(x)
     raise _unsupported("jacobian", method, ("loop", *TRANSFORM_METHODS, "functional_vectorize", "closed_form"))
+
+
+def jvp_method(method: str, f: Fn, x: torch.Tensor, tangents: torch.Tensor, closed_form: Fn | None = None) -> Thunk:
+    """J(x) @ t for each row t of `tangents` (shape [K, m]). The loop is PyTorch's forward-mode AD,
+    one dual-number pass per tangent; the transforms vmap `jvp` over the tangents (torch.func by
+    forward AD, the engine by the double-vjp construction), so this also compares the two designs."""
+    if method == "loop":
+        import torch.autograd.forward_ad as fwad
+
+        def run() -> torch.Tensor:
+            with fwad.dual_level():
+                return torch.stack([fwad.unpack_dual(f(fwad.make_dual(x, t))).tangent for t in tangents])
+        return run
+    if method in TRANSFORM_METHODS:
+        ft = transforms(method)
+        jvps = wrap(method, ft.vmap(lambda t: ft.jvp(f, (x,), (t,))[1]))
+        return lambda: jvps(tangents)
+    if method == "closed_form" and closed_form is not None:
+        return lambda: closed_form(x, tangents)
+    raise _unsupported("jvp", method, ("loop", *TRANSFORM_METHODS, "closed_form"))
 
 
 def hessian_method(method: str, f: Fn, x: torch.Tensor, closed_form: Fn | None = None) -> Thunk:
