@@ -3,8 +3,14 @@
 The engine pays tens of microseconds of Python per op (the batched tensor's dispatch, the rules,
 autograd's bookkeeping). For a fixed input signature all of that decides the same thing every
 call, so it is run once: the whole computation (batching rules and the backward passes included)
-is recorded with `make_fx` as an FX graph of aten ops on plain tensors, and later calls replay
-that graph. `engine.compile` hands the same graph to `torch.compile`.
+is recorded with `make_fx` as an FX graph of aten ops on plain tensors, cleaned of the
+bookkeeping the transforms leave behind (shape-only chains, transpose pairs, the forward value a
+backward seed only needs the shape of, repeated ops), and later calls replay that graph.
+`engine.compile` hands the same graph to inductor directly (see `compile`).
+
+Per call, what is left is finding the graph for the arguments: a cheap key read off plain tensors,
+scalars and flat containers of them (`_fast_signature`) finds it without the general pytree
+flatten and hash, which would cost more than a small compiled graph's whole computation.
 
 What a trace may not capture, and how it is handled:
 - tensors the function reads without taking them as arguments (closed-over weights) become graph
@@ -21,6 +27,7 @@ What a trace may not capture, and how it is handled:
 from __future__ import annotations
 
 import functools
+import math
 import operator
 import time
 import warnings
@@ -443,6 +450,15 @@ def _transpose_of(node: Any) -> tuple[Any, tuple[int, int]] | None:
     return None
 
 
+def _fresh(node: Any) -> bool:
+    """Whether `node` allocates its result (an op whose schema returns no alias of an input), so
+    that the tensor is new at every replay and no view of a graph input."""
+    if not (isinstance(node, torch.fx.Node) and node.op == "call_function"):
+        return False
+    target = node.target
+    return isinstance(target, torch._ops.OpOverload) and all(r.alias_info is None for r in target._schema.returns)
+
+
 def _is_one(x: Any) -> bool:
     return type(x) in (int, float) and x == 1
 
@@ -454,6 +470,8 @@ def _cse_key(node: torch.fx.Node) -> Hashable | None:
         if isinstance(x, dict):
             return (dict, tuple((k, freeze(v)) for k, v in x.items()))
         hash(x)
+        if type(x) is float:
+            return (float, x, math.copysign(1.0, x))  # 0.0 == -0.0, but x * 0.0 != x * -0.0
         return (type(x), x)
 
     if not isinstance(node.target, torch._ops.OpOverload) or torch.Tag.nondeterministic_seeded in node.target.tags:
@@ -479,12 +497,14 @@ def _simplify(gm: torch.fx.GraphModule) -> None:
     The dead code these leave is removed by `_drop_no_ops`.
 
     Graphs with in-place ops are left alone (replacing a view could hide a mutation). A node the
-    output reads is replaced only by a node it is a view of (or an identical op) that is computed
-    in the graph and not an output itself, and rewired only through view ops: outputs stay distinct
-    objects, never graph inputs, and alias the graph's inputs exactly when they did before.
+    output reads is replaced only by a node it is a view of (or an identical op) that allocates
+    its result and is not an output itself, and rewired only through view ops to such a node:
+    outputs stay distinct objects, fresh at every call, and never views of the graph's inputs
+    unless they were before.
     """
     graph = gm.graph
-    if any(n.op == "call_function" and isinstance(n.target, torch._ops.OpOverload) and n.target._schema.is_mutable for n in graph.nodes):
+    ops = [n.target for n in graph.nodes if n.op == "call_function"]
+    if any(isinstance(op, torch._ops.OpOverload) and op._schema.is_mutable for op in ops):
         return
     seen: dict[Hashable, torch.fx.Node] = {}
     for node in list(graph.nodes):
@@ -500,7 +520,7 @@ def _simplify(gm: torch.fx.GraphModule) -> None:
             if isinstance(root, torch.fx.Node):
                 if _same_shape(root, node):
                     keep, view_only = root, views
-                elif root is not node.args[0] and (not is_output or (views and root.op != "placeholder")):
+                elif root is not node.args[0] and (not is_output or (views and _fresh(root))):
                     val = _node_val(node)
                     if isinstance(val, torch.Tensor):
                         node.target, node.args, node.kwargs = aten.reshape.default, (root, list(val.shape)), {}
@@ -524,9 +544,7 @@ def _simplify(gm: torch.fx.GraphModule) -> None:
                 keep, view_only = first, True  # the same op on the same inputs: the same aliasing
         if not isinstance(keep, torch.fx.Node):
             continue
-        if is_output and not (
-            view_only and keep.op == "call_function" and not any(u.op == "output" for u in keep.users)
-        ):
+        if is_output and not (view_only and _fresh(keep) and not any(u.op == "output" for u in keep.users)):
             continue
         node.replace_all_uses_with(keep)
         graph.erase_node(node)

@@ -425,6 +425,18 @@ def test_simplify_keeps_random_draws_and_distinct_outputs():
     assert outs[3].data_ptr() != traced(x)[3].data_ptr()
 
 
+def test_folding_never_turns_a_copied_output_into_a_view_of_an_input():
+    def fn(x):  # each output is a copy in eager (the reshapes of non-contiguous views copy)
+        return x[:, :2].reshape(6).reshape(3, 2), x.t().reshape(12).reshape(4, 3), x.t().t() * 1
+
+    traced = engine.trace(fn)
+    x = torch.randn(3, 4)
+    outs = traced(x)
+    for got, want in zip(outs, fn(x)):
+        torch.testing.assert_close(got, want)
+        assert got.untyped_storage().data_ptr() != x.untyped_storage().data_ptr()
+
+
 def test_graphs_with_in_place_ops_replay_correctly():
     def fn(x):
         y = x.clone()
