@@ -204,7 +204,7 @@ def test_compiled_hessian_matches_eager_and_reports_compile_time(monkeypatch):
 
 @pytest.mark.parametrize("k", [1, 3])
 def test_bmm_of_a_broadcast_matrix_is_folded_into_one_mm(k):
-    from engine.trace import _fold_broadcast_bmm
+    from engine.graph_passes import _fold_broadcast_bmm
 
     left, right = torch.randn(5, 6), torch.randn(6, k)
     xs, ys = torch.randn(4, 5, 6), torch.randn(4, 6, k)

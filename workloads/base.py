@@ -15,7 +15,7 @@ METHODS: tuple[str, ...] = (
     "loop",                  # Python for-loop over rows/examples with torch.autograd.grad (baseline)
     "engine",                # our engine, eager
     "engine_traced",         # our engine, traced once and replayed (engine.trace)
-    "engine_compiled",       # our engine's traced graph through torch.compile (engine.compile)
+    "engine_compiled",       # our engine's traced graph compiled by inductor (engine.compile)
     "torch_func",            # torch.func (the reference engine)
     "torch_func_compiled",   # torch.compile(torch.func ...)
     "loop_compiled",         # torch.compile of the loop

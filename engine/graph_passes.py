@@ -1,0 +1,398 @@
+"""Clean-up passes over a recorded aten graph (engine.trace), run once per trace before replays.
+
+The transforms leave bookkeeping in the graph that costs time on every replay and that a graph,
+unlike the eager engine, can see whole: closed-over constants to feed at call time, weight
+matrices broadcast over the batch before a matmul, per-example outer products as size-1 matmuls,
+identity bases pushed through the first matmul of a backward pass, reshape chains, transposes
+that cancel, `x * 1`, repeated identical ops. Each pass keeps the graph's results bit-for-bit
+meaningful (same values, fresh output tensors) and leaves graphs with in-place ops alone where
+reordering would be unsafe.
+"""
+from __future__ import annotations
+
+import math
+import operator
+from typing import Any, Callable, Hashable
+
+import torch
+import torch.fx
+from torch.utils._pytree import tree_map
+
+aten = torch.ops.aten
+
+
+
+_NO_OPS = (aten.detach.default, aten.alias.default)
+
+
+def _lift_constants(gm: torch.fx.GraphModule) -> list[torch.Tensor]:
+    """Turn `get_attr` tensor constants into trailing placeholders; return the tensors to feed them.
+
+    All placeholders are inserted before any get_attr node is erased: the insertion point (the
+    first node after the placeholders) may itself be one of them.
+    """
+    graph = gm.graph
+    anchor = next(n for n in graph.nodes if n.op != "placeholder")
+    lifted = [
+        n for n in graph.nodes if n.op == "get_attr" and isinstance(getattr(gm, n.target, None), torch.Tensor)
+    ]
+    by_target: dict[str, torch.fx.Node] = {}
+    values: list[torch.Tensor] = []
+    for node in lifted:
+        if node.target in by_target:
+            continue
+        with graph.inserting_before(anchor):
+            ph = graph.placeholder(f"lifted_{node.target}")
+        ph.meta.update(node.meta)
+        by_target[node.target] = ph
+        values.append(getattr(gm, node.target))
+    for node in lifted:
+        node.replace_all_uses_with(by_target[node.target])
+        graph.erase_node(node)
+    for target in by_target:
+        delattr(gm, target)
+    return values
+
+
+def _broadcast_source(node: Any) -> tuple[Any, tuple[int, int]] | None:
+    """If `node` is an unbatched matrix expanded over a leading batch dim, return (that matrix, its shape)."""
+    while isinstance(node, torch.fx.Node) and node.op == "call_function" and node.target is aten.view.default:
+        node = node.args[0]
+    if not (isinstance(node, torch.fx.Node) and node.op == "call_function" and node.target is aten.expand.default):
+        return None
+    src = node.args[0]
+    val = src.meta.get("val") if isinstance(src, torch.fx.Node) else None
+    if not isinstance(val, torch.Tensor) or val.dim() < 2 or any(s != 1 for s in val.shape[:-2]):
+        return None
+    sizes = node.args[1]
+    if len(sizes) != 3 or tuple(sizes[1:]) != tuple(val.shape[-2:]):
+        return None
+    return src, (int(val.shape[-2]), int(val.shape[-1]))
+
+
+def _node_val(x: Any) -> Any:
+    return x.meta.get("val") if isinstance(x, torch.fx.Node) else x
+
+
+def _inserter(graph: torch.fx.Graph) -> Callable:
+    """graph.call_function that also fills meta['val'] (shape inference for the later passes)."""
+
+    def call(target: Any, args: tuple, kwargs: dict | None = None) -> torch.fx.Node:
+        node = graph.call_function(target, args, kwargs or {})
+        vals = tree_map(_node_val, (args, kwargs or {}))
+        try:
+            node.meta["val"] = target(*vals[0], **vals[1])
+        except Exception:  # noqa: BLE001 - a missing shape only disables later folds
+            pass
+        return node
+
+    return call
+
+
+def _fold_broadcast_bmm(gm: torch.fx.GraphModule) -> None:
+    """bmm(expand(A), b) -> one mm: the batching rules of mv/mm with an unbatched matrix broadcast
+    it over the batch (B copies of the weight/data matrix), which is what makes the Hessian of a
+    regression posterior cost B full passes over the data. One matmul against the matrix does the
+    same arithmetic without the copies."""
+    graph = gm.graph
+    call = _inserter(graph)
+    for node in list(graph.nodes):
+        if node.op != "call_function" or node.target is not aten.bmm.default:
+            continue
+        a, b = node.args[:2]
+        out_val = node.meta.get("val")
+        if not isinstance(out_val, torch.Tensor):
+            continue
+        batch, n, k = (int(s) for s in out_val.shape)
+        lhs, rhs = _broadcast_source(a), _broadcast_source(b)
+        with graph.inserting_before(node):
+            if rhs is not None:  # a [B,n,m] @ M [m,k]
+                src, (m, _) = rhs
+                mat = call(aten.view.default, (src, [m, k]))
+                flat = call(aten.reshape.default, (a, [batch * n, m]))
+                new = call(aten.view.default, (call(aten.mm.default, (flat, mat)), [batch, n, k]))
+            elif lhs is not None:  # M [n,m] @ b [B,m,k]  ==  (b^T [B*k,m] @ M^T)^T
+                src, (_, m) = lhs
+                mat_t = call(aten.t.default, (call(aten.view.default, (src, [n, m])),))
+                flat = call(aten.reshape.default, (call(aten.transpose.int, (b, 1, 2)), [batch * k, m]))
+                prod = call(aten.view.default, (call(aten.mm.default, (flat, mat_t)), [batch, k, n]))
+                new = call(aten.transpose.int, (prod, 1, 2))
+                if k != 1:
+                    new = call(aten.clone.default, (new,), {"memory_format": torch.contiguous_format})
+            else:
+                continue
+        new.meta.update(node.meta)
+        node.replace_all_uses_with(new)
+        graph.erase_node(node)
+
+
+def _outer_bmm_to_mul(gm: torch.fx.GraphModule) -> None:
+    """bmm(a [B,n,1], b [B,1,k]) -> a * b: per-example outer products (per-sample weight gradients)
+    are a broadcast multiply; as a matmul with an inner size of 1 they run several times slower."""
+    graph = gm.graph
+    for node in list(graph.nodes):
+        if node.op != "call_function" or node.target is not aten.bmm.default:
+            continue
+        a, b = node.args[:2]
+        va = a.meta.get("val") if isinstance(a, torch.fx.Node) else None
+        if not isinstance(va, torch.Tensor) or va.dim() != 3 or va.shape[2] != 1:
+            continue
+        with graph.inserting_before(node):
+            new = _inserter(graph)(aten.mul.Tensor, (a, b))
+        new.meta.update(node.meta)
+        node.replace_all_uses_with(new)
+        graph.erase_node(node)
+
+
+_SHAPE_ONLY = {
+    aten.view.default, aten.reshape.default, aten._unsafe_view.default, aten.squeeze.dim, aten.squeeze.dims,
+    aten.squeeze.default, aten.unsqueeze.default, aten.clone.default, aten.contiguous.default, aten.alias.default,
+    aten.detach.default,
+}
+_TRANSPOSES = {aten.t.default, aten.transpose.int, aten.permute.default}
+
+
+def _squeezed_shape(node: torch.fx.Node) -> tuple[int, ...] | None:
+    val = node.meta.get("val")
+    return tuple(int(s) for s in val.shape if s != 1) if isinstance(val, torch.Tensor) else None
+
+
+def _identities(graph: torch.fx.Graph) -> set[torch.fx.Node]:
+    """Nodes whose value, with size-1 dims dropped, is an identity matrix (jacrev/hessian's basis).
+
+    Row-major reshapes keep it one; transposes of a symmetric matrix do too; so do expands to the
+    same shape, single-input cat and the one chunk of a split into a single piece.
+    """
+    ident: set[torch.fx.Node] = set()
+    for node in graph.nodes:
+        if node.op != "call_function":
+            continue
+        t, args = node.target, node.args
+        if t is aten.eye.default and len(args) == 1:
+            ident.add(node)
+            continue
+        src = args[0] if args else None
+        if t is aten.cat.default and len(args[0]) == 1:
+            src = args[0][0]
+        elif t is operator.getitem:
+            parent = args[0]
+            ok = (
+                isinstance(parent, torch.fx.Node) and parent.target is aten.split_with_sizes.default
+                and len(parent.args[1]) == 1 and parent.args[0] in ident
+            )
+            if ok:
+                ident.add(node)
+            continue
+        elif t is aten.expand.default:
+            sv, nv = getattr(src, "meta", {}).get("val"), node.meta.get("val")
+            if not (isinstance(sv, torch.Tensor) and isinstance(nv, torch.Tensor) and sv.shape == nv.shape):
+                continue  # a real broadcast repeats the matrix
+        elif t not in _SHAPE_ONLY and t not in _TRANSPOSES:
+            continue
+        if not (isinstance(src, torch.fx.Node) and src in ident):
+            continue
+        shape, src_shape = _squeezed_shape(node), _squeezed_shape(src)
+        if shape is not None and shape == src_shape and len(shape) == 2:
+            ident.add(node)
+    return ident
+
+
+def _fold_identity_mm(gm: torch.fx.GraphModule) -> None:
+    """mm(I, x) -> x and mm(x, I) -> x: the one-hot basis that reverse-mode Jacobians push through
+    the backward pass meets the first matmul as an identity, a full matmul of the data for nothing."""
+    graph = gm.graph
+    ident = _identities(graph)
+    for node in list(graph.nodes):
+        if node.op != "call_function" or node.target is not aten.mm.default:
+            continue
+        a, b = node.args[:2]
+        keep = b if a in ident else a if b in ident else None
+        if keep is None:
+            continue
+        keep_val, out_val = keep.meta.get("val"), node.meta.get("val")
+        if not (isinstance(keep_val, torch.Tensor) and isinstance(out_val, torch.Tensor)) or keep_val.shape != out_val.shape:
+            continue
+        node.replace_all_uses_with(keep)
+        graph.erase_node(node)
+
+
+def _views_as_reshapes(gm: torch.fx.GraphModule) -> None:
+    """view -> reshape. The rewrites above change the strides of some tensors (mm(I, x) -> x keeps
+    x's layout), so a view that was valid at trace time may not be at replay; reshape is the same
+    view whenever one exists and copies only when none does."""
+    for node in gm.graph.nodes:
+        if node.op == "call_function" and node.target in (aten.view.default, aten._unsafe_view.default):
+            node.target = aten.reshape.default
+
+
+def _same_shape(a: Any, b: Any) -> bool:
+    va, vb = _node_val(a), _node_val(b)
+    return isinstance(va, torch.Tensor) and isinstance(vb, torch.Tensor) and va.shape == vb.shape
+
+
+def _is_call(node: Any, target: Any) -> bool:
+    return isinstance(node, torch.fx.Node) and node.op == "call_function" and node.target is target
+
+
+_VIEW_RESHAPES = frozenset({
+    aten.reshape.default, aten.squeeze.dim, aten.squeeze.dims, aten.squeeze.default, aten.unsqueeze.default,
+})
+
+
+def _reshape_source(node: torch.fx.Node) -> tuple[Any, bool] | None:
+    """If `node` holds its input's elements in the same row-major order, (that input, whether
+    the op is a view); else None. Such ops are reshapes, whatever they are called."""
+    if node.op != "call_function" or not node.args:
+        return None
+    t, src = node.target, node.args[0]
+    if t in _VIEW_RESHAPES:
+        return src, True
+    if t is aten.expand.default and _same_shape(src, node):
+        return src, True
+    if t is operator.getitem and _is_call(src, aten.split_with_sizes.default) and len(src.args[1]) == 1:
+        return src.args[0], True
+    if t is aten.cat.default and len(src) == 1:
+        return src[0], False
+    return None
+
+
+def _transpose_of(node: Any) -> tuple[Any, tuple[int, int]] | None:
+    """(input, the two swapped dims) if `node` is a transpose (t of a matrix, or transpose.int)."""
+    if not (isinstance(node, torch.fx.Node) and node.op == "call_function" and node.args):
+        return None
+    val = _node_val(node)
+    if not isinstance(val, torch.Tensor) or val.dim() < 2:
+        return None
+    if node.target is aten.t.default:
+        return node.args[0], (0, 1)
+    if node.target is aten.transpose.int:
+        nd = val.dim()
+        return node.args[0], tuple(sorted((node.args[1] % nd, node.args[2] % nd)))
+    return None
+
+
+def _fresh(node: Any) -> bool:
+    """Whether `node` allocates its result (an op whose schema returns no alias of an input), so
+    that the tensor is new at every replay and no view of a graph input."""
+    if not (isinstance(node, torch.fx.Node) and node.op == "call_function"):
+        return False
+    target = node.target
+    return isinstance(target, torch._ops.OpOverload) and all(r.alias_info is None for r in target._schema.returns)
+
+
+def _is_one(x: Any) -> bool:
+    return type(x) in (int, float) and x == 1
+
+
+def _cse_key(node: torch.fx.Node) -> Hashable | None:
+    def freeze(x: Any) -> Any:
+        if isinstance(x, (list, tuple)):
+            return (type(x), tuple(freeze(y) for y in x))
+        if isinstance(x, dict):
+            return (dict, tuple((k, freeze(v)) for k, v in x.items()))
+        hash(x)
+        if type(x) is float:
+            return (float, x, math.copysign(1.0, x))  # 0.0 == -0.0, but x * 0.0 != x * -0.0
+        return (type(x), x)
+
+    if not isinstance(node.target, torch._ops.OpOverload) or torch.Tag.nondeterministic_seeded in node.target.tags:
+        return None
+    try:
+        return (node.target, freeze(node.args), freeze(node.kwargs))
+    except TypeError:
+        return None
+
+
+def _simplify(gm: torch.fx.GraphModule) -> None:
+    """Remove the bookkeeping that batching rules and backward formulas leave in a recorded graph.
+
+    Each op is a dispatcher round trip of several microseconds in a replayed graph, and a small
+    jacrev graph is mostly such ops; a Hessian graph also recomputes the function's value only to
+    take ones_like of it (the seed of the backward pass). Rewrites, in one forward sweep:
+    - chains of reshape-like ops (reshape, squeeze, unsqueeze, same-shape expand, a one-piece
+      split or cat) -> one reshape of the chain's source, or the source itself if its shape is kept;
+    - a transpose of the same transpose -> its input;
+    - x * 1 -> x (same dtype and shape);
+    - ones_like/zeros_like(x) -> ones/zeros of x's shape, so the value of x is no longer needed;
+    - repeated identical ops (deterministic ones only) -> the first (common subexpressions).
+    The dead code these leave is removed by `_drop_no_ops`.
+
+    Graphs with in-place ops are left alone (replacing a view could hide a mutation). A node the
+    output reads is replaced only by a node it is a view of (or an identical op) that allocates
+    its result and is not an output itself, and rewired only through view ops to such a node:
+    outputs stay distinct objects, fresh at every call, and never views of the graph's inputs
+    unless they were before.
+    """
+    graph = gm.graph
+    ops = [n.target for n in graph.nodes if n.op == "call_function"]
+    if any(isinstance(op, torch._ops.OpOverload) and op._schema.is_mutable for op in ops):
+        return
+    seen: dict[Hashable, torch.fx.Node] = {}
+    for node in list(graph.nodes):
+        if node.op != "call_function":
+            continue
+        is_output = any(u.op == "output" for u in node.users)
+        keep, view_only = None, False  # view_only: node is a view of keep (same aliasing if swapped)
+        found = _reshape_source(node)
+        if found is not None:
+            root, views = found
+            while isinstance(root, torch.fx.Node) and (up := _reshape_source(root)) is not None:
+                root, views = up[0], views and up[1]
+            if isinstance(root, torch.fx.Node):
+                if _same_shape(root, node):
+                    keep, view_only = root, views
+                elif root is not node.args[0] and (not is_output or (views and _fresh(root))):
+                    val = _node_val(node)
+                    if isinstance(val, torch.Tensor):
+                        node.target, node.args, node.kwargs = aten.reshape.default, (root, list(val.shape)), {}
+        elif (outer := _transpose_of(node)) is not None:
+            inner = _transpose_of(outer[0])
+            if inner is not None and inner[1] == outer[1]:
+                keep, view_only = inner[0], True
+        elif node.target in (aten.mul.Tensor, aten.mul.Scalar) and _is_one(node.args[1]):
+            src = node.args[0]
+            if _same_shape(src, node) and _node_val(src).dtype == _node_val(node).dtype:
+                keep = src
+        elif node.target in (aten.ones_like.default, aten.zeros_like.default):
+            val = _node_val(node)
+            if isinstance(val, torch.Tensor) and val.is_contiguous():
+                make = aten.ones.default if node.target is aten.ones_like.default else aten.zeros.default
+                node.target, node.args = make, (list(val.shape),)
+                node.kwargs = {"dtype": val.dtype, "layout": val.layout, "device": val.device, "pin_memory": False}
+        if keep is None and (key := _cse_key(node)) is not None:
+            first = seen.setdefault(key, node)
+            if first is not node:
+                keep, view_only = first, True  # the same op on the same inputs: the same aliasing
+        if not isinstance(keep, torch.fx.Node):
+            continue
+        if is_output and not (view_only and _fresh(keep) and not any(u.op == "output" for u in keep.users)):
+            continue
+        node.replace_all_uses_with(keep)
+        graph.erase_node(node)
+
+
+def _drop_no_ops(gm: torch.fx.GraphModule) -> None:
+    """Remove detach/alias nodes (autograd bookkeeping that is a no-op on replayed plain tensors)."""
+    graph = gm.graph
+    for node in list(graph.nodes):
+        if node.op == "call_function" and node.target in _NO_OPS:
+            if any(u.op == "output" for u in node.users):
+                continue  # keep outputs distinct objects from the inputs
+            node.replace_all_uses_with(node.args[0])
+            graph.erase_node(node)
+    graph.eliminate_dead_code()
+    gm.recompile()
+
+
+def clean_up(gm: torch.fx.GraphModule) -> list[torch.Tensor]:
+    """Run every pass on `gm` in place, in order; return the closed-over tensors that became its
+    trailing inputs (to be fed, live, at every replay)."""
+    constants = _lift_constants(gm)
+    _fold_broadcast_bmm(gm)
+    _outer_bmm_to_mul(gm)
+    _fold_identity_mm(gm)
+    _views_as_reshapes(gm)
+    _simplify(gm)
+    _drop_no_ops(gm)
+    return constants
+
