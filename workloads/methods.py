@@ -73,25 +73,34 @@ def _loop_hessian(f: Fn, x: torch.Tensor) -> torch.Tensor:
     return torch.stack(rows).reshape(*x.shape, *x.shape)
 
 
+def _at_point(kind: str, transform: str, functional: Fn, method: str, f: Fn, x: torch.Tensor,
+              loop: Callable[[], Thunk], closed_form: Fn | None) -> Thunk:
+    """The methods of a derivative of `f` at one point `x`: `transform` names the torch.func/engine
+    transform (jacrev, hessian), `functional` its torch.autograd.functional twin."""
+    if method == "loop":
+        return loop()
+    if method in TRANSFORM_METHODS:
+        d = wrap(method, getattr(transforms(method), transform)(f))
+        return lambda: d(x)
+    if method == "functional_vectorize":
+        return lambda: functional(f, x, vectorize=True)
+    if method == "closed_form" and closed_form is not None:
+        return lambda: closed_form(x)
+    raise _unsupported(kind, method, ("loop", *TRANSFORM_METHODS, "functional_vectorize", "closed_form"))
+
+
 def jacobian_method(method: str, f: Fn, x: torch.Tensor, closed_form: Fn | None = None) -> Thunk:
     """Jacobian of `f`: R^n -> R^m at a 1-d `x` (shape [m, n]) by reverse mode: the loop runs one
     backward pass per output; the transforms run all of them as one batched backward pass."""
-    if method == "loop":
+
+    def loop() -> Thunk:
         xg = x.detach().requires_grad_()
 
         def run() -> torch.Tensor:
             out = f(xg)
             return torch.stack([torch.autograd.grad(out[i], xg, retain_graph=True)[0] for i in range(out.numel())])
         return run
-    if method in TRANSFORM_METHODS:
-        ft = transforms(method)
-        jac = wrap(method, ft.jacrev(f))
-        return lambda: jac(x)
-    if method == "functional_vectorize":
-        return lambda: torch.autograd.functional.jacobian(f, x, vectorize=True)
-    if method == "closed_form" and closed_form is not None:
-        return lambda: closed_form(x)
-    raise _unsupported("jacobian", method, ("loop", *TRANSFORM_METHODS, "functional_vectorize", "closed_form"))
+    return _at_point("jacobian", "jacrev", torch.autograd.functional.jacobian, method, f, x, loop, closed_form)
 
 
 def jvp_method(method: str, f: Fn, x: torch.Tensor, tangents: torch.Tensor, closed_form: Fn | None = None) -> Thunk:
@@ -116,18 +125,11 @@ def jvp_method(method: str, f: Fn, x: torch.Tensor, tangents: torch.Tensor, clos
 
 def hessian_method(method: str, f: Fn, x: torch.Tensor, closed_form: Fn | None = None) -> Thunk:
     """Hessian of scalar `f` at `x` (shape x.shape + x.shape)."""
-    if method == "loop":
+
+    def loop() -> Thunk:
         xg = x.detach().requires_grad_()
         return lambda: _loop_hessian(f, xg)
-    if method in TRANSFORM_METHODS:
-        ft = transforms(method)
-        h = wrap(method, ft.hessian(f))
-        return lambda: h(x)
-    if method == "functional_vectorize":
-        return lambda: torch.autograd.functional.hessian(f, x, vectorize=True)
-    if method == "closed_form" and closed_form is not None:
-        return lambda: closed_form(x)
-    raise _unsupported("hessian", method, ("loop", *TRANSFORM_METHODS, "functional_vectorize", "closed_form"))
+    return _at_point("hessian", "hessian", torch.autograd.functional.hessian, method, f, x, loop, closed_form)
 
 
 def batched_hessian_method(method: str, f: Fn, points: torch.Tensor, closed_form: Fn | None = None) -> Thunk:
