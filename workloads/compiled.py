@@ -20,7 +20,7 @@ define(
     name="compiled_logreg_hessian",
     family=FAMILY,
     description="logreg_hessian compiled: engine.compile vs torch.compile(torch.func.hessian)",
-    grid={"n": [1000], "d": [64]},
+    grid={"n": [1000], "d": [16, 64]},
     methods=("loop", "torch_func", "closed_form", "engine_compiled", "torch_func_compiled"),
     make_inputs=bayes_logreg.logreg_data,
     make_method=bayes_logreg.logreg_hessian_method,
