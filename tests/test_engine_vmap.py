@@ -325,3 +325,44 @@ def test_nested_vmap_closure_backward_outside():
     got = torch.autograd.grad(out.sum(), (X, w))
     want = torch.autograd.grad(ref.sum(), (X, w))
     assert close(out, ref) and all(type(g) is torch.Tensor and close(g, r) for g, r in zip(got, want))
+
+
+@pytest.mark.parametrize("reduction", ["none", "mean", "sum"])
+@pytest.mark.parametrize("with_n", [False, True], ids=["input[C]", "input[N,C]"])
+@pytest.mark.parametrize("weighted", [False, True], ids=["unweighted", "class-weights"])
+def test_nll_loss_rule_forward_backward_double_backward(reduction, with_n, weighted):
+    """nll_loss has its own rule (batch folded into N, reduction per element); no decomposition."""
+    import torch.func as tf
+    import torch.nn.functional as F
+
+    torch.manual_seed(0)
+    N, C = 3, 5
+    x = torch.randn(B, N, C) if with_n else torch.randn(B, C)
+    t = torch.randint(0, C, x.shape[:-1])
+    w = torch.rand(C) if weighted else None
+
+    def f(xi, ti):
+        return F.nll_loss(F.log_softmax(xi, -1), ti, weight=w, reduction=reduction, ignore_index=2)
+
+    def scalar(xi, ti):
+        return f(xi, ti).sum()
+
+    with engine.fallback_policy("error"), engine.record_fallbacks() as rec:
+        assert close(engine.vmap(f)(x, t), loop(f, x, t), equal_nan=True)
+        assert close(engine.vmap(f, in_dims=(0, None))(x, t[0]), loop(f, x, t[0], in_dims=(0, None)), equal_nan=True)
+        assert close(engine.vmap(engine.grad(scalar))(x, t), tf.vmap(tf.grad(scalar))(x, t), equal_nan=True)
+        assert close(engine.hessian(lambda v: scalar(v, t[0]))(x[0]), tf.hessian(lambda v: scalar(v, t[0]))(x[0]))
+    assert rec.total == 0
+
+
+def test_nll_loss_rule_batched_class_weights():
+    import torch.nn.functional as F
+
+    torch.manual_seed(0)
+    x, t, W = torch.randn(B, 3, 5), torch.randint(0, 5, (B, 3)), torch.rand(B, 5)
+    for reduction in ("none", "mean", "sum"):
+        def f(xi, ti, wi):
+            return F.nll_loss(F.log_softmax(xi, -1), ti, weight=wi, reduction=reduction, ignore_index=1)
+        assert close(engine.vmap(f)(x, t, W), loop(f, x, t, W))
+        assert close(engine.vmap(engine.grad(lambda *a: f(*a).sum()))(x, t, W),
+                     loop(torch.func.grad(lambda *a: f(*a).sum()), x, t, W))

@@ -150,3 +150,64 @@ def native_layer_norm_rule(info, in_dims, x, normalized_shape, weight, bias, eps
 
 
 RULES[aten.native_layer_norm.default] = native_layer_norm_rule
+
+
+# nll_loss takes self [N, C] or [C] and target [N] or []: the batch folds into N and the op runs once
+# with reduction 'none'; the reduction is then done per batch element. (Its decomposition runs ~20
+# ops of gather/where on the batched wrapper, the whole cost of cross_entropy in per-sample grads.)
+_NONE, _MEAN, _SUM = 0, 1, 2
+
+
+def _nll_fold(info, in_dims, x, target):
+    """x as [B*N, C] and target as [B*N]; returns them with N (1 when the logical input is [C])."""
+    B = info.batch_size
+    xm, tm = materialize(x, in_dims[0], B), materialize(target, in_dims[1], B)
+    has_n = xm.dim() == 3
+    n = xm.shape[1] if has_n else 1
+    return xm.reshape(B * n, xm.shape[-1]), tm.reshape(B * n), n, has_n
+
+
+def _nll_weights(info, weight, wd, target, ignore_index, n, dtype):
+    """Per batch element and position, the class weight of its target, 0 where ignored ([B, n])."""
+    B = info.batch_size
+    kept = (target != ignore_index).reshape(B, n)
+    if weight is None:
+        return kept.to(dtype)
+    safe = torch.where(kept, target.reshape(B, n), 0)
+    return torch.gather(materialize(weight, wd, B), 1, safe) * kept
+
+
+def nll_loss_forward_rule(info, in_dims, x, target, weight, reduction, ignore_index):
+    B = info.batch_size
+    xf, tf, n, has_n = _nll_fold(info, in_dims, x, target)
+    w = _nll_weights(info, weight, in_dims[2], tf, ignore_index, n, x.dtype)
+    per = aten.nll_loss_forward.default(xf, tf, None, _NONE, ignore_index)[0].reshape(B, n) * w
+    total = w.sum(1)
+    if reduction == _NONE:
+        if has_n:  # PyTorch's total_weight is 0 here
+            return (per, torch.zeros((), dtype=x.dtype, device=x.device)), (0, None)
+        return (per.reshape(B), total), (0, 0)
+    out = per.sum(1)
+    if reduction == _MEAN:
+        out = out / total
+    return (out, total), (0, 0)
+
+
+def nll_loss_backward_rule(info, in_dims, grad_out, x, target, weight, reduction, ignore_index, total_weight):
+    B = info.batch_size
+    xf, tf, n, _ = _nll_fold(info, in_dims[1:3], x, target)
+    g = materialize(grad_out, in_dims[0], B)
+    if reduction == _NONE:
+        g = g.reshape(B, n)
+    else:
+        if reduction == _MEAN:
+            g = g / materialize(total_weight, in_dims[6], B)
+        g = g.reshape(B, 1)
+    g = g * _nll_weights(info, weight, in_dims[3], tf, ignore_index, n, x.dtype)
+    one = torch.ones((), dtype=x.dtype, device=x.device)
+    gi = aten.nll_loss_backward.default(g.reshape(B * n), xf, tf, None, _NONE, ignore_index, one)
+    return gi.reshape(materialize(x, in_dims[1], B).shape), 0
+
+
+RULES[aten.nll_loss_forward.default] = nll_loss_forward_rule
+RULES[aten.nll_loss_backward.default] = nll_loss_backward_rule
