@@ -366,3 +366,26 @@ def test_nll_loss_rule_batched_class_weights():
         assert close(engine.vmap(f)(x, t, W), loop(f, x, t, W))
         assert close(engine.vmap(engine.grad(lambda *a: f(*a).sum()))(x, t, W),
                      loop(torch.func.grad(lambda *a: f(*a).sum()), x, t, W))
+
+
+def test_slice_select_backward_and_scatter_rules():
+    """The backward ops of slicing a flat parameter vector have rules (no decomposition into index ops)."""
+    import torch.func as tf
+
+    torch.manual_seed(0)
+    x, s = torch.randn(B, 6, 5), torch.randn(B, 2, 5)
+
+    def f(v):
+        return (v[1:5:2].sin() * 2).sum() + v.select(1, 2).cos().sum() + v[:, -3:].pow(2).sum()
+
+    def g(v, w):
+        return torch.slice_scatter(v, w, 0, 1, 5, 2).sum(0) + torch.select_scatter(v, w[0], 0, 3)[3]
+
+    with engine.fallback_policy("error"), engine.record_fallbacks() as rec:
+        assert close(engine.vmap(engine.grad(f))(x), tf.vmap(tf.grad(f))(x))
+        flat = lambda v: f(v.reshape(6, 5))  # noqa: E731
+        assert close(engine.hessian(flat)(x[0].reshape(-1)), tf.hessian(flat)(x[0].reshape(-1)))
+        for dims in ((0, 0), (None, 0), (0, None)):
+            assert close(engine.vmap(g, in_dims=dims)(x if dims[0] == 0 else x[0], s if dims[1] == 0 else s[0]),
+                         loop(g, x if dims[0] == 0 else x[0], s if dims[1] == 0 else s[0], in_dims=dims))
+    assert rec.total == 0

@@ -1,6 +1,8 @@
 """Shape ops the conformance harness found looping or wrong: squeeze over a dim list (an empty list
 squeezes nothing, unlike the decomposition's reading), constant padding, diagonal_scatter, and
-prims.copy_to (the in-place copy decompositions emit)."""
+prims.copy_to (the in-place copy decompositions emit); and the backward ops of slicing and
+selecting (slice_backward, select_backward and their *_scatter forms), whose decompositions run
+a dozen index/where ops each time a flat parameter vector is split into tensors."""
 from __future__ import annotations
 
 import torch
@@ -36,6 +38,28 @@ def diagonal_scatter_rule(info, in_dims, x, src, offset=0, dim1=0, dim2=1):
     return out, 0
 
 
+def slice_scatter_rule(info, in_dims, x, src, dim=0, start=None, end=None, step=1):
+    B = info.batch_size
+    d = norm_dim(dim, lrank(x, in_dims[0])) + 1
+    return aten.slice_scatter.default(materialize(x, in_dims[0], B), materialize(src, in_dims[1], B), d, start, end, step), 0
+
+
+def select_scatter_rule(info, in_dims, x, src, dim, index):
+    B = info.batch_size
+    d = norm_dim(dim, lrank(x, in_dims[0])) + 1
+    return aten.select_scatter.default(materialize(x, in_dims[0], B), materialize(src, in_dims[1], B), d, index), 0
+
+
+def slice_backward_rule(info, in_dims, grad, input_sizes, dim, start, end, step):
+    d = norm_dim(dim, len(input_sizes)) + 1
+    return aten.slice_backward.default(grad, [grad.shape[0], *input_sizes], d, start, end, step), 0
+
+
+def select_backward_rule(info, in_dims, grad, input_sizes, dim, index):
+    d = norm_dim(dim, len(input_sizes)) + 1
+    return aten.select_backward.default(grad, [grad.shape[0], *input_sizes], d, index), 0
+
+
 def copy_to_rule(info, in_dims, a, b):
     rank = lrank(a, in_dims[0])
     a.copy_(pad_batched(b, rank) if in_dims[1] is not None else b)
@@ -46,6 +70,10 @@ RULES[aten.squeeze.dims] = squeeze_dims_rule
 RULES[aten.squeeze.dim] = squeeze_dims_rule
 RULES[aten.constant_pad_nd.default] = constant_pad_nd_rule
 RULES[aten.diagonal_scatter.default] = diagonal_scatter_rule
+RULES[aten.slice_scatter.default] = slice_scatter_rule
+RULES[aten.select_scatter.default] = select_scatter_rule
+RULES[aten.slice_backward.default] = slice_backward_rule
+RULES[aten.select_backward.default] = select_backward_rule
 RULES[prims.copy_to.default] = copy_to_rule
 
 
