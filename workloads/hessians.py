@@ -11,6 +11,8 @@ and network Jacobians: the second-order and Jacobian workloads.
 - `mlp_hvp`: K Hessian-vector products of the MLP loss at one point (Lanczos, Hutchinson trace).
 - `mlp_jacobian`: jacrev of a small tanh MLP R^16 -> R^8 w.r.t. its input (sensitivity analysis,
   Jacobian regularisers, normalising flows), with the closed form W2 diag(1 - tanh^2) W1.
+- `chunked_jacobian`: the same kind of Jacobian, 256 x 256 through a 4096-wide layer, computed
+  `chunk` rows at a time (chunk=256: all at once): peak memory against time as the chunk shrinks.
 - `mlp_jvp`: K Jacobian-vector products of a tanh MLP 64-256-64 at one point (forward mode:
   PyTorch's forward AD per tangent vs vmap(jvp): forward AD in torch.func, double vjp in the engine).
 """
@@ -189,18 +191,22 @@ JAC_IN, JAC_OUT = 16, 8
 
 
 def jacobian_data(params: dict[str, Any], gen: torch.Generator) -> dict[str, Any]:
-    hidden = params["hidden"]
-    return {
-        "x": torch.randn(JAC_IN, generator=gen),
-        "W1": torch.randn(hidden, JAC_IN, generator=gen) / math.sqrt(JAC_IN),
+    hidden, n_in, n_out = params["hidden"], params.get("n_in", JAC_IN), params.get("n_out", JAC_OUT)
+    out = {
+        "x": torch.randn(n_in, generator=gen),
+        "W1": torch.randn(hidden, n_in, generator=gen) / math.sqrt(n_in),
         "b1": torch.randn(hidden, generator=gen) * 0.1,
-        "W2": torch.randn(JAC_OUT, hidden, generator=gen) / math.sqrt(hidden),
-        "b2": torch.randn(JAC_OUT, generator=gen) * 0.1,
+        "W2": torch.randn(n_out, hidden, generator=gen) / math.sqrt(hidden),
+        "b2": torch.randn(n_out, generator=gen) * 0.1,
     }
+    if "chunk" in params:
+        out["chunk"] = params["chunk"]
+    return out
 
 
 def jacobian_mlp_method(method: str, inputs: dict[str, Any]) -> Callable[[], Any]:
     W1, b1, W2, b2 = inputs["W1"], inputs["b1"], inputs["W2"], inputs["b2"]
+    chunk = inputs.get("chunk")
 
     def mlp(x: torch.Tensor) -> torch.Tensor:
         return torch.tanh(x @ W1.T + b1) @ W2.T + b2
@@ -208,7 +214,7 @@ def jacobian_mlp_method(method: str, inputs: dict[str, Any]) -> Callable[[], Any
     def closed_form(x: torch.Tensor) -> torch.Tensor:
         t = torch.tanh(W1 @ x + b1)
         return (W2 * (1 - t * t)) @ W1
-    return jacobian_method(method, mlp, inputs["x"], closed_form)
+    return jacobian_method(method, mlp, inputs["x"], closed_form, chunk_size=chunk)
 
 
 define(
@@ -220,6 +226,26 @@ define(
     make_inputs=jacobian_data,
     make_method=jacobian_mlp_method,
     quick=("hidden=32",),
+)
+
+CHUNKED_DIM, CHUNKED_HIDDEN = 256, 4096
+
+
+def chunked_jacobian_data(params: dict[str, Any], gen: torch.Generator) -> dict[str, Any]:
+    sizes = {"hidden": CHUNKED_HIDDEN, "n_in": CHUNKED_DIM, "n_out": CHUNKED_DIM, "chunk": params["chunk"]}
+    return jacobian_data(sizes, gen)
+
+
+define(
+    name="chunked_jacobian",
+    family=FAMILY,
+    description=f"jacrev of a tanh MLP {CHUNKED_DIM}-{CHUNKED_HIDDEN}-{CHUNKED_DIM}, `chunk` output rows per "
+                f"batched backward pass (chunk={CHUNKED_DIM}: one pass)",
+    grid={"chunk": [16, 64, CHUNKED_DIM]},
+    methods=("loop", "engine", "engine_traced", "torch_func", "closed_form"),
+    make_inputs=chunked_jacobian_data,
+    make_method=jacobian_mlp_method,
+    quick=("chunk=16", f"chunk={CHUNKED_DIM}"),
 )
 
 JVP_DIM, JVP_HIDDEN = 64, 256

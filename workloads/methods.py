@@ -74,13 +74,14 @@ def _loop_hessian(f: Fn, x: torch.Tensor) -> torch.Tensor:
 
 
 def _at_point(kind: str, transform: str, functional: Fn, method: str, f: Fn, x: torch.Tensor,
-              loop: Callable[[], Thunk], closed_form: Fn | None) -> Thunk:
+              loop: Callable[[], Thunk], closed_form: Fn | None, **transform_kwargs: Any) -> Thunk:
     """The methods of a derivative of `f` at one point `x`: `transform` names the torch.func/engine
-    transform (jacrev, hessian), `functional` its torch.autograd.functional twin."""
+    transform (jacrev, hessian), called with `transform_kwargs`; `functional` is its
+    torch.autograd.functional twin."""
     if method == "loop":
         return loop()
     if method in TRANSFORM_METHODS:
-        d = wrap(method, getattr(transforms(method), transform)(f))
+        d = wrap(method, getattr(transforms(method), transform)(f, **transform_kwargs))
         return lambda: d(x)
     if method == "functional_vectorize":
         return lambda: functional(f, x, vectorize=True)
@@ -89,9 +90,11 @@ def _at_point(kind: str, transform: str, functional: Fn, method: str, f: Fn, x: 
     raise _unsupported(kind, method, ("loop", *TRANSFORM_METHODS, "functional_vectorize", "closed_form"))
 
 
-def jacobian_method(method: str, f: Fn, x: torch.Tensor, closed_form: Fn | None = None) -> Thunk:
+def jacobian_method(method: str, f: Fn, x: torch.Tensor, closed_form: Fn | None = None,
+                    chunk_size: int | None = None) -> Thunk:
     """Jacobian of `f`: R^n -> R^m at a 1-d `x` (shape [m, n]) by reverse mode: the loop runs one
-    backward pass per output; the transforms run all of them as one batched backward pass."""
+    backward pass per output; the transforms run all of them as one batched backward pass, or
+    `chunk_size` rows at a time (less peak memory)."""
 
     def loop() -> Thunk:
         xg = x.detach().requires_grad_()
@@ -100,7 +103,10 @@ def jacobian_method(method: str, f: Fn, x: torch.Tensor, closed_form: Fn | None 
             out = f(xg)
             return torch.stack([torch.autograd.grad(out[i], xg, retain_graph=True)[0] for i in range(out.numel())])
         return run
-    return _at_point("jacobian", "jacrev", torch.autograd.functional.jacobian, method, f, x, loop, closed_form)
+    kwargs = {} if chunk_size is None else {"chunk_size": chunk_size}
+    if chunk_size is not None and method == "functional_vectorize":
+        raise _unsupported("chunked jacobian", method, ("loop", *TRANSFORM_METHODS, "closed_form"))
+    return _at_point("jacobian", "jacrev", torch.autograd.functional.jacobian, method, f, x, loop, closed_form, **kwargs)
 
 
 def jvp_method(method: str, f: Fn, x: torch.Tensor, tangents: torch.Tensor, closed_form: Fn | None = None) -> Thunk:
