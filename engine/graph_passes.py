@@ -384,10 +384,53 @@ def _drop_no_ops(gm: torch.fx.GraphModule) -> None:
     gm.recompile()
 
 
+def _out_of_place_views(gm: torch.fx.GraphModule) -> None:
+    """In-place view ops (squeeze_, unsqueeze_, transpose_ ...) on tensors made inside the graph
+    -> their out-of-place views.
+
+    Autograd's formulas apply them to fresh results (matmul's backward squeezes its product in
+    place); they only change the metadata of their tensor, yet they count as mutations, which
+    keeps the other passes away from the whole graph. make_fx points every later use of the
+    tensor at the in-place node, so when the tensor is made inside the graph (not an input, whose
+    caller would see the change) and nothing reads it after the op except through the op, the
+    out-of-place view computes the same thing.
+    """
+    graph = gm.graph
+    order = {n: i for i, n in enumerate(graph.nodes)}
+    for node in graph.nodes:
+        target = node.target
+        if node.op != "call_function" or not isinstance(target, torch._ops.OpOverload):
+            continue
+        if torch.Tag.inplace_view not in target.tags:
+            continue
+        src = node.args[0]
+        if not isinstance(src, torch.fx.Node) or src.op != "call_function":
+            continue
+        if any(order[u] > order[node] for u in src.users if u is not node):
+            continue
+        replacement = _out_of_place(target)
+        if replacement is not None:
+            node.target = replacement
+
+
+def _out_of_place(op: torch._ops.OpOverload) -> torch._ops.OpOverload | None:
+    """squeeze_.dim -> squeeze.dim, transpose_.default -> transpose.int: same arguments, no mutation."""
+    packet = getattr(aten, op._schema.name.split("::")[1].rstrip("_"), None)
+    if packet is None:
+        return None
+    n_args = len(op._schema.arguments)
+    for name in (op._overloadname, "int", "default", *packet.overloads()):
+        candidate = getattr(packet, name, None)
+        if candidate is not None and not candidate._schema.is_mutable and len(candidate._schema.arguments) == n_args:
+            return candidate
+    return None
+
+
 def clean_up(gm: torch.fx.GraphModule) -> list[torch.Tensor]:
     """Run every pass on `gm` in place, in order; return the closed-over tensors that became its
     trailing inputs (to be fed, live, at every replay)."""
     constants = _lift_constants(gm)
+    _out_of_place_views(gm)
     _fold_broadcast_bmm(gm)
     _outer_bmm_to_mul(gm)
     _fold_identity_mm(gm)

@@ -231,7 +231,7 @@ class _Entry:
 
     __slots__ = (
         "gm", "run", "constants", "tensor_pos", "select", "out_spec", "out_consts", "build", "eager", "compiled",
-        "compile_seconds", "key", "fast_keys",
+        "compile_seconds", "key", "fast_keys", "first",
     )
 
     def __init__(self) -> None:
@@ -248,6 +248,7 @@ class _Entry:
         self.compile_seconds: float | None = None
         self.key: Hashable = None
         self.fast_keys: list[Hashable] = []
+        self.first: list[torch.Tensor] | None = None  # the traced run's results, returned by the tracing call
 
     def inputs(self, flat: list) -> list:
         return [flat[i] for i in self.tensor_pos] + list(self.constants)
@@ -376,6 +377,11 @@ class TracedFunction:
         if fast is not None:
             self._fast[fast[0]] = entry
             entry.fast_keys.append(fast[0])
+        if entry.first is not None:
+            # The trace ran the function for real: its results are this call's. Replaying as well
+            # would run any write into an input or a closed-over tensor twice.
+            first, entry.first = entry.first, None
+            return entry.build(first)
         return entry.call(flat)
 
     def _trace(self, flat: list, spec: Any, args: tuple, kwargs: dict) -> _Entry:
@@ -395,7 +401,8 @@ class TracedFunction:
             flat_out, out_spec = tree_flatten(out)
             out_info["spec"] = out_spec
             out_info["consts"] = [(i, o) for i, o in enumerate(flat_out) if not isinstance(o, torch.Tensor)]
-            return [o for o in flat_out if isinstance(o, torch.Tensor)]
+            out_info["values"] = [o for o in flat_out if isinstance(o, torch.Tensor)]
+            return out_info["values"]
 
         start = time.perf_counter()
         try:
@@ -420,6 +427,7 @@ class TracedFunction:
         entry.out_spec = out_info["spec"]
         entry.out_consts = out_info["consts"]
         entry.build = _output_builder(entry.out_spec, entry.out_consts)
+        entry.first = out_info["values"]
         return entry
 
     def _compile(self, entry: _Entry, flat: list) -> None:
@@ -432,6 +440,8 @@ class TracedFunction:
             compiled = _compile_with_inductor(entry.gm, inputs, kwargs)
         else:
             compiled = torch.compile(entry.gm, **kwargs)
+        if any(isinstance(n.target, torch._ops.OpOverload) and n.target._schema.is_mutable for n in entry.gm.graph.nodes):
+            inputs = [t.clone(memory_format=torch.preserve_format) for t in inputs]  # the warm-up must not write twice
         compiled(*inputs)  # the first call: lazy initialisation (and, through torch.compile, the compile)
         entry.compile_seconds = self.compile_seconds = time.perf_counter() - start
         entry.compiled = compiled

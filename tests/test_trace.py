@@ -450,6 +450,31 @@ def test_graphs_with_in_place_ops_replay_correctly():
     torch.testing.assert_close(traced(x), fn(x))
 
 
+def test_in_place_views_of_fresh_tensors_become_views_and_the_graph_is_cleaned():
+    """matmul's backward squeezes its product in place; on a tensor made inside the graph that is
+    a plain view, so the other passes (and dead-code elimination) still run."""
+    W = torch.randn(5, 4)
+
+    def fn(x):
+        y = x @ W.T            # fresh
+        z = y.view(-1)         # a view taken before the in-place op keeps its shape
+        y.squeeze_(0)
+        y.unsqueeze_(1).transpose_(0, 1)
+        return z * 2, y * 1
+
+    traced = engine.trace(fn)
+    x = torch.randn(1, 4)
+    for got, want in zip(traced(x), fn(x)):
+        torch.testing.assert_close(got, want)
+    targets = [n.target for n in traced.graphs()[0].graph.nodes if n.op == "call_function"]
+    assert not any(t._schema.is_mutable for t in targets)
+    # in-place views of an input still change the caller's tensor, as in eager
+    traced_input = engine.trace(lambda a: a.unsqueeze_(0) * 2)
+    a = torch.randn(3)
+    traced_input(a)
+    assert a.shape == (1, 3)
+
+
 # ------------------------------------------------------------------------------------------------
 # compile options
 
@@ -500,3 +525,23 @@ def test_compiled_jacrev_matches_eager_and_strides_are_part_of_the_signature(mon
         for p in model.parameters():
             p.mul_(0.5)  # closed-over parameters stay live through the compiled graph
     torch.testing.assert_close(compiled(x), torch.func.jacrev(model)(x), atol=ATOL, rtol=1e-5)
+
+
+@pytest.mark.parametrize("make", [engine.trace, engine.compile], ids=["trace", "compile"])
+def test_writes_into_inputs_and_closures_happen_once_per_call(make):
+    """The tracing call returns the traced run's results instead of replaying, and the compile
+    warm-up runs on copies: a function that writes into its arguments or closed-over tensors
+    writes once per call, the first call included."""
+    counter = torch.zeros(())
+
+    def fn(x):
+        x.add_(1.0)
+        counter.add_(1.0)
+        return x * 2
+
+    traced = make(fn)
+    x = torch.zeros(3)
+    torch.testing.assert_close(traced(x), torch.full((3,), 2.0))
+    assert x.tolist() == [1.0, 1.0, 1.0] and counter.item() == 1.0
+    torch.testing.assert_close(traced(x), torch.full((3,), 4.0))
+    assert x.tolist() == [2.0, 2.0, 2.0] and counter.item() == 2.0
