@@ -119,6 +119,21 @@ def op_meta(func: Any) -> _OpMeta:
     return _OpMeta(func)
 
 
+@lru_cache(maxsize=None)
+def out_of_place_view(op: Any) -> Any:
+    """The out-of-place twin of an in-place view op, same arguments: squeeze_.dim -> squeeze.dim,
+    transpose_.default -> transpose.int; None if there is none."""
+    packet = getattr(aten, op._schema.name.split("::")[1].rstrip("_"), None)
+    if packet is None:
+        return None
+    n_args = len(op._schema.arguments)
+    for name in (op._overloadname, "int", "default", *packet.overloads()):
+        candidate = getattr(packet, name, None)
+        if candidate is not None and not candidate._schema.is_mutable and len(candidate._schema.arguments) == n_args:
+            return candidate
+    return None
+
+
 _DATA_DEPENDENT = {aten._local_scalar_dense.default, aten.is_nonzero.default, aten.equal.default}
 
 # ---------------------------------------------------------------------------------------------
@@ -237,11 +252,9 @@ def _inplace_view(func: Any, args: tuple, kwargs: dict) -> Any:
     self = args[0]
     if type(self) is not BatchedTensor or self._level != _find_level(args, kwargs)[0]:
         raise VmapError(f"vmap: {op_name(func)} changes the shape of an unbatched tensor in place inside vmap; use the out-of-place op.")
-    name = func._schema.name.split("::")[1].rstrip("_")
-    overload = func._overloadname
-    packet = getattr(aten, name)
-    candidates = [o for o in (overload, "int", "default", *packet.overloads()) if o in packet.overloads()]
-    out_of_place = getattr(packet, candidates[0])
+    out_of_place = out_of_place_view(func)
+    if out_of_place is None:
+        raise VmapError(f"vmap: {op_name(func)} has no out-of-place twin to batch it with; use an out-of-place view op.")
     result = batched_dispatch(out_of_place, args, kwargs)
     self._elem = result._elem
     with torch.utils._mode_utils.no_dispatch():

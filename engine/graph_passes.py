@@ -18,6 +18,8 @@ import torch
 import torch.fx
 from torch.utils._pytree import tree_map
 
+from engine._dispatch import out_of_place_view
+
 aten = torch.ops.aten
 
 
@@ -408,22 +410,9 @@ def _out_of_place_views(gm: torch.fx.GraphModule) -> None:
             continue
         if any(order[u] > order[node] for u in src.users if u is not node):
             continue
-        replacement = _out_of_place(target)
+        replacement = out_of_place_view(target)
         if replacement is not None:
             node.target = replacement
-
-
-def _out_of_place(op: torch._ops.OpOverload) -> torch._ops.OpOverload | None:
-    """squeeze_.dim -> squeeze.dim, transpose_.default -> transpose.int: same arguments, no mutation."""
-    packet = getattr(aten, op._schema.name.split("::")[1].rstrip("_"), None)
-    if packet is None:
-        return None
-    n_args = len(op._schema.arguments)
-    for name in (op._overloadname, "int", "default", *packet.overloads()):
-        candidate = getattr(packet, name, None)
-        if candidate is not None and not candidate._schema.is_mutable and len(candidate._schema.arguments) == n_args:
-            return candidate
-    return None
 
 
 def clean_up(gm: torch.fx.GraphModule) -> list[torch.Tensor]:
