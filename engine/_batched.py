@@ -41,10 +41,9 @@ def push_level(batch_size: int, randomness: str) -> LevelInfo:
 
 def pop_level(info: LevelInfo) -> None:
     _active.pop(info.level, None)
-    if info.pending:
-        from engine._gradsum import flush_level
+    from engine._gradsum import flush_level
 
-        flush_level(info)
+    flush_level(info)
 
 
 def level_info(level: int, batch_size: int) -> LevelInfo:

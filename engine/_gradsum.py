@@ -137,7 +137,11 @@ def flush_urgent() -> None:
 
 
 def flush_level(info: LevelInfo) -> None:
-    flush(info.pending)
+    """At the end of `info`'s vmap: hook its nodes (the newest record may not be resolved yet)."""
+    if _last:
+        resolve_last()
+    if info.pending:
+        flush(info.pending)
 
 
 class _SumHook:

@@ -302,3 +302,18 @@ def test_gradient_of_per_sample_gradient_norms_wrt_shared_params():
     ours = torch.autograd.grad(penalty(engine), (W, b))
     ref = torch.autograd.grad(penalty(tf), (W, b))
     assert all(type(t) is torch.Tensor for t in ours) and close(ours, ref)
+
+
+@pytest.mark.parametrize("body", ["last_op_mixed", "sin_sum_exp"])
+def test_raw_autograd_over_vmap_outputs_first_and_second_order(body):
+    """torch.autograd.grad (not an engine transform) over a vmap's outputs, with inputs and a
+    closed-over weight requiring grad; also when the level's only mixed op is its last one."""
+    def run(vm):
+        torch.manual_seed(0)
+        X, w, V = torch.randn(4, 3, requires_grad=True), torch.randn(3, requires_grad=True), torch.randn(4, 3)
+        f = (lambda r: r * 0 + w.exp()) if body == "last_op_mixed" else (lambda r: (r * w).sin() * r.sum() + w.exp())
+        gX, gw = torch.autograd.grad(vm(f)(X), (X, w), V, create_graph=True)
+        return (gX, gw, *torch.autograd.grad((gX ** 2).sum() + (gw ** 2).sum(), (X, w), allow_unused=True, materialize_grads=True))
+
+    ours, ref = run(engine.vmap), run(tf.vmap)
+    assert all(type(t) is torch.Tensor for t in ours) and close(ours, ref)
