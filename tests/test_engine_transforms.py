@@ -317,3 +317,24 @@ def test_raw_autograd_over_vmap_outputs_first_and_second_order(body):
 
     ours, ref = run(engine.vmap), run(tf.vmap)
     assert all(type(t) is torch.Tensor for t in ours) and close(ours, ref)
+
+
+@pytest.mark.parametrize("case", ["closure_in_both_levels", "inner_closes_over_outer_value", "outer_unmapped_arg"])
+def test_raw_autograd_over_nested_vmaps_first_and_second_order(case):
+    def run(vm):
+        torch.manual_seed(0)
+        X, w, Y = torch.randn(2, 3, 4, requires_grad=True), torch.randn(4, requires_grad=True), torch.randn(3, 4, requires_grad=True)
+        if case == "closure_in_both_levels":
+            y = vm(lambda xr: vm(lambda x: (x * w).tanh() + w)(xr))(X)
+        elif case == "inner_closes_over_outer_value":
+            y = vm(lambda xr: vm(lambda x, yy: x * xr.sum() + yy * w)(xr, Y))(X)
+        else:
+            y = vm(lambda xr, yy: vm(lambda x: x.sin() * yy.sum(0))(xr), in_dims=(0, None))(X, Y)
+        gs = torch.autograd.grad(y, (X, w, Y), torch.ones_like(y) * 0.5, create_graph=True, allow_unused=True,
+                                 materialize_grads=True)
+        hs = torch.autograd.grad(sum((g ** 2).sum() for g in gs), (X, w, Y), allow_unused=True, materialize_grads=True)
+        return gs + hs
+
+    ours, ref = run(engine.vmap), run(tf.vmap)
+    assert all(type(t) is torch.Tensor for t in ours)
+    assert all(torch.allclose(a, b, atol=1e-4, rtol=1e-4) for a, b in zip(ours, ref))
