@@ -27,8 +27,10 @@ from engine._batched import BatchedTensor, LevelInfo, _active, _RemoveBatchDim, 
 
 # Records of nodes that touch a level that had already returned when they were made (a backward
 # pass with create_graph=True after the vmap). They are hooked at the next chance: the next
-# batched op, or before the engine's next backward pass.
+# batched op, before the engine's next backward pass, and at the latest when the backward pass
+# that made them ends (autograd's queue_callback), before anyone can differentiate them.
 _urgent: list = []
+_end_of_backward_queued: list = []
 # The newest record still holds its output tensor: autograd attaches the node to it only after the
 # op returns, so the node is read off it at the next batched op (or flush) and the tensor let go.
 _last: list = []
@@ -64,8 +66,19 @@ def note(args: tuple, kwargs: dict, out: Any, level: int) -> None:
         return
     if _last:
         resolve_last()
-    target = _active[max(union)].pending if all(lvl in _active for lvl in union) else _urgent
+    if all(lvl in _active for lvl in union):
+        target = _active[max(union)].pending
+    else:
+        target = _urgent
+        if not _end_of_backward_queued and torch._C._current_graph_task_id() != -1:
+            _end_of_backward_queued.append(True)
+            torch.autograd.Variable._execution_engine.queue_callback(_end_of_backward)
     _last.append((anchor, edges, target))
+
+
+def _end_of_backward() -> None:
+    _end_of_backward_queued.clear()
+    flush_urgent()
 
 
 def _made_inside(leaf: torch.Tensor, levels: set[int]) -> bool:

@@ -338,3 +338,20 @@ def test_raw_autograd_over_nested_vmaps_first_and_second_order(case):
     ours, ref = run(engine.vmap), run(tf.vmap)
     assert all(type(t) is torch.Tensor for t in ours)
     assert all(torch.allclose(a, b, atol=1e-4, rtol=1e-4) for a, b in zip(ours, ref))
+
+
+def test_nodes_made_by_a_backward_pass_after_vmap_are_hooked_when_it_returns():
+    """A create_graph backward through a finished vmap makes nodes that mix the dead level with a
+    plain weight; they are hooked by the time torch.autograd.grad returns (not at some later op),
+    so differentiating them again never depends on what runs next."""
+    from engine import _gradsum
+
+    torch.manual_seed(0)
+    X, w = torch.randn(4, 3, requires_grad=True), torch.randn(3, requires_grad=True)
+    V = torch.randn(4, 3)
+    (gX,) = torch.autograd.grad(engine.vmap(lambda r: r * w)(X), (X,), V, create_graph=True)
+    assert not _gradsum._last and not _gradsum._urgent
+    (h,) = torch.autograd.grad(gX.sum(), w)
+    (gX_ref,) = torch.autograd.grad(tf.vmap(lambda r: r * w)(X), (X,), V, create_graph=True)
+    (h_ref,) = torch.autograd.grad(gX_ref.sum(), w)
+    assert type(h) is torch.Tensor and close(h, h_ref)
