@@ -30,7 +30,7 @@ from engine._batched import BatchedTensor, LevelInfo, _active, _RemoveBatchDim, 
 # batched op, before the engine's next backward pass, and at the latest when the backward pass
 # that made them ends (autograd's queue_callback), before anyone can differentiate them.
 _urgent: list = []
-_end_of_backward_queued: list = []
+_queued_for_task = [-1]  # the backward pass (graph task id) whose end already flushes _urgent
 # The newest record still holds its output tensor: autograd attaches the node to it only after the
 # op returns, so the node is read off it at the next batched op (or flush) and the tensor let go.
 _last: list = []
@@ -70,15 +70,12 @@ def note(args: tuple, kwargs: dict, out: Any, level: int) -> None:
         target = _active[max(union)].pending
     else:
         target = _urgent
-        if not _end_of_backward_queued and torch._C._current_graph_task_id() != -1:
-            _end_of_backward_queued.append(True)
-            torch.autograd.Variable._execution_engine.queue_callback(_end_of_backward)
+        task = torch._C._current_graph_task_id()
+        if task != -1 and task != _queued_for_task[0]:
+            _queued_for_task[0] = task
+            torch.autograd.Variable._execution_engine.queue_callback(flush_urgent)
     _last.append((anchor, edges, target))
 
-
-def _end_of_backward() -> None:
-    _end_of_backward_queued.clear()
-    flush_urgent()
 
 
 def _made_inside(leaf: torch.Tensor, levels: set[int]) -> bool:
