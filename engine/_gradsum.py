@@ -43,7 +43,7 @@ def levels_of(x: Any) -> tuple[int, ...]:
 def note(args: tuple, kwargs: dict, out: Any, level: int) -> None:
     """Called for an op at `level` while grad mode is on: remember the node autograd is about to make
     for `out` when its requires-grad inputs are batched at different levels."""
-    tensors = [a for a in _tensor_args(args, kwargs)]
+    tensors = list(_tensor_args(args, kwargs))
     for a in tensors:
         if a.requires_grad:
             break

@@ -23,7 +23,6 @@ from engine._dispatch import out_of_place_view
 aten = torch.ops.aten
 
 
-
 _NO_OPS = (aten.detach.default, aten.alias.default)
 
 
@@ -91,6 +90,11 @@ def _inserter(graph: torch.fx.Graph) -> Callable:
     return call
 
 
+def _calls(graph: torch.fx.Graph, target: Any) -> list[torch.fx.Node]:
+    """The nodes calling `target`, listed up front so a pass may replace them as it goes."""
+    return [n for n in graph.nodes if n.op == "call_function" and n.target is target]
+
+
 def _fold_broadcast_bmm(gm: torch.fx.GraphModule) -> None:
     """bmm(expand(A), b) -> one mm: the batching rules of mv/mm with an unbatched matrix broadcast
     it over the batch (B copies of the weight/data matrix), which is what makes the Hessian of a
@@ -98,9 +102,7 @@ def _fold_broadcast_bmm(gm: torch.fx.GraphModule) -> None:
     same arithmetic without the copies."""
     graph = gm.graph
     call = _inserter(graph)
-    for node in list(graph.nodes):
-        if node.op != "call_function" or node.target is not aten.bmm.default:
-            continue
+    for node in _calls(graph, aten.bmm.default):
         a, b = node.args[:2]
         out_val = node.meta.get("val")
         if not isinstance(out_val, torch.Tensor):
@@ -132,9 +134,7 @@ def _outer_bmm_to_mul(gm: torch.fx.GraphModule) -> None:
     """bmm(a [B,n,1], b [B,1,k]) -> a * b: per-example outer products (per-sample weight gradients)
     are a broadcast multiply; as a matmul with an inner size of 1 they run several times slower."""
     graph = gm.graph
-    for node in list(graph.nodes):
-        if node.op != "call_function" or node.target is not aten.bmm.default:
-            continue
+    for node in _calls(graph, aten.bmm.default):
         a, b = node.args[:2]
         va = a.meta.get("val") if isinstance(a, torch.fx.Node) else None
         if not isinstance(va, torch.Tensor) or va.dim() != 3 or va.shape[2] != 1:
@@ -204,9 +204,7 @@ def _fold_identity_mm(gm: torch.fx.GraphModule) -> None:
     the backward pass meets the first matmul as an identity, a full matmul of the data for nothing."""
     graph = gm.graph
     ident = _identities(graph)
-    for node in list(graph.nodes):
-        if node.op != "call_function" or node.target is not aten.mm.default:
-            continue
+    for node in _calls(graph, aten.mm.default):
         a, b = node.args[:2]
         keep = b if a in ident else a if b in ident else None
         if keep is None:
