@@ -30,10 +30,17 @@ from workloads.base import parse_size_label
 
 RESULTS_API_VERSION = 2
 # Folders under results/ that hold other artifacts, never ASV machine folders.
-ARTIFACT_DIRS = frozenset({"coverage", "profiles", "html"})
+ARTIFACT_DIRS = frozenset({"coverage", "profiles", "html", "memlimit", "noise"})
+# `make continuous` / the gate keep their results here (results/continuous/<machine>/...), apart
+# from the reference results of `make bench`; they load only when asked (continuous=True).
+CONTINUOUS_DIR = "continuous"
+REFERENCE, CONTINUOUS = "reference", "continuous"
 # Columns of every tidy frame, in display order; size parameters and unknown parameters follow.
+# `run` names one series of results: the machine, and the asv env and kind (reference or
+# continuous) where a machine has results of more than one; values of different runs are never
+# compared or drawn as one series.
 BASE_COLUMNS = [
-    "machine", "commit", "date", "env", "python", "benchmark", "suite", "metric", "unit", "type",
+    "machine", "run", "commit", "date", "env", "kind", "python", "benchmark", "suite", "metric", "unit", "type",
     "workload", "method", "size", "device",
 ]
 # After the stats: `case`, the id of the (benchmark, parameter combination) of the row, the same
@@ -89,21 +96,42 @@ class _FileError(ValueError):
     """Why one results file cannot be used (becomes the warning's text)."""
 
 
-def load_results(results_dir: str | Path, *, stats: bool = True) -> ResultSet:
+def load_results(results_dir: str | Path, *, stats: bool = True, continuous: bool = False) -> ResultSet:
     """Read every ASV result file under `results_dir` into a ResultSet (see module docstring).
 
     A missing or empty directory gives an empty frame; files that cannot be used are skipped with
     a CorruptResultWarning naming the file. `stats=False` leaves the statistics columns (ci,
     quartiles, number, repeat, run times, samples) empty: the dashboard plots the values only and
-    loads a third faster without them.
+    loads a third faster without them. `continuous=True` also reads results/continuous/<machine>/
+    (kind 'continuous', their own runs); by default that folder is left out.
     """
     root = Path(results_dir)
     loader = _Loader(root, stats)
     if root.is_dir():
         loader.read_benchmarks(root / "benchmarks.json")
-        for machine_dir in sorted(p for p in root.iterdir() if p.is_dir()):
+        for machine_dir in sorted(p for p in root.iterdir() if p.is_dir() and p.name != CONTINUOUS_DIR):
             loader.read_machine_dir(machine_dir)
+        if continuous and (root / CONTINUOUS_DIR).is_dir():
+            for machine_dir in sorted(p for p in (root / CONTINUOUS_DIR).iterdir() if p.is_dir()):
+                loader.read_machine_dir(machine_dir, kind=CONTINUOUS)
     return loader.finish()
+
+
+def run_labels(records: list[dict[str, Any]]) -> list[str]:
+    """The `run` of each file record (machine, env, kind): the machine name alone when it is that
+    machine's only (env, kind), else 'machine [env]' / 'machine [continuous env]'."""
+    seen: dict[str, set[tuple[Any, Any]]] = {}
+    for r in records:
+        seen.setdefault(r["machine"], set()).add((r.get("env"), r.get("kind")))
+    out = []
+    for r in records:
+        if len(seen[r["machine"]]) == 1:
+            out.append(r["machine"])
+            continue
+        tag = " ".join(str(x) for x in ((CONTINUOUS if r.get("kind") == CONTINUOUS else None), r.get("env"))
+                       if x)
+        out.append(f"{r['machine']} [{tag or 'no env'}]")
+    return out
 
 
 def load_frame(results_dir: str | Path) -> pd.DataFrame:
@@ -176,7 +204,7 @@ class _Loader:
             return
         self.benchmarks = {k: v for k, v in data.items() if isinstance(v, dict)}
 
-    def read_machine_dir(self, machine_dir: Path) -> None:
+    def read_machine_dir(self, machine_dir: Path, kind: str = REFERENCE) -> None:
         result_files = sorted(p for p in machine_dir.glob("*.json") if p.name != "machine.json")
         machine_json = machine_dir / "machine.json"
         if not machine_json.is_file():
@@ -196,11 +224,11 @@ class _Loader:
         self.machines.setdefault(name, info)
         for path in result_files:
             try:
-                self.read_result_file(path, name)
+                self.read_result_file(path, name, kind)
             except (_FileError, OSError, ValueError, KeyError, TypeError, IndexError) as exc:
                 self.warn(path, str(exc) or type(exc).__name__)
 
-    def read_result_file(self, path: Path, machine: str) -> None:
+    def read_result_file(self, path: Path, machine: str, kind: str = REFERENCE) -> None:
         try:
             data = json.loads(path.read_bytes())
         except ValueError as exc:  # UnicodeDecodeError included
@@ -290,6 +318,7 @@ class _Loader:
             "commit": str(data["commit_hash"]),
             "date": data.get("date"),
             "env": data.get("env_name"),
+            "kind": kind,
             "python": data.get("python"),
         }
         file_id = len(self.file_records)
@@ -413,6 +442,9 @@ class _Loader:
             return ResultSet(frame, [], self.machines, self.file_info, self.skipped,
                              self.benchmarks, self.root)
         files = pd.DataFrame(self.file_records)
+        files["run"] = run_labels(self.file_records)
+        for info, run in zip(self.file_info.values(), files["run"]):
+            info["run"] = run
         files["date"] = _js_time(files["date"])
         cases = pd.DataFrame(self.case_records)
         for column in size_columns:
