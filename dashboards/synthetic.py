@@ -173,7 +173,9 @@ def _nulls(values: list[float]) -> list[float | None]:
 def write_results(out_dir: str | Path, *, commits: int = 3, machines: int = 2, seed: int = 0,
                   workloads: Sequence[SyntheticWorkload] = DEFAULT_WORKLOADS,
                   regression_at: int | None = None, samples: bool = True,
-                  extras: bool = True, noise: float = 0.02) -> list[Path]:
+                  extras: bool = True, noise: float = 0.02, env_name: str = ENV_NAME,
+                  time_scale: float = 1.0, date_offset_ms: int = 0,
+                  machine_root: str | Path | None = None) -> list[Path]:
     """Write a synthetic ASV results tree; returns the result files written.
 
     The first machine runs the quick profile (the middle size of each workload, cpu only), the
@@ -182,7 +184,9 @@ def write_results(out_dir: str | Path, *, commits: int = 3, machines: int = 2, s
     there are at least 3 commits). `extras` also writes a coverage report
     (coverage/engine.json) and one profile folder (profiles/...). `noise` is the relative spread
     of every value around its level (uniform): at 2% no two commits differ by the 5% a
-    regression needs, so the injected one is the only one.
+    regression needs, so the injected one is the only one. `env_name`, `time_scale` (every time
+    multiplied by it), `date_offset_ms` and `machine_root` (where the machine folders go, default
+    `out_dir`; e.g. out_dir/continuous) write a second asv env or a continuous run beside the first.
     """
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
@@ -210,8 +214,8 @@ def write_results(out_dir: str | Path, *, commits: int = 3, machines: int = 2, s
 
     written = []
     for m_index, (machine, devices) in enumerate(MACHINES[:machines]):
-        mdir = out / machine
-        mdir.mkdir(exist_ok=True)
+        mdir = Path(machine_root or out) / machine
+        mdir.mkdir(parents=True, exist_ok=True)
         info = {"arch": "x86_64", "cpu": "Synthetic CPU @ 2.0GHz", "machine": machine,
                 "num_cpu": "2" if m_index == 0 else "16", "os": "Linux 6.1.0", "ram": "8GB",
                 "version": 1}
@@ -238,12 +242,14 @@ def write_results(out_dir: str | Path, *, commits: int = 3, machines: int = 2, s
             bases[name] = (both[0], both[1])
         for c_index, commit in enumerate(hashes):
             slow = regression_at is not None and c_index >= regression_at
-            date = t0 + c_index * 3_600_000 * 6
+            date = t0 + c_index * 3_600_000 * 6 + date_offset_ms
             results = {}
             for name, spec in layout.items():
                 base = bases[name][1 if slow else 0]
                 noisy = not (name.endswith("track_fallbacks") or name.startswith("bench_runtime."))
                 v = base * rng.uniform(1 - noise, 1 + noise, base.shape) if noisy else base
+                if spec["type"] == "time" and time_scale != 1.0:
+                    v = v * time_scale
                 row: list[Any] = [v.tolist(), spec["params"], benchmarks[name]["version"],
                                   date + 3_600_000, round(float(rng.uniform(1, 5)), 3)]
                 if spec["type"] == "time":
@@ -255,14 +261,14 @@ def write_results(out_dir: str | Path, *, commits: int = 3, machines: int = 2, s
                                     for x in v.tolist()])
                 results[name] = row
             data = {
-                "commit_hash": commit, "env_name": ENV_NAME, "date": date,
+                "commit_hash": commit, "env_name": env_name, "date": date,
                 "params": {**{k: v for k, v in info.items() if k != "version"}, "python": "3.11",
                            "torch": "2.13.0"},
                 "python": "3.11", "requirements": {"torch": "2.13.0"},
                 "env_vars": {"OMP_NUM_THREADS": "2"}, "result_columns": columns,
                 "results": results, "durations": {"<build>": 1.5}, "version": 2,
             }
-            path = mdir / f"{commit[:8]}-{ENV_NAME}.json"
+            path = mdir / f"{commit[:8]}-{env_name}.json"
             path.write_text(json.dumps(data))
             written.append(path)
     if extras:
