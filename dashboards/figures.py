@@ -120,3 +120,56 @@ class Panels:
     @property
     def fig(self) -> dict[str, Any]:
         return {"data": self.data, "layout": self.layout}
+
+
+BYTE_UNITS = ((2**30, "GiB"), (2**20, "MiB"), (2**10, "KiB"), (1, "B"))
+
+
+def byte_scale(values: Iterable[float]) -> tuple[float, str]:
+    """(divisor, unit name) that puts the largest of `values` between 1 and 1024 (MiB, GiB...)."""
+    top = max((abs(v) for v in values if v == v), default=0.0)
+    return next(((d, u) for d, u in BYTE_UNITS if top >= d), BYTE_UNITS[-1])
+
+
+def error_bar(values: list[float], lo: list[float] | None, hi: list[float] | None) -> dict[str, Any] | None:
+    """A Plotly asymmetric error_y from interval bounds (None where no bound is known)."""
+    if lo is None or hi is None:
+        return None
+    plus = [h - v if h == h and v == v else None for v, h in zip(values, hi)]
+    minus = [v - lo_ if lo_ == lo_ and v == v else None for v, lo_ in zip(values, lo)]
+    if all(p is None for p in plus):
+        return None
+    return {"type": "data", "symmetric": False, "array": plus, "arrayminus": minus,
+            "thickness": 1.2, "width": 3, "color": "#333"}
+
+
+def grouped_bars(rows: pd.DataFrame, *, y_title: str, color: Any, label: Any, order: list[str],
+                 hover: str, divisor: float = 1.0, log_y: bool = False) -> dict[str, Any]:
+    """One panel per (machine, device); x = size label, one bar per method (colors/legend by method).
+
+    `rows` has machine, device, workload, size, method, value and optionally lo/hi (an interval
+    drawn as an error bar) and text (the bar's hover reading); values are divided by `divisor`."""
+    from dashboards.theme import natural_key
+
+    panels = Panels(panel_keys(rows), y_title=y_title, log_y=log_y, x_title="size",
+                    x_extra={"type": "category"})
+    has_ci = "lo" in rows.columns and "hi" in rows.columns
+    for method in order:
+        mine = rows[rows["method"] == method]
+        for (machine, device), group in mine.groupby(["machine", "device"], dropna=False, observed=True):
+            group = group.sort_values("size", key=lambda s: s.map(natural_key))
+            values = (group["value"] / divisor).tolist()
+            trace: dict[str, Any] = {
+                "type": "bar", "x": group["size"].astype(str).tolist(), "y": values, "name": label(method),
+                "legendgroup": method, "offsetgroup": method, "marker": {"color": color(method)},
+                "meta": {"machine": machine, "device": device, "workload": group["workload"].iloc[0]},
+                "customdata": group["text"].tolist() if "text" in group else None,
+                "hovertemplate": f"<b>{label(method)}</b> %{{x}}<br>{hover}<extra></extra>",
+            }
+            err = error_bar(values, (group["lo"] / divisor).tolist(), (group["hi"] / divisor).tolist()) \
+                if has_ci else None
+            if err:
+                trace["error_y"] = err
+            panels.add(trace, machine, device)
+    panels.layout.update(barmode="group", bargap=0.25)
+    return panels.fig
