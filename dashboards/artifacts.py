@@ -13,6 +13,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import pandas as pd
+
 from dashboards.loader import CorruptResultWarning
 
 COVERAGE_STATUSES = ("native", "fallback", "error", "mismatch", "skip")
@@ -142,3 +144,41 @@ def coverage_staleness(report: CoverageReport, repo: Path) -> Staleness | None:
         except ValueError:
             days = None
     return Staleness(commit, head, int(behind) if behind and behind.isdigit() else None, days)
+
+
+MEMLIMIT_DIR = "memlimit"
+MEMLIMIT_COLUMNS = ["machine", "commit", "torch", "device", "budget_bytes", "workload", "method", "size",
+                    "max_batch", "time_at_max_s", "status", "reason", "file"]
+
+
+def load_memlimit(results_dir: str | Path) -> pd.DataFrame:
+    """The memory-limit experiment (results/memlimit/<machine>/<commit8>.json, see
+    vmapbench/memlimit.py): one row per (workload, method, size) of each machine's newest file.
+
+    An absent folder gives an empty frame; a file that is not such a report is skipped with a
+    CorruptResultWarning naming it. 'Newest' is the file with the latest modification time."""
+    root = Path(results_dir) / MEMLIMIT_DIR
+    frames = []
+    for machine_dir in sorted(p for p in root.glob("*") if p.is_dir()):
+        files = sorted(machine_dir.glob("*.json"), key=lambda p: (p.stat().st_mtime, p.name), reverse=True)
+        for path in files:
+            try:
+                data = json.loads(path.read_text(encoding="utf-8"))
+                rows = data["rows"]
+                if not isinstance(rows, list) or not all(isinstance(r, dict) for r in rows):
+                    raise ValueError("'rows' must be a list of objects")
+                head = {k: data.get(k) for k in ("machine", "commit", "torch", "device", "budget_bytes")}
+            except (OSError, ValueError, KeyError, TypeError) as exc:
+                warnings.warn(f"skipping {path}: not a memory-limit report ({exc})", CorruptResultWarning,
+                              stacklevel=2)
+                continue
+            head["machine"] = head["machine"] or machine_dir.name
+            frame = pd.DataFrame(rows)
+            for key, value in head.items():
+                frame[key] = value
+            frame["file"] = str(path)
+            frames.append(frame.reindex(columns=MEMLIMIT_COLUMNS))
+            break  # the newest readable report of this machine
+    if not frames:
+        return pd.DataFrame(columns=MEMLIMIT_COLUMNS)
+    return pd.concat(frames, ignore_index=True)

@@ -21,6 +21,13 @@ METHOD_COLORS: dict[str, str] = {
     "loop_compiled": "#bcbd22",
     "functional_vectorize": "#9467bd",
     "closed_form": "#2ca02c",
+    # Peers (#17): one hue family each, so a tool's modes read as related.
+    "engine_chunked": "#6baed6",
+    "jax": "#e377c2",
+    "opacus_hooks": "#8c564b",
+    "opacus_ew": "#c49c94",
+    "opacus_functorch": "#5a3a2e",
+    "backpack": "#bcbd22",
 }
 METHOD_LABELS: dict[str, str] = {
     "loop": "for-loop",
@@ -32,8 +39,17 @@ METHOD_LABELS: dict[str, str] = {
     "loop_compiled": "loop (compiled)",
     "functional_vectorize": "autograd.functional (vectorize)",
     "closed_form": "closed form",
+    "engine_chunked": "engine (chunked)",
+    "jax": "JAX (jit)",
+    "opacus_hooks": "Opacus (hooks)",
+    "opacus_ew": "Opacus (ew)",
+    "opacus_functorch": "Opacus (functorch)",
+    "backpack": "BackPACK",
 }
-_EXTRA_COLORS = ["#8c564b", "#e377c2", "#393b79", "#637939", "#843c39", "#7b4173"]
+# Methods that are the limit a workload can reach: a closed form or hand-vectorized code. The
+# "distance to the limit" table divides every method's time by the first of these present.
+LIMIT_METHODS: tuple[str, ...] = ("closed_form",)
+_EXTRA_COLORS = ["#393b79", "#637939", "#843c39", "#7b4173", "#3182bd", "#e6550d"]
 STATUS_COLORS = {"native": "#2ca02c", "fallback": "#ff7f0e", "error": "#d62728",
                  "mismatch": "#9467bd", "skip": "#c7c7c7"}
 BASELINE_METHOD = BASELINE
@@ -45,9 +61,11 @@ REGRESSION_THRESHOLD = 0.05
 
 
 def method_order(methods: Any) -> list[str]:
-    """Methods in the registry's table order; unknown ones after, alphabetically."""
-    present = set(methods)
-    return [m for m in METHODS if m in present] + sorted(present - set(METHODS))
+    """Methods in the registry's table order, then the known peers in METHOD_COLORS' order, then
+    any other method found in the results, alphabetically (never dropped)."""
+    present = {str(m) for m in methods if m is not None and m == m}
+    known = list(dict.fromkeys([*METHODS, *METHOD_COLORS]))
+    return [m for m in known if m in present] + sorted(present - set(known))
 
 
 def natural_key(text: Any) -> tuple:
