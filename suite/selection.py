@@ -25,7 +25,6 @@ import re
 from dataclasses import dataclass
 from typing import Callable, Iterable, Sequence
 
-from vmapbench import stats
 from workloads.base import BASELINE, COMPILED_METHODS, ENGINE_METHODS, REFERENCE, Workload, all_workloads
 
 # asv versions a benchmark by a hash of its source unless told otherwise, and results of different
@@ -94,9 +93,10 @@ METRICS: tuple[Metric, ...] = (
     Metric("bench_first_call", "track_fallbacks", _engine_only),
 )
 
-# asv ranks every benchmark "lower is better"; these are "higher is better" (the one definition
-# lives in vmapbench.stats, with the rest of the gate's policy).
-HIGHER_IS_BETTER: frozenset[str] = stats.HIGHER_IS_BETTER
+# asv ranks every benchmark "lower is better"; these are "higher is better". The gate's policy is
+# vmapbench.stats.HIGHER_IS_BETTER; this copy exists because the suite must import in asv's
+# environments of commits that predate vmapbench.stats (tests/test_stats.py checks they agree).
+HIGHER_IS_BETTER: frozenset[str] = frozenset({"track_speedup_vs_loop"})
 
 
 def metrics_of(module: str) -> tuple[Metric, ...]:

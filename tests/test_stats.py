@@ -161,3 +161,12 @@ def test_read_asv_result_reads_a_file_and_drops_skipped_points(tmp_path):
 def test_relative_change_formats_the_interval():
     assert stats.relative_change(stats.Estimate(1.25, 1.1, 1.4, 5)) == "+25.0% [+10.0%, +40.0%]"
     assert stats.relative_change(stats.Estimate(0.9, 0.9, 0.9, 1)) == "-10.0%"
+
+
+def test_the_suite_agrees_with_the_gate_policy():
+    from suite import selection
+
+    assert selection.HIGHER_IS_BETTER == stats.HIGHER_IS_BETTER
+    metrics = {m.name for m in selection.METRICS}
+    assert stats.GATED_METRICS - {"track_overhead_us_per_op"} <= metrics
+    assert stats.NEVER_CALLED <= metrics
