@@ -48,8 +48,8 @@ class Context:
         `machine` holding the run (machine + env where a machine has several; see
         loader.run_labels) and `host` the machine itself: every view groups by `machine`, so
         results of different asv envs or of continuous runs are never one series."""
-        unused = {"env", "python", "suite", "type", "started_at", "ci_99_a", "ci_99_b",
-                  "q_25", "q_75", "number", "repeat", "duration", "run"}
+        unused = {"env", "python", "suite", "type", "started_at", "q_25", "q_75", "number", "repeat",
+                  "duration", "run"}
         lean = self.frame[[c for c in self.frame.columns if c not in unused]]
         return lean.rename(columns={"machine": "host"}).assign(machine=self.frame["run"])
 
@@ -89,8 +89,8 @@ class Context:
 
     @cached_property
     def latest_commit_rows(self) -> pd.DataFrame:
-        """Times and measured speedups of each machine's latest commit."""
-        return self.of_commits(self.metric_rows(("time", "speedup_vs_loop")), 1)
+        """Times and in-process ratios of each run's latest commit."""
+        return self.of_commits(self.metric_rows(("time", "speedup_vs_loop", "ratio_vs_torch_func")), 1)
 
     def of_commits(self, rows: pd.DataFrame, newest: int) -> pd.DataFrame:
         """`rows` of each machine's `newest` commits."""

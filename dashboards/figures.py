@@ -153,23 +153,28 @@ def grouped_bars(rows: pd.DataFrame, *, y_title: str, color: Any, label: Any, or
 
     panels = Panels(panel_keys(rows), y_title=y_title, log_y=log_y, x_title="size",
                     x_extra={"type": "category"})
-    has_ci = "lo" in rows.columns and "hi" in rows.columns
-    for method in order:
-        mine = rows[rows["method"] == method]
-        for (machine, device), group in mine.groupby(["machine", "device"], dropna=False, observed=True):
-            group = group.sort_values("size", key=lambda s: s.map(natural_key))
-            values = (group["value"] / divisor).tolist()
-            trace: dict[str, Any] = {
-                "type": "bar", "x": group["size"].astype(str).tolist(), "y": values, "name": label(method),
-                "legendgroup": method, "offsetgroup": method, "marker": {"color": color(method)},
-                "meta": {"machine": machine, "device": device, "workload": group["workload"].iloc[0]},
-                "customdata": group["text"].tolist() if "text" in group else None,
-                "hovertemplate": f"<b>{label(method)}</b> %{{x}}<br>{hover}<extra></extra>",
-            }
-            err = error_bar(values, (group["lo"] / divisor).tolist(), (group["hi"] / divisor).tolist()) \
-                if has_ci else None
+    cols = ["machine", "device", "method", "workload", "size", "value"]
+    extra = [c for c in ("lo", "hi", "text") if c in rows.columns]
+    groups: dict[tuple, list[tuple]] = {}
+    for rec in records(rows, cols + extra):
+        groups.setdefault((rec[0], rec[1], rec[2]), []).append(rec)
+    rank = {m: i for i, m in enumerate(order)}
+    for (machine, device, method), recs in sorted(groups.items(), key=lambda kv: rank.get(kv[0][2], len(rank))):
+        recs.sort(key=lambda r: natural_key(r[4]))
+        got = {name: [r[len(cols) + i] for r in recs] for i, name in enumerate(extra)}
+        values = [r[5] / divisor for r in recs]
+        trace: dict[str, Any] = {
+            "type": "bar", "x": [str(r[4]) for r in recs], "y": values, "name": label(method),
+            "legendgroup": method, "offsetgroup": method, "marker": {"color": color(method)},
+            "meta": {"machine": machine, "device": device, "workload": recs[0][3]},
+            "hovertemplate": f"<b>{label(method)}</b> %{{x}}<br>{hover}<extra></extra>",
+        }
+        if "text" in got:
+            trace["customdata"] = got["text"]
+        if "lo" in got and "hi" in got:
+            err = error_bar(values, [v / divisor for v in got["lo"]], [v / divisor for v in got["hi"]])
             if err:
                 trace["error_y"] = err
-            panels.add(trace, machine, device)
+        panels.add(trace, machine, device)
     panels.layout.update(barmode="group", bargap=0.25)
     return panels.fig

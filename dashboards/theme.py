@@ -54,10 +54,6 @@ STATUS_COLORS = {"native": "#2ca02c", "fallback": "#ff7f0e", "error": "#d62728",
                  "mismatch": "#9467bd", "skip": "#c7c7c7"}
 BASELINE_METHOD = BASELINE
 REFERENCE_METHOD = REFERENCE
-# Ratio beyond which the compare view colors a change, like `asv compare --factor 1.1`.
-COMPARE_FACTOR = 1.1
-# Relative step below which asv's regression detector ignores a jump (asv's default threshold).
-REGRESSION_THRESHOLD = 0.05
 
 
 def method_order(methods: Any) -> list[str]:
@@ -84,11 +80,6 @@ def method_label(method: str) -> str:
     return METHOD_LABELS.get(method, method)
 
 
-def higher_is_better(metric: str) -> bool:
-    """Speedups are better when higher; times, memory, fallbacks and ratios-vs-reference lower."""
-    return "speedup" in metric
-
-
 def format_value(value: Any, unit: str | None) -> str:
     """A short human reading of one measurement in its unit (seconds, bytes, or a plain number)."""
     if value is None or (isinstance(value, float) and math.isnan(value)):
@@ -103,6 +94,6 @@ def format_value(value: Any, unit: str | None) -> str:
             if abs(v) >= scale or scale == scales[-1][0]:
                 return f"{v / scale:.3g} {suffix}"
     if unit in ("x", "ratio"):
-        return f"{v:.3g}×"
+        return f"{float(f'{v:.3g}'):g}×"  # as assets/dashboard.js writes it: 4840×, not 4.84e+03×
     text = f"{v:.3g}"
     return f"{text} {unit}" if unit and unit != "unit" else text
