@@ -150,8 +150,9 @@ def cell_table(rows: pd.DataFrame) -> pd.DataFrame:
     out = out.reset_index(drop=True)
     # Where the suite did not record an in-process ratio, the ratio of medians stands in.
     for prefix, other, invert in (("speedup", BASELINE, True), ("vs_ref", REFERENCE, False)):
-        base = out[out["method"] == other].set_index(KEY)[["time", "time_lo", "time_hi", "time_n"]]
-        joined = out.join(base, on=KEY, rsuffix="_other")
+        base = out[out["method"] == other][KEY + ["time", "time_lo", "time_hi", "time_n"]]
+        base = base.rename(columns={c: f"{c}_other" for c in ("time", "time_lo", "time_hi", "time_n")})
+        joined = out.merge(base, on=KEY, how="left")
         missing = out[prefix].isna() & joined["time_other"].notna() & out["time"].notna()
         if missing.any():
             j = joined[missing]

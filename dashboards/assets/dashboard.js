@@ -56,12 +56,26 @@
       if (!gd._vbVisible) {
         gd._vbVisible = gd.data.map(function (t) { return t.visible === undefined ? true : t.visible; });
       }
+      if (!gd._vbLegend) {
+        gd._vbLegend = gd.data.map(function (t) { return t.showlegend === undefined ? true : t.showlegend; });
+      }
       var visible = gd.data.map(function (t, i) { return matches(t.meta, state) ? gd._vbVisible[i] : false; });
+      // Legends kept when filtered: each legend group shows its entry on its first visible trace
+      // (the build marks only the group's first trace, which a filter may hide).
+      var seen = {};
+      var legend = gd.data.map(function (t, i) {
+        var group = t.legendgroup || t.name || String(i);
+        if (!gd._vbLegend.some(function (on, j) { return on && (gd.data[j].legendgroup || gd.data[j].name) === group; })) return false;
+        if (visible[i] !== true || seen[group]) return false;
+        seen[group] = true;
+        return true;
+      });
       var changed = visible.some(function (v, i) {
         var now = gd.data[i].visible === undefined ? true : gd.data[i].visible;
-        return now !== v;
+        var shown = gd.data[i].showlegend === undefined ? true : gd.data[i].showlegend;
+        return now !== v || shown !== legend[i];
       });
-      if (changed) window.Plotly.restyle(gd, { visible: visible });
+      if (changed) window.Plotly.restyle(gd, { visible: visible, showlegend: legend });
       var card = gd.closest(".vb-card");
       var empty = card && card.querySelector(".vb-nodata");
       if (empty) empty.hidden = visible.some(function (v) { return v === true; });
