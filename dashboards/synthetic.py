@@ -29,10 +29,17 @@ METHOD_FACTOR = {
     "loop": 1.0, "engine": 0.42, "engine_traced": 0.2, "engine_compiled": 0.07,
     "torch_func": 0.38, "torch_func_compiled": 0.05, "loop_compiled": 0.6,
     "functional_vectorize": 0.45, "closed_form": 0.007,
+    # Peers (#17): roughly the ratios issue 17 measured on psg_mlp.
+    "jax": 0.2, "opacus_hooks": 0.6, "opacus_ew": 0.3, "opacus_functorch": 0.8, "backpack": 0.33,
+    "engine_chunked": 0.55,
 }
+# Relative time and memory of a method not listed above (a new peer the dashboard must still show).
+OTHER_FACTOR, OTHER_MEMORY = 0.5, 2.0
 MEMORY_FACTOR = {
     "loop": 1.0, "engine": 3.0, "engine_traced": 2.6, "engine_compiled": 2.0, "torch_func": 2.8,
     "torch_func_compiled": 1.8, "loop_compiled": 1.1, "functional_vectorize": 3.2, "closed_form": 0.5,
+    "jax": 2.0, "opacus_hooks": 1.5, "opacus_ew": 2.5, "opacus_functorch": 3.0, "backpack": 2.2,
+    "engine_chunked": 1.2,
 }
 ENV_NAME = "existing-py_work_main_.venv_bin_python"
 
@@ -115,6 +122,7 @@ def _benchmark_layout(workloads: Sequence[SyntheticWorkload], devices: Sequence[
     for prefix, members, names in groups:
         sizes = sorted({s for w in members for s in w.sizes}, key=lambda s: (_size_scale(s), s))
         methods = [m for m in METHOD_FACTOR if any(m in w.methods for w in members)]
+        methods += sorted({m for w in members for m in w.methods} - set(methods))
         values = {"workload": [w.name for w in members], "size": sizes, "method": methods,
                   "device": list(devices)}
         params = [[repr(v) for v in values[n]] for n in names]
@@ -144,10 +152,10 @@ def _base_value(attr: str, w: SyntheticWorkload, size: str, method: str, device:
     chunk = dict(p.split("=") for p in size.split(",")).get("chunk_size")
     gpu = device == "cuda"
     base = 2e-7 * scale ** 0.9 * (0.5 if gpu and method == "loop" else 0.08 if gpu else 1.0)
-    factor = METHOD_FACTOR[method] * (slowdown if method.startswith("engine") else 1.0)
+    factor = METHOD_FACTOR.get(method, OTHER_FACTOR) * (slowdown if method.startswith("engine") else 1.0)
     if chunk is not None and method != "loop":
         factor *= 1.0 + 8.0 / float(chunk)
-    mem = 4096.0 * scale * MEMORY_FACTOR[method] * (float(chunk) / 64 if chunk else 1.0)
+    mem = 4096.0 * scale * MEMORY_FACTOR.get(method, OTHER_MEMORY) * (float(chunk) / 64 if chunk else 1.0)
     if attr == "time_run":
         return max(base * factor, 2e-6)
     if attr == "peakmem_run":
