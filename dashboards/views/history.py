@@ -63,7 +63,8 @@ def _figure(ctx: Context, rows: pd.DataFrame, regressions: pd.DataFrame) -> dict
             "type": "scatter", "x": [p[1][:8] for p in points], "y": [p[2] for p in points],
             "mode": "lines+markers", "name": name,
             "line": {"color": method_color(method), "width": 1.5}, "marker": {"symbol": symbol, "size": 6},
-            "meta": {"machine": machine, "device": device, "workload": workload},
+            "meta": {"machine": machine, "device": device, "workload": workload, "metric": metric,
+                     "method": method, "size": size},
             "customdata": [[_when(p[0]), t] for p, t in zip(points, texts)],
             "hovertemplate": f"<b>{esc(name)}</b><br>commit %{{x}} (%{{customdata[0]}})<br>%{{customdata[1]}}<extra></extra>",
         }

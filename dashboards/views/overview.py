@@ -97,7 +97,8 @@ def _headline_table(data: pd.DataFrame) -> str:
             else:
                 main = f'<span class="vb-fig" data-cell="{esc(cell_id(machine, device, workload, size, m))}">' \
                        f"{esc(f.text())}</span>" if f else "n/a"
-            context = f"<br><small>{esc(t.text('seconds'))}</small>" if t else ""
+            cid = esc(cell_id(machine, device, workload, size, m))
+            context = f'<br><small class="vb-time" data-cell="{cid}">{esc(t.text("seconds"))}</small>' if t else ""
             mark = ' class="vb-best" title="fastest in this row"' if m == best else ""
             cells.append((f"<div{mark}>{main}{context}</div>", f.est.value if f else None))
         engine = figure_of(by["engine"], "vs_ref") if "engine" in by else None
