@@ -92,6 +92,14 @@ class Context:
         """Times and in-process ratios of each run's latest commit."""
         return self.of_commits(self.metric_rows(("time", "speedup_vs_loop", "ratio_vs_torch_func")), 1)
 
+    @cached_property
+    def latest_cells(self) -> pd.DataFrame:
+        """The figures of each run's latest commit (dashboards.numbers.cell_table): what the
+        Overview and Peers pages print."""
+        from dashboards.numbers import cell_table
+
+        return cell_table(self.latest_commit_rows)
+
     def of_commits(self, rows: pd.DataFrame, newest: int) -> pd.DataFrame:
         """`rows` of each machine's `newest` commits."""
         if rows.empty:

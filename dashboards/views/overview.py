@@ -12,7 +12,7 @@ import pandas as pd
 
 from dashboards.context import Context
 from dashboards.figures import Panels, error_bar, panel_keys
-from dashboards.numbers import Figure, cell_table, fastest, figure_of, format_estimate
+from dashboards.numbers import Figure, fastest, figure_of, format_estimate
 from dashboards.page import Page, esc, table
 from dashboards.regressions import latest_changes
 from dashboards.theme import BASELINE_METHOD, method_color, method_label, method_order
@@ -23,7 +23,7 @@ KEY = ["machine", "device", "workload", "size"]
 
 def speedups(ctx: Context) -> pd.DataFrame:
     """The cell table (dashboards.numbers.cell_table) of each run's latest commit."""
-    return cell_table(ctx.latest_commit_rows)
+    return ctx.latest_cells
 
 
 def headline(ctx: Context, sp: pd.DataFrame) -> pd.DataFrame:

@@ -19,7 +19,7 @@ import pandas as pd
 from dashboards.artifacts import load_memlimit
 from dashboards.context import Context
 from dashboards.figures import Panels, error_bar, panel_keys
-from dashboards.numbers import KEY, cell_table, change, figure_of, format_estimate
+from dashboards.numbers import KEY, change, figure_of, format_estimate
 from dashboards.page import Page, esc, table
 from dashboards.theme import LIMIT_METHODS, format_value, method_color, method_label, method_order
 from vmapbench.stats import Estimate
@@ -28,7 +28,7 @@ from vmapbench.stats import Estimate
 def distances(ctx: Context) -> tuple[pd.DataFrame, list[str]]:
     """(rows of (machine, device, workload, size, method, limit, value, lo, hi, n), workloads
     without a limit method) at each run's latest commit."""
-    cells = cell_table(ctx.latest_commit_rows)
+    cells = ctx.latest_cells
     out, without = [], set()
     if cells.empty:
         return pd.DataFrame(), []
