@@ -47,6 +47,9 @@ def estimate_columns(rows: pd.DataFrame) -> pd.DataFrame:
     a = rows["ci_99_a"].to_numpy(dtype=float) if "ci_99_a" in rows else np.full(len(rows), np.nan)
     b = rows["ci_99_b"].to_numpy(dtype=float) if "ci_99_b" in rows else np.full(len(rows), np.nan)
     has_ci = np.isfinite(a) & np.isfinite(b)
+    # asv's interval can reach below zero for a noisy time (seen: 12 ms [-578 µs, 25.5 ms]); no
+    # time, size or ratio is negative, so such a bound reads as "down to 0".
+    a = np.where(has_ci & (a < 0) & (value >= 0), 0.0, a)
     lo = np.where(has_ci, np.minimum(a, value), value)
     hi = np.where(has_ci, np.maximum(b, value), value)
     n = np.where(has_ci, 2, 1)
@@ -59,6 +62,8 @@ def estimate_columns(rows: pd.DataFrame) -> pd.DataFrame:
             est = [stats.row_estimate(value[i], rows["samples"].iat[i], a[i], b[i]) for i in sampled]
             cols = {c: out[c].to_numpy(copy=True) for c in ("value", "lo", "hi", "n")}
             for i, e in zip(sampled, est):
+                if e is not None and e.lo < 0 <= e.value:
+                    e = stats.Estimate(e.value, 0.0, e.hi, e.n)
                 if e is not None:
                     cols["value"][i], cols["lo"][i], cols["hi"][i], cols["n"][i] = e.value, e.lo, e.hi, e.n
             out = out.assign(**cols)

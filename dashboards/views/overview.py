@@ -115,13 +115,16 @@ def cell_id(machine: str, device: str, workload: str, size: str, method: str) ->
 def render(ctx: Context) -> Page:
     page = Page("index.html", "Overview", intro=(
         "<p>How much faster than a Python for-loop of <code>torch.autograd.grad</code> each method "
-        "is, per workload, at each machine's <b>latest commit</b> and the largest size measured "
-        "with the loop. Bars above the dotted line beat the loop; the log scale makes 2× and 0.5× "
-        "the same distance from it. Where the suite records a speedup measured in one process "
-        "(<code>track_speedup_vs_loop</code>) that figure is used, otherwise the ratio of asv's "
-        "median times; the hover says which. The table has the times behind the bars and where "
-        "the engine stands against torch.func and the closed form (below 1× is faster). "
-        f"{ctx.measured_note()}</p>"))
+        "is, per workload, at each run's <b>latest commit</b> and the largest size measured with "
+        "the loop. Bars above the dotted line beat the loop; the log scale makes 2× and 0.5× the "
+        "same distance from it. The figure is the suite's in-process speedup "
+        "(<code>track_speedup_vs_loop</code>: the loop and the method timed interleaved in one "
+        "process, so machine load cancels out) with its interval as the error bar; only where a "
+        "suite did not record it is the ratio of asv's median times used (the hover says which). "
+        "The table prints the same figures with each method's time per call below, frames the "
+        "fastest method of each row and gives engine ÷ torch.func "
+        "(<code>track_ratio_vs_torch_func</code>, below 1× is faster); the closed-form distance is "
+        f"on <a href=\"peers.html\" data-vb-nav=\"peers.html\">Peers &amp; limits</a>. {ctx.measured_note()}</p>"))
     if ctx.frame.empty:
         page.notice("No ASV results found. Run <code>make bench</code> (or <code>asv run</code>) to "
                     "produce them, then <code>make dashboard</code>.", "warn")
