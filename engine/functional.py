@@ -10,6 +10,7 @@ from typing import Any, Callable
 import torch
 
 from engine._batched import mark_inner
+from engine._guards import requires_grad
 from engine._vmap import vmap
 from engine.transforms import TransformError, linearize
 
@@ -30,7 +31,7 @@ def _as_tuple(x: Any, name: str, api: str) -> tuple[bool, tuple]:
 
 
 def _grad_inputs(inputs: tuple, create_graph: bool) -> tuple:
-    return tuple(i.view_as(i) if (create_graph and i.requires_grad) else mark_inner(i.detach().requires_grad_(True)) for i in inputs)
+    return tuple(i.view_as(i) if (create_graph and i.requires_grad) else mark_inner(requires_grad(i.detach())) for i in inputs)
 
 
 def jacobian(
