@@ -6,6 +6,11 @@ and `autograd.Function.apply` of a Function without functorch support. The engin
 so while a transformed function runs (and only then) it puts checking wrappers around those three
 entry points; the outermost transform puts them in place and takes them out again. Engine code that
 must mark its own leaves calls `requires_grad(t)`, which bypasses the check.
+
+One deliberate difference: under `vmap` alone (no grad transform running) the engine allows
+`requires_grad_()`/`retain_grad()`, because `torch.autograd.grad` inside `engine.vmap` gives exact
+per-example gradients (tests/test_engine_transforms.py); inside grad/vjp/jvp/jacrev/jacfwd, where a
+new leaf would silently cut the transform's own graph, they raise as in torch.func.
 """
 from __future__ import annotations
 
@@ -19,7 +24,7 @@ from engine.errors import UnsupportedInTransformError
 
 _ORIGINAL_REQUIRES_GRAD = torch.Tensor.requires_grad_
 _ORIGINAL_RETAIN_GRAD = torch.Tensor.retain_grad
-_ORIGINAL_APPLY = torch.autograd.Function.apply  # a bound classmethod
+_ORIGINAL_APPLY = vars(torch.autograd.Function)["apply"]  # the classmethod object itself
 _lock = threading.Lock()
 
 
@@ -34,6 +39,8 @@ def requires_grad(t: torch.Tensor, flag: bool = True) -> torch.Tensor:
 
 
 def _requires_grad_(self: torch.Tensor, requires_grad: bool = True) -> torch.Tensor:
+    if _State.depth == _State.vmap:  # only vmaps are running: allowed (see the module docstring)
+        return _ORIGINAL_REQUIRES_GRAD(self, requires_grad)
     raise UnsupportedInTransformError(
         "You are attempting to call Tensor.requires_grad_() (or perhaps using torch.autograd.functional.* "
         "APIs) inside of a function being transformed by an engine transform (vmap, grad, jacrev, ...), "
@@ -43,6 +50,8 @@ def _requires_grad_(self: torch.Tensor, requires_grad: bool = True) -> torch.Ten
 
 
 def _retain_grad(self: torch.Tensor) -> None:
+    if _State.depth == _State.vmap:
+        return _ORIGINAL_RETAIN_GRAD(self)
     raise UnsupportedInTransformError(
         "You are attempting to call Tensor.retain_grad() inside of a function being transformed by an "
         "engine transform (vmap, grad, jacrev, ...), as torch.func also refuses. Return the intermediate "
@@ -51,7 +60,9 @@ def _retain_grad(self: torch.Tensor) -> None:
 
 
 def _is_engine_function(cls: type) -> bool:
-    return cls.__module__.split(".")[0] == "engine"
+    """The engine's own Functions and those torch.library generates for custom ops (which torch.func
+    runs through the op's registered autograd, not through this check)."""
+    return cls.__module__.split(".")[0] == "engine" or cls.__module__ == "torch._library.autograd"
 
 
 def _apply(cls: Any, *args: Any, **kwargs: Any) -> Any:
