@@ -9,7 +9,7 @@ from torch.utils._pytree import _broadcast_to_and_flatten, tree_flatten, tree_un
 
 from engine._batched import BatchedTensor, enter, is_batched_at, leave, pop_level, push_level
 from engine._dispatch import VmapMode
-from engine._guards import transform_scope
+from engine._guards import checked, transform_scope
 from engine.errors import VmapError
 
 _RANDOMNESS = ("error", "different", "same")
@@ -116,7 +116,7 @@ def _vmap_call(func, flat_args, flat_dims, spec, size, out_dims, randomness, kwa
             for a, d in zip(flat_args, flat_dims)
         ]
         with VmapMode(info), transform_scope(is_vmap=True):
-            out = func(*tree_unflatten(batched, spec), **kwargs)
+            out = checked(func)(*tree_unflatten(batched, spec), **kwargs)
         return _unwrap_outputs(func, out, out_dims, info.level, size)
     finally:
         pop_level(info)
