@@ -154,3 +154,18 @@ def as_strided_scatter_rule(info, in_dims, x, src, size, stride, storage_offset=
 
 
 RULES[aten.as_strided_scatter.default] = as_strided_scatter_rule
+
+
+def _unfold(copy: bool):
+    def rule(info, in_dims, x, dimension, size, step):
+        rank = lrank(x, in_dims[0])
+        if rank == 0:  # a 0-dim example unfolds like a 1-element vector into one window of `size` 1
+            return aten.unfold.default(x.unsqueeze(1), 1, size, step).reshape(x.shape[0], size), 0
+        out = aten.unfold.default(x, norm_dim(dimension, rank) + 1, size, step)
+        return (out.clone() if copy else out), 0
+
+    return rule
+
+
+RULES[aten.unfold.default] = _unfold(copy=False)
+RULES[aten.unfold_copy.default] = _unfold(copy=True)
