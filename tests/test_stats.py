@@ -89,6 +89,12 @@ def test_wide_interval_is_not_called_even_when_the_median_moved():
     assert stats.verdict(stats.Estimate(1.5, 0.9, 2.2, 3)) == "unchanged"
 
 
+def test_one_sample_a_side_is_never_called():
+    change = stats.ratio([1.0], [3.0])
+    assert change == stats.Estimate(3.0, 3.0, 3.0, 1)
+    assert stats.verdict(change) == "unchanged"
+
+
 def test_ratio_refuses_non_positive_base():
     with pytest.raises(ValueError, match="positive"):
         stats.ratio([0.0, 0.0], [1.0, 1.0])

@@ -67,6 +67,9 @@ NEVER_CALLED: frozenset[str] = frozenset({"track_rss_delta_bytes"})
 
 VERDICTS = ("slower", "faster", "unchanged")
 
+MIN_SAMPLES = 2
+"""A change measured from fewer samples a side has no interval and is never called."""
+
 NOISE_DIR = Path("results") / "noise"
 
 
@@ -159,10 +162,13 @@ def verdict(change: Estimate, noise_floor: float = DEFAULT_NOISE_FLOOR, higher_i
 
     Called only when the whole interval lies beyond the floor: slower when lo > 1 + floor, faster
     when hi < 1 / (1 + floor) (the floor is symmetric in log scale). For a higher-is-better metric
-    (a speedup) a ratio above 1 is the improvement.
+    (a speedup) a ratio above 1 is the improvement. A change from fewer than MIN_SAMPLES samples
+    a side (n) has no interval and is "unchanged": one run says nothing about noise.
     """
     if noise_floor < 0:
         raise ValueError(f"noise_floor={noise_floor} must be >= 0 (a fraction: 0.1 = 10%)")
+    if change.n < MIN_SAMPLES:
+        return "unchanged"
     up = change.lo > 1 + noise_floor
     down = change.hi < 1 / (1 + noise_floor)
     if not (up or down):
