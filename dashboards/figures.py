@@ -178,3 +178,30 @@ def grouped_bars(rows: pd.DataFrame, *, y_title: str, color: Any, label: Any, or
         panels.add(trace, machine, device)
     panels.layout.update(barmode="group", bargap=0.25)
     return panels.fig
+
+
+def ratio_bars(machine: str, bars: list[dict[str, Any]], *, y_title: str, hover: str, label: Any,
+               color: Any, order: list[str]) -> dict[str, Any]:
+    """Grouped log-scale bars of ratios with their intervals, one panel per device of `machine`,
+    a dotted line at 1×. Each bar: {method, device, workload, x, est (a stats.Estimate),
+    customdata (a list)}; one trace per bar so the workload filter can hide it (legends follow)."""
+    panels = Panels(sorted({(machine, str(b["device"])) for b in bars}, key=lambda k: (k[1] != "cpu", k[1])),
+                    y_title=y_title, log_y=True, panel_height=370)
+    rank = {m: i for i, m in enumerate(order)}
+    for b in sorted(bars, key=lambda b: (rank.get(b["method"], len(rank)), str(b["x"]))):
+        est = b["est"]
+        trace = {"type": "bar", "x": [b["x"]], "y": [est.value], "name": label(b["method"]),
+                 "legendgroup": b["method"], "offsetgroup": b["method"], "marker": {"color": color(b["method"])},
+                 "meta": {"machine": machine, "device": b["device"], "workload": b["workload"]},
+                 "customdata": [b["customdata"]],
+                 "hovertemplate": f"<b>{label(b['method'])}</b> %{{x}}<br>{hover}<extra></extra>"}
+        err = error_bar([est.value], [est.lo], [est.hi])
+        if err:
+            trace["error_y"] = err
+        panels.add(trace, machine, b["device"])
+    panels.hline(1.0)
+    panels.layout.update(barmode="group", bargap=0.2)
+    for name in list(panels.layout):
+        if name.startswith("xaxis"):
+            panels.layout[name]["tickangle"] = -30
+    return panels.fig

@@ -11,7 +11,7 @@ import math
 import pandas as pd
 
 from dashboards.context import Context
-from dashboards.figures import Panels, error_bar, panel_keys
+from dashboards.figures import ratio_bars
 from dashboards.numbers import Figure, fastest, figure_of, format_estimate
 from dashboards.page import Page, esc, table
 from dashboards.regressions import latest_changes
@@ -45,33 +45,15 @@ def headline(ctx: Context, sp: pd.DataFrame) -> pd.DataFrame:
 
 def _speedup_figure(machine: str, data: pd.DataFrame) -> dict:
     """Grouped bars per workload, one bar per method with its interval, one panel per device."""
-    panels = Panels(panel_keys(data), y_title="speedup over the for-loop (×, log; dotted: 1×)",
-                    log_y=True, panel_height=380)
-    order = method_order(data["method"].unique())
-    for method in order:
-        if method == BASELINE_METHOD:
-            continue
-        for r in sorted(data[data["method"] == method].to_dict("records"), key=lambda r: str(r["workload"])):
-            f, t = figure_of(r, "speedup"), figure_of(r, "time")
-            trace = {
-                "type": "bar", "x": [r["workload"]], "y": [f.est.value], "name": method_label(method),
-                "legendgroup": method, "offsetgroup": method, "marker": {"color": method_color(method)},
-                "meta": {"machine": machine, "device": r["device"], "workload": r["workload"]},
-                "customdata": [[r["size"], f.text(), t.text("seconds") if t else "n/a", f.source]],
-                "hovertemplate": (f"<b>{esc(method_label(method))}</b><br>%{{x}} (%{{customdata[0]}})"
-                                  "<br>speedup %{customdata[1]}<br>time %{customdata[2]}"
-                                  "<br>%{customdata[3]}<extra></extra>"),
-            }
-            err = error_bar([f.est.value], [f.est.lo], [f.est.hi])
-            if err:
-                trace["error_y"] = err
-            panels.add(trace, machine, r["device"])
-    panels.hline(1.0)
-    panels.layout.update(barmode="group", bargap=0.2)
-    for name in list(panels.layout):
-        if name.startswith("xaxis"):
-            panels.layout[name]["tickangle"] = -30
-    return panels.fig
+    bars = []
+    for r in data[data["method"] != BASELINE_METHOD].to_dict("records"):
+        f, t = figure_of(r, "speedup"), figure_of(r, "time")
+        bars.append({"method": r["method"], "device": r["device"], "workload": r["workload"], "x": r["workload"],
+                     "est": f.est, "customdata": [r["size"], f.text(), t.text("seconds") if t else "n/a", f.source]})
+    return ratio_bars(machine, bars, y_title="speedup over the for-loop (×, log; dotted: 1×)",
+                      hover="(%{customdata[0]})<br>speedup %{customdata[1]}<br>time %{customdata[2]}"
+                            "<br>%{customdata[3]}", label=lambda m: esc(method_label(m)), color=method_color,
+                      order=method_order(data["method"].unique()))
 
 
 def _headline_table(data: pd.DataFrame) -> str:

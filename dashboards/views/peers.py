@@ -18,7 +18,7 @@ import pandas as pd
 
 from dashboards.artifacts import load_memlimit
 from dashboards.context import Context
-from dashboards.figures import Panels, error_bar, panel_keys
+from dashboards.figures import ratio_bars
 from dashboards.numbers import KEY, change, figure_of, format_estimate
 from dashboards.page import Page, esc, table
 from dashboards.theme import LIMIT_METHODS, format_value, method_color, method_label, method_order
@@ -53,27 +53,13 @@ def distances(ctx: Context) -> tuple[pd.DataFrame, list[str]]:
 
 
 def _distance_figure(machine: str, rows: pd.DataFrame) -> dict:
-    panels = Panels(panel_keys(rows), y_title="time ÷ the limit's time (×, log; dotted: the limit)",
-                    log_y=True, panel_height=360)
-    for method in method_order(rows["method"].unique()):
-        for r in rows[rows["method"] == method].to_dict("records"):
-            label = f"{r['workload']} {r['size']}"
-            trace = {"type": "bar", "x": [label], "y": [r["value"]], "name": method_label(method),
-                     "legendgroup": method, "offsetgroup": method, "marker": {"color": method_color(method)},
-                     "meta": {"machine": machine, "device": r["device"], "workload": r["workload"]},
-                     "customdata": [[_text(r), r["time"], method_label(r["limit"])]],
-                     "hovertemplate": (f"<b>{esc(method_label(method))}</b> %{{x}}<br>%{{customdata[0]}} the "
-                                       "time of %{customdata[2]}<br>time %{customdata[1]}<extra></extra>")}
-            err = error_bar([r["value"]], [r["lo"]], [r["hi"]])
-            if err:
-                trace["error_y"] = err
-            panels.add(trace, machine, r["device"])
-    panels.hline(1.0)
-    panels.layout.update(barmode="group", bargap=0.2)
-    for name in list(panels.layout):
-        if name.startswith("xaxis"):
-            panels.layout[name]["tickangle"] = -30
-    return panels.fig
+    bars = [{"method": r["method"], "device": r["device"], "workload": r["workload"],
+             "x": f"{r['workload']} {r['size']}", "est": Estimate(r["value"], r["lo"], r["hi"], int(r["n"])),
+             "customdata": [_text(r), r["time"], method_label(r["limit"])]} for r in rows.to_dict("records")]
+    return ratio_bars(machine, bars, y_title="time ÷ the limit's time (×, log; dotted: the limit)",
+                      hover="%{customdata[0]} the time of %{customdata[2]}<br>time %{customdata[1]}",
+                      label=lambda m: esc(method_label(m)), color=method_color,
+                      order=method_order(rows["method"].unique()))
 
 
 def _text(r: dict) -> str:
