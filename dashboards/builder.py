@@ -68,7 +68,7 @@ def build_dashboard(results_dir: str | Path = DEFAULT_RESULTS, out_dir: str | Pa
     out_dir.mkdir(parents=True, exist_ok=True)
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always", CorruptResultWarning)
-        results = load_results(results_dir, continuous=continuous)
+        results = load_results(results_dir, stats="intervals", continuous=continuous)
         coverage = load_coverage(results_dir)
     for w in caught:  # re-emit outside the recorder so callers (and the CLI) still see them
         warnings.warn_explicit(w.message, w.category, w.filename, w.lineno)

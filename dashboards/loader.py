@@ -54,6 +54,8 @@ _STAT_KEYS = {
     "stats_ci_99_a": "ci_99_a", "stats_ci_99_b": "ci_99_b", "stats_q_25": "q_25",
     "stats_q_75": "q_75", "stats_number": "number", "stats_repeat": "repeat",
 }
+# What an Estimate's interval is made of (vmapbench.stats.row_estimate): asv's 99% ci.
+_INTERVAL_KEYS = ("stats_ci_99_a", "stats_ci_99_b")
 # Parameter names that hold one of the dimensions every view filters on.
 _ROLE_NAMES = {
     "workload": ("workload", "workloads", "task", "case"),
@@ -96,13 +98,14 @@ class _FileError(ValueError):
     """Why one results file cannot be used (becomes the warning's text)."""
 
 
-def load_results(results_dir: str | Path, *, stats: bool = True, continuous: bool = False) -> ResultSet:
+def load_results(results_dir: str | Path, *, stats: bool | str = True, continuous: bool = False) -> ResultSet:
     """Read every ASV result file under `results_dir` into a ResultSet (see module docstring).
 
     A missing or empty directory gives an empty frame; files that cannot be used are skipped with
     a CorruptResultWarning naming the file. `stats=False` leaves the statistics columns (ci,
     quartiles, number, repeat, run times, samples) empty: the dashboard plots the values only and
-    loads a third faster without them. `continuous=True` also reads results/continuous/<machine>/
+    loads a third faster without them; `stats="intervals"` keeps only what an interval needs
+    (asv's 99% ci and the samples; the dashboard's choice). `continuous=True` also reads results/continuous/<machine>/
     (kind 'continuous', their own runs); by default that folder is left out.
     """
     root = Path(results_dir)
@@ -168,7 +171,7 @@ def snake_case(name: str) -> str:
 
 
 class _Loader:
-    def __init__(self, root: Path, stats: bool = True) -> None:
+    def __init__(self, root: Path, stats: bool | str = True) -> None:
         self.root = root
         self.stats = stats
         self.benchmarks: dict[str, dict[str, Any]] = {}
@@ -262,9 +265,10 @@ class _Loader:
         samples: list[tuple[int, list[Any]]] = []
         # Column positions; asv drops trailing null columns of a row, so rows differ in length.
         at = {name: col.get(name, _ABSENT) for name in ("result", "params", "started_at", "duration", "samples")}
-        stat_at = [(col[key], name, key) for key, name in _STAT_KEYS.items() if key in col]
+        wanted = _INTERVAL_KEYS if self.stats == "intervals" else _STAT_KEYS
+        stat_at = [(col[key], name, key) for key, name in _STAT_KEYS.items() if key in col and key in wanted]
         optional_from = min([i for i, _, _ in stat_at] + [at["samples"]]) if self.stats else _ABSENT
-        if not self.stats:
+        if self.stats is not True:
             at["started_at"] = at["duration"] = _ABSENT
         started, durations = scalars["started_at"], scalars["duration"]
         for bench, row in results.items():

@@ -188,3 +188,13 @@ def fastest(methods: Sequence[tuple[str, Figure | None]]) -> str | None:
     """The method with the highest speedup over the loop among `methods` (None if none has one)."""
     best = [(f.est.value, m) for m, f in methods if f is not None and math.isfinite(f.est.value)]
     return max(best)[1] if best else None
+
+
+def rows_by(frame: pd.DataFrame, keys: Sequence[str]) -> list[tuple[tuple, list[dict[str, Any]]]]:
+    """`frame`'s rows as dicts grouped by `keys`, groups sorted by key text: one pass in Python,
+    which beats a pandas groupby over categorical columns by far for the few hundred rows of a
+    page's table."""
+    out: dict[tuple, list[dict[str, Any]]] = {}
+    for r in frame.to_dict("records"):
+        out.setdefault(tuple(r[k] for k in keys), []).append(r)
+    return sorted(out.items(), key=lambda kv: tuple(str(k) for k in kv[0]))

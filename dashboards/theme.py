@@ -80,13 +80,16 @@ def method_label(method: str) -> str:
     return METHOD_LABELS.get(method, method)
 
 
+_SCALES = {"seconds": ((1.0, "s"), (1e-3, "ms"), (1e-6, "µs"), (1e-9, "ns")),
+           "bytes": ((2**30, "GiB"), (2**20, "MiB"), (2**10, "KiB"), (1, "B"))}
+
+
 def format_value(value: Any, unit: str | None) -> str:
     """A short human reading of one measurement in its unit (seconds, bytes, or a plain number)."""
     if value is None or (isinstance(value, float) and math.isnan(value)):
         return "n/a"
     v = float(value)
-    scales = {"seconds": ((1.0, "s"), (1e-3, "ms"), (1e-6, "µs"), (1e-9, "ns")),
-              "bytes": ((2**30, "GiB"), (2**20, "MiB"), (2**10, "KiB"), (1, "B"))}.get(unit or "")
+    scales = _SCALES.get(unit or "")
     if scales:
         # Round first, so 0.9996 ms reads '1 ms', not '1e+03 µs'.
         v = float(f"{v:.3g}")

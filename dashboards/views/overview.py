@@ -12,7 +12,7 @@ import pandas as pd
 
 from dashboards.context import Context
 from dashboards.figures import ratio_bars
-from dashboards.numbers import Figure, fastest, figure_of, format_estimate
+from dashboards.numbers import Figure, fastest, figure_of, format_estimate, rows_by
 from dashboards.page import Page, esc, table
 from dashboards.regressions import latest_changes
 from dashboards.theme import BASELINE_METHOD, method_color, method_label, method_order
@@ -62,8 +62,8 @@ def _headline_table(data: pd.DataFrame) -> str:
     methods = method_order(data["method"].unique())
     headers = ["device", "workload · size"] + [method_label(m) for m in methods] + ["engine ÷ torch.func"]
     rows = []
-    for (machine, device, workload, size), group in data.groupby(KEY, dropna=False, sort=True):
-        by = {r["method"]: r for r in group.to_dict("records")}
+    for (machine, device, workload, size), group in rows_by(data, KEY):
+        by = {r["method"]: r for r in group}
         figs = {m: figure_of(by[m], "speedup") if m in by else None for m in methods}
         if BASELINE_METHOD in figs and figs[BASELINE_METHOD] is not None:  # 1 by definition
             figs[BASELINE_METHOD] = Figure(stats.Estimate(1.0, 1.0, 1.0, 1), "the baseline")

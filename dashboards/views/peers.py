@@ -19,7 +19,7 @@ import pandas as pd
 from dashboards.artifacts import load_memlimit
 from dashboards.context import Context
 from dashboards.figures import ratio_bars
-from dashboards.numbers import KEY, change, figure_of, format_estimate
+from dashboards.numbers import KEY, change, figure_of, format_estimate, rows_by
 from dashboards.page import Page, esc, table
 from dashboards.theme import LIMIT_METHODS, format_value, method_color, method_label, method_order
 from vmapbench.stats import Estimate
@@ -32,8 +32,8 @@ def distances(ctx: Context) -> tuple[pd.DataFrame, list[str]]:
     out, without = [], set()
     if cells.empty:
         return pd.DataFrame(), []
-    for key, group in cells.groupby(KEY, dropna=False, sort=True, observed=True):
-        by = {r["method"]: r for r in group.to_dict("records")}
+    for key, group in rows_by(cells, KEY):
+        by = {r["method"]: r for r in group}
         limit = next((m for m in LIMIT_METHODS if m in by and figure_of(by[m], "time")), None)
         if limit is None:
             without.add(key[2])
@@ -70,10 +70,10 @@ def _distance_table(rows: pd.DataFrame) -> str:
     methods = method_order(rows["method"].unique())
     headers = ["device", "workload · size", "limit"] + [method_label(m) for m in methods]
     body = []
-    for (machine, device, workload, size), group in rows.groupby(KEY, dropna=False, sort=True):
-        by = {r["method"]: r for r in group.to_dict("records")}
+    for (machine, device, workload, size), group in rows_by(rows, KEY):
+        by = {r["method"]: r for r in group}
         cells = [(esc(device), device), (f"<b>{esc(workload)}</b><br><small>{esc(size)}</small>", workload),
-                 (esc(method_label(group["limit"].iloc[0])), None)]
+                 (esc(method_label(group[0]["limit"])), None)]
         for m in methods:
             r = by.get(m)
             cells.append((f"{esc(_text(r))}<br><small>{esc(r['time'])}</small>" if r else "—",
