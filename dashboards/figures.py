@@ -137,8 +137,8 @@ def error_bar(values: list[float], lo: list[float] | None, hi: list[float] | Non
         return None
     plus = [h - v if h == h and v == v else None for v, h in zip(values, hi)]
     minus = [v - lo_ if lo_ == lo_ and v == v else None for v, lo_ in zip(values, lo)]
-    if all(p is None for p in plus):
-        return None
+    if all(not p for p in plus) and all(not m for m in minus):
+        return None  # no interval known (n=1): no bar rather than a bar of zero length
     return {"type": "data", "symmetric": False, "array": plus, "arrayminus": minus,
             "thickness": 1.2, "width": 3, "color": "#333"}
 
