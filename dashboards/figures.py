@@ -144,7 +144,7 @@ def error_bar(values: list[float], lo: list[float] | None, hi: list[float] | Non
 
 
 def grouped_bars(rows: pd.DataFrame, *, y_title: str, color: Any, label: Any, order: list[str],
-                 hover: str, divisor: float = 1.0, log_y: bool = False) -> dict[str, Any]:
+                 hover: str, divisor: float = 1.0, log_y: bool = False, shared_y: bool = True) -> dict[str, Any]:
     """One panel per (machine, device); x = size label, one bar per method (colors/legend by method).
 
     `rows` has machine, device, workload, size, method, value and optionally lo/hi (an interval
@@ -152,7 +152,7 @@ def grouped_bars(rows: pd.DataFrame, *, y_title: str, color: Any, label: Any, or
     from dashboards.theme import natural_key
 
     panels = Panels(panel_keys(rows), y_title=y_title, log_y=log_y, x_title="size",
-                    x_extra={"type": "category"})
+                    x_extra={"type": "category"}, shared_y=shared_y)
     cols = ["machine", "device", "method", "workload", "size", "value"]
     extra = [c for c in ("lo", "hi", "text") if c in rows.columns]
     groups: dict[tuple, list[tuple]] = {}

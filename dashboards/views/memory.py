@@ -92,9 +92,12 @@ def render(ctx: Context) -> Page:
                          w_rows[["device", "metric"]].drop_duplicates().itertuples(index=False))
         divisor, unit = byte_scale(w_rows["value"])
         bars = w_rows.assign(text=[format_value(v, "bytes") for v in w_rows["value"]])
-        fig = grouped_bars(bars, y_title=f"peak memory of one call ({unit})", color=method_color,
-                           label=method_label, order=method_order(w_rows["method"].unique()),
-                           hover="%{customdata}", divisor=divisor)
+        # Sizes a decade or more apart: a log axis, so the small ones still read (0 is not drawn).
+        positive = w_rows["value"][w_rows["value"] > 0]
+        log = len(positive) > 1 and positive.max() > 30 * positive.min()
+        fig = grouped_bars(bars, y_title=f"peak memory of one call ({unit}{', log' if log else ''})",
+                           color=method_color, label=method_label, order=method_order(w_rows["method"].unique()),
+                           hover="%{customdata}", divisor=divisor, log_y=log, shared_y=False)
         sizes = w_rows["size"].nunique()
         zero = int((w_rows["value"] <= 0).sum())
         page.figure(fig, title=workload, workload=workload, note=(
