@@ -345,6 +345,11 @@ def compare_commits(root: Path, base: str, head: str, rounds: int, machine: str 
     return outcome(probes["base"], probes["head"], machine, root)
 
 
+def default_json(root: Path, machine: str, base_sha: str, head_sha: str) -> Path:
+    """Where a comparison's rows go: under .asv/, apart from results/ (make bench's reference runs)."""
+    return root / OUT_DIR / machine / f"{base_sha[:8]}-{head_sha[:8]}.json"
+
+
 def report(result: Outcome, base: str, head: str, summary_md: Path | None, json_out: Path | None) -> None:
     slower = regressions(result.rows)
     print(format_rows([r for r in result.rows if r.gated]))
@@ -433,7 +438,8 @@ def calibrate(root: Path, machine: str, n_aa: int, n_busy: int, n_planted: int, 
 
     False alarms are counted with the floors in effect before this calibration (the file if any,
     else the default); the floors written are then derived from these A/A runs and used for the
-    planted runs, so detection is measured with what future gates will use.
+    planted runs, so detection is measured with what future gates will use. With write=False
+    (--keep-floors) the file is left as it is: a check of existing floors on fresh runs.
     """
     runs: list[CalibrationRun] = []
     aa_rows: list[list[Row]] = []
@@ -455,9 +461,9 @@ def calibrate(root: Path, machine: str, n_aa: int, n_busy: int, n_planted: int, 
             runs.append(CalibrationRun(kind, flagged, result.exit_code, time.time() - started))
             log(f"calibrate: {kind} {i + 1}/{n}: {len(flagged)} flagged {flagged} ({runs[-1].seconds:.0f} s)")
             save()
-    floors = calibrated_floors(aa_rows) if aa_rows else {}
+    floors = calibrated_floors(aa_rows) if aa_rows and write else {}
     path = stats.noise_file(machine, root)
-    if write and floors:
+    if floors:
         path.parent.mkdir(parents=True, exist_ok=True)
         path.write_text(json.dumps({
             "machine": machine, "default": stats.DEFAULT_NOISE_FLOOR, "floors": floors,
@@ -493,7 +499,7 @@ def print_calibration(summary: Mapping[str, Any]) -> None:
 
 # --- command line --------------------------------------------------------------------------------
 
-def configure(p: argparse.ArgumentParser) -> None:
+def configure(p: argparse.ArgumentParser, calibration: bool = True) -> None:
     p.add_argument("base", nargs="?", default="HEAD~1", help="the commit compared against (default HEAD~1)")
     p.add_argument("head", nargs="?", default="HEAD", help="the commit tested (default HEAD)")
     p.add_argument("--rounds", type=int, default=DEFAULT_ROUNDS,
@@ -505,12 +511,16 @@ def configure(p: argparse.ArgumentParser) -> None:
                    help=f"write every row as JSON (default {OUT_DIR}/<machine>/<base8>-<head8>.json)")
     p.add_argument("--plant", type=float, default=None, metavar="FACTOR",
                    help="slow head's engine dispatch by FACTOR in its temporary copy (self-test, e.g. 1.3)")
+    if not calibration:
+        return
     p.add_argument("--calibrate", action="store_true",
                    help="run A/A and planted-slowdown comparisons of HEAD, print the rates, write the noise floors")
     p.add_argument("--aa", type=int, default=5, help="--calibrate: A/A runs on the machine as it is")
     p.add_argument("--aa-busy", type=int, default=5, help="--calibrate: A/A runs with one core kept busy")
     p.add_argument("--planted", type=int, default=5, help="--calibrate: planted-slowdown runs")
     p.add_argument("--factor", type=float, default=1.3, help="--calibrate: planted slowdown factor")
+    p.add_argument("--keep-floors", action="store_true",
+                   help="--calibrate: do not rewrite the noise floors (check the existing ones on fresh runs)")
 
 
 def main(args: argparse.Namespace) -> int:
@@ -518,11 +528,14 @@ def main(args: argparse.Namespace) -> int:
 
     root = repo_root()
     machine = args.machine or machine_name()
-    if args.calibrate:
+    if args.rounds < stats.MIN_SAMPLES:
+        raise SystemExit(f"gate: --rounds {args.rounds}: at least {stats.MIN_SAMPLES} rounds are needed for an "
+                         f"interval (a change measured once is never called)")
+    if getattr(args, "calibrate", False):
         started = time.time()
         out = root / OUT_DIR / machine / f"calibration-{time.strftime('%Y%m%d-%H%M%S')}.json"
         result = calibrate(root, machine, args.aa, args.aa_busy, args.planted, args.factor, args.rounds,
-                           progress=out)
+                           write=not args.keep_floors, progress=out)
         print_calibration(result["summary"])
         out.write_text(json.dumps(result, indent=1))
         print(f"calibrate: {(time.time() - started) / 60:.1f} min; details in {out}")
@@ -533,7 +546,7 @@ def main(args: argparse.Namespace) -> int:
           + f", {args.rounds} rounds, machine {machine}", flush=True)
     started = time.time()
     result = compare_commits(root, base_sha, head_sha, args.rounds, machine, plant=args.plant)
-    json_out = args.json or root / OUT_DIR / machine / f"{base_sha[:8]}-{head_sha[:8]}.json"
+    json_out = args.json or default_json(root, machine, base_sha, head_sha)
     report(result, args.base, args.head, args.summary_md, json_out)
     print(f"gate: exit {result.exit_code} after {(time.time() - started) / 60:.1f} min; rows in {json_out}")
     return result.exit_code
