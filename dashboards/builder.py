@@ -59,8 +59,8 @@ def build_dashboard(results_dir: str | Path = DEFAULT_RESULTS, out_dir: str | Pa
                     continuous: bool = False) -> BuildResult:
     """Build the dashboard of `results_dir` into `out_dir`; returns the index path and page facts.
 
-    `continuous=True` adds the results of `make continuous` (results/continuous/), each as its own
-    run beside the reference results; by default they are left out of every page."""
+    `continuous=True` adds the asv results kept apart in results/continuous/<machine>/, each as its
+    own run beside the reference results; by default they are left out of every page."""
     from dashboards.views import VIEWS
 
     start = time.perf_counter()

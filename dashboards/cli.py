@@ -13,8 +13,9 @@ def configure(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--out", type=Path, default=DEFAULT_OUT,
                         help=f"output folder, created or refreshed (default: {DEFAULT_OUT})")
     parser.add_argument("--continuous", action="store_true",
-                        help="also show the results of `make continuous` (results/continuous/), "
-                             "each machine/env as its own run; left out by default")
+                        help="also show asv results kept apart in RESULTS/continuous/<machine>/ (e.g. "
+                             "of a manual `asv continuous`), each machine/env as its own run; left "
+                             "out by default (`make continuous` writes to .asv/continuous/, not here)")
 
 
 def main(args: argparse.Namespace) -> int:

@@ -16,8 +16,8 @@ def configure(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("-o", "--output", type=Path, default=None,
                         help="file to write (default: standard output)")
     parser.add_argument("--continuous", action="store_true",
-                        help="also export the results of `make continuous` (results/continuous/; "
-                             "column kind = continuous)")
+                        help="also export asv results kept apart in RESULTS/continuous/<machine>/ "
+                             "(column kind = continuous)")
     parser.add_argument("--samples", action="store_true",
                         help="keep the raw samples column (a list per row; off by default)")
 

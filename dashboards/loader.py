@@ -31,8 +31,9 @@ from workloads.base import parse_size_label
 RESULTS_API_VERSION = 2
 # Folders under results/ that hold other artifacts, never ASV machine folders.
 ARTIFACT_DIRS = frozenset({"coverage", "profiles", "html", "memlimit", "noise"})
-# `make continuous` / the gate keep their results here (results/continuous/<machine>/...), apart
-# from the reference results of `make bench`; they load only when asked (continuous=True).
+# asv results kept apart from the reference results of `make bench` (e.g. of a manual `asv
+# continuous`) go to results/continuous/<machine>/...; they load only when asked
+# (continuous=True). `make continuous` itself writes gate rows to .asv/continuous/, not here.
 CONTINUOUS_DIR = "continuous"
 REFERENCE, CONTINUOUS = "reference", "continuous"
 # Columns of every tidy frame, in display order; size parameters and unknown parameters follow.
