@@ -15,7 +15,7 @@ from dashboards.artifacts import CoverageReport, coverage_staleness, load_memlim
 from dashboards.builder import build_dashboard
 from dashboards.context import Context
 from dashboards.loader import load_results
-from dashboards.numbers import cell_table
+from dashboards.numbers import cell_table, sampled_estimates
 from dashboards.regressions import commit_changes, latest_changes
 from dashboards.synthetic import ENV_NAME, SyntheticWorkload, write_results
 
@@ -149,3 +149,20 @@ def test_stale_coverage_report_says_how_old(tmp_path: Path) -> None:
     assert re.search(rf"{count} commits and [\d.]+ days older than HEAD", stale.note())
     fresh = CoverageReport(tmp_path / "latest.json", [], {"engine_commit": "HEAD"})
     assert coverage_staleness(fresh, REPO).note() == ""
+
+
+def test_batched_estimates_are_the_gates_own() -> None:
+    """numbers.sampled_estimates computes stats.estimate many rows at a time: same numbers."""
+    import numpy as np
+
+    from vmapbench import stats
+
+    rng = np.random.default_rng(7)
+    entries = [list(rng.lognormal(-6, 0.3, size=n)) for n in (2, 3, 5, 5, 10, 10, 10, 40)]
+    entries += [[1e-3, None, 2e-3, float("nan"), 1.5e-3], [4e-3], None]
+    for entry, got in zip(entries, sampled_estimates(entries)):
+        want = stats.row_estimate(1.0, entry) if entry else None
+        if want is None or want.n <= 1:
+            assert got is None
+        else:
+            assert got == pytest.approx((want.value, want.lo, want.hi, want.n), rel=1e-12)
