@@ -16,7 +16,7 @@ import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
 from engine import _gradsum
-from engine._batched import BatchedTensor, LevelInfo, _active, add_batch_dim, install_dispatch, wrap
+from engine._batched import BatchedTensor, LevelInfo, _active, _make_wrapper, add_batch_dim, install_dispatch, wrap
 from engine.custom_ops import custom_vmap_rule, run_custom_op
 from engine.errors import DataDependentError, FallbackError, FallbackWarning, RandomnessError, VmapError
 from engine.rules._table import PLANS, lookup
@@ -297,7 +297,12 @@ def _rule_plan(func: Any, meta: _OpMeta, rule: Any) -> Callable[[tuple, dict], A
                 else:
                     if not mutated or uargs[0] is not args[0]:
                         out = op(*uargs)
-                        result = args[0] if returns_self else wrap(out, level)
+                        if returns_self:
+                            result = args[0]
+                        else:  # engine._batched.wrap, inlined: this is the hottest line of the engine
+                            result = _make_wrapper(BatchedTensor, out.shape[1:], out.stride()[1:], None, None, out.dtype, out.layout, out.device, False, False)
+                            result._elem = out
+                            result._level = level
                         if grad_seen and torch.is_grad_enabled():
                             gradsum.note(args, kwargs, result, level)
                         return result
