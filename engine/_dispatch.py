@@ -220,7 +220,8 @@ def _note(args: tuple, kwargs: dict, out: Any, level: int) -> None:
 
 def _build_plan(func: Any) -> Callable[[tuple, dict], Any]:
     """The plan of `func`, computed once and kept in PLANS."""
-    if func in _DATA_DEPENDENT:
+    rule = lookup(func) or custom_vmap_rule(func)
+    if func in _DATA_DEPENDENT and rule is None:  # a rule may answer for the batch (engine.rules.checks)
         def plan(args: tuple, kwargs: dict) -> Any:
             if _find_level(args, kwargs)[0] is None:
                 return func(*args, **kwargs)
@@ -228,7 +229,7 @@ def _build_plan(func: Any) -> Callable[[tuple, dict], Any]:
     elif torch.Tag.inplace_view in func.tags:
         plan = functools.partial(_run_inplace_view, func)
     else:
-        plan = _rule_plan(func, op_meta(func), lookup(func) or custom_vmap_rule(func))
+        plan = _rule_plan(func, op_meta(func), rule)
     PLANS[func] = plan
     return plan
 
