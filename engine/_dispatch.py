@@ -240,6 +240,9 @@ def _rule_plan(func: Any, meta: _OpMeta, rule: Any) -> Callable[[tuple, dict], A
     lists, random, mutated, returns_self = meta.has_lists, meta.random, meta.mutated, meta.returns_self
     # Pointwise rules declare that, when every batched argument has the same logical rank (>= 1) and
     # no unbatched tensor has a higher one, the rule is the op on the physical arguments (batch at 0).
+    # Logical rank 0 qualifies only without unbatched tensors: a batched 0-dim tensor is 1-dim
+    # physically, which would outrank an unbatched 0-dim tensor in type promotion; among batched
+    # 0-dim tensors and Python scalars alone, promotion is the same physically and logically.
     direct = getattr(rule, "same_rank_direct", False) and meta.n_returns == 1 and not lists and mutated in ((), (0,))
     gradsum = _gradsum
 
@@ -275,7 +278,7 @@ def _rule_plan(func: Any, meta: _OpMeta, rule: Any) -> Callable[[tuple, dict], A
         grad_seen = False
         if direct and not kwargs:
             nd = top._elem.dim()
-            if nd > 1:
+            if nd:
                 uargs = []
                 for a in args:
                     if type(a) is BatchedTensor:
@@ -287,12 +290,12 @@ def _rule_plan(func: Any, meta: _OpMeta, rule: Any) -> Callable[[tuple, dict], A
                                 break
                             uargs.append(e)
                             continue
-                        if a.dim() >= nd:
+                        if a.dim() >= nd or nd == 1:
                             break
                     elif isinstance(a, torch.Tensor):
                         if a.requires_grad:
                             grad_seen = True
-                        if a.dim() >= nd:
+                        if a.dim() >= nd or nd == 1:
                             break
                     uargs.append(a)
                 else:

@@ -45,7 +45,8 @@ def pointwise_rule(func: Any):
         return out, out_dims
 
     # engine._dispatch may skip calling this rule: when every batched argument has the same logical
-    # rank (>= 1) and no unbatched tensor a higher one, it is `func` on the physical arguments.
+    # rank (>= 1) and no unbatched tensor a higher one, or every tensor argument is a batched 0-dim
+    # one, it is `func` on the physical arguments.
     rule.same_rank_direct = True  # type: ignore[attr-defined]
     return rule
 
