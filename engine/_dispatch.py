@@ -243,8 +243,12 @@ def _rule_plan(func: Any, meta: _OpMeta, rule: Any) -> Callable[[tuple, dict], A
     # Logical rank 0 qualifies only without unbatched tensors: a batched 0-dim tensor is 1-dim
     # physically, which would outrank an unbatched 0-dim tensor in type promotion; among batched
     # 0-dim tensors and Python scalars alone, promotion is the same physically and logically.
-    direct = getattr(rule, "same_rank_direct", False) and meta.n_returns == 1 and not lists and mutated in ((), (0,))
+    direct = (getattr(rule, "same_rank_direct", False) and meta.n_returns == 1 and not lists and not random
+              and mutated in ((), (0,)))
     gradsum = _gradsum
+    # `grad_seen`: an input requires grad (else autograd records no node); `mixed`: some tensor input
+    # is not batched at exactly this one level (else every input has the same levels). _gradsum.note
+    # records nothing unless both hold, so it is called only then.
 
     def plan(args: tuple, kwargs: dict) -> Any:
         level, top = 0, None
@@ -266,16 +270,7 @@ def _rule_plan(func: Any, meta: _OpMeta, rule: Any) -> Callable[[tuple, dict], A
             return op(*args, **kwargs)
         if gradsum._last or gradsum._urgent:
             gradsum.flush_urgent()
-        info = _active.get(level)
-        if info is None:  # autograd's backward running after the vmap returned
-            info = LevelInfo(level, top._elem.shape[0], "error")
-        if random and info.randomness == "error":
-            raise _randomness_error(func)
-        if rule is None or kw_batched:
-            out = _without_rule(func, info, args, kwargs)
-            _note(args, kwargs, out, level)
-            return out
-        grad_seen = False
+        grad_seen = mixed = False
         if direct and not kwargs:
             nd = top._elem.dim()
             if nd:
@@ -288,15 +283,19 @@ def _rule_plan(func: Any, meta: _OpMeta, rule: Any) -> Callable[[tuple, dict], A
                             e = a._elem
                             if e.dim() != nd:
                                 break
+                            if type(e) is BatchedTensor:
+                                mixed = True
                             uargs.append(e)
                             continue
                         if a.dim() >= nd or nd == 1:
                             break
+                        mixed = True
                     elif isinstance(a, torch.Tensor):
                         if a.requires_grad:
                             grad_seen = True
                         if a.dim() >= nd or nd == 1:
                             break
+                        mixed = True
                     uargs.append(a)
                 else:
                     if not mutated or uargs[0] is not args[0]:
@@ -307,23 +306,38 @@ def _rule_plan(func: Any, meta: _OpMeta, rule: Any) -> Callable[[tuple, dict], A
                             result = _make_wrapper(BatchedTensor, out.shape[1:], out.stride()[1:], None, None, out.dtype, out.layout, out.device, False, False)
                             result._elem = out
                             result._level = level
-                        if grad_seen and torch.is_grad_enabled():
+                        if grad_seen and mixed and torch.is_grad_enabled():
                             gradsum.note(args, kwargs, result, level)
                         return result
-                grad_seen = False
+                grad_seen = mixed = False
+        info = _active.get(level)
+        if info is None:  # autograd's backward running after the vmap returned
+            info = LevelInfo(level, top._elem.shape[0], "error")
+        if random and info.randomness == "error":
+            raise _randomness_error(func)
+        if rule is None or kw_batched:
+            out = _without_rule(func, info, args, kwargs)
+            _note(args, kwargs, out, level)
+            return out
         uargs, dims = [], []
         for a in args:
             if type(a) is BatchedTensor:
                 if a.requires_grad:
                     grad_seen = True
                 if a._level == level:
-                    uargs.append(a._elem)
+                    e = a._elem
+                    if type(e) is BatchedTensor:
+                        mixed = True
+                    uargs.append(e)
                     dims.append(0)
                     continue
+                mixed = True
             elif isinstance(a, torch.Tensor):
                 if a.requires_grad:
                     grad_seen = True
+                mixed = True
             elif lists and type(a) in (list, tuple):
+                mixed = True
                 if any(isinstance(b, torch.Tensor) and b.requires_grad for b in a):
                     grad_seen = True
                 if any(type(b) is BatchedTensor and b._level == level for b in a):
@@ -332,13 +346,15 @@ def _rule_plan(func: Any, meta: _OpMeta, rule: Any) -> Callable[[tuple, dict], A
                     continue
             uargs.append(a)
             dims.append(None)
-        if kwargs and not grad_seen:
-            grad_seen = any(isinstance(v, torch.Tensor) and v.requires_grad for v in kwargs.values())
+        if kwargs:
+            mixed = True
+            if not grad_seen:
+                grad_seen = any(isinstance(v, torch.Tensor) and v.requires_grad for v in kwargs.values())
         if mutated:
             _check_inplace(func, meta, dims)
         out, out_dims = rule(info, dims, *uargs, **kwargs)
         result = args[mutated[0]] if returns_self else wrap_outputs(out, out_dims, level)
-        if grad_seen and torch.is_grad_enabled():
+        if grad_seen and mixed and torch.is_grad_enabled():
             gradsum.note(args, kwargs, result, level)
         return result
 
