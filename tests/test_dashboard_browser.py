@@ -213,7 +213,7 @@ def test_compare_table_is_built_and_sorts(driver, site) -> None:
                                     ".map(tr => tr.getAttribute('data-device'))")
     assert set(devices) <= {"cuda", None}
 
-    driver.find_elements("css selector", "#vb-compare thead th")[4].click()  # change: descending first
+    driver.find_elements("css selector", "#vb-compare thead th")[6].click()  # change: descending first
     keys = driver.execute_script(
         "return Array.from(document.querySelectorAll('#vb-compare tbody td.vb-ratio'))"
         ".map(td => td.getAttribute('data-sort')).filter(k => k !== '').map(Number)")

@@ -266,9 +266,13 @@
         tr.setAttribute("data-params", e.row[1]);
         if (e.row[2]) tr.setAttribute("data-workload", e.row[2]);
         if (e.row[3]) tr.setAttribute("data-device", e.row[3]);
-        var name = cell(tr, e.row[0].split(".").slice(1).join("."), null, "vb-bench");
+        // The metric alone when the workload has its column; Class.metric otherwise.
+        var parts = e.row[0].split(".");
+        var name = cell(tr, parts.slice(e.row[2] && parts.length > 2 ? -1 : 1).join("."), null, "vb-bench");
         name.title = e.row[0];
-        cell(tr, e.row[1], null);
+        cell(tr, e.row[9], null);
+        cell(tr, e.row[8], null);
+        cell(tr, e.row[3] || "", null);
         cell(tr, estimateText(e.ea, e.row[5]), e.ea === undefined ? "" : e.ea.value, "vb-num vb-base");
         cell(tr, estimateText(e.eb, e.row[5]), e.eb === undefined ? "" : e.eb.value, "vb-num vb-head");
         var text = e.delta === null ? "n/a" : estimateText(e.delta, "x");

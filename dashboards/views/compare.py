@@ -19,6 +19,7 @@ from dashboards.context import Context
 from dashboards.numbers import estimate_columns
 from dashboards.page import Page, json_script
 from dashboards.regressions import floors
+from dashboards.theme import method_label
 from vmapbench import stats
 
 # Commits per run offered for comparison (the newest).
@@ -27,7 +28,8 @@ PARAM_ORDER = ("workload", "size", "method", "device")
 
 
 def compare_data(ctx: Context) -> dict[str, Any]:
-    """{'rows': [[benchmark, params, workload, device, metric, unit, higher_better, gated]],
+    """{'rows': [[benchmark, params, workload, device, metric, unit, higher_better, gated, method
+    label, params without method and device]],
     'machines': {run: {'commits': [[hash, label]] newest first, 'floors': [floor or None per row],
     'values': {hash: [row ids, values, lo, hi, n]}}}}; a floor of None: never judged."""
     f = ctx.lean
@@ -45,9 +47,11 @@ def compare_data(ctx: Context) -> dict[str, Any]:
     for r in firsts.to_dict("records"):
         params = [str(r[c]) for c in PARAM_ORDER + tuple(extra) if c in r and _present(r[c])]
         attr = r["benchmark"].rsplit(".", 1)[-1]
+        rest = [str(r[c]) for c in ("workload", "size") + tuple(extra) if c in r and _present(r[c])]
+        method = _text(r.get("method"))
         rows.append([r["benchmark"], " · ".join(params), _text(r.get("workload")), _text(r.get("device")),
                      r["metric"], _text(r["unit"]) or "", int(stats.higher_is_better(attr)),
-                     int(stats.is_gated(attr))])
+                     int(stats.is_gated(attr)), method_label(method) if method else "", " · ".join(rest)])
     data["rows"] = rows
     benchmarks = firsts["benchmark"].tolist()
     for machine, on in f.groupby("machine", sort=True, observed=True):
@@ -107,7 +111,8 @@ def render(ctx: Context) -> Page:
         '<label>head <select id="vb-cmp-b"></select></label>'
         '<span id="vb-cmp-summary" class="vb-summary"></span></div>'
         '<table id="vb-compare" class="vb-table vb-sortable"><thead><tr>'
-        '<th>benchmark</th><th>parameters</th><th>base</th><th>head</th><th data-sort-default="desc">change</th>'
+        '<th>benchmark</th><th>workload · size</th><th>method</th><th>device</th><th>base</th><th>head</th>'
+        '<th data-sort-default="desc">change</th>'
         '<th>verdict</th></tr></thead><tbody></tbody></table>'
         + json_script("vb-compare-data", data))
     return page
