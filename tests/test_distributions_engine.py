@@ -245,3 +245,22 @@ def test_traced_function_still_refuses_a_number_read_off_a_tensor():
     f = lambda t: D.Normal(t[:2], t[2:].exp()).log_prob(torch.zeros(2)).sum() * float(t.sum())  # noqa: E731
     with pytest.raises(engine.UntraceableError, match="_local_scalar_dense"):
         engine.trace(engine.grad(f))(torch.randn(4))
+
+
+@pytest.mark.slow
+def test_compiled_log_density_gradient_keeps_the_validation_guard(monkeypatch):
+    import os
+
+    if "TORCHINDUCTOR_CACHE_DIR" not in os.environ:
+        root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+        monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", os.path.join(root, ".inductor-cache"))
+    make, value = _raw("Normal"), CASES["Normal"][1]
+    f = lambda t: make(t).log_prob(value).sum()  # noqa: E731
+    compiled = engine.compile(engine.vmap(engine.grad(f)))
+    good = torch.rand(4, 4, dtype=DT) + 1.0
+    torch.testing.assert_close(compiled(good), _loop_grad(f, good))
+    torch.testing.assert_close(compiled(good + 1), _loop_grad(f, good + 1))
+    bad = good.clone()
+    bad[2, 3] = -1.0
+    with pytest.raises(ValueError, match="distribution Normal"):
+        compiled(bad)
