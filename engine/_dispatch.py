@@ -218,6 +218,13 @@ def _note(args: tuple, kwargs: dict, out: Any, level: int) -> None:
         _gradsum.note(args, kwargs, out, level)
 
 
+def _draws(rule: Any, args: tuple, kwargs: dict) -> bool:
+    """Whether a call of an op tagged random draws: its rule may know that this one does not
+    (attention with dropout_p=0, engine.rules.attention)."""
+    deterministic = getattr(rule, "deterministic_when", None)
+    return deterministic is None or not deterministic(args, kwargs)
+
+
 def _build_plan(func: Any) -> Callable[[tuple, dict], Any]:
     """The plan of `func`, computed once and kept in PLANS."""
     rule = lookup(func) or custom_vmap_rule(func)
@@ -313,7 +320,7 @@ def _rule_plan(func: Any, meta: _OpMeta, rule: Any) -> Callable[[tuple, dict], A
         info = _active.get(level)
         if info is None:  # autograd's backward running after the vmap returned
             info = LevelInfo(level, top._elem.shape[0], "error")
-        if random and info.randomness == "error":
+        if random and info.randomness == "error" and _draws(rule, args, kwargs):
             raise _randomness_error(func)
         if rule is None or kw_batched:
             out = _without_rule(func, info, args, kwargs)
@@ -581,7 +588,7 @@ class VmapMode(TorchDispatchMode):
             if plan is None:
                 plan = _build_plan(func)
             return plan(args, kwargs)
-        if torch.Tag.nondeterministic_seeded in func.tags:
+        if torch.Tag.nondeterministic_seeded in func.tags and _draws(lookup(func), args, kwargs):
             randomness = self.info.randomness
             if randomness == "error":
                 raise _randomness_error(func)
