@@ -41,3 +41,14 @@ def cdist_rule(info, in_dims, x1, x2, p, compute_mode=None):
 
 
 RULES[aten._cdist_forward.default] = cdist_rule
+
+
+def pdist_rule(info, in_dims, x, p=2):
+    """pdist of each example: its condensed (upper-triangle) distance matrix, from one batched cdist
+    that computes distances directly (compute_mode 2, no matrix-product shortcut), as pdist does."""
+    n = x.shape[1]
+    rows, cols = torch.triu_indices(n, n, 1, device=x.device)
+    return aten._cdist_forward.default(x, x, p, 2)[:, rows, cols], 0
+
+
+RULES[aten._pdist_forward.default] = pdist_rule
