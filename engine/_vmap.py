@@ -11,6 +11,7 @@ from engine._batched import BatchedTensor, enter, is_batched_at, leave, pop_leve
 from engine._dispatch import VmapMode
 from engine._guards import checked, transform_scope
 from engine.errors import VmapError
+from engine.rules.rnn import batched_initial_state
 
 _RANDOMNESS = ("error", "different", "same")
 
@@ -115,7 +116,7 @@ def _vmap_call(func, flat_args, flat_dims, spec, size, out_dims, randomness, kwa
             a if d is None else enter(a if d % a.dim() == 0 else a.movedim(d, 0), info.level, size)
             for a, d in zip(flat_args, flat_dims)
         ]
-        with VmapMode(info), transform_scope(is_vmap=True):
+        with VmapMode(info), transform_scope(is_vmap=True), batched_initial_state():
             out = checked(func)(*tree_unflatten(batched, spec), **kwargs)
         return _unwrap_outputs(func, out, out_dims, info.level, size)
     finally:
