@@ -247,6 +247,40 @@ def has_aux_output_as_list(m):
     return m.grad(lambda x: [x.sum(), x], has_aux=True)(torch.randn(3))
 
 
+@case
+def copy_into_captured_tensor_under_grad(m):
+    captured = torch.zeros(3)
+
+    def f(x):
+        captured.copy_(x)
+        return (captured * x).sum()
+    return m.grad(f)(torch.ones(3))
+
+
+@case
+def add_into_captured_tensor_under_jvp(m):
+    captured = torch.zeros(3)
+
+    def f(x):
+        captured.add_(x)
+        return x.sum()
+    return m.jvp(f, (torch.ones(3),), (torch.ones(3),))
+
+
+@case
+def inplace_on_own_input_under_jacrev(m):
+    return m.jacrev(lambda x: x.mul_(2).sin())(torch.randn(3))
+
+
+@case
+def inplace_on_fresh_buffer_under_grad(m):
+    def f(x):
+        buf = torch.zeros(3)
+        buf.copy_(x)
+        return (buf * x).sum()
+    return m.grad(f)(torch.randn(3))
+
+
 # ---- pytrees and out_dims -----------------------------------------------------------------------
 
 @case
