@@ -492,9 +492,14 @@ TORCH_FUNC_NATIVE = [
     "linalg.solve_triangular", "linalg.lu_solve", "linalg.pinv", "cholesky_solve", "cholesky_inverse", "polar",
     "as_strided", "as_strided_copy", "nn.functional.group_norm", "flip", "fft.hfft2", "fft.hfftn",
 ]
+# where torch.func falls back to its loop and the engine batches natively
+BEYOND_TORCH_FUNC = [
+    "nn.functional.bilinear", "nonzero_static", "index_reduce.amax", "put", "masked_scatter", "ormqr",
+    "nn.functional.pdist", "linalg.ldl_solve", "hash_tensor", "as_strided_scatter",
+]
 
 
-@pytest.mark.parametrize("op", TORCH_FUNC_NATIVE)
+@pytest.mark.parametrize("op", TORCH_FUNC_NATIVE + BEYOND_TORCH_FUNC)
 def test_op_batched_natively_and_correctly(op: str) -> None:
     from engine.coverage.harness import check_op, iter_opinfos
 
