@@ -56,7 +56,7 @@ def _differentiating() -> Iterator[None]:
     As in torch.func (its NOTE "grad and vjp interaction with no_grad"), a `torch.no_grad()` around
     the transform does not stop it from differentiating `func`, while a `torch.no_grad()` inside
     `func` is obeyed; the grad mode at entry only decides whether the results stay connected to the
-    autograd graph outside (see `_connect`).
+    autograd graph outside (see `_prepare` and `_out`).
     """
     with _no_inference(), torch.enable_grad(), _nested():
         yield
