@@ -16,7 +16,7 @@ import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
 from engine import _gradsum
-from engine._batched import BatchedTensor, LevelInfo, _active, add_batch_dim, install_dispatch, wrap
+from engine._batched import BatchedTensor, LevelInfo, _active, _make_wrapper, add_batch_dim, install_dispatch, wrap
 from engine.custom_ops import custom_vmap_rule, run_custom_op
 from engine.errors import DataDependentError, FallbackError, FallbackWarning, RandomnessError, VmapError
 from engine.rules._table import PLANS, lookup
@@ -240,8 +240,15 @@ def _rule_plan(func: Any, meta: _OpMeta, rule: Any) -> Callable[[tuple, dict], A
     lists, random, mutated, returns_self = meta.has_lists, meta.random, meta.mutated, meta.returns_self
     # Pointwise rules declare that, when every batched argument has the same logical rank (>= 1) and
     # no unbatched tensor has a higher one, the rule is the op on the physical arguments (batch at 0).
-    direct = getattr(rule, "same_rank_direct", False) and meta.n_returns == 1 and not lists and mutated in ((), (0,))
+    # Logical rank 0 qualifies only without unbatched tensors: a batched 0-dim tensor is 1-dim
+    # physically, which would outrank an unbatched 0-dim tensor in type promotion; among batched
+    # 0-dim tensors and Python scalars alone, promotion is the same physically and logically.
+    direct = (getattr(rule, "same_rank_direct", False) and meta.n_returns == 1 and not lists and not random
+              and mutated in ((), (0,)))
     gradsum = _gradsum
+    # `grad_seen`: an input requires grad (else autograd records no node); `mixed`: some tensor input
+    # is not batched at exactly this one level (else every input has the same levels). _gradsum.note
+    # records nothing unless both hold, so it is called only then.
 
     def plan(args: tuple, kwargs: dict) -> Any:
         level, top = 0, None
@@ -263,19 +270,10 @@ def _rule_plan(func: Any, meta: _OpMeta, rule: Any) -> Callable[[tuple, dict], A
             return op(*args, **kwargs)
         if gradsum._last or gradsum._urgent:
             gradsum.flush_urgent()
-        info = _active.get(level)
-        if info is None:  # autograd's backward running after the vmap returned
-            info = LevelInfo(level, top._elem.shape[0], "error")
-        if random and info.randomness == "error":
-            raise _randomness_error(func)
-        if rule is None or kw_batched:
-            out = _without_rule(func, info, args, kwargs)
-            _note(args, kwargs, out, level)
-            return out
-        grad_seen = False
+        grad_seen = mixed = False
         if direct and not kwargs:
             nd = top._elem.dim()
-            if nd > 1:
+            if nd:
                 uargs = []
                 for a in args:
                     if type(a) is BatchedTensor:
@@ -285,37 +283,61 @@ def _rule_plan(func: Any, meta: _OpMeta, rule: Any) -> Callable[[tuple, dict], A
                             e = a._elem
                             if e.dim() != nd:
                                 break
+                            if type(e) is BatchedTensor:
+                                mixed = True
                             uargs.append(e)
                             continue
-                        if a.dim() >= nd:
+                        if a.dim() >= nd or nd == 1:
                             break
+                        mixed = True
                     elif isinstance(a, torch.Tensor):
                         if a.requires_grad:
                             grad_seen = True
-                        if a.dim() >= nd:
+                        if a.dim() >= nd or nd == 1:
                             break
+                        mixed = True
                     uargs.append(a)
                 else:
                     if not mutated or uargs[0] is not args[0]:
                         out = op(*uargs)
-                        result = args[0] if returns_self else wrap(out, level)
-                        if grad_seen and torch.is_grad_enabled():
+                        if returns_self:
+                            result = args[0]
+                        else:  # engine._batched.wrap, inlined: this is the hottest line of the engine
+                            result = _make_wrapper(BatchedTensor, out.shape[1:], out.stride()[1:], None, None, out.dtype, out.layout, out.device, False, False)
+                            result._elem = out
+                            result._level = level
+                        if grad_seen and mixed and torch.is_grad_enabled():
                             gradsum.note(args, kwargs, result, level)
                         return result
-                grad_seen = False
+                grad_seen = mixed = False
+        info = _active.get(level)
+        if info is None:  # autograd's backward running after the vmap returned
+            info = LevelInfo(level, top._elem.shape[0], "error")
+        if random and info.randomness == "error":
+            raise _randomness_error(func)
+        if rule is None or kw_batched:
+            out = _without_rule(func, info, args, kwargs)
+            _note(args, kwargs, out, level)
+            return out
         uargs, dims = [], []
         for a in args:
             if type(a) is BatchedTensor:
                 if a.requires_grad:
                     grad_seen = True
                 if a._level == level:
-                    uargs.append(a._elem)
+                    e = a._elem
+                    if type(e) is BatchedTensor:
+                        mixed = True
+                    uargs.append(e)
                     dims.append(0)
                     continue
+                mixed = True
             elif isinstance(a, torch.Tensor):
                 if a.requires_grad:
                     grad_seen = True
+                mixed = True
             elif lists and type(a) in (list, tuple):
+                mixed = True
                 if any(isinstance(b, torch.Tensor) and b.requires_grad for b in a):
                     grad_seen = True
                 if any(type(b) is BatchedTensor and b._level == level for b in a):
@@ -324,13 +346,15 @@ def _rule_plan(func: Any, meta: _OpMeta, rule: Any) -> Callable[[tuple, dict], A
                     continue
             uargs.append(a)
             dims.append(None)
-        if kwargs and not grad_seen:
-            grad_seen = any(isinstance(v, torch.Tensor) and v.requires_grad for v in kwargs.values())
+        if kwargs:
+            mixed = True
+            if not grad_seen:
+                grad_seen = any(isinstance(v, torch.Tensor) and v.requires_grad for v in kwargs.values())
         if mutated:
             _check_inplace(func, meta, dims)
         out, out_dims = rule(info, dims, *uargs, **kwargs)
         result = args[mutated[0]] if returns_self else wrap_outputs(out, out_dims, level)
-        if grad_seen and torch.is_grad_enabled():
+        if grad_seen and mixed and torch.is_grad_enabled():
             gradsum.note(args, kwargs, result, level)
         return result
 

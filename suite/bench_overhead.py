@@ -10,7 +10,7 @@ is arithmetic and memory traffic, where a method's copies and layouts show. Two 
 
 Methods: `native` (the same chain on the whole batch, no vmap, plain autograd for `grad`: the
 floor), `torch_func` (torch.func), `engine` (engine eager) and `engine_traced` (engine.trace of the
-same transform, replayed).
+same transform, replayed) and `engine_auto` (engine.auto_trace of it: eager first, then replayed).
 
 - time_chain: one call.
 - track_overhead_us_per_op: (method's time - native's time) / N_OPS, in microseconds, both timed
@@ -35,7 +35,7 @@ OPS_PER_BLOCK = 8
 N_OPS = BLOCKS * OPS_PER_BLOCK
 SIZES: dict[str, tuple[int, ...]] = {"small": (64, 8, 16), "large": (64, 64, 128)}
 MODES = ("vmap", "grad")
-METHODS = ("native", "torch_func", "engine", "engine_traced")
+METHODS = ("native", "torch_func", "engine", "engine_traced", "engine_auto")
 
 
 def pointwise_chain(x: torch.Tensor) -> torch.Tensor:
@@ -89,6 +89,11 @@ def chain_call(method: str, x: torch.Tensor, mode: str = "vmap") -> Callable[[],
     if method == "engine_traced":
         traced = engine.trace(batched)
         return lambda: traced(x)
+    if method == "engine_auto":
+        if not hasattr(engine, "auto_trace"):
+            raise NotImplementedError("engine.auto_trace does not exist at this commit")
+        auto = engine.auto_trace(batched)
+        return lambda: auto(x)
     raise ValueError(f"unknown method {method!r}; valid: {', '.join(METHODS)}")
 
 
@@ -165,7 +170,7 @@ def report(sizes: list[str], modes: list[str], repeat: int, budget_s: float, dev
             traced_vs_eager = [r["engine_traced"] / r["engine"] for r in runs]
             cells = "  ".join(f"{m} {us[m]:8.2f}" for m in METHODS)
             ratios = "  ".join(
-                f"{m}/tf {statistics.median(ratio[m]):.2f} [{min(ratio[m]):.2f}-{max(ratio[m]):.2f}]" for m in ("native", "engine", "engine_traced")
+                f"{m}/tf {statistics.median(ratio[m]):.2f} [{min(ratio[m]):.2f}-{max(ratio[m]):.2f}]" for m in ("native", "engine", "engine_traced", "engine_auto")
             )
             print(f"{size:<6}{mode:<5} us/op: {cells}\n            {ratios}  traced/eager {statistics.median(traced_vs_eager):.2f} "
                   f"[{min(traced_vs_eager):.2f}-{max(traced_vs_eager):.2f}]", flush=True)

@@ -45,7 +45,8 @@ def pointwise_rule(func: Any):
         return out, out_dims
 
     # engine._dispatch may skip calling this rule: when every batched argument has the same logical
-    # rank (>= 1) and no unbatched tensor a higher one, it is `func` on the physical arguments.
+    # rank (>= 1) and no unbatched tensor a higher one, or every tensor argument is a batched 0-dim
+    # one, it is `func` on the physical arguments.
     rule.same_rank_direct = True  # type: ignore[attr-defined]
     return rule
 
@@ -101,6 +102,8 @@ UNTAGGED = ops_of(
     "positive.default", "_conj.default", "resolve_conj.default", "resolve_neg.default",
     "logical_not.default", "sign.default", "nan_to_num.default", "lerp.Scalar", "lerp.Tensor",
     "_softmax_backward_data.out",  # filtered below (out variant)
+    # conversions: decompositions (group_norm, layer_norm backward) call them on batched tensors
+    "to.dtype", "to.dtype_layout", "to.device",
 )
 
 set_rule([op for op in _tagged_pointwise_ops() + UNTAGGED if not _is_out_variant(op)], pointwise_rule)
