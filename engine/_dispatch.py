@@ -457,8 +457,9 @@ def _data_dependent(func: Any) -> DataDependentError:
 
 def _randomness_error(func: Any) -> RandomnessError:
     return RandomnessError(
-        f"vmap: called random operation {op_name(func)} while in randomness='error' mode. Pass "
-        f"randomness='different' (independent draws per batch element) or 'same' (one draw for the whole batch) to vmap."
+        f"vmap: called random operation while in randomness error mode ({op_name(func)}). Please either use the "
+        f"'same' or 'different' randomness flags on vmap or perform the randomness operation out of vmap "
+        f"('different': independent draws per batch element; 'same': one draw for the whole batch)."
     )
 
 
@@ -593,12 +594,7 @@ class VmapMode(TorchDispatchMode):
             if randomness == "error":
                 raise _randomness_error(func)
             if randomness == "different":
-                if op_meta(func).mutated:
-                    raise RandomnessError(
-                        f"vmap: {op_name(func)} fills an unbatched tensor in place under randomness='different', "
-                        f"so it cannot hold a different draw per batch element. Create the tensor with an "
-                        f"out-of-place random op (e.g. torch.randn) or make it batched first."
-                    )
-                draws = [func(*args, **kwargs) for _ in range(self.info.batch_size)]
-                return _stack_results(draws, self.info.level)
+                from engine.rules.random_ops import draw_unbatched
+
+                return draw_unbatched(func, self.info, args, kwargs)
         return func(*args, **kwargs)

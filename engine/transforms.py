@@ -18,7 +18,7 @@ from engine import _gradsum
 from engine._batched import LevelInfo, _is_outer, mark_inner
 from engine._guards import requires_grad, transform_scope
 from engine._vmap import vmap
-from engine.errors import TransformError, VmapError
+from engine.errors import TransformError, UnsupportedInTransformError, VmapError
 
 __all__ = ["TransformError", "grad", "grad_and_value", "hessian", "jacfwd", "jacrev", "jvp", "linearize", "vjp"]
 
@@ -56,7 +56,7 @@ def _differentiating() -> Iterator[None]:
     As in torch.func (its NOTE "grad and vjp interaction with no_grad"), a `torch.no_grad()` around
     the transform does not stop it from differentiating `func`, while a `torch.no_grad()` inside
     `func` is obeyed; the grad mode at entry only decides whether the results stay connected to the
-    autograd graph outside (see `_connect`).
+    autograd graph outside (see `_prepare` and `_out`).
     """
     with _no_inference(), torch.enable_grad(), _nested():
         yield
@@ -161,6 +161,62 @@ def _split_aux(func: Callable, out: Any, has_aux: bool, api: str) -> tuple[Any, 
     return out
 
 
+class _Captures:
+    """Tensors the function closes over, with their version counters at entry.
+
+    torch.func refuses an in-place write into a captured tensor inside grad/vjp/jvp (the write
+    would need a gradient the tensor cannot carry, and it would leave the tensor attached to the
+    transform's graph). The engine has no per-op hook outside vmap, so it checks the tensors a
+    function can reach through its closure (closure variables, shallow containers in them, the
+    closures of functions and functools.partial objects they hold) after the function returns,
+    and raises before any result is handed back.
+    """
+
+    def __init__(self, func: Callable) -> None:
+        self.tensors: list[tuple[str, torch.Tensor, int]] = []
+        self._scan(func, 0, set())
+
+    def _scan(self, func: Any, depth: int, seen: set) -> None:
+        if depth > 2 or id(func) in seen:
+            return
+        seen.add(id(func))
+        if isinstance(func, functools.partial):
+            for v in (*func.args, *func.keywords.values()):
+                self._add("a functools.partial argument", v)
+            self._scan(func.func, depth + 1, seen)
+            return
+        code, cells = getattr(func, "__code__", None), getattr(func, "__closure__", None)
+        if code is None or not cells:
+            return
+        own = getattr(func, "__module__", None) == __name__  # the engine's wrappers hold the inputs themselves
+        for name, cell in zip(code.co_freevars, cells):
+            try:
+                value = cell.cell_contents
+            except ValueError:  # an empty cell
+                continue
+            if callable(value) and not isinstance(value, (torch.Tensor, torch.nn.Module, type)):
+                self._scan(value, depth + (not own), seen)
+            elif not own:
+                self._add(name, value)
+
+    def _add(self, name: str, value: Any) -> None:
+        items = value if isinstance(value, (list, tuple)) else value.values() if isinstance(value, dict) else (value,)
+        for v in items:
+            if isinstance(v, torch.Tensor) and not v.is_inference():
+                self.tensors.append((name, v, v._version))
+
+    def check(self, func: Callable, api: str) -> None:
+        for name, t, version in self.tensors:
+            if t._version != version:
+                raise UnsupportedInTransformError(
+                    f"During a grad (vjp, jvp, grad, etc) transform, the function provided ({_fname(func)}, under {api}) "
+                    f"attempted to call an in-place operation that would mutate a captured Tensor ({name!r}, "
+                    f"shape {tuple(t.shape)}). A 'captured' Tensor is one that is not passed as input to the "
+                    f"transformed function, as torch.func also refuses. Pass it as an input (and return the new "
+                    f"value), or write into a fresh tensor (e.g. {name}.clone()) instead."
+                )
+
+
 def _check_outputs(func: Callable, flat_out: list, api: str) -> None:
     if not flat_out:
         raise TransformError(f"{api}: Expected {_fname(func)} to be a function that has non-empty output (got no tensors).")
@@ -188,8 +244,10 @@ def vjp(func: Callable, *primals: Any, has_aux: bool = False) -> tuple:
     entry = torch._C._autograd._get_sequence_nr()
     with _differentiating():
         inputs = [_prepare(t, outer) for t in flat]
+        captures = _Captures(func)
         with transform_scope():
             raw = func(*tree_unflatten(inputs, spec))
+        captures.check(func, "vjp")
         out, aux = _split_aux(func, raw, has_aux, "vjp")
     flat_out, out_spec = tree_flatten(out)
     _check_outputs(func, flat_out, "vjp(f, *primals)")
@@ -233,8 +291,10 @@ def grad_and_value(func: Callable, argnums: Any = 0, has_aux: bool = False) -> C
             new_args = list(args)
             for i, (flat, spec), p in zip(nums, diff, prepared):
                 new_args[i] = tree_unflatten(p, spec)
+            captures = _Captures(func)
             with transform_scope():
                 raw = func(*new_args, **kwargs)
+            captures.check(func, "grad")
             out, aux = _split_aux(func, raw, has_aux, "grad_and_value")
             if not isinstance(out, torch.Tensor) or out.dim() != 0:
                 shape = tuple(out.shape) if isinstance(out, torch.Tensor) else type(out).__name__
@@ -341,8 +401,10 @@ def _linearize(func: Callable, primals: tuple, api: str, has_aux: bool = False, 
     create = _create_graph(flat)
     with _differentiating():
         inputs = [_prepare(t, outer) for t in flat]
+        captures = _Captures(func)
         with transform_scope():
             raw = func(*tree_unflatten(inputs, spec))
+        captures.check(func, api.split("(")[0])
         out, aux = _split_aux(func, raw, has_aux, api.split("(")[0])
         flat_out, out_spec = tree_flatten(out)
         _check_outputs(func, flat_out, api)

@@ -126,3 +126,18 @@ RULES[aten.lu_unpack.default] = lu_unpack_rule
 RULES[aten.linalg_householder_product.default] = householder_product_rule
 RULES[aten.cholesky_inverse.default] = cholesky_inverse_rule
 RULES[aten.linalg_pinv.atol_rtol_tensor] = pinv_rule
+
+
+def _all_batched(op):
+    """Ops whose operands must share the batch dims exactly (ormqr, ldl_solve): batch them all."""
+
+    def rule(info, in_dims, *args, **kwargs):
+        B = info.batch_size
+        new = [materialize(a, d, B) if isinstance(a, torch.Tensor) else a for a, d in zip(args, in_dims)]
+        return op(*new, **kwargs), 0
+
+    return rule
+
+
+for _op in (aten.ormqr.default, aten.linalg_ldl_solve.default):
+    RULES[_op] = _all_batched(_op)

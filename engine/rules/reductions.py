@@ -120,7 +120,7 @@ for op in ops_of(
     "cummax.default", "cummin.default", "sort.default", "sort.stable", "median.dim", "nanmedian.dim", "mode.default",
     "squeeze.dim", "squeeze.dims", "var.dim", "std.dim", "norm.ScalarOpt_dim", "nanmean.default",
     "unbind.int", "special_logsumexp.default", "linalg_vector_norm.default", "kthvalue.default",
-    "topk.default", "norm.ScalarOpt_dim_dtype", "argsort.default", "argsort.stable",
+    "topk.default", "norm.ScalarOpt_dim_dtype", "argsort.default", "argsort.stable", "hash_tensor.default",
 ):
     RULES[op] = dim_rule(op, _dim_pos(op))
 for op in ops_of("argmax.default", "argmin.default"):

@@ -64,3 +64,24 @@ def masked_select_rule(info, in_dims, x, mask):
 RULES[aten.searchsorted.Tensor] = searchsorted_rule
 RULES[aten.bucketize.Tensor] = bucketize_rule
 RULES[aten.masked_select.default] = masked_select_rule
+
+
+def nonzero_static_rule(info, in_dims, x, *, size, fill_value=-1):
+    """nonzero with a fixed output size: each example's nonzero positions in order (a stable sort
+    puts them first), cut or padded with `fill_value` to `size` rows."""
+    B, shape = x.shape[0], tuple(x.shape[1:])
+    nz = (x != 0).reshape(B, -1)
+    k = min(size, nz.shape[1])
+    first = torch.sort((~nz).to(torch.int8), dim=1, stable=True).indices[:, :k]
+    if shape:
+        coords = torch.stack(torch.unravel_index(first, shape), dim=-1)
+    else:
+        coords = first.new_zeros(B, k, 0)
+    kept = torch.arange(k, device=x.device).unsqueeze(0) < nz.sum(1, keepdim=True)
+    coords = torch.where(kept.unsqueeze(-1), coords, torch.full_like(coords, fill_value))
+    if size > k:
+        coords = torch.cat([coords, coords.new_full((B, size - k, len(shape)), fill_value)], dim=1)
+    return coords, 0
+
+
+RULES[aten.nonzero_static.default] = nonzero_static_rule
