@@ -14,6 +14,12 @@ Task kinds:
 - `batched_hessian_method`: Hessians of a scalar function at many points (vmap over hessian).
 - `hvp_method`: many Hessian-vector products at one point (vmap over the vjp of the gradient).
 - `per_sample_grads_method`: gradients of a per-example loss w.r.t. shared parameters.
+- `batched_grad_method`: gradients of a scalar function at many points (vmap over grad), e.g. a
+  log density at K MCMC chains' states.
+- `leapfrog_method`: a Hamiltonian (HMC) leapfrog trajectory of many chains at once, each step
+  one vmap(grad) of the log density.
+- `particle_grad_method`: gradient of a Monte Carlo average over particles (grad over vmap), e.g.
+  an ELBO over reparameterized samples.
 """
 from __future__ import annotations
 
@@ -211,3 +217,80 @@ def per_sample_grads_method(
     raise _unsupported(
         "per-sample grads", method, ("loop", "loop_compiled", *TRANSFORM_METHODS, "functional_vectorize", "closed_form")
     )
+
+
+def _loop_grad(f: Fn, x: torch.Tensor) -> torch.Tensor:
+    xg = x.detach().requires_grad_()
+    return torch.autograd.grad(f(xg), xg)[0]
+
+
+def batched_grad_method(method: str, f: Fn, points: torch.Tensor, closed_form: Fn | None = None) -> Thunk:
+    """Gradient of scalar `f` at each row of `points` (shape [K, *point]): one backward pass per
+    point in the loop, one batched backward pass in the transforms."""
+    if method == "loop":
+        return lambda: torch.stack([_loop_grad(f, p) for p in points])
+    if method in TRANSFORM_METHODS:
+        ft = transforms(method)
+        g = wrap(method, ft.vmap(ft.grad(f)))
+        return lambda: g(points)
+    if method == "closed_form" and closed_form is not None:
+        return lambda: closed_form(points)
+    raise _unsupported("batched grad", method, ("loop", *TRANSFORM_METHODS, "closed_form"))
+
+
+def leapfrog(grad_log_density: Fn, q: torch.Tensor, p: torch.Tensor, step_size: float,
+             steps: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """`steps` leapfrog steps of Hamiltonian dynamics with unit mass (half momentum steps at both ends)."""
+    p = p + 0.5 * step_size * grad_log_density(q)
+    for i in range(steps):
+        q = q + step_size * p
+        p = p + (step_size if i < steps - 1 else 0.5 * step_size) * grad_log_density(q)
+    return q, p
+
+
+def leapfrog_method(method: str, log_density: Fn, positions: torch.Tensor, momenta: torch.Tensor,
+                    step_size: float, steps: int, closed_form_grad: Fn | None = None) -> Thunk:
+    """Final (positions, momenta) of a leapfrog trajectory from each row of `positions`/`momenta`
+    (K chains). The loop runs the chains one after another (one backward pass per chain and step);
+    the transforms run each step's K gradients as one vmap(grad), and a traced method records the
+    whole trajectory once; `closed_form_grad(q [K, P]) -> [K, P]` is the hand-batched gradient."""
+    if method == "loop":
+        def run() -> tuple[torch.Tensor, torch.Tensor]:
+            ends = [leapfrog(lambda x: _loop_grad(log_density, x), q, p, step_size, steps)
+                    for q, p in zip(positions, momenta)]
+            return torch.stack([q for q, _ in ends]), torch.stack([p for _, p in ends])
+        return run
+    if method in TRANSFORM_METHODS:
+        ft = transforms(method)
+        grads = ft.vmap(ft.grad(log_density))
+        trajectory = wrap(method, lambda q, p: leapfrog(grads, q, p, step_size, steps))
+        return lambda: trajectory(positions, momenta)
+    if method == "closed_form" and closed_form_grad is not None:
+        return lambda: leapfrog(closed_form_grad, positions, momenta, step_size, steps)
+    raise _unsupported("leapfrog", method, ("loop", *TRANSFORM_METHODS, "closed_form"))
+
+
+def particle_grad_method(method: str, f: Fn, phi: torch.Tensor, particles: torch.Tensor,
+                         closed_form: Fn | None = None) -> Thunk:
+    """Gradient w.r.t. `phi` of the mean of `f(phi, particle)` over the rows of `particles`.
+
+    The loop evaluates `f` particle by particle and runs one backward pass through the sum (how
+    it is written without vmap); the transforms take grad of a vmap over the particles.
+    `closed_form(phi, particles)` returns the same gradient.
+    """
+    if method == "loop":
+        def run() -> torch.Tensor:
+            phig = phi.detach().requires_grad_()
+            total = torch.stack([f(phig, particle) for particle in particles]).mean()
+            return torch.autograd.grad(total, phig)[0]
+        return run
+    if method in TRANSFORM_METHODS:
+        ft = transforms(method)
+
+        def average(phi: torch.Tensor, particles: torch.Tensor) -> torch.Tensor:
+            return ft.vmap(f, in_dims=(None, 0))(phi, particles).mean()
+        g = wrap(method, ft.grad(average))
+        return lambda: g(phi, particles)
+    if method == "closed_form" and closed_form is not None:
+        return lambda: closed_form(phi, particles)
+    raise _unsupported("particle grad", method, ("loop", *TRANSFORM_METHODS, "closed_form"))
