@@ -290,11 +290,11 @@ define(
     family=FAMILY,
     description=f"HMC: one {LEAPFROG_STEPS}-step leapfrog trajectory of K chains at once (each step a "
                 "vmap(grad) of a torch.distributions log joint); returns the final positions and momenta",
-    grid={"model": MODEL_NAMES, "chains": [16, 128, 1024]},
+    grid={"model": MODEL_NAMES, "chains": [8, 64, 1024]},
     methods=BAYES_METHODS,
     make_inputs=model_data,
     make_method=hmc_method,
-    quick=("model=eight_schools,chains=16",),
+    quick=("model=eight_schools,chains=8",),
 )
 
 define(
@@ -313,9 +313,9 @@ define(
     family=FAMILY,
     description="SVI: gradient of a mean-field Gaussian ELBO averaged over S reparameterized particles "
                 "(grad of a vmap over particles of a torch.distributions log joint)",
-    grid={"model": MODEL_NAMES, "particles": [16, 128, 1024]},
+    grid={"model": MODEL_NAMES, "particles": [16, 64, 1024]},
     methods=BAYES_METHODS,
     make_inputs=model_data,
     make_method=elbo_method,
-    quick=("model=poisson,particles=128",),
+    quick=("model=poisson,particles=64",),
 )

@@ -191,9 +191,9 @@ define(
     family=FAMILY,
     description=f"MAML meta-gradient (torch.func tutorial): sine regression with a 1-{MAML_HIDDEN}-{MAML_HIDDEN}-1 "
                 f"MLP, one inner gradient step on {MAML_SHOTS} shots, vmapped over tasks",
-    grid={"tasks": [8, 64, 512]},
+    grid={"tasks": [8, 32, 512]},
     methods=METHODS,
     make_inputs=maml_data,
     make_method=maml_method_of,
-    quick=("tasks=64",),
+    quick=("tasks=32",),
 )
