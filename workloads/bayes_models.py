@@ -273,49 +273,35 @@ def elbo_method(method: str, inputs: dict[str, Any]) -> Callable[[], Any]:
 
 BAYES_METHODS = ("loop", "engine", "engine_traced", "torch_func", "closed_form")
 
-define(
-    name="bayes_chain_grads",
-    family=FAMILY,
-    description="Gradient of a torch.distributions log joint at K MCMC chains' states (vmap(grad)); "
-                f"models: {', '.join(MODEL_NAMES)}",
-    grid={"model": MODEL_NAMES, "chains": [16, 128, 1024]},
-    methods=BAYES_METHODS,
-    make_inputs=model_data,
-    make_method=chain_grads_method,
-    quick=("model=logreg,chains=128",),
-)
 
-define(
-    name="bayes_hmc",
-    family=FAMILY,
-    description=f"HMC: one {LEAPFROG_STEPS}-step leapfrog trajectory of K chains at once (each step a "
-                "vmap(grad) of a torch.distributions log joint); returns the final positions and momenta",
-    grid={"model": MODEL_NAMES, "chains": [8, 64, 1024]},
-    methods=BAYES_METHODS,
-    make_inputs=model_data,
-    make_method=hmc_method,
-    quick=("model=eight_schools,chains=8",),
-)
+def define_task(name: str, description: str, batch: dict[str, list[int]], make_method: Callable[..., Any],
+                quick: str, methods: tuple[str, ...] = BAYES_METHODS) -> None:
+    """Register one task over every model (`model` grid parameter) and the batch sizes of `batch`."""
+    define(name=name, family=FAMILY, description=description, grid={"model": MODEL_NAMES, **batch},
+           methods=methods, make_inputs=model_data, make_method=make_method, quick=(quick,))
 
-define(
-    name="bayes_laplace_hessian",
-    family=FAMILY,
-    description="Laplace approximation: Hessian of a torch.distributions negative log joint at one point",
-    grid={"model": MODEL_NAMES},
+
+define_task(
+    "bayes_chain_grads",
+    "Gradient of a torch.distributions log joint at K MCMC chains' states (vmap(grad)); "
+    f"models: {', '.join(MODEL_NAMES)}",
+    {"chains": [16, 128, 1024]}, chain_grads_method, quick="model=logreg,chains=128",
+)
+define_task(
+    "bayes_hmc",
+    f"HMC: one {LEAPFROG_STEPS}-step leapfrog trajectory of K chains at once (each step a vmap(grad) of a "
+    "torch.distributions log joint); returns the final positions and momenta",
+    {"chains": [8, 64, 1024]}, hmc_method, quick="model=eight_schools,chains=8",
+)
+define_task(
+    "bayes_laplace_hessian",
+    "Laplace approximation: Hessian of a torch.distributions negative log joint at one point",
+    {}, laplace_method, quick="model=robust",
     methods=("loop", "engine", "engine_traced", "torch_func", "functional_vectorize", "closed_form"),
-    make_inputs=model_data,
-    make_method=laplace_method,
-    quick=("model=robust",),
 )
-
-define(
-    name="bayes_elbo_grad",
-    family=FAMILY,
-    description="SVI: gradient of a mean-field Gaussian ELBO averaged over S reparameterized particles "
-                "(grad of a vmap over particles of a torch.distributions log joint)",
-    grid={"model": MODEL_NAMES, "particles": [16, 64, 1024]},
-    methods=BAYES_METHODS,
-    make_inputs=model_data,
-    make_method=elbo_method,
-    quick=("model=poisson,particles=64",),
+define_task(
+    "bayes_elbo_grad",
+    "SVI: gradient of a mean-field Gaussian ELBO averaged over S reparameterized particles "
+    "(grad of a vmap over particles of a torch.distributions log joint)",
+    {"particles": [16, 64, 1024]}, elbo_method, quick="model=poisson,particles=64",
 )

@@ -150,19 +150,25 @@ def hessian_method(method: str, f: Fn, x: torch.Tensor, closed_form: Fn | None =
     return _at_point("hessian", "hessian", torch.autograd.functional.hessian, method, f, x, loop, closed_form)
 
 
-def batched_hessian_method(method: str, f: Fn, points: torch.Tensor, closed_form: Fn | None = None) -> Thunk:
-    """Hessians of scalar `f` at each row of `points` (shape [B, k, k])."""
+def _at_points(kind: str, transform: str, method: str, f: Fn, points: torch.Tensor,
+               loop_one: Callable[[Fn, torch.Tensor], torch.Tensor], closed_form: Fn | None) -> Thunk:
+    """The methods of a derivative of `f` at each row of `points`: the transforms vmap `transform`
+    (grad, hessian) over the rows; the loop calls `loop_one(f, point)` row by row."""
     if method == "loop":
-        def run() -> torch.Tensor:
-            return torch.stack([_loop_hessian(f, p.detach().requires_grad_()) for p in points])
-        return run
+        return lambda: torch.stack([loop_one(f, p) for p in points])
     if method in TRANSFORM_METHODS:
         ft = transforms(method)
-        h = wrap(method, ft.vmap(ft.hessian(f)))
-        return lambda: h(points)
+        d = wrap(method, ft.vmap(getattr(ft, transform)(f)))
+        return lambda: d(points)
     if method == "closed_form" and closed_form is not None:
         return lambda: closed_form(points)
-    raise _unsupported("batched hessian", method, ("loop", *TRANSFORM_METHODS, "closed_form"))
+    raise _unsupported(kind, method, ("loop", *TRANSFORM_METHODS, "closed_form"))
+
+
+def batched_hessian_method(method: str, f: Fn, points: torch.Tensor, closed_form: Fn | None = None) -> Thunk:
+    """Hessians of scalar `f` at each row of `points` (shape [B, k, k])."""
+    return _at_points("batched hessian", "hessian", method, f, points,
+                      lambda f, p: _loop_hessian(f, p.detach().requires_grad_()), closed_form)
 
 
 def hvp_method(method: str, f: Fn, x: torch.Tensor, vectors: torch.Tensor) -> Thunk:
@@ -233,15 +239,7 @@ def _loop_grad(f: Fn, x: torch.Tensor) -> torch.Tensor:
 def batched_grad_method(method: str, f: Fn, points: torch.Tensor, closed_form: Fn | None = None) -> Thunk:
     """Gradient of scalar `f` at each row of `points` (shape [K, *point]): one backward pass per
     point in the loop, one batched backward pass in the transforms."""
-    if method == "loop":
-        return lambda: torch.stack([_loop_grad(f, p) for p in points])
-    if method in TRANSFORM_METHODS:
-        ft = transforms(method)
-        g = wrap(method, ft.vmap(ft.grad(f)))
-        return lambda: g(points)
-    if method == "closed_form" and closed_form is not None:
-        return lambda: closed_form(points)
-    raise _unsupported("batched grad", method, ("loop", *TRANSFORM_METHODS, "closed_form"))
+    return _at_points("batched grad", "grad", method, f, points, _loop_grad, closed_form)
 
 
 def leapfrog(grad_log_density: Fn, q: torch.Tensor, p: torch.Tensor, step_size: float,
