@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import torch
 
-from engine.rules._helpers import ops_of
+from engine.rules._helpers import materialize, ops_of, pad_batched
 from engine.rules._table import RULES
 
 aten = torch.ops.aten
@@ -30,3 +30,14 @@ for _op in ops_of("linalg_cholesky_ex.default", "linalg_inv_ex.default", "_linal
                   "linalg_matrix_exp.default", "_linalg_eigvals.default", "linalg_lu.default"):
     RULES[_op] = _leading_batch_rule(_op)
 RULES[aten._linalg_check_errors.default] = check_errors_rule
+
+
+def cdist_rule(info, in_dims, x1, x2, p, compute_mode=None):
+    """Pairwise distances broadcast leading dims: both operands batched and padded to one rank."""
+    B = info.batch_size
+    a, b = materialize(x1, in_dims[0], B), materialize(x2, in_dims[1], B)
+    rank = max(a.dim(), b.dim()) - 1
+    return aten._cdist_forward.default(pad_batched(a, rank), pad_batched(b, rank), p, compute_mode), 0
+
+
+RULES[aten._cdist_forward.default] = cdist_rule
