@@ -60,7 +60,11 @@ ENGINE_API: dict[str, str] = {"engine": "vmap", "engine_traced": "trace", "engin
 
 
 def require_method(method: str) -> None:
-    """NotImplementedError (asv: skipped) when `method` needs an engine API this commit lacks."""
+    """NotImplementedError (asv: skipped) when `method` needs an engine API this commit lacks, or a
+    peer package (Opacus, BackPACK) this environment lacks."""
+    from workloads.peers import check_available
+
+    check_available(method)
     attr = ENGINE_API.get(method)
     if attr is None:
         return

@@ -250,7 +250,7 @@ def _define(name: str, description: str, model: type[nn.Module], criterion: Crit
     methods = BASE + (("closed_form",) if closed_form is not None else ()) + peer_methods
     define(name=name, family=FAMILY, description=description, grid=grid, methods=methods,
            make_inputs=_data(model, make_x, make_y), make_method=_psg(model, criterion, closed_form),
-           quick=quick, heavy=heavy)
+           quick=quick, heavy=heavy, extra={"model": model})
 
 
 _define("nn_logreg", f"Per-sample gradients of nn.Linear({FEATURES}, 1) logistic regression (fast-dpsgd set)",
