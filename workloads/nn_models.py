@@ -258,7 +258,7 @@ _define("nn_logreg", f"Per-sample gradients of nn.Linear({FEATURES}, 1) logistic
         OPACUS_ALL + ("backpack",), closed_form=logreg_closed_form)
 _define("nn_ffnn", f"Per-sample gradients of an nn FFNN {FEATURES}-50-2 (fast-dpsgd set)",
         FFNN, F.cross_entropy, {"batch": [32, 256]}, _images(FEATURES), _labels(2),
-        OPACUS_ALL + ("backpack",), closed_form=per_sample_grads.mlp_grads_closed_form, quick=("batch=32",))
+        OPACUS_ALL + ("backpack",), closed_form=per_sample_grads.mlp_grads_closed_form)
 _define("nn_mnist_cnn", "Per-sample gradients of the fast-dpsgd MNIST CNN (2 conv + max-pool, 2 linear)",
         MNISTNet, F.cross_entropy, {"batch": [16, 64]}, _images(1, 28, 28), _labels(10),
         OPACUS_ALL + ("backpack",), quick=("batch=16",))
