@@ -10,6 +10,7 @@ from torch.utils._pytree import _broadcast_to_and_flatten, tree_flatten, tree_un
 from engine._batched import BatchedTensor, enter, is_batched_at, leave, pop_level, push_level
 from engine._dispatch import VmapMode
 from engine.errors import VmapError
+from engine.rules.rnn import batched_initial_state
 
 _RANDOMNESS = ("error", "different", "same")
 
@@ -114,7 +115,7 @@ def _vmap_call(func, flat_args, flat_dims, spec, size, out_dims, randomness, kwa
             a if d is None else enter(a if d % a.dim() == 0 else a.movedim(d, 0), info.level, size)
             for a, d in zip(flat_args, flat_dims)
         ]
-        with VmapMode(info):
+        with VmapMode(info), batched_initial_state():
             out = func(*tree_unflatten(batched, spec), **kwargs)
         return _unwrap_outputs(func, out, out_dims, info.level, size)
     finally:
