@@ -23,9 +23,6 @@ COMPILED_CASES = [(w.name, m) for w in ALL for m in w.methods if m in COMPILED_M
 # Engine gaps in torch.nn layers that branch `engnn` is closing (issue 16 part 1): strict xfails,
 # so each one fails loudly (XPASS) once the engine supports it and must then be removed here.
 ENGINE_GAPS = {
-    ("nn_embedding", "engine_traced"): "engine.trace refuses aten::index.Tensor (nn.Embedding)",
-    ("nn_lstm", "engine"): "no batching rule for aten::mkldnn_rnn_layer (nn.LSTM): for-loop fallback",
-    ("nn_lstm", "engine_traced"): "engine.trace refuses aten::index.Tensor (nn.Embedding)",
     ("nn_transformer", "engine"): "dropout_p=0 aten::_scaled_dot_product_flash_attention_for_cpu raises RandomnessError",
     ("nn_transformer", "engine_traced"): "dropout_p=0 aten::_scaled_dot_product_flash_attention_for_cpu raises RandomnessError",
     ("nn_groupnorm_resnet", "engine"): "no batching rule for aten::as_strided (nn.GroupNorm): for-loop fallback",
