@@ -41,6 +41,16 @@ def check_available(method: str) -> None:
         require(PACKAGES[method], method)
 
 
+def preload() -> None:
+    """Import every installed peer package now (opacus alone takes ~7 s on top of torch here), so a
+    benchmark process forked afterwards does not pay it; missing ones are left to their methods."""
+    for method, package in PACKAGES.items():
+        try:
+            require(package, method)
+        except PeerUnavailable:
+            pass
+
+
 def require(package: str, method: str) -> ModuleType:
     """Import `package` for `method`, or raise PeerUnavailable saying how to install it."""
     # Opacus and BackPACK hook modules whose inputs need no gradient (the data); torch warns about
