@@ -222,7 +222,7 @@ def _batched_call(func: Any, args: tuple, kwargs: dict, level: int, size: int) -
             raise _data_dependent(func)
         return _inplace_view(func, args, kwargs)
     info = level_info(level, size)
-    if meta.random and info.randomness == "error":
+    if meta.random and info.randomness == "error" and _draws(rule, args, kwargs):
         raise _randomness_error(func)
     if kwargs and any(type(v) is BatchedTensor and v._level == level for v in kwargs.values()):
         rule = None
@@ -242,6 +242,13 @@ def _batched_call(func: Any, args: tuple, kwargs: dict, level: int, size: int) -
         if decomposed is not NotImplemented:
             return decomposed
     return fallback(func, info, args, kwargs)
+
+
+def _draws(rule: Any, args: tuple, kwargs: dict) -> bool:
+    """Whether a call of an op tagged random draws: its rule may know that this one does not
+    (attention with dropout_p=0, engine.rules.attention)."""
+    deterministic = getattr(rule, "deterministic_when", None)
+    return deterministic is None or not deterministic(args, kwargs)
 
 
 def _inplace_view(func: Any, args: tuple, kwargs: dict) -> Any:
@@ -416,7 +423,7 @@ class VmapMode(TorchDispatchMode):
         kwargs = kwargs or {}
         if BatchedTensor in types:
             return batched_dispatch(func, args, kwargs)
-        if torch.Tag.nondeterministic_seeded in func.tags:
+        if torch.Tag.nondeterministic_seeded in func.tags and _draws(lookup(func), args, kwargs):
             randomness = self.info.randomness
             if randomness == "error":
                 raise _randomness_error(func)
