@@ -20,23 +20,6 @@ EAGER_CASES = [(w.name, m) for w in ALL for m in w.methods if m not in COMPILED_
 ENGINE_CASES = [(w.name, m) for w in ALL for m in w.methods if m in ENGINE_METHODS - COMPILED_METHODS]
 COMPILED_CASES = [(w.name, m) for w in ALL for m in w.methods if m in COMPILED_METHODS]
 
-# Engine gaps in torch.nn layers that branch `engnn` is closing (issue 16 part 1): strict xfails,
-# so each one fails loudly (XPASS) once the engine supports it and must then be removed here.
-ENGINE_GAPS = {
-    ("nn_transformer", "engine"): "dropout_p=0 aten::_scaled_dot_product_flash_attention_for_cpu raises RandomnessError",
-    ("nn_transformer", "engine_traced"): "dropout_p=0 aten::_scaled_dot_product_flash_attention_for_cpu raises RandomnessError",
-    ("nn_groupnorm_resnet", "engine"): "no batching rule for aten::as_strided (nn.GroupNorm): for-loop fallback",
-    ("nn_groupnorm_resnet", "engine_traced"): "no batching rule for aten::as_strided (nn.GroupNorm): for-loop fallback",
-}
-# Of those, the ones that do not even give the right answer with the fallback allowed.
-ENGINE_GAPS_RAISING = {case for case, reason in ENGINE_GAPS.items() if "fallback" not in reason}
-
-
-def cases(pairs: list[tuple[str, str]], gaps: set[tuple[str, str]]) -> list:
-    return [pytest.param(n, m, id=f"{n}-{m}", marks=[pytest.mark.xfail(reason=ENGINE_GAPS[(n, m)], strict=True)]
-                         if (n, m) in gaps else []) for n, m in pairs]
-
-
 _states: dict[str, CaseState] = {}
 
 
@@ -78,12 +61,12 @@ def test_anchor_sizes_are_in_the_quick_profile() -> None:
     assert "batch=64" in workloads.get("psg_mlp").quick
 
 
-@pytest.mark.parametrize("name,method", cases(EAGER_CASES, ENGINE_GAPS_RAISING))
+@pytest.mark.parametrize("name,method", EAGER_CASES, ids=[f"{n}-{m}" for n, m in EAGER_CASES])
 def test_method_matches_float64_loop(name: str, method: str) -> None:
     workloads.get(name).check(smallest_state(name), [method])
 
 
-@pytest.mark.parametrize("name,method", cases(ENGINE_CASES, set(ENGINE_GAPS)))
+@pytest.mark.parametrize("name,method", ENGINE_CASES, ids=[f"{n}-{m}" for n, m in ENGINE_CASES])
 def test_engine_method_has_no_fallback(name: str, method: str) -> None:
     import engine
 
