@@ -218,13 +218,6 @@ def _note(args: tuple, kwargs: dict, out: Any, level: int) -> None:
         _gradsum.note(args, kwargs, out, level)
 
 
-def _draws(rule: Any, args: tuple, kwargs: dict) -> bool:
-    """Whether a call of an op tagged random draws: its rule may know that this one does not
-    (attention with dropout_p=0, engine.rules.attention)."""
-    deterministic = getattr(rule, "deterministic_when", None)
-    return deterministic is None or not deterministic(args, kwargs)
-
-
 def _build_plan(func: Any) -> Callable[[tuple, dict], Any]:
     """The plan of `func`, computed once and kept in PLANS."""
     rule = lookup(func) or custom_vmap_rule(func)
@@ -400,6 +393,13 @@ def _without_rule(func: Any, info: LevelInfo, args: tuple, kwargs: dict) -> Any:
         if decomposed is not NotImplemented:
             return decomposed
     return fallback(func, info, args, kwargs)
+
+
+def _draws(rule: Any, args: tuple, kwargs: dict) -> bool:
+    """Whether a call of an op tagged random draws: its rule may know that this one does not
+    (attention with dropout_p=0, engine.rules.attention)."""
+    deterministic = getattr(rule, "deterministic_when", None)
+    return deterministic is None or not deterministic(args, kwargs)
 
 
 def _run_inplace_view(func: Any, args: tuple, kwargs: dict) -> Any:
