@@ -89,3 +89,33 @@ def test_a_batched_0dim_tensor_does_not_promote_like_a_dimensioned_one():
             assert got.dtype == torch.float32
         torch.testing.assert_close(engine.vmap(lambda si: op(si, v))(s), want, rtol=0, atol=0)
         torch.testing.assert_close(engine.vmap(lambda si: op(v, si))(s), torch.stack([op(v, si) for si in s]), rtol=0, atol=0)
+
+
+@pytest.mark.parametrize("kwargs", [{}, {"padding_idx": 2}, {"scale_grad_by_freq": True}, {"padding_idx": 0, "scale_grad_by_freq": True}])
+def test_embedding_per_sample_gradients_match_the_loop(kwargs):
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Embedding(7, 3, **kwargs), nn.Flatten(), nn.Linear(15, 2)).to(DT)
+    params = {k: v.detach() for k, v in model.named_parameters()}
+
+    def loss(p, x):
+        return functional_call(model, p, (x.unsqueeze(0),)).square().sum()
+
+    x = torch.randint(0, 7, (4, 5))
+    x[0, :3] = 2  # repeated rows (and the padding row) in one element
+    want = [torch.func.grad(loss)(params, x[i]) for i in range(4)]
+    fn = engine.vmap(engine.grad(loss), in_dims=(None, 0))
+    with engine.fallback_policy("error"):
+        for got in (fn(params, x), engine.trace(fn)(params, x)):
+            for k in params:
+                torch.testing.assert_close(got[k], torch.stack([w[k] for w in want]), msg=k)
+
+
+def test_embedding_of_batched_tables_matches_the_loop():
+    # an ensemble: each element its own table, shared or own indices
+    w, idx = torch.randn(3, 6, 2, dtype=DT), torch.randint(0, 6, (3, 4))
+    with engine.fallback_policy("error"):
+        torch.testing.assert_close(engine.vmap(nn.functional.embedding)(idx, w), torch.stack([w[i][idx[i]] for i in range(3)]))
+        torch.testing.assert_close(engine.vmap(nn.functional.embedding, in_dims=(None, 0))(idx[0], w),
+                                   torch.stack([w[i][idx[0]] for i in range(3)]))
+        g = engine.vmap(engine.grad(lambda w: nn.functional.embedding(idx[0], w).sin().sum()))(w)
+    torch.testing.assert_close(g, torch.stack([torch.func.grad(lambda w: nn.functional.embedding(idx[0], w).sin().sum())(w[i]) for i in range(3)]))
