@@ -21,6 +21,8 @@ METHODS: tuple[str, ...] = (
     "loop_compiled",         # torch.compile of the loop
     "functional_vectorize",  # torch.autograd.functional.jacobian/hessian(vectorize=True)
     "closed_form",           # hand-vectorized formula: the speed limit
+    "jax",                   # JAX: jax.jit of vmap/grad/hessian/jacrev on a jax.numpy twin of the model
+    "engine_chunked",        # our engine, vmap with chunk_size (bounded memory; the memory-limit experiment)
 )
 ENGINE_METHODS = frozenset(m for m in METHODS if m.startswith("engine"))
 COMPILED_METHODS = frozenset(m for m in METHODS if m.endswith("_compiled"))

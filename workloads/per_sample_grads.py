@@ -18,6 +18,7 @@ import torch.nn.functional as F
 
 from workloads.define import define
 from workloads.methods import per_sample_grads_method
+from workloads.peers.jax_methods import with_jax
 
 FAMILY = "per_sample_grads"
 CLASSES = 10
@@ -71,9 +72,10 @@ define(
     family=FAMILY,
     description="Per-sample gradients of an MLP 784-128-10 (MNIST-shaped inputs), cross-entropy loss",
     grid={"batch": BATCHES},
-    methods=("loop", "engine", "engine_traced", "torch_func", "functional_vectorize", "closed_form"),
+    methods=("loop", "engine", "engine_traced", "torch_func", "functional_vectorize", "closed_form", "jax",
+             "engine_chunked"),
     make_inputs=mlp_data,
-    make_method=mlp_method,
+    make_method=with_jax(mlp_method, "psg_mlp"),
     quick=("batch=64",),
 )
 
@@ -107,9 +109,9 @@ define(
     grid={"batch": BATCHES},
     # functional_vectorize is left out: it backpropagates B one-hot vectors through the whole
     # batch at once, B x B x 16 x 32 x 32 floats (4 GB at B=256).
-    methods=("loop", "engine", "engine_traced", "torch_func"),
+    methods=("loop", "engine", "engine_traced", "torch_func", "jax", "engine_chunked"),
     make_inputs=cnn_data,
-    make_method=_method(cnn_loss),
+    make_method=with_jax(_method(cnn_loss), "psg_cnn"),
     quick=("batch=8",),
 )
 
@@ -153,9 +155,9 @@ define(
     family=FAMILY,
     description=f"Per-sample gradients of one self-attention block ({HEADS} heads, {TOKENS} tokens x {WIDTH})",
     grid={"batch": BATCHES},
-    methods=("loop", "engine", "engine_traced", "torch_func", "functional_vectorize"),
+    methods=("loop", "engine", "engine_traced", "torch_func", "functional_vectorize", "jax", "engine_chunked"),
     make_inputs=attention_data,
-    make_method=_method(attention_loss),
+    make_method=with_jax(_method(attention_loss), "psg_attention"),
     quick=("batch=64",),
     # functional_vectorize backpropagates B one-hot vectors through the whole batch: ~0.8 GB at B=256.
     heavy=("batch=256",),
