@@ -27,6 +27,23 @@ def cross_entropy(logits: Any, y: Any) -> Any:
 
 # ---- workloads/per_sample_grads.py ----
 
+def _conv(x: Any, weight: Any, bias: Any | None = None, stride: int = 1, padding: int = 0) -> Any:
+    """F.conv2d of one [C, H, W] example with an OIHW weight (cross-correlation, like torch)."""
+    out = jax.lax.conv_general_dilated(
+        x[None], weight, window_strides=(stride, stride), padding=((padding, padding), (padding, padding)),
+        dimension_numbers=("NCHW", "OIHW", "NCHW"),
+    )[0]
+    return out if bias is None else out + bias[:, None, None]
+
+
+def _pool(h: Any, size: int, stride: int, kind: str) -> Any:
+    """F.max_pool2d / F.avg_pool2d (no padding) of one [C, H, W] example."""
+    window, strides = (1, size, size), (1, stride, stride)
+    if kind == "max":
+        return jax.lax.reduce_window(h, -jnp.inf, jax.lax.max, window, strides, "VALID")
+    return jax.lax.reduce_window(h, 0.0, jax.lax.add, window, strides, "VALID") / (size * size)
+
+
 def mlp_logits(params: Params, x: Any) -> Any:
     W1, b1, W2, b2 = params
     return jax.nn.relu(x @ W1.T + b1) @ W2.T + b2
@@ -36,24 +53,10 @@ def mlp_loss(params: Params, x: Any, y: Any) -> Any:
     return cross_entropy(mlp_logits(params, x), y)
 
 
-def _max_pool2(h: Any) -> Any:
-    """F.max_pool2d(h, 2) of one [C, H, W] example."""
-    return jax.lax.reduce_window(h, -jnp.inf, jax.lax.max, (1, 2, 2), (1, 2, 2), "VALID")
-
-
-def _conv2d(x: Any, weight: Any, bias: Any, padding: int) -> Any:
-    """F.conv2d of one [C, H, W] example with an OIHW weight (cross-correlation, like torch)."""
-    out = jax.lax.conv_general_dilated(
-        x[None], weight, window_strides=(1, 1), padding=((padding, padding), (padding, padding)),
-        dimension_numbers=("NCHW", "OIHW", "NCHW"),
-    )[0]
-    return out + bias[:, None, None]
-
-
 def cnn_logits(params: Params, x: Any) -> Any:
     c1, cb1, c2, cb2, W, b = params
-    h = _max_pool2(jax.nn.relu(_conv2d(x, c1, cb1, padding=1)))
-    h = _max_pool2(jax.nn.relu(_conv2d(h, c2, cb2, padding=1)))
+    h = _pool(jax.nn.relu(_conv(x, c1, cb1, padding=1)), 2, 2, "max")
+    h = _pool(jax.nn.relu(_conv(h, c2, cb2, padding=1)), 2, 2, "max")
     return h.reshape(-1) @ W.T + b
 
 
@@ -204,3 +207,133 @@ def jvp_mlp(x: Any, W1: Any, b1: Any, W2: Any) -> Any:
 def mlp_jvp(inputs: dict[str, Any]) -> Thunk:
     return jax_methods.jvp(jvp_mlp, inputs["x"], inputs["tangents"], inputs["W1"], inputs["b1"], inputs["W2"])
 
+
+
+# ---- workloads/nn_models.py (the modules written out; parameters by their state-dict names) ----
+
+def _linear(p: dict[str, Any], name: str, x: Any) -> Any:
+    return x @ p[f"{name}.weight"].T + p[f"{name}.bias"]
+
+
+def bce_with_logits(z: Any, y: Any) -> Any:
+    """F.binary_cross_entropy_with_logits of one example: softplus(z) - y z."""
+    return jax.nn.softplus(z) - y * z
+
+
+def nn_logreg_loss(p: dict[str, Any], x: Any, y: Any) -> Any:
+    return bce_with_logits(_linear(p, "fc1", x)[0], y)
+
+
+def nn_ffnn_loss(p: dict[str, Any], x: Any, y: Any) -> Any:
+    return cross_entropy(_linear(p, "fc2", jax.nn.relu(_linear(p, "fc1", x))), y)
+
+
+def nn_mnist_cnn_loss(p: dict[str, Any], x: Any, y: Any) -> Any:
+    h = _pool(jax.nn.relu(_conv(x, p["conv1.weight"], p["conv1.bias"], stride=2, padding=3)), 2, 1, "max")
+    h = _pool(jax.nn.relu(_conv(h, p["conv2.weight"], p["conv2.bias"], stride=2)), 2, 1, "max")
+    return cross_entropy(_linear(p, "fc2", jax.nn.relu(_linear(p, "fc1", h.reshape(-1)))), y)
+
+
+def nn_embedding_loss(p: dict[str, Any], x: Any, y: Any) -> Any:
+    return cross_entropy(_linear(p, "fc1", p["emb.weight"][x].mean(0)), y)
+
+
+def lstm(x: Any, w_ih: Any, w_hh: Any, b_ih: Any, b_hh: Any) -> Any:
+    """nn.LSTM (one layer, zero initial state) over x: [T, in] -> hidden states [T, hidden];
+    gates in torch's order (input, forget, cell, output), scanned over time."""
+    hidden = w_hh.shape[1]
+
+    def step(carry: tuple[Any, Any], x_t: Any) -> tuple[tuple[Any, Any], Any]:
+        h, c = carry
+        i, f, g, o = jnp.split(x_t @ w_ih.T + b_ih + h @ w_hh.T + b_hh, 4)
+        c = jax.nn.sigmoid(f) * c + jax.nn.sigmoid(i) * jnp.tanh(g)
+        h = jax.nn.sigmoid(o) * jnp.tanh(c)
+        return (h, c), h
+
+    zeros = jnp.zeros(hidden, x.dtype)
+    return jax.lax.scan(step, (zeros, zeros), x)[1]
+
+
+def nn_lstm_loss(p: dict[str, Any], x: Any, y: Any) -> Any:
+    h = lstm(p["emb.weight"][x], p["lstm.weight_ih_l0"], p["lstm.weight_hh_l0"], p["lstm.bias_ih_l0"],
+             p["lstm.bias_hh_l0"])
+    return cross_entropy(_linear(p, "fc1", h.mean(0)), y)
+
+
+# CIFAR10Net.layers: indices of the conv layers (each "layers.i.0" inside a conv+ReLU block, the
+# last one bare), and after which of them an average pool follows.
+_CIFAR_CONVS = ("layers.0.0", "layers.1.0", "layers.3.0", "layers.4.0", "layers.6.0", "layers.7.0",
+                "layers.9.0", "layers.10")
+_CIFAR_POOL_AFTER = frozenset(("layers.1.0", "layers.4.0", "layers.7.0"))
+
+
+def nn_cifar_cnn_loss(p: dict[str, Any], x: Any, y: Any) -> Any:
+    h = x
+    for name in _CIFAR_CONVS:
+        h = _conv(h, p[f"{name}.weight"], p[f"{name}.bias"], padding=1)
+        if name != _CIFAR_CONVS[-1]:
+            h = jax.nn.relu(h)
+        if name in _CIFAR_POOL_AFTER:
+            h = _pool(h, 2, 2, "avg")
+    return cross_entropy(h.mean((1, 2)), y)
+
+
+def _self_attention(p: dict[str, Any], prefix: str, x: Any, heads: int) -> Any:
+    """nn.MultiheadAttention(x, x, x) of one [T, W] example (packed in_proj, no mask, no dropout)."""
+    tokens, width = x.shape
+    qkv = x @ p[f"{prefix}.in_proj_weight"].T + p[f"{prefix}.in_proj_bias"]
+    q, k, v = (t.reshape(tokens, heads, width // heads).transpose(1, 0, 2) for t in jnp.split(qkv, 3, axis=-1))
+    att = jax.nn.softmax(q @ k.transpose(0, 2, 1) / math.sqrt(width // heads), axis=-1)
+    return _linear(p, f"{prefix}.out_proj", (att @ v).transpose(1, 0, 2).reshape(tokens, width))
+
+
+def nn_transformer_loss(p: dict[str, Any], x: Any, y: Any) -> Any:
+    """nn.TransformerEncoder of post-norm layers (norm_first=False, ReLU, eps 1e-5), mean-pooled, linear head."""
+    from workloads import nn_models
+
+    h = x
+    for i in range(nn_models.LAYERS):
+        layer = f"encoder.layers.{i}"
+        h = layer_norm(h + _self_attention(p, f"{layer}.self_attn", h, nn_models.HEADS),
+                       p[f"{layer}.norm1.weight"], p[f"{layer}.norm1.bias"])
+        ff = _linear(p, f"{layer}.linear2", jax.nn.relu(_linear(p, f"{layer}.linear1", h)))
+        h = layer_norm(h + ff, p[f"{layer}.norm2.weight"], p[f"{layer}.norm2.bias"])
+    return cross_entropy(_linear(p, "head", h.mean(0)), y)
+
+
+def group_norm(h: Any, groups: int, weight: Any, bias: Any, eps: float = 1e-5) -> Any:
+    """F.group_norm of one [C, H, W] example: normalise over each group's channels and space."""
+    g = h.reshape(groups, -1)
+    mean = g.mean(-1, keepdims=True)
+    var = ((g - mean) ** 2).mean(-1, keepdims=True)
+    normed = ((g - mean) / jnp.sqrt(var + eps)).reshape(h.shape)
+    return normed * weight[:, None, None] + bias[:, None, None]
+
+
+def nn_groupnorm_resnet_loss(p: dict[str, Any], x: Any, y: Any, groups: int = 4) -> Any:
+    h = jax.nn.relu(_conv(x, p["stem.weight"], p["stem.bias"], padding=1))
+    out = jax.nn.relu(group_norm(_conv(h, p["conv1.weight"], padding=1), groups, p["gn1.weight"], p["gn1.bias"]))
+    out = jax.nn.relu(group_norm(_conv(out, p["conv2.weight"], padding=1), groups, p["gn2.weight"], p["gn2.bias"]) + h)
+    return cross_entropy(_linear(p, "head", out.mean((1, 2))), y)
+
+
+def _nn_psg(loss: Callable[..., Any]) -> Callable[[dict[str, Any]], Thunk]:
+    """The jax method of an nn_models workload: per-sample gradients w.r.t. the state-dict
+    tensors, returned as a tuple in the module's parameter order (like the torch methods)."""
+    def build(inputs: dict[str, Any]) -> Thunk:
+        names = list(inputs["params"])
+
+        def by_name(params: Params, x: Any, y: Any) -> Any:
+            return loss(dict(zip(names, params)), x, y)
+        return jax_methods.per_sample_grads(by_name, tuple(inputs["params"].values()), inputs["x"], inputs["y"])
+    return build
+
+
+nn_logreg = _nn_psg(nn_logreg_loss)
+nn_ffnn = _nn_psg(nn_ffnn_loss)
+nn_mnist_cnn = _nn_psg(nn_mnist_cnn_loss)
+nn_embedding = _nn_psg(nn_embedding_loss)
+nn_lstm = _nn_psg(nn_lstm_loss)
+nn_cifar_cnn = _nn_psg(nn_cifar_cnn_loss)
+nn_transformer = _nn_psg(nn_transformer_loss)
+nn_groupnorm_resnet = _nn_psg(nn_groupnorm_resnet_loss)
