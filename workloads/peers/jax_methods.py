@@ -129,7 +129,8 @@ def _to_jax(jax: ModuleType, value: Any, x64: bool, jax_device: Any) -> Any:
         array = value.detach().cpu().numpy()
         if not x64 and array.dtype.itemsize == 8 and array.dtype.kind in "iu":
             array = array.astype(array.dtype.str.replace("8", "4"))  # int64 labels -> int32 (JAX's 32-bit mode)
-        return jax.device_put(array, jax_device)
+        # A copy of its own: on CPU, device_put may alias the NumPy buffer, i.e. the torch tensor's memory.
+        return jax.device_put(array.copy(), jax_device)
     if isinstance(value, (tuple, list)):
         return type(value)(_to_jax(jax, v, x64, jax_device) for v in value)
     return value
