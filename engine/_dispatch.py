@@ -192,13 +192,14 @@ def _plan(func: Any) -> tuple:
     """(kind, meta, rule) for an op, computed once: the per-op part of dispatch off the hot path."""
     plan = PLANS.get(func)
     if plan is None:
-        if func in _DATA_DEPENDENT:
+        rule = lookup(func) or custom_vmap_rule(func)
+        if func in _DATA_DEPENDENT and rule is None:  # a rule may answer for the batch (engine.rules.checks)
             kind = _DATA_DEP
         elif torch.Tag.inplace_view in func.tags:
             kind = _INPLACE_VIEW
         else:
             kind = _NORMAL
-        plan = PLANS[func] = (kind, op_meta(func), lookup(func) or custom_vmap_rule(func))
+        plan = PLANS[func] = (kind, op_meta(func), rule)
     return plan
 
 

@@ -115,6 +115,12 @@ def index_put_rule(info, in_dims, x, indices, values, accumulate=False):
     xm = materialize(x, in_dims[0], B)
     vm = materialize(values, in_dims[2], B)
     if any(t is not None and d is not None and t.dtype in (torch.bool, torch.uint8) for t, d in zip(indices, idims)):
+        if len(indices) == 1 and lrank(values, in_dims[2]) == 0:
+            # x[mask] = v with one value (torch.distributions' clean-up of edge cases): a select.
+            mask = materialize(indices[0], idims[0], B).bool()
+            mask = mask.reshape(mask.shape + (1,) * (rank_x + 1 - mask.dim()))  # a mask of x's leading dims
+            v = pad_batched(vm, rank_x)
+            return torch.where(mask, xm + v if accumulate else v.to(xm.dtype), xm), 0
         outs = [aten.index_put.default(xm[b], [t[b] if d is not None else t for t, d in zip(indices, idims)], vm[b], accumulate) for b in range(B)]
         return torch.stack(outs), 0
     k, adjacent = _index_layout(indices)
@@ -131,7 +137,15 @@ def index_put_rule(info, in_dims, x, indices, values, accumulate=False):
     return out.movedim(k, 0), 0
 
 
+def index_put__rule(info, in_dims, x, indices, values, accumulate=False):
+    """In place: the out-of-place result written back into the (batched) x."""
+    out, _ = index_put_rule(info, in_dims, x, indices, values, accumulate)
+    x.copy_(out)
+    return x, 0
+
+
 RULES[aten.index_put.default] = index_put_rule
+RULES[aten.index_put_.default] = index_put__rule
 
 
 def _scatter_rule(op):

@@ -60,6 +60,12 @@ def select_backward_rule(info, in_dims, grad, input_sizes, dim, index):
     return aten.select_backward.default(grad, [grad.shape[0], *input_sizes], d, index), 0
 
 
+def diagonal_backward_rule(info, in_dims, grad, input_sizes, offset, dim1, dim2):
+    rank = len(input_sizes)
+    d1, d2 = norm_dim(dim1, rank) + 1, norm_dim(dim2, rank) + 1
+    return aten.diagonal_backward.default(grad, [grad.shape[0], *input_sizes], offset, d1, d2), 0
+
+
 def copy_to_rule(info, in_dims, a, b):
     rank = lrank(a, in_dims[0])
     a.copy_(pad_batched(b, rank) if in_dims[1] is not None else b)
@@ -74,6 +80,7 @@ RULES[aten.slice_scatter.default] = slice_scatter_rule
 RULES[aten.select_scatter.default] = select_scatter_rule
 RULES[aten.slice_backward.default] = slice_backward_rule
 RULES[aten.select_backward.default] = select_backward_rule
+RULES[aten.diagonal_backward.default] = diagonal_backward_rule
 RULES[prims.copy_to.default] = copy_to_rule
 
 
