@@ -1,7 +1,8 @@
 """The `jax` method: jax.jit of jax.vmap / grad / hessian / jacrev / jvp on jax.numpy models.
 
 The builders mirror `workloads.methods` task by task (per-sample gradients, Hessian, batched
-Hessian, Hessian-vector products, Jacobian, Jacobian-vector products), so the JAX program does what
+Hessian, Hessian-vector products, Jacobian, Jacobian-vector products, batched gradients, HMC
+leapfrog trajectories, gradients of particle averages), so the JAX program does what
 the torch.func one does. The models themselves are in `workloads.peers.jax_models`; a workload adds
 the method with `with_jax(make_method, "<builder name>")`.
 
@@ -106,6 +107,8 @@ def _leaves(value: Any) -> list[torch.Tensor]:
         return [value]
     if isinstance(value, (tuple, list)):
         return [t for v in value for t in _leaves(v)]
+    if isinstance(value, dict):
+        return [t for v in value.values() for t in _leaves(v)]
     return []
 
 
@@ -124,7 +127,7 @@ def _device(args: Sequence[Any]) -> torch.device:
 
 
 def _to_jax(jax: ModuleType, value: Any, x64: bool, jax_device: Any) -> Any:
-    """Torch tensors (recursively through tuples/lists) as jax arrays on `jax_device`: a copy."""
+    """Torch tensors (recursively through tuples/lists/dicts) as jax arrays on `jax_device`: a copy."""
     if isinstance(value, torch.Tensor):
         array = value.detach().cpu().numpy()
         if not x64 and array.dtype.itemsize == 8 and array.dtype.kind in "iu":
@@ -133,6 +136,8 @@ def _to_jax(jax: ModuleType, value: Any, x64: bool, jax_device: Any) -> Any:
         return jax.device_put(array.copy(), jax_device)
     if isinstance(value, (tuple, list)):
         return type(value)(_to_jax(jax, v, x64, jax_device) for v in value)
+    if isinstance(value, dict):
+        return {k: _to_jax(jax, v, x64, jax_device) for k, v in value.items()}
     return value
 
 
@@ -219,6 +224,36 @@ def jvp(f: Fn, x: torch.Tensor, tangents: torch.Tensor, *data: Any) -> Thunk:
             return jax.vmap(lambda t: jax.jvp(lambda x: f(x, *data), (x,), (t,))[1])(tangents)
         return jvps
     return compiled(build, (x, tangents, *data))
+
+
+def batched_grad(f: Fn, points: torch.Tensor, *data: Any) -> Thunk:
+    """jit(vmap(grad(f))) over the rows of `points` (e.g. a log density at K chains' states)."""
+    axes = (0, *(None for _ in data))
+    return compiled(lambda jax: jax.vmap(jax.grad(f), in_axes=axes), (points, *data))
+
+
+def leapfrog(log_density: Fn, positions: torch.Tensor, momenta: torch.Tensor, step_size: float, steps: int,
+             *data: Any) -> Thunk:
+    """Final (positions, momenta) of a leapfrog trajectory of every chain: the steps of
+    `workloads.methods.leapfrog` (unrolled under jit), each gradient a vmap(grad) over the chains."""
+    from workloads.methods import leapfrog as trajectory
+
+    def build(jax: ModuleType) -> Fn:
+        def run(q: Any, p: Any, *data: Any) -> Any:
+            grads = jax.vmap(jax.grad(log_density), in_axes=(0, *(None for _ in data)))
+            return trajectory(lambda x: grads(x, *data), q, p, step_size, steps)
+        return run
+    return compiled(build, (positions, momenta, *data))
+
+
+def particle_grad(f: Fn, phi: torch.Tensor, particles: torch.Tensor, *data: Any) -> Thunk:
+    """Gradient w.r.t. `phi` of the mean of `f(phi, particle, *data)` over the rows of `particles`
+    (grad of a vmap, like the torch builder)."""
+    def build(jax: ModuleType) -> Fn:
+        def average(phi: Any, particles: Any, *data: Any) -> Any:
+            return jax.vmap(f, in_axes=(None, 0, *(None for _ in data)))(phi, particles, *data).mean()
+        return jax.grad(average)
+    return compiled(build, (phi, particles, *data))
 
 
 def with_jax(make_method: MakeMethod, model: str) -> MakeMethod:

@@ -337,3 +337,96 @@ nn_lstm = _nn_psg(nn_lstm_loss)
 nn_cifar_cnn = _nn_psg(nn_cifar_cnn_loss)
 nn_transformer = _nn_psg(nn_transformer_loss)
 nn_groupnorm_resnet = _nn_psg(nn_groupnorm_resnet_loss)
+
+
+# ---- workloads/bayes_models.py (torch.distributions log densities written out) ----
+
+_LOG_2PI = math.log(2 * math.pi)
+
+
+def normal_log_prob(x: Any, loc: Any, scale: Any) -> Any:
+    return -0.5 * ((x - loc) / scale) ** 2 - jnp.log(scale) - 0.5 * _LOG_2PI
+
+
+def half_normal_log_prob(x: Any, scale: Any) -> Any:
+    return math.log(2) + normal_log_prob(x, 0.0, scale)
+
+
+def half_cauchy_log_prob(x: Any, scale: Any) -> Any:
+    return math.log(2 / math.pi) - jnp.log(scale) - jnp.log1p((x / scale) ** 2)
+
+
+def student_t_log_prob(x: Any, df: float, loc: Any, scale: Any) -> Any:
+    y = (x - loc) / scale
+    z = jnp.log(scale) + 0.5 * math.log(df) + 0.5 * math.log(math.pi) + math.lgamma(0.5 * df) - math.lgamma(0.5 * (df + 1))
+    return -0.5 * (df + 1) * jnp.log1p(y * y / df) - z
+
+
+def bernoulli_logits_log_prob(y: Any, logits: Any) -> Any:
+    return y * logits - jax.nn.softplus(logits)
+
+
+def poisson_log_prob(k: Any, rate: Any) -> Any:
+    return jax.scipy.special.xlogy(k, rate) - rate - jax.scipy.special.gammaln(k + 1)
+
+
+def logreg_log_joint(theta: Any, data: dict[str, Any]) -> Any:
+    prior = normal_log_prob(theta, 0.0, 1.0).sum()
+    return prior + bernoulli_logits_log_prob(data["y"], data["X"] @ theta).sum()
+
+
+def robust_log_joint(theta: Any, data: dict[str, Any]) -> Any:
+    from workloads import bayes_models
+
+    beta, log_sigma = theta[:-1], theta[-1]
+    sigma = jnp.exp(log_sigma)
+    prior = normal_log_prob(beta, 0.0, 1.0).sum() + half_normal_log_prob(sigma, 1.0) + log_sigma
+    return prior + student_t_log_prob(data["y"], bayes_models.STUDENT_NU, data["X"] @ beta, sigma).sum()
+
+
+def poisson_log_joint(theta: Any, data: dict[str, Any]) -> Any:
+    prior = normal_log_prob(theta, 0.0, 1.0).sum()
+    return prior + poisson_log_prob(data["y"], jnp.exp(data["X"] @ theta)).sum()
+
+
+def eight_schools_log_joint(theta: Any, data: dict[str, Any]) -> Any:
+    from workloads import bayes_models
+
+    mu, log_tau, eta = theta[0], theta[1], theta[2:]
+    tau = jnp.exp(log_tau)
+    prior = (normal_log_prob(mu, 0.0, bayes_models.MU_SCALE) + half_cauchy_log_prob(tau, bayes_models.TAU_SCALE)
+             + log_tau + normal_log_prob(eta, 0.0, 1.0).sum())
+    return prior + normal_log_prob(data["y"], mu + tau * eta, data["sigma"]).sum()
+
+
+BAYES_LOG_JOINTS = {"logreg": logreg_log_joint, "robust": robust_log_joint, "poisson": poisson_log_joint,
+                    "eight_schools": eight_schools_log_joint}
+
+
+def bayes_chain_grads(inputs: dict[str, Any]) -> Thunk:
+    return jax_methods.batched_grad(BAYES_LOG_JOINTS[inputs["model"]], inputs["points"], inputs["data"])
+
+
+def bayes_hmc(inputs: dict[str, Any]) -> Thunk:
+    from workloads import bayes_models
+
+    step = bayes_models.MODELS[inputs["model"]].step_size
+    return jax_methods.leapfrog(BAYES_LOG_JOINTS[inputs["model"]], inputs["points"], inputs["momenta"], step,
+                                bayes_models.LEAPFROG_STEPS, inputs["data"])
+
+
+def bayes_laplace_hessian(inputs: dict[str, Any]) -> Thunk:
+    log_joint = BAYES_LOG_JOINTS[inputs["model"]]
+    return jax_methods.hessian(lambda theta, data: -log_joint(theta, data), inputs["point"], inputs["data"])
+
+
+def bayes_elbo_grad(inputs: dict[str, Any]) -> Thunk:
+    """Mean-field Gaussian guide; each particle's term log p(z) - log q(z) at z = loc + scale * noise."""
+    log_joint = BAYES_LOG_JOINTS[inputs["model"]]
+
+    def elbo_term(variational: Any, noise: Any, data: dict[str, Any]) -> Any:
+        dim = noise.shape[-1]
+        loc, scale = variational[:dim], jnp.exp(variational[dim:])
+        z = loc + scale * noise
+        return log_joint(z, data) - normal_log_prob(z, loc, scale).sum()
+    return jax_methods.particle_grad(elbo_term, inputs["variational"], inputs["noise"], inputs["data"])
