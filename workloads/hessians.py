@@ -37,11 +37,12 @@ def mlp_shapes(hidden: int) -> list[tuple[int, ...]]:
 
 
 def unflatten(theta: torch.Tensor, shapes: list[tuple[int, ...]]) -> list[torch.Tensor]:
-    """Split a flat parameter vector into tensors of `shapes` (views, so vmap batches them)."""
+    """Split a flat parameter vector into tensors of `shapes` (views, so vmap batches them; by
+    `reshape`, so the jax method's jax.numpy arrays split the same way)."""
     out, start = [], 0
     for shape in shapes:
         numel = math.prod(shape)
-        out.append(theta[start:start + numel].view(shape))
+        out.append(theta[start:start + numel].reshape(shape))
         start += numel
     return out
 

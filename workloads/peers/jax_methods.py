@@ -34,6 +34,7 @@ from typing import Any, Callable, Sequence
 
 import numpy
 import torch
+from torch.utils._pytree import tree_leaves
 
 Fn = Callable[..., Any]
 Thunk = Callable[[], Any]
@@ -110,13 +111,8 @@ def load_jax(device: str | torch.device = "cpu") -> ModuleType:
 
 
 def _leaves(value: Any) -> list[torch.Tensor]:
-    if isinstance(value, torch.Tensor):
-        return [value]
-    if isinstance(value, (tuple, list)):
-        return [t for v in value for t in _leaves(v)]
-    if isinstance(value, dict):
-        return [t for v in value.values() for t in _leaves(v)]
-    return []
+    """The tensors in `value` (through tuples, lists and dicts; other leaves such as names skipped)."""
+    return [t for t in tree_leaves(value) if isinstance(t, torch.Tensor)]
 
 
 def _float_dtype(args: Sequence[Any]) -> torch.dtype:

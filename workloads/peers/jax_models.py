@@ -13,7 +13,7 @@ from typing import Any, Callable
 import jax
 import jax.numpy as jnp
 
-from workloads import bayes_logreg, per_sample_grads
+from workloads import bayes_logreg, hessians, per_sample_grads
 from workloads.peers import jax_methods
 
 Thunk = Callable[[], Any]
@@ -138,18 +138,9 @@ def robust_reg_hessian(inputs: dict[str, Any]) -> Thunk:
 
 # ---- workloads/hessians.py ----
 
-def _unflatten(theta: Any, shapes: list[tuple[int, ...]]) -> list[Any]:
-    out, start = [], 0
-    for shape in shapes:
-        numel = math.prod(shape)
-        out.append(theta[start:start + numel].reshape(shape))
-        start += numel
-    return out
-
-
 def _mlp_regression_loss(shapes: list[tuple[int, ...]]) -> Callable[..., Any]:
     def loss(theta: Any, X: Any, y: Any) -> Any:
-        W1, b1, W2, b2 = _unflatten(theta, shapes)
+        W1, b1, W2, b2 = hessians.unflatten(theta, shapes)
         pred = (jnp.tanh(X @ W1.T + b1) @ W2.T + b2)[..., 0]
         return ((pred - y) ** 2).mean()
     return loss
