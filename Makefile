@@ -7,7 +7,7 @@ STAMP  := $(VENV)/.installed-stamp
 export OMP_NUM_THREADS ?= 2
 export TORCHINDUCTOR_CACHE_DIR ?= $(CURDIR)/.inductor-cache
 
-.PHONY: bench test dashboard profile continuous coverage list clean venv
+.PHONY: bench test dashboard profile continuous gate-calibrate coverage list clean venv
 
 # (Re)install only when the project metadata changed: a second run does not touch torch.
 $(STAMP): pyproject.toml
@@ -31,9 +31,32 @@ dashboard: $(STAMP)
 profile: $(STAMP)
 	$(PY) -m vmapbench profile $(W) --method $(M) $(ARGS)
 
-# make continuous BASE=<rev> HEAD=<rev>
-continuous: $(STAMP)
-	$(PY) -m vmapbench.continuous $(or $(BASE),HEAD~1) $(or $(HEAD),HEAD)
+# make continuous BASE=<rev> HEAD=<rev> [ROUNDS=3] [GATE_ARGS="--summary-md FILE"]: the regression
+# gate (vmapbench/gate.py). Its exit code survives make: 0 no regression, 1 regression, 2 a failed
+# case. GNU make turns any failed recipe into 2, so the gate runs while the Makefile is read
+# (its output on stderr), and a 1 is passed on through make's --question mode. It needs the
+# environment of `make venv` (not built from here: a parse-time install would also run under -n).
+GATE_CMD = $(PY) -m vmapbench.continuous $(or $(BASE),HEAD~1) $(or $(HEAD),HEAD) --rounds $(or $(ROUNDS),3) $(GATE_ARGS)
+ifneq ($(filter continuous,$(MAKECMDGOALS)),)
+ifeq ($(findstring n,$(firstword -$(MAKEFLAGS))),)
+GATE_RC := $(shell if [ -x $(PY) ]; then $(GATE_CMD) 1>&2; echo $$?; else echo novenv; fi)
+ifeq ($(GATE_RC),1)
+MAKEFLAGS += --question
+else ifeq ($(GATE_RC),novenv)
+$(error make continuous: $(PY) does not exist; run `make venv` first)
+else ifneq ($(GATE_RC),0)
+$(error make continuous: the gate exited $(GATE_RC) (2: a benchmark failed; see above))
+endif
+endif
+endif
+
+continuous:
+	@echo "make continuous: the gate exited $(GATE_RC) ($(GATE_CMD))"
+
+# make gate-calibrate [CAL_ARGS="--aa 5 --aa-busy 5 --planted 5"]: A/A and planted-slowdown runs;
+# prints the false-alarm and detection rates and writes results/noise/<machine>.json.
+gate-calibrate: $(STAMP)
+	$(PY) -m vmapbench gate --calibrate $(CAL_ARGS)
 
 coverage: $(STAMP)
 	$(PY) -m vmapbench coverage

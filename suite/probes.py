@@ -102,13 +102,14 @@ def synchronize(device: str) -> None:
         torch.cuda.synchronize(device)
 
 
-def _batch_seconds(fn: Callable[[], Any], number: int, device: str) -> float:
+def _batch_seconds(fn: Callable[[], Any], number: int, device: str,
+                   clock: Callable[[], float] = time.perf_counter) -> float:
     synchronize(device)
-    start = time.perf_counter()
+    start = clock()
     for _ in range(number):
         fn()
     synchronize(device)
-    return time.perf_counter() - start
+    return clock() - start
 
 
 def interleaved_seconds(
@@ -117,17 +118,20 @@ def interleaved_seconds(
     rounds: int = 9,
     min_batch_s: float = 0.02,
     budget_s: float = 3.0,
+    clock: Callable[[], float] = time.perf_counter,
 ) -> dict[str, float]:
     """Median seconds per call of each callable, measured alternately in rounds.
 
     Each callable is first called once (warm-up, and a first estimate of its cost); then every
     round times a batch of calls of each one (batches last at least `min_batch_s`), in forward
     order on even rounds and reverse order on odd ones. The number of rounds shrinks to fit
-    `budget_s`, but never below 3.
+    `budget_s`, but never below 3. `clock` is wall time by default; the regression gate passes
+    time.process_time (CPU seconds of this process), which a machine busy with other processes
+    does not inflate.
     """
     if not calls:
         raise ValueError("interleaved_seconds needs at least one callable")
-    estimate = {name: max(_batch_seconds(fn, 1, device), 1e-7) for name, fn in calls.items()}
+    estimate = {name: max(_batch_seconds(fn, 1, device, clock), 1e-7) for name, fn in calls.items()}
     number = {name: max(1, min(100_000, math.ceil(min_batch_s / t))) for name, t in estimate.items()}
     round_cost = sum(number[name] * estimate[name] for name in calls)
     rounds = max(3, min(rounds, int(budget_s / round_cost)))
@@ -135,7 +139,7 @@ def interleaved_seconds(
     order = list(calls)
     for r in range(rounds):
         for name in order if r % 2 == 0 else reversed(order):
-            samples[name].append(_batch_seconds(calls[name], number[name], device) / number[name])
+            samples[name].append(_batch_seconds(calls[name], number[name], device, clock) / number[name])
     return {name: statistics.median(values) for name, values in samples.items()}
 
 

@@ -17,12 +17,7 @@ from workloads.define import CaseState
 
 # Engine bugs reported and not fixed yet: (workload, method) -> the bug. Their cases are strict
 # xfails: once the engine is fixed they pass, fail as XPASS, and the entry must go.
-KNOWN_ENGINE_BUGS: dict[tuple[str, str], str] = {
-    (name, method): "engine: grad of a vmap whose function uses the grad's own input directly in a mixed "
-                    "op (grad(lambda w: vmap(lambda x: (w * x).sum())(X).sum())(W)) raises TransformError "
-                    "'a gradient is still batched at a vmap level that already returned'"
-    for name in ("tutorial_maml",) for method in ("engine", "engine_traced")
-}
+KNOWN_ENGINE_BUGS: dict[tuple[str, str], str] = {}  # (workload, method) -> reason: strict xfails, none today
 
 ALL = workloads.all_workloads()
 

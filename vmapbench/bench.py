@@ -11,6 +11,11 @@ build) with `--set-commit-hash HEAD`, so every commit benchmarked this way adds 
 history of a stable machine name (VMAPBENCH_MACHINE, or derived from the hardware; registered with
 `asv machine`). `make continuous` is the one that builds each commit in its own virtualenv.
 
+Result files are named `results/<machine>/<commit8>-<env>.json` with no local path in them: asv
+names the existing environment after its interpreter's path, so its files are renamed after the
+run to `existing-py<X.Y>-torch<version>` (clean_result_names). Timings keep their samples
+(`--record-samples`) for the intervals of vmapbench.stats.
+
 A benchmark that fails does not lose the others: asv keeps every result; this script then still
 builds the dashboard, lists the failed benchmarks and exits non-zero only when nothing ran.
 """
@@ -257,8 +262,8 @@ def merge_results(sources: Sequence[Path], dest: Path) -> int:
     """Merge asv results folders (e.g. CI shards' artifacts) into `dest`; returns files written.
 
     Shards of one commit on one machine write the same file name holding different benchmarks:
-    their "results" rows are united; a benchmark present in both keeps the row that started last.
-    Other files (machine.json, benchmarks.json) are copied when missing.
+    their "results" rows are united (`merge_into`). Other files (machine.json, benchmarks.json)
+    are copied when missing.
     """
     written = 0
     for source in sources:
@@ -271,23 +276,73 @@ def merge_results(sources: Sequence[Path], dest: Path) -> int:
                 shutil.copy2(path, target)
                 written += 1
                 continue
-            theirs, ours = json.loads(path.read_text()), json.loads(target.read_text())
-            if "results" not in theirs or "results" not in ours:
+            theirs = json.loads(path.read_text())
+            if "results" not in theirs or "results" not in json.loads(target.read_text()):
                 continue  # machine.json, benchmarks.json: the copy already there stands
-            if (theirs.get("commit_hash"), theirs.get("env_name")) != (ours.get("commit_hash"), ours.get("env_name")):
-                raise SystemExit(f"bench: --merge: {path} and {target} hold different commits or environments")
-            if theirs.get("result_columns") != ours.get("result_columns"):
-                raise SystemExit(f"bench: --merge: {path} and {target} were written by different asv versions")
-            started = ours["result_columns"].index("started_at")
-            for name, row in theirs["results"].items():
-                mine = ours["results"].get(name)
-                if mine is None or (row[started] or 0) >= (mine[started] or 0):
-                    ours["results"][name] = row
-            ours.setdefault("durations", {}).update(
-                {k: v for k, v in theirs.get("durations", {}).items() if k not in ours["durations"]})
-            target.write_text(json.dumps(ours))
+            merge_into(theirs, target, f"{path} and {target}")
             written += 1
     return written
+
+
+def merge_into(theirs: dict, target: Path, what: str) -> None:
+    """Unite asv result `theirs` into the file `target` (same commit and environment); a
+    benchmark present in both keeps the row that started last."""
+    ours = json.loads(target.read_text())
+    if (theirs.get("commit_hash"), theirs.get("env_name")) != (ours.get("commit_hash"), ours.get("env_name")):
+        raise SystemExit(f"bench: --merge: {what} hold different commits or environments")
+    if theirs.get("result_columns") != ours.get("result_columns"):
+        raise SystemExit(f"bench: --merge: {what} were written by different asv versions")
+    started = ours["result_columns"].index("started_at")
+    for name, row in theirs["results"].items():
+        mine = ours["results"].get(name)
+        if mine is None or (row[started] or 0) >= (mine[started] or 0):
+            ours["results"][name] = row
+    ours.setdefault("durations", {}).update(
+        {k: v for k, v in theirs.get("durations", {}).items() if k not in ours["durations"]})
+    target.write_text(json.dumps(ours))
+
+
+# --- result file names ---------------------------------------------------------------------------
+
+def existing_env_name() -> str:
+    """The environment name `make bench` records: 'existing-py<X.Y>-torch<version>'.
+
+    asv names an existing environment after its interpreter's path
+    ('existing-py_work_main_.venv_bin_python'): a local path in every result file name, different
+    on every checkout. The name kept says what the results depend on, like the virtualenv names
+    asv gives ('virtualenv-py3.11-torch2.13.0').
+    """
+    import torch
+
+    return f"existing-py{sys.version_info.major}.{sys.version_info.minor}-torch{torch.__version__.split('+')[0]}"
+
+
+def clean_result_names(results_dir: Path, env_name: str | None = None) -> list[tuple[Path, Path]]:
+    """Rename result files of existing environments named after a path to `existing_env_name()`.
+
+    The file's env_name and python fields are rewritten too (no local path is kept); when the
+    clean file exists already (the same commit benchmarked before), the rows are merged into it.
+    Returns (old, new) pairs.
+    """
+    env_name = env_name or existing_env_name()
+    python = env_name.split("-py", 1)[1].split("-", 1)[0]
+    renamed = []
+    for path in sorted(results_dir.glob("*/*-existing-py_*.json")):
+        data = json.loads(path.read_text())
+        if "results" not in data or not str(data.get("env_name", "")).startswith("existing-py_"):
+            continue
+        data["env_name"] = env_name
+        data["python"] = python
+        if isinstance(data.get("params"), dict) and "python" in data["params"]:
+            data["params"]["python"] = python
+        target = path.with_name(f"{path.name.split('-', 1)[0]}-{env_name}.json")
+        if target.exists():
+            merge_into(data, target, f"{path} and {target}")
+        else:
+            target.write_text(json.dumps(data))  # compact, as asv writes result files
+        path.unlink()
+        renamed.append((path, target))
+    return renamed
 
 
 # --- command line ------------------------------------------------------------------------------
@@ -347,7 +402,10 @@ def main(argv: Sequence[str] | None = None) -> int:
           f"commits {' '.join(c[:8] for c in commits)} ({where}), OMP_NUM_THREADS={env['OMP_NUM_THREADS']}",
           flush=True)
     started = time.time()
-    common = ["--machine", machine, "--durations", "10", *[f"--bench={r}" for r in regexes], *args.asv_args]
+    # --record-samples: every timing's samples are kept, so the dashboard's intervals come from
+    # the same numbers as the gate's (vmapbench.stats.row_estimate).
+    common = ["--machine", machine, "--durations", "10", "--record-samples", *[f"--bench={r}" for r in regexes],
+              *args.asv_args]
     if args.commits:
         hashfile = root / ".asv" / "bench-commits.txt"
         hashfile.parent.mkdir(exist_ok=True)
@@ -362,6 +420,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     for commit in commits:
         m, f = run_outcome(root / "results", machine, commit, started * 1000 - 1000, regexes, env_prefix)
         measured, failed = measured + m, failed + [f"{p} @{commit[:8]}" if args.commits else p for p in f]
+    for old, new in clean_result_names(root / "results"):
+        print(f"bench: {old.name} -> {new.name} (no local path in result names)")
     print(f"\nbench: asv exited {rc} after {elapsed / 60:.1f} min; {measured} values measured, "
           f"{len(failed)} failed; results in {root / 'results' / machine}")
     if failed:

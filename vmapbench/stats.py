@@ -1,0 +1,343 @@
+"""One statistics module and one threshold policy for the gate, the CLI and the dashboard.
+
+Why this exists: on a shared 2-core machine two runs of the same commit differ by 20-200% in raw
+time, so "head/base > 1.2" cries wolf. Every figure shown or gated is therefore an `Estimate`
+(a median with a confidence interval), every comparison a `ratio` of two sample sets with its
+interval, and a change is called only when its *whole* interval lies beyond the benchmark's
+noise floor (`verdict`): criterion.rs's "change within noise threshold" made first class.
+
+- `estimate`: median and a percentile-bootstrap interval of the median (seeded: the same samples
+  always give the same interval, so the dashboard and the gate print the same figures).
+- `ratio`: median(head) / median(base), the interval from resampling both sides independently.
+- `verdict`: "slower" / "faster" / "unchanged" against a noise floor; metrics where higher is
+  better (speedups) are turned around by `higher_is_better`.
+- `noise_floor`: a benchmark's floor from the calibration file `vmapbench gate --calibrate`
+  writes (results/noise/<machine>.json), else the metric's policy floor, else the default.
+- `row_estimate` / `asv_estimates`: an asv result entry (value, samples recorded by
+  `asv run --record-samples`, asv's own 99% interval) read into Estimates.
+- The policy: which metrics gate (`GATED_METRICS`: the in-process, load-invariant ratios) and
+  which are reported only (raw times and memory, whose A/A noise here is larger than any change
+  worth catching).
+"""
+from __future__ import annotations
+
+import itertools
+import json
+import math
+import os
+import re
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Iterator, Mapping, Sequence
+
+import numpy as np
+
+# --- policy: the one threshold definition ------------------------------------------------------
+
+CONFIDENCE = 0.99
+"""Two-sided confidence of every interval (asv also reports 99% intervals)."""
+
+DEFAULT_NOISE_FLOOR = 0.10
+"""A change smaller than 10% is never called, whatever its interval (fractional, on the ratio)."""
+
+BOOTSTRAP_RESAMPLES = 2000
+BOOTSTRAP_SEED = 20261123
+
+GATED_METRICS: frozenset[str] = frozenset({
+    "track_ratio_vs_torch_func",
+    "track_speedup_vs_loop",
+    "track_overhead_us_per_op",
+})
+"""Metrics a regression gate may fail on: ratios of times measured interleaved in one process,
+which a busy machine slows alike on both sides (see suite/probes.interleaved_seconds)."""
+
+HIGHER_IS_BETTER: frozenset[str] = frozenset({"track_speedup_vs_loop"})
+
+UNGATED_FLOORS: Mapping[str, float] = {
+    # Reported, never gated: their A/A spread on a loaded 2-core box exceeds the changes that matter.
+    "time_run": 0.25,
+    "time_chain": 0.25,
+    "peakmem_run": 0.25,
+    "track_compile_seconds": 0.5,
+}
+"""Floors the dashboard uses to colour ungated metrics when no calibration exists for them."""
+
+NEVER_CALLED: frozenset[str] = frozenset({"track_rss_delta_bytes"})
+"""Metrics whose changes are never called (RSS deltas go 0 B -> 52 KiB from page reuse alone)."""
+
+VERDICTS = ("slower", "faster", "unchanged")
+
+MIN_SAMPLES = 2
+"""A change measured from fewer samples a side has no interval and is never called."""
+
+NOISE_DIR = Path("results") / "noise"
+
+
+# --- estimates -----------------------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class Estimate:
+    """A point estimate with its confidence interval; `n` samples (1: no interval, lo == hi)."""
+
+    value: float
+    lo: float
+    hi: float
+    n: int
+
+    @property
+    def halfwidth(self) -> float:
+        """Half the interval's width relative to the value (0.05: +-5%); inf when value is 0."""
+        if self.value == 0:
+            return math.inf if self.hi != self.lo else 0.0
+        return (self.hi - self.lo) / 2 / abs(self.value)
+
+    def format(self, digits: int = 3) -> str:
+        if self.n <= 1 or self.lo == self.hi:
+            return f"{self.value:.{digits}g}"
+        return f"{self.value:.{digits}g} [{self.lo:.{digits}g}, {self.hi:.{digits}g}]"
+
+
+def _clean(samples: Sequence[float], what: str) -> np.ndarray:
+    values = np.asarray([s for s in samples if s is not None], dtype=float)
+    values = values[~np.isnan(values)]
+    if values.size == 0:
+        raise ValueError(f"{what}: no samples (all missing or NaN); a benchmark that failed or was skipped "
+                         f"has no estimate")
+    return values
+
+
+def _rng() -> np.random.Generator:
+    return np.random.default_rng(BOOTSTRAP_SEED)
+
+
+def _bootstrap_medians(values: np.ndarray, rng: np.random.Generator) -> np.ndarray:
+    idx = rng.integers(0, values.size, size=(BOOTSTRAP_RESAMPLES, values.size))
+    return np.median(values[idx], axis=1)
+
+
+def _tails(confidence: float) -> tuple[float, float]:
+    if not 0 < confidence < 1:
+        raise ValueError(f"confidence={confidence} must lie strictly between 0 and 1 (e.g. 0.99)")
+    alpha = (1 - confidence) / 2
+    return 100 * alpha, 100 * (1 - alpha)
+
+
+def estimate(samples: Sequence[float], confidence: float = CONFIDENCE) -> Estimate:
+    """Median of `samples` and a seeded percentile-bootstrap interval of the median.
+
+    One sample gives a degenerate interval (lo == hi == value): it says nothing about noise, and
+    `verdict` then falls back on the noise floor alone.
+    """
+    values = _clean(samples, "estimate")
+    median = float(np.median(values))
+    if values.size == 1:
+        return Estimate(median, median, median, 1)
+    lo_q, hi_q = _tails(confidence)
+    lo, hi = np.percentile(_bootstrap_medians(values, _rng()), [lo_q, hi_q])
+    return Estimate(median, float(min(lo, median)), float(max(hi, median)), int(values.size))
+
+
+def ratio(base: Sequence[float], head: Sequence[float], confidence: float = CONFIDENCE) -> Estimate:
+    """median(head) / median(base) with a bootstrap interval (both sides resampled independently).
+
+    > 1 means head is larger (slower, for lower-is-better metrics). `n` is the smaller side's count.
+    """
+    b, h = _clean(base, "ratio: base"), _clean(head, "ratio: head")
+    mb, mh = float(np.median(b)), float(np.median(h))
+    if mb <= 0 or mh < 0:
+        raise ValueError(f"ratio: medians must be positive (base {mb}, head {mh}); compare differences "
+                         f"for metrics that can be zero or negative")
+    value = mh / mb
+    if b.size == 1 and h.size == 1:
+        return Estimate(value, value, value, 1)
+    rng = _rng()
+    rb, rh = _bootstrap_medians(b, rng), _bootstrap_medians(h, rng)
+    lo_q, hi_q = _tails(confidence)
+    lo, hi = np.percentile(rh / rb, [lo_q, hi_q])
+    return Estimate(value, float(min(lo, value)), float(max(hi, value)), int(min(b.size, h.size)))
+
+
+def verdict(change: Estimate, noise_floor: float = DEFAULT_NOISE_FLOOR, higher_is_better: bool = False) -> str:
+    """"slower", "faster" or "unchanged" for a head/base `change` (see `ratio`).
+
+    Called only when the whole interval lies beyond the floor: slower when lo > 1 + floor, faster
+    when hi < 1 / (1 + floor) (the floor is symmetric in log scale). For a higher-is-better metric
+    (a speedup) a ratio above 1 is the improvement. A change from fewer than MIN_SAMPLES samples
+    a side (n) has no interval and is "unchanged": one run says nothing about noise.
+    """
+    if noise_floor < 0:
+        raise ValueError(f"noise_floor={noise_floor} must be >= 0 (a fraction: 0.1 = 10%)")
+    if change.n < MIN_SAMPLES:
+        return "unchanged"
+    up = change.lo > 1 + noise_floor
+    down = change.hi < 1 / (1 + noise_floor)
+    if not (up or down):
+        return "unchanged"
+    if higher_is_better:
+        up, down = down, up
+    return "slower" if up else "faster"
+
+
+def relative_change(change: Estimate) -> str:
+    """'+12.3% [+5.1%, +20.0%]': a ratio as a percentage change with its interval."""
+    def pct(x: float) -> str:
+        return f"{(x - 1) * 100:+.1f}%"
+    if change.n <= 1 or change.lo == change.hi:
+        return pct(change.value)
+    return f"{pct(change.value)} [{pct(change.lo)}, {pct(change.hi)}]"
+
+
+# --- policy lookups ------------------------------------------------------------------------------
+
+def metric_of(benchmark: str) -> str:
+    """The metric (function) name of an asv benchmark or point name.
+
+    'bench_workloads.mlp_hvp.track_ratio_vs_torch_func(...)' -> 'track_ratio_vs_torch_func'.
+    """
+    return benchmark.split("(", 1)[0].rsplit(".", 1)[-1]
+
+
+def is_gated(benchmark: str) -> bool:
+    return metric_of(benchmark) in GATED_METRICS
+
+
+def higher_is_better(benchmark: str) -> bool:
+    return metric_of(benchmark) in HIGHER_IS_BETTER
+
+
+def point_name(benchmark: str, params: Sequence[str] = ()) -> str:
+    """The name of one point of a benchmark as asv prints it: 'bench(p1, p2)' (params as asv stores
+    them, i.e. their reprs), or the bare name for an unparameterized benchmark."""
+    return f"{benchmark}({', '.join(params)})" if params else benchmark
+
+
+def noise_file(machine: str, root: Path | str | None = None) -> Path:
+    base = Path(root) if root is not None else _repo_root()
+    return base / NOISE_DIR / f"{machine}.json"
+
+
+def _repo_root() -> Path:
+    for folder in (Path.cwd(), *Path.cwd().parents):
+        if (folder / "asv.conf.json").is_file():
+            return folder
+    return Path(__file__).resolve().parents[1]
+
+
+def _default_machine() -> str:
+    explicit = os.environ.get("VMAPBENCH_MACHINE", "").strip()
+    if explicit:
+        return explicit
+    from vmapbench.bench import machine_name  # imports torch; only when no machine is given
+
+    return machine_name()
+
+
+_floor_cache: dict[Path, tuple[float, dict[str, Any]]] = {}
+
+
+def load_calibration(machine: str | None = None, root: Path | str | None = None) -> dict[str, Any] | None:
+    """The calibration file of `machine` (None if there is none); cached by modification time."""
+    path = noise_file(machine or _default_machine(), root)
+    try:
+        mtime = path.stat().st_mtime
+    except OSError:
+        return None
+    cached = _floor_cache.get(path)
+    if cached is not None and cached[0] == mtime:
+        return cached[1]
+    try:
+        data = json.loads(path.read_text())
+    except (OSError, ValueError) as exc:
+        raise ValueError(f"noise floor: {path} is not a readable calibration file ({exc}); rerun "
+                         f"`vmapbench gate --calibrate` or delete it") from None
+    _floor_cache[path] = (mtime, data)
+    return data
+
+
+def noise_floor(benchmark: str, machine: str | None = None, root: Path | str | None = None) -> float:
+    """The noise floor of `benchmark` (a point name, a benchmark name or a metric name).
+
+    Looked up in the machine's calibration file (results/noise/<machine>.json, written by
+    `vmapbench gate --calibrate`): the point, then the benchmark without parameters, then the
+    metric; else the policy's floor for ungated metrics; else DEFAULT_NOISE_FLOOR. A metric in
+    NEVER_CALLED gets an infinite floor.
+    """
+    metric = metric_of(benchmark)
+    if metric in NEVER_CALLED:
+        return math.inf
+    data = load_calibration(machine, root) or {}
+    floors = data.get("floors", {})
+    for key in (benchmark, benchmark.split("(", 1)[0], metric):
+        if key in floors:
+            return float(floors[key])
+    if metric in UNGATED_FLOORS:
+        return UNGATED_FLOORS[metric]
+    return float(data.get("default", DEFAULT_NOISE_FLOOR))
+
+
+# --- asv result entries --------------------------------------------------------------------------
+
+def row_estimate(value: float | None, samples: Sequence[float] | None = None,
+                 ci_99_a: float | None = None, ci_99_b: float | None = None,
+                 confidence: float = CONFIDENCE) -> Estimate | None:
+    """One point of an asv result as an Estimate; None when it failed (None) or was skipped (NaN).
+
+    With recorded samples (asv --record-samples) the interval is ours, from the samples; else
+    asv's own 99% interval when finite; else a degenerate interval around the value.
+    """
+    if value is None or (isinstance(value, float) and math.isnan(value)):
+        return None
+    if samples:
+        clean = [s for s in samples if s is not None and not math.isnan(s)]
+        if len(clean) > 1:
+            return estimate(clean, confidence)
+    if ci_99_a is not None and ci_99_b is not None and all(map(math.isfinite, (ci_99_a, ci_99_b))):
+        return Estimate(float(value), float(min(ci_99_a, value)), float(max(ci_99_b, value)),
+                        len(samples) if samples else 2)
+    return Estimate(float(value), float(value), float(value), 1)
+
+
+def asv_estimates(data: Mapping[str, Any], confidence: float = CONFIDENCE) -> Iterator[tuple[str, Estimate | None]]:
+    """(point name, Estimate or None) for every point of an asv result file's content (a dict).
+
+    Point names are `point_name(benchmark, params)`, params as asv stores them (reprs).
+    """
+    columns = data.get("result_columns") or []
+    at = {name: i for i, name in enumerate(columns)}
+    for bench, row in (data.get("results") or {}).items():
+        def col(name: str) -> Any:
+            i = at.get(name)
+            return row[i] if i is not None and i < len(row) else None
+
+        values = col("result") or []
+        params = col("params") or []
+        points = list(itertools.product(*params)) if params else [()]
+        samples, ci_a, ci_b = col("samples"), col("stats_ci_99_a"), col("stats_ci_99_b")
+        for j, point in enumerate(points):
+            if j >= len(values):
+                break
+            yield point_name(bench, point), row_estimate(
+                values[j],
+                samples[j] if samples and j < len(samples) else None,
+                ci_a[j] if ci_a and j < len(ci_a) else None,
+                ci_b[j] if ci_b and j < len(ci_b) else None,
+                confidence,
+            )
+
+
+def read_asv_result(path: Path | str, confidence: float = CONFIDENCE) -> dict[str, Estimate]:
+    """Point name -> Estimate of an asv result file (points that failed or were skipped left out)."""
+    data = json.loads(Path(path).read_text())
+    return {name: est for name, est in asv_estimates(data, confidence) if est is not None}
+
+
+_POINT = re.compile(r"^(?P<bench>[^()]+)(?:\((?P<params>.*)\))?$")
+
+
+def split_point(name: str) -> tuple[str, tuple[str, ...]]:
+    """Inverse of `point_name` for params without ', ' inside them: ('bench', ("'a'", "'cpu'"))."""
+    match = _POINT.match(name)
+    if not match:
+        raise ValueError(f"{name!r} is not a benchmark point name like 'module.Class.metric(p1, p2)'")
+    params = match.group("params")
+    return match.group("bench"), tuple(params.split(", ")) if params else ()
