@@ -313,7 +313,7 @@ def _rule_plan(func: Any, meta: _OpMeta, rule: Any) -> Callable[[tuple, dict], A
         info = _active.get(level)
         if info is None:  # autograd's backward running after the vmap returned
             info = LevelInfo(level, top._elem.shape[0], "error")
-        if random and info.randomness == "error":
+        if random and info.randomness == "error" and _draws(rule, args, kwargs):
             raise _randomness_error(func)
         if rule is None or kw_batched:
             out = _without_rule(func, info, args, kwargs)
@@ -393,6 +393,13 @@ def _without_rule(func: Any, info: LevelInfo, args: tuple, kwargs: dict) -> Any:
         if decomposed is not NotImplemented:
             return decomposed
     return fallback(func, info, args, kwargs)
+
+
+def _draws(rule: Any, args: tuple, kwargs: dict) -> bool:
+    """Whether a call of an op tagged random draws: its rule may know that this one does not
+    (attention with dropout_p=0, engine.rules.attention)."""
+    deterministic = getattr(rule, "deterministic_when", None)
+    return deterministic is None or not deterministic(args, kwargs)
 
 
 def _run_inplace_view(func: Any, args: tuple, kwargs: dict) -> Any:
@@ -582,7 +589,7 @@ class VmapMode(TorchDispatchMode):
             if plan is None:
                 plan = _build_plan(func)
             return plan(args, kwargs)
-        if torch.Tag.nondeterministic_seeded in func.tags:
+        if torch.Tag.nondeterministic_seeded in func.tags and _draws(lookup(func), args, kwargs):
             randomness = self.info.randomness
             if randomness == "error":
                 raise _randomness_error(func)

@@ -251,7 +251,7 @@ def _define(name: str, description: str, model: type[nn.Module], criterion: Crit
     methods = BASE + (("closed_form",) if closed_form is not None else ()) + peer_methods + ("jax", "engine_chunked")
     define(name=name, family=FAMILY, description=description, grid=grid, methods=methods,
            make_inputs=_data(model, make_x, make_y), make_method=with_jax(_psg(model, criterion, closed_form), name),
-           quick=quick, heavy=heavy)
+           quick=quick, heavy=heavy, extra={"model": model})
 
 
 _define("nn_logreg", f"Per-sample gradients of nn.Linear({FEATURES}, 1) logistic regression (fast-dpsgd set)",
@@ -259,7 +259,7 @@ _define("nn_logreg", f"Per-sample gradients of nn.Linear({FEATURES}, 1) logistic
         OPACUS_ALL + ("backpack",), closed_form=logreg_closed_form)
 _define("nn_ffnn", f"Per-sample gradients of an nn FFNN {FEATURES}-50-2 (fast-dpsgd set)",
         FFNN, F.cross_entropy, {"batch": [32, 256]}, _images(FEATURES), _labels(2),
-        OPACUS_ALL + ("backpack",), closed_form=per_sample_grads.mlp_grads_closed_form, quick=("batch=32",))
+        OPACUS_ALL + ("backpack",), closed_form=per_sample_grads.mlp_grads_closed_form)
 _define("nn_mnist_cnn", "Per-sample gradients of the fast-dpsgd MNIST CNN (2 conv + max-pool, 2 linear)",
         MNISTNet, F.cross_entropy, {"batch": [16, 64]}, _images(1, 28, 28), _labels(10),
         OPACUS_ALL + ("backpack",), quick=("batch=16",))
@@ -267,7 +267,7 @@ _define("nn_embedding", f"Per-sample gradients of an embedding text classifier (
         EmbeddingNet, F.cross_entropy, {"batch": [16, 64], "tokens": [64]}, _tokens, _labels(2),
         OPACUS_ALL + ("backpack",), quick=("batch=16,tokens=64",))
 _define("nn_lstm", f"Per-sample gradients of an LSTM text classifier (vocab {VOCAB}, embedding/LSTM width 100)",
-        LSTMNet, F.cross_entropy, {"batch": [8, 32], "tokens": [16]}, _tokens, _labels(2),
+        LSTMNet, F.cross_entropy, {"batch": [8, 32], "tokens": [8, 32]}, _tokens, _labels(2),
         # Opacus' hooks and functorch modes fail on nn.LSTM (they need opacus' own DPLSTM layer).
         ("opacus_ew", "backpack"))
 _define("nn_cifar_cnn", "Per-sample gradients of the fast-dpsgd CIFAR-10 CNN (7 conv, 3 avg-pool)",

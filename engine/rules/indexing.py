@@ -110,17 +110,19 @@ def index_put_rule(info, in_dims, x, indices, values, accumulate=False):
     to where the batch dim lands in the indexed view."""
     B = info.batch_size
     idims = list(in_dims[1]) if isinstance(in_dims[1], list) else [None] * len(indices)
-    indices, idims = _expand_bool(list(indices), idims)
     rank_x = lrank(x, in_dims[0])
     xm = materialize(x, in_dims[0], B)
     vm = materialize(values, in_dims[2], B)
+    if len(indices) == 1 and indices[0] is not None and indices[0].dtype in (torch.bool, torch.uint8) \
+            and lrank(values, in_dims[2]) == 0:
+        # x[mask] = v with one value (torch.distributions' clean-up of edge cases): a select, with
+        # no data-dependent shape whichever of x, mask and v is batched.
+        mask = materialize(indices[0], idims[0], B).bool()
+        mask = mask.reshape(mask.shape + (1,) * (rank_x + 1 - mask.dim()))  # a mask of x's leading dims
+        v = pad_batched(vm, rank_x)
+        return torch.where(mask, xm + v if accumulate else v.to(xm.dtype), xm), 0
+    indices, idims = _expand_bool(list(indices), idims)
     if any(t is not None and d is not None and t.dtype in (torch.bool, torch.uint8) for t, d in zip(indices, idims)):
-        if len(indices) == 1 and lrank(values, in_dims[2]) == 0:
-            # x[mask] = v with one value (torch.distributions' clean-up of edge cases): a select.
-            mask = materialize(indices[0], idims[0], B).bool()
-            mask = mask.reshape(mask.shape + (1,) * (rank_x + 1 - mask.dim()))  # a mask of x's leading dims
-            v = pad_batched(vm, rank_x)
-            return torch.where(mask, xm + v if accumulate else v.to(xm.dtype), xm), 0
         outs = [aten.index_put.default(xm[b], [t[b] if d is not None else t for t, d in zip(indices, idims)], vm[b], accumulate) for b in range(B)]
         return torch.stack(outs), 0
     k, adjacent = _index_layout(indices)

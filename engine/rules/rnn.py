@@ -24,7 +24,7 @@ from typing import Any, Iterator
 import torch
 from torch import nn
 
-from engine._batched import BatchedTensor, add_batch_dim, batch_levels
+from engine._batched import BatchedTensor, add_batch_dim
 from engine.errors import VmapError
 from engine.rules._helpers import materialize
 from engine.rules._table import RULES
@@ -47,13 +47,15 @@ def _levels(x: torch.Tensor) -> list[tuple[int, int]]:
 
 
 def _batched_like(t: torch.Tensor, ref: torch.Tensor) -> torch.Tensor:
-    """t repeated over every batch level of `ref` that is outside t's own (a fresh, writable copy)."""
-    have = batch_levels(t)
-    top = have[0] if have else 0
-    for level, size in reversed(_levels(ref)):
-        if level > top:
-            t = add_batch_dim(t.unsqueeze(0).expand(size, *t.shape).contiguous(), level)
-    return t
+    """t repeated over every batch level of `ref`, in fresh memory.
+
+    Made by adding batched zeros, an op like any other: autograd then gives t a gradient per
+    batch element (as for any unbatched input combined with batched data), which a raw re-wrap
+    of t's memory would lose."""
+    zeros = torch.zeros((), dtype=t.dtype, device=t.device)
+    for level, size in reversed(_levels(ref)):  # innermost level first
+        zeros = add_batch_dim(zeros.unsqueeze(0).expand(size), level)
+    return t + zeros
 
 
 def _initial_state(module: nn.RNNBase, x: torch.Tensor) -> Any:

@@ -16,7 +16,7 @@ from typing import Callable
 import torch
 from torch import nn
 
-from workloads.peers import require
+from workloads.peers import PACKAGES, require
 
 METHODS = ("backpack",)
 
@@ -27,8 +27,8 @@ def per_sample_grads(method: str, module: nn.Module, criterion: Callable[..., to
     sum of the per-example losses."""
     if method not in METHODS:
         raise ValueError(f"method {method!r} is not a BackPACK method; valid: {', '.join(METHODS)}")
+    extensions = require(PACKAGES[method], method)
     bp = require("backpack", method)
-    extensions = require("backpack.extensions", method)
     extended = bp.extend(module)
     params = [p for p in module.parameters() if p.requires_grad]
 

@@ -17,7 +17,7 @@ from typing import Any, Callable
 import torch
 from torch import nn
 
-from workloads.peers import require
+from workloads.peers import PACKAGES, require
 
 MODES = {"opacus_hooks": "hooks", "opacus_ew": "ew", "opacus_functorch": "functorch"}
 METHODS = tuple(MODES)
@@ -31,7 +31,7 @@ def per_sample_grads(method: str, module: nn.Module, criterion: Callable[..., to
     """
     if method not in MODES:
         raise ValueError(f"method {method!r} is not an Opacus method; valid: {', '.join(METHODS)}")
-    grad_sample = require("opacus.grad_sample", method)
+    grad_sample = require(PACKAGES[method], method)
     wrapped: Any = grad_sample.prepare_module(module, MODES[method], batch_first=True, loss_reduction="sum")
     params = [p for p in module.parameters() if p.requires_grad]
 
