@@ -29,11 +29,24 @@ class LevelInfo:
     randomness: str = "error"
     # autograd sequence number at entry: graph nodes older than this were built outside the level
     seq: int = 0
+    # (autograd sequence number, engine clock) at entry, compared with leaves' mark_inner stamps:
+    # the clock orders a leaf and a level made with no autograd node in between (see `clock`)
+    stamp: tuple = (0, 0)
     # autograd nodes of this level to hook when it returns (engine._gradsum)
     pending: list = field(default_factory=list)
 
 
 _level_counter = itertools.count(1)
+_ticks = itertools.count(1)
+# Stamp of a leaf never marked by a transform: older than every level.
+NEVER: tuple = (-1, -1)
+
+
+def clock() -> tuple:
+    """Now, as (autograd sequence number, engine tick). Autograd's number alone does not move
+    when no graph node is made, so a transform's input marked just before a vmap starts (grad of
+    a vmap over a closure) would tie with the level's entry; the tick breaks the tie."""
+    return torch._C._autograd._get_sequence_nr(), next(_ticks)
 _active: dict[int, LevelInfo] = {}
 # Called with a level's info after it left `_active` (engine._gradsum hooks the level's nodes there).
 _level_exit_hooks: list[Callable[[LevelInfo], None]] = []
@@ -45,7 +58,8 @@ def on_level_exit(hook: Callable[[LevelInfo], None]) -> None:
 
 
 def push_level(batch_size: int, randomness: str) -> LevelInfo:
-    info = LevelInfo(next(_level_counter), batch_size, randomness, torch._C._autograd._get_sequence_nr())
+    now = clock()
+    info = LevelInfo(next(_level_counter), batch_size, randomness, now[0], stamp=now)
     _active[info.level] = info
     return info
 
@@ -200,7 +214,7 @@ def leave(x: torch.Tensor, level: int, batch_size: int) -> torch.Tensor:
 def mark_inner(t: torch.Tensor) -> torch.Tensor:
     """Stamp a leaf made by a transform (grad's input) with its creation time, so a vmap level
     entered before it treats gradients into it per example rather than summing them."""
-    t._vb_seq = torch._C._autograd._get_sequence_nr()
+    t._vb_seq = clock()
     return t
 
 
@@ -215,8 +229,8 @@ def _is_outer(t: torch.Tensor, info: LevelInfo) -> bool:
     costs no failed attribute lookup on every other node."""
     fn = t.grad_fn
     if fn is None:
-        return getattr(t, "_vb_seq", -1) < info.seq
-    entry = info.seq
+        return getattr(t, "_vb_seq", NEVER) < info.stamp
+    entry, stamp = info.seq, info.stamp
     stack, seen = [fn], set()
     push, add = stack.append, seen.add
     while stack:
@@ -225,7 +239,7 @@ def _is_outer(t: torch.Tensor, info: LevelInfo) -> bool:
             continue
         add(node)
         if type(node) is _ACCUMULATE_GRAD:  # a leaf
-            if getattr(node.variable, "_vb_seq", -1) < entry:
+            if getattr(node.variable, "_vb_seq", NEVER) < stamp:
                 return True
             continue
         if node._sequence_nr() < entry:

@@ -23,7 +23,7 @@ from typing import Any
 
 import torch
 
-from engine._batched import BatchedTensor, LevelInfo, _active, _RemoveBatchDim, batch_levels, on_level_exit, remove_batch_dim
+from engine._batched import NEVER, BatchedTensor, LevelInfo, _active, _RemoveBatchDim, batch_levels, on_level_exit, remove_batch_dim
 
 # Records of nodes that touch a level that had already returned when they were made (a backward
 # pass with create_graph=True after the vmap). They are hooked at the next chance: the next
@@ -90,10 +90,10 @@ def note(args: tuple, kwargs: dict, out: Any, level: int) -> None:
 
 def _made_inside(leaf: torch.Tensor, levels: set[int]) -> bool:
     """Whether `leaf` was made (engine._batched.mark_inner) after every one of `levels` started."""
-    stamp = getattr(leaf, "_vb_seq", -1)
+    stamp = getattr(leaf, "_vb_seq", NEVER)
     for lvl in levels:
         info = _active.get(lvl)
-        if info is None or stamp < info.seq:
+        if info is None or stamp < info.stamp:
             return False
     return True
 

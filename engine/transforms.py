@@ -15,7 +15,7 @@ import torch
 from torch.utils._pytree import tree_flatten, tree_map, tree_unflatten
 
 from engine import _gradsum
-from engine._batched import LevelInfo, _is_outer, mark_inner
+from engine._batched import LevelInfo, _is_outer, clock, mark_inner
 from engine._guards import requires_grad, transform_scope
 from engine._vmap import vmap
 from engine.errors import TransformError, UnsupportedInTransformError, VmapError
@@ -102,12 +102,12 @@ def _create_graph(inputs: list) -> bool:
     return torch.is_grad_enabled() and (_Depth.value > 0 or any(t.requires_grad for t in inputs if isinstance(t, torch.Tensor)))
 
 
-def _outer_dependence(outputs: list, entry_seq: int) -> bool:
+def _outer_dependence(outputs: list, entry: tuple) -> bool:
     """Whether outputs depend on tensors requiring grad from before the transform started (closures):
     then the result must stay differentiable for autograd outside the transform."""
     if not torch.is_grad_enabled():
         return False
-    probe = LevelInfo(0, 0, "error", entry_seq)
+    probe = LevelInfo(0, 0, "error", entry[0], stamp=entry)
     return any(isinstance(o, torch.Tensor) and o.requires_grad and _is_outer(o, probe) for o in outputs)
 
 
@@ -241,7 +241,7 @@ def vjp(func: Callable, *primals: Any, has_aux: bool = False) -> tuple:
     flat, spec = tree_flatten(primals)
     outer = torch.is_grad_enabled()
     create = _create_graph(flat)
-    entry = torch._C._autograd._get_sequence_nr()
+    entry = clock()
     with _differentiating():
         inputs = [_prepare(t, outer) for t in flat]
         captures = _Captures(func)
@@ -285,7 +285,7 @@ def grad_and_value(func: Callable, argnums: Any = 0, has_aux: bool = False) -> C
         diff = [tree_flatten(args[i]) for i in nums]
         outer = torch.is_grad_enabled()
         create = _create_graph([t for flat, _ in diff for t in flat])
-        entry = torch._C._autograd._get_sequence_nr()
+        entry = clock()
         with _differentiating():
             prepared = [[_prepare(t, outer) for t in flat] for flat, _ in diff]
             new_args = list(args)

@@ -21,7 +21,13 @@ METHODS: tuple[str, ...] = (
     "loop_compiled",         # torch.compile of the loop
     "functional_vectorize",  # torch.autograd.functional.jacobian/hessian(vectorize=True)
     "closed_form",           # hand-vectorized formula: the speed limit
+    "opacus_hooks",          # Opacus GradSampleModule, hooks mode (per-layer formulas)
+    "opacus_ew",             # Opacus with torch's ExpandedWeights
+    "opacus_functorch",      # Opacus GradSampleModule, functorch mode (vmap(grad) per layer)
+    "backpack",              # BackPACK BatchGrad extension
 )
+# Methods run by another framework (workloads/peers/): skipped with a reason when it is not installed.
+PEER_METHODS = frozenset(("opacus_hooks", "opacus_ew", "opacus_functorch", "backpack"))
 ENGINE_METHODS = frozenset(m for m in METHODS if m.startswith("engine"))
 COMPILED_METHODS = frozenset(m for m in METHODS if m.endswith("_compiled"))
 BASELINE = "loop"
