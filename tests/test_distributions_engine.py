@@ -101,13 +101,7 @@ CASES = {
     "Wishart": (lambda t: D.Wishart(torch.tensor(4.0, dtype=t.dtype) + sp(t[0]), scale_tril=torch.diag_embed(sp(t[1:3]))), torch.tensor([[2.0, 0.3], [0.3, 1.0]], dtype=DT)),
 }
 
-# Cases that wait on another part of the engine; strict, so they are noticed once they pass.
-PENDING = {
-    "LowRankMultivariateNormal": "the backward of an in-place add into a view (CopySlices) copies into new_empty_strided of "
-                                 "a batched gradient, which the engine's new_* factory rule makes unbatched (#19)",
-}
-
-NAMES = [pytest.param(n, marks=pytest.mark.xfail(reason=PENDING[n], strict=True)) if n in PENDING else n for n in CASES]
+NAMES = list(CASES)
 
 
 def _logp(name):
