@@ -30,6 +30,7 @@ def test_run_table_drops_the_memory_column_with_no_memory():
     assert all(col.header for col in without.columns)
 
 
+@pytest.mark.slow  # imports the OpInfo database
 def test_coverage_rejects_unknown_ops_naming_them(capsys):
     assert main(["coverage", "--ops", "sin,nosuchop", "--no-write"]) == 2
     err = capsys.readouterr().err
