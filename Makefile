@@ -3,11 +3,16 @@ PYTHON ?= python3
 VENV   := .venv
 PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.installed-stamp
+# Peers (Opacus, BackPACK, JAX; pyproject's `peers` extra): `make bench PEERS=0` leaves them out
+# (their methods are then skipped with a reason); `make test` always installs them.
+PEERS  ?= 1
+PEERS_STAMP := $(VENV)/.peers-stamp
+BACKPACK := backpack-for-pytorch==1.7.1
 # Threads are pinned for stable timings on small machines; override on the command line.
 export OMP_NUM_THREADS ?= 2
 export TORCHINDUCTOR_CACHE_DIR ?= $(CURDIR)/.inductor-cache
 
-.PHONY: bench test dashboard profile continuous gate-calibrate coverage list clean venv
+.PHONY: bench peers test dashboard profile continuous gate-calibrate coverage list clean venv
 
 # (Re)install only when the project metadata changed: a second run does not touch torch.
 $(STAMP): pyproject.toml
@@ -16,12 +21,20 @@ $(STAMP): pyproject.toml
 	$(PY) -m pip install -q --disable-pip-version-check -e '.[test]'
 	@touch $(STAMP)
 
+# BackPACK with --no-deps: its torchvision requirement does not import against the CPU torch.
+$(PEERS_STAMP): $(STAMP)
+	$(PY) -m pip install -q --disable-pip-version-check -e '.[test,peers]'
+	$(PY) -m pip install -q --disable-pip-version-check --no-deps '$(BACKPACK)'
+	@touch $(PEERS_STAMP)
+
 venv: $(STAMP)
 
-bench: $(STAMP)
+peers: $(PEERS_STAMP)
+
+bench: $(STAMP) $(if $(filter 1,$(PEERS)),$(PEERS_STAMP))
 	$(PY) -m vmapbench.bench
 
-test: $(STAMP)
+test: $(STAMP) $(PEERS_STAMP)
 	$(PY) -m pytest $(PYTEST_ARGS)
 
 dashboard: $(STAMP)

@@ -5,11 +5,15 @@ folder per profiled case under results/profiles/, each with a summary.json next 
 """
 from __future__ import annotations
 
+import datetime as _dt
 import json
+import subprocess
 import warnings
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
+
+import pandas as pd
 
 from dashboards.loader import CorruptResultWarning
 
@@ -84,3 +88,97 @@ def list_profiles(results_dir: str | Path) -> list[ProfileEntry]:
             error = "no summary.json"
         entries.append(ProfileEntry(folder.name, folder, summary, files, error))
     return entries
+
+
+@dataclass(frozen=True)
+class Staleness:
+    """How far a report lags the checkout it is shown in: commits and days behind HEAD."""
+
+    commit: str
+    head: str | None
+    commits_behind: int | None  # None: the report's commit is not in this repository's history
+    days: float | None
+
+    def note(self) -> str:
+        """One sentence for the page ('' when the report is of HEAD itself)."""
+        if self.head is None:
+            return ""
+        if self.commits_behind == 0:
+            return ""
+        age = f" and {self.days:.1f} days" if self.days is not None else ""
+        if self.commits_behind is None:
+            return (f"The report is of engine commit {self.commit}, which is not in this checkout's "
+                    f"history (HEAD {self.head[:8]}){age.replace(' and', ', made')} before HEAD: "
+                    "regenerate it with <code>make coverage</code>.")
+        return (f"The report is {self.commits_behind} commits{age} older than HEAD "
+                f"({self.commit} → {self.head[:8]}): regenerate it with <code>make coverage</code>.")
+
+
+def _git(repo: Path, *args: str) -> str | None:
+    try:
+        proc = subprocess.run(["git", "-C", str(repo), *args], capture_output=True, text=True, timeout=10)
+    except (OSError, subprocess.SubprocessError):
+        return None
+    return proc.stdout.strip() if proc.returncode == 0 else None
+
+
+def coverage_staleness(report: CoverageReport, repo: Path) -> Staleness | None:
+    """Commits and days between the report's `engine_commit` and `repo`'s HEAD (None when the
+    report names no commit or `repo` is not a git checkout)."""
+    commit = report.meta.get("engine_commit") or report.meta.get("commit")
+    if not isinstance(commit, str) or not commit:
+        return None
+    head = _git(repo, "rev-parse", "HEAD")
+    if head is None:
+        return None
+    behind = _git(repo, "rev-list", "--count", f"{commit}..HEAD")
+    head_date = _git(repo, "log", "-1", "--format=%cI", "HEAD")
+    created = report.meta.get("created")
+    if not isinstance(created, str):
+        created = _git(repo, "log", "-1", "--format=%cI", commit)
+    days = None
+    if created and head_date:
+        try:
+            delta = _dt.datetime.fromisoformat(head_date) - _dt.datetime.fromisoformat(created)
+            days = max(delta.total_seconds() / 86400, 0.0)
+        except ValueError:
+            days = None
+    return Staleness(commit, head, int(behind) if behind and behind.isdigit() else None, days)
+
+
+MEMLIMIT_DIR = "memlimit"
+MEMLIMIT_COLUMNS = ["machine", "commit", "torch", "device", "budget_bytes", "workload", "method", "size",
+                    "max_batch", "time_at_max_s", "status", "reason", "file"]
+
+
+def load_memlimit(results_dir: str | Path) -> pd.DataFrame:
+    """The memory-limit experiment (results/memlimit/<machine>/<commit8>.json, see
+    vmapbench/memlimit.py): one row per (workload, method, size) of each machine's newest file.
+
+    An absent folder gives an empty frame; a file that is not such a report is skipped with a
+    CorruptResultWarning naming it. 'Newest' is the file with the latest modification time."""
+    root = Path(results_dir) / MEMLIMIT_DIR
+    frames = []
+    for machine_dir in sorted(p for p in root.glob("*") if p.is_dir()):
+        files = sorted(machine_dir.glob("*.json"), key=lambda p: (p.stat().st_mtime, p.name), reverse=True)
+        for path in files:
+            try:
+                data = json.loads(path.read_text(encoding="utf-8"))
+                rows = data["rows"]
+                if not isinstance(rows, list) or not all(isinstance(r, dict) for r in rows):
+                    raise ValueError("'rows' must be a list of objects")
+                head = {k: data.get(k) for k in ("machine", "commit", "torch", "device", "budget_bytes")}
+            except (OSError, ValueError, KeyError, TypeError) as exc:
+                warnings.warn(f"skipping {path}: not a memory-limit report ({exc})", CorruptResultWarning,
+                              stacklevel=2)
+                continue
+            head["machine"] = head["machine"] or machine_dir.name
+            frame = pd.DataFrame(rows)
+            for key, value in head.items():
+                frame[key] = value
+            frame["file"] = str(path)
+            frames.append(frame.reindex(columns=MEMLIMIT_COLUMNS))
+            break  # the newest readable report of this machine
+    if not frames:
+        return pd.DataFrame(columns=MEMLIMIT_COLUMNS)
+    return pd.concat(frames, ignore_index=True)

@@ -55,8 +55,12 @@ def copy_assets(out_dir: Path) -> None:
         shutil.copyfile(ASSETS / name, target / name)
 
 
-def build_dashboard(results_dir: str | Path = DEFAULT_RESULTS, out_dir: str | Path = DEFAULT_OUT) -> BuildResult:
-    """Build the dashboard of `results_dir` into `out_dir`; returns the index path and page facts."""
+def build_dashboard(results_dir: str | Path = DEFAULT_RESULTS, out_dir: str | Path = DEFAULT_OUT, *,
+                    continuous: bool = False) -> BuildResult:
+    """Build the dashboard of `results_dir` into `out_dir`; returns the index path and page facts.
+
+    `continuous=True` adds the asv results kept apart in results/continuous/<machine>/, each as its
+    own run beside the reference results; by default they are left out of every page."""
     from dashboards.views import VIEWS
 
     start = time.perf_counter()
@@ -64,7 +68,7 @@ def build_dashboard(results_dir: str | Path = DEFAULT_RESULTS, out_dir: str | Pa
     out_dir.mkdir(parents=True, exist_ok=True)
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always", CorruptResultWarning)
-        results = load_results(results_dir, stats=False)
+        results = load_results(results_dir, stats="intervals", continuous=continuous)
         coverage = load_coverage(results_dir)
     for w in caught:  # re-emit outside the recorder so callers (and the CLI) still see them
         warnings.warn_explicit(w.message, w.category, w.filename, w.lineno)

@@ -12,15 +12,21 @@ def configure(parser: argparse.ArgumentParser) -> None:
                         help=f"ASV results folder (default: {DEFAULT_RESULTS})")
     parser.add_argument("--out", type=Path, default=DEFAULT_OUT,
                         help=f"output folder, created or refreshed (default: {DEFAULT_OUT})")
+    parser.add_argument("--continuous", action="store_true",
+                        help="also show asv results kept apart in RESULTS/continuous/<machine>/ (e.g. "
+                             "of a manual `asv continuous`), each machine/env as its own run; left "
+                             "out by default (`make continuous` writes to .asv/continuous/, not here)")
 
 
 def main(args: argparse.Namespace) -> int:
     from dashboards.builder import build_dashboard
 
     if not args.results.is_dir():
-        print(f"vmapbench dashboard: no results folder {args.results}; run `make bench` first or "
-              "pass --results DIR. Building an empty dashboard.", file=sys.stderr)
-    result = build_dashboard(args.results, args.out)
+        print(f"vmapbench dashboard: no results folder {args.results}: run `make bench` first, or "
+              "pass --results DIR (the folder holding <machine>/machine.json and benchmarks.json).",
+              file=sys.stderr)
+        return 2
+    result = build_dashboard(args.results, args.out, continuous=args.continuous)
     figures = sum(result.pages.values())
     print(f"dashboard: {result.files} result files, {result.rows} values, {figures} figures on "
           f"{len(result.pages)} pages in {result.seconds:.1f} s"

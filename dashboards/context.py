@@ -14,7 +14,7 @@ from dashboards.loader import STAT_COLUMNS, ResultSet
 from dashboards.page import esc
 from dashboards.regressions import history_regressions
 
-FILE_COLUMNS = ["machine", "commit", "date", "env", "python"]
+FILE_COLUMNS = ["machine", "host", "run", "commit", "date", "env", "kind", "python"]
 TIME_METRIC = "time"
 # Memory metric per device, best first: the CUDA allocator's peak on GPUs, the RSS growth on CPUs,
 # asv's whole-process peakmem as the last resort.
@@ -44,10 +44,14 @@ class Context:
 
     @cached_property
     def lean(self) -> pd.DataFrame:
-        """The frame with only the columns the views use (cheaper to filter and copy)."""
-        unused = {"env", "python", "suite", "type", "started_at", "samples", "ci_99_a", "ci_99_b",
-                  "q_25", "q_75", "number", "repeat", "duration"}
-        return self.frame[[c for c in self.frame.columns if c not in unused]]
+        """The frame with only the columns the views use (cheaper to filter and copy), and with
+        `machine` holding the run (machine + env where a machine has several; see
+        loader.run_labels) and `host` the machine itself: every view groups by `machine`, so
+        results of different asv envs or of continuous runs are never one series."""
+        unused = {"env", "python", "suite", "type", "started_at", "q_25", "q_75", "number", "repeat",
+                  "duration", "run"}
+        lean = self.frame[[c for c in self.frame.columns if c not in unused]]
+        return lean.rename(columns={"machine": "host"}).assign(machine=self.frame["run"])
 
     @cached_property
     def _has_case(self) -> "pd.Series[bool]":
@@ -74,7 +78,7 @@ class Context:
         for info in self.results.files.values():
             date = info.get("date")
             date = date if isinstance(date, (int, float)) else float("-inf")
-            mine = seen.setdefault(info["machine"], {})
+            mine = seen.setdefault(info.get("run", info["machine"]), {})
             mine[info["commit"]] = max(mine.get(info["commit"], date), date)
         return {m: [c for c, _ in sorted(cs.items(), key=lambda kv: kv[1])] for m, cs in sorted(seen.items())}
 
@@ -85,8 +89,16 @@ class Context:
 
     @cached_property
     def latest_commit_rows(self) -> pd.DataFrame:
-        """Times and measured speedups of each machine's latest commit."""
-        return self.of_commits(self.metric_rows(("time", "speedup_vs_loop")), 1)
+        """Times and in-process ratios of each run's latest commit."""
+        return self.of_commits(self.metric_rows(("time", "speedup_vs_loop", "ratio_vs_torch_func")), 1)
+
+    @cached_property
+    def latest_cells(self) -> pd.DataFrame:
+        """The figures of each run's latest commit (dashboards.numbers.cell_table): what the
+        Overview and Peers pages print."""
+        from dashboards.numbers import cell_table
+
+        return cell_table(self.latest_commit_rows)
 
     def of_commits(self, rows: pd.DataFrame, newest: int) -> pd.DataFrame:
         """`rows` of each machine's `newest` commits."""
@@ -145,7 +157,7 @@ class Context:
 
     @cached_property
     def filters(self) -> dict[str, list[str]]:
-        m = self.frame
+        m = self.lean
         out = {}
         for key in ("machine", "device", "workload"):
             out[key] = sorted(str(v) for v in m[key].dropna().unique()) if key in m else []
@@ -174,8 +186,9 @@ class Context:
             params = run.get("params", {})
             env_vars = run.get("env_vars", {})
             threads = ", ".join(f"{k}={env_vars[k]}" for k in THREAD_VARS if k in env_vars)
-            if name in self.torch_threads:
-                threads = f"torch threads {self.torch_threads[name]:g}" + (f" ({threads})" if threads else "")
+            run_name = run.get("run", name)
+            if run_name in self.torch_threads:
+                threads = f"torch threads {self.torch_threads[run_name]:g}" + (f" ({threads})" if threads else "")
             torch = params.get("torch") or (run.get("requirements") or {}).get("torch")
             facts[name] = {
                 "cpu": machine.get("cpu") or params.get("cpu"),

@@ -15,6 +15,9 @@ def configure(parser: argparse.ArgumentParser) -> None:
     fmt.add_argument("--jsonl", action="store_true", help="write JSON lines")
     parser.add_argument("-o", "--output", type=Path, default=None,
                         help="file to write (default: standard output)")
+    parser.add_argument("--continuous", action="store_true",
+                        help="also export asv results kept apart in RESULTS/continuous/<machine>/ "
+                             "(column kind = continuous)")
     parser.add_argument("--samples", action="store_true",
                         help="keep the raw samples column (a list per row; off by default)")
 
@@ -22,7 +25,16 @@ def configure(parser: argparse.ArgumentParser) -> None:
 def main(args: argparse.Namespace) -> int:
     from dashboards.loader import load_results
 
-    result = load_results(args.results)
+    if not args.results.is_dir():
+        print(f"vmapbench export: no results folder {args.results}: run `make bench` first, or "
+              "pass --results DIR (the folder holding <machine>/machine.json and benchmarks.json).",
+              file=sys.stderr)
+        return 2
+    result = load_results(args.results, continuous=args.continuous)
+    if result.empty:
+        print(f"vmapbench export: no ASV results under {args.results} (no <machine>/machine.json "
+              "with result files beside it): nothing to export.", file=sys.stderr)
+        return 1
     frame = result.frame
     if not args.samples:
         frame = frame.drop(columns=["samples"])

@@ -120,3 +120,88 @@ class Panels:
     @property
     def fig(self) -> dict[str, Any]:
         return {"data": self.data, "layout": self.layout}
+
+
+BYTE_UNITS = ((2**30, "GiB"), (2**20, "MiB"), (2**10, "KiB"), (1, "B"))
+
+
+def byte_scale(values: Iterable[float]) -> tuple[float, str]:
+    """(divisor, unit name) that puts the largest of `values` between 1 and 1024 (MiB, GiB...)."""
+    top = max((abs(v) for v in values if v == v), default=0.0)
+    return next(((d, u) for d, u in BYTE_UNITS if top >= d), BYTE_UNITS[-1])
+
+
+def error_bar(values: list[float], lo: list[float] | None, hi: list[float] | None) -> dict[str, Any] | None:
+    """A Plotly asymmetric error_y from interval bounds (None where no bound is known)."""
+    if lo is None or hi is None:
+        return None
+    plus = [h - v if h == h and v == v else None for v, h in zip(values, hi)]
+    minus = [v - lo_ if lo_ == lo_ and v == v else None for v, lo_ in zip(values, lo)]
+    if all(not p for p in plus) and all(not m for m in minus):
+        return None  # no interval known (n=1): no bar rather than a bar of zero length
+    return {"type": "data", "symmetric": False, "array": plus, "arrayminus": minus,
+            "thickness": 1.2, "width": 3, "color": "#333"}
+
+
+def grouped_bars(rows: pd.DataFrame, *, y_title: str, color: Any, label: Any, order: list[str],
+                 hover: str, divisor: float = 1.0, log_y: bool = False, shared_y: bool = True) -> dict[str, Any]:
+    """One panel per (machine, device); x = size label, one bar per method (colors/legend by method).
+
+    `rows` has machine, device, workload, size, method, value and optionally lo/hi (an interval
+    drawn as an error bar) and text (the bar's hover reading); values are divided by `divisor`."""
+    from dashboards.theme import natural_key
+
+    panels = Panels(panel_keys(rows), y_title=y_title, log_y=log_y, x_title="size",
+                    x_extra={"type": "category"}, shared_y=shared_y)
+    cols = ["machine", "device", "method", "workload", "size", "value"]
+    extra = [c for c in ("lo", "hi", "text") if c in rows.columns]
+    groups: dict[tuple, list[tuple]] = {}
+    for rec in records(rows, cols + extra):
+        groups.setdefault((rec[0], rec[1], rec[2]), []).append(rec)
+    rank = {m: i for i, m in enumerate(order)}
+    for (machine, device, method), recs in sorted(groups.items(), key=lambda kv: rank.get(kv[0][2], len(rank))):
+        recs.sort(key=lambda r: natural_key(r[4]))
+        got = {name: [r[len(cols) + i] for r in recs] for i, name in enumerate(extra)}
+        values = [r[5] / divisor for r in recs]
+        trace: dict[str, Any] = {
+            "type": "bar", "x": [str(r[4]) for r in recs], "y": values, "name": label(method),
+            "legendgroup": method, "offsetgroup": method, "marker": {"color": color(method)},
+            "meta": {"machine": machine, "device": device, "workload": recs[0][3]},
+            "hovertemplate": f"<b>{label(method)}</b> %{{x}}<br>{hover}<extra></extra>",
+        }
+        if "text" in got:
+            trace["customdata"] = got["text"]
+        if "lo" in got and "hi" in got:
+            err = error_bar(values, [v / divisor for v in got["lo"]], [v / divisor for v in got["hi"]])
+            if err:
+                trace["error_y"] = err
+        panels.add(trace, machine, device)
+    panels.layout.update(barmode="group", bargap=0.25)
+    return panels.fig
+
+
+def ratio_bars(machine: str, bars: list[dict[str, Any]], *, y_title: str, hover: str, label: Any,
+               color: Any, order: list[str]) -> dict[str, Any]:
+    """Grouped log-scale bars of ratios with their intervals, one panel per device of `machine`,
+    a dotted line at 1×. Each bar: {method, device, workload, x, est (a stats.Estimate),
+    customdata (a list)}; one trace per bar so the workload filter can hide it (legends follow)."""
+    panels = Panels(sorted({(machine, str(b["device"])) for b in bars}, key=lambda k: (k[1] != "cpu", k[1])),
+                    y_title=y_title, log_y=True, panel_height=370)
+    rank = {m: i for i, m in enumerate(order)}
+    for b in sorted(bars, key=lambda b: (rank.get(b["method"], len(rank)), str(b["x"]))):
+        est = b["est"]
+        trace = {"type": "bar", "x": [b["x"]], "y": [est.value], "name": label(b["method"]),
+                 "legendgroup": b["method"], "offsetgroup": b["method"], "marker": {"color": color(b["method"])},
+                 "meta": {"machine": machine, "device": b["device"], "workload": b["workload"]},
+                 "customdata": [b["customdata"]],
+                 "hovertemplate": f"<b>{label(b['method'])}</b> %{{x}}<br>{hover}<extra></extra>"}
+        err = error_bar([est.value], [est.lo], [est.hi])
+        if err:
+            trace["error_y"] = err
+        panels.add(trace, machine, b["device"])
+    panels.hline(1.0)
+    panels.layout.update(barmode="group", bargap=0.2)
+    for name in list(panels.layout):
+        if name.startswith("xaxis"):
+            panels.layout[name]["tickangle"] = -30
+    return panels.fig

@@ -30,10 +30,18 @@ from workloads.base import parse_size_label
 
 RESULTS_API_VERSION = 2
 # Folders under results/ that hold other artifacts, never ASV machine folders.
-ARTIFACT_DIRS = frozenset({"coverage", "profiles", "html"})
+ARTIFACT_DIRS = frozenset({"coverage", "profiles", "html", "memlimit", "noise"})
+# asv results kept apart from the reference results of `make bench` (e.g. of a manual `asv
+# continuous`) go to results/continuous/<machine>/...; they load only when asked
+# (continuous=True). `make continuous` itself writes gate rows to .asv/continuous/, not here.
+CONTINUOUS_DIR = "continuous"
+REFERENCE, CONTINUOUS = "reference", "continuous"
 # Columns of every tidy frame, in display order; size parameters and unknown parameters follow.
+# `run` names one series of results: the machine, and the asv env and kind (reference or
+# continuous) where a machine has results of more than one; values of different runs are never
+# compared or drawn as one series.
 BASE_COLUMNS = [
-    "machine", "commit", "date", "env", "python", "benchmark", "suite", "metric", "unit", "type",
+    "machine", "run", "commit", "date", "env", "kind", "python", "benchmark", "suite", "metric", "unit", "type",
     "workload", "method", "size", "device",
 ]
 # After the stats: `case`, the id of the (benchmark, parameter combination) of the row, the same
@@ -47,6 +55,8 @@ _STAT_KEYS = {
     "stats_ci_99_a": "ci_99_a", "stats_ci_99_b": "ci_99_b", "stats_q_25": "q_25",
     "stats_q_75": "q_75", "stats_number": "number", "stats_repeat": "repeat",
 }
+# What an Estimate's interval is made of (vmapbench.stats.row_estimate): asv's 99% ci.
+_INTERVAL_KEYS = ("stats_ci_99_a", "stats_ci_99_b")
 # Parameter names that hold one of the dimensions every view filters on.
 _ROLE_NAMES = {
     "workload": ("workload", "workloads", "task", "case"),
@@ -89,21 +99,43 @@ class _FileError(ValueError):
     """Why one results file cannot be used (becomes the warning's text)."""
 
 
-def load_results(results_dir: str | Path, *, stats: bool = True) -> ResultSet:
+def load_results(results_dir: str | Path, *, stats: bool | str = True, continuous: bool = False) -> ResultSet:
     """Read every ASV result file under `results_dir` into a ResultSet (see module docstring).
 
     A missing or empty directory gives an empty frame; files that cannot be used are skipped with
     a CorruptResultWarning naming the file. `stats=False` leaves the statistics columns (ci,
     quartiles, number, repeat, run times, samples) empty: the dashboard plots the values only and
-    loads a third faster without them.
+    loads a third faster without them; `stats="intervals"` keeps only what an interval needs
+    (asv's 99% ci and the samples; the dashboard's choice). `continuous=True` also reads results/continuous/<machine>/
+    (kind 'continuous', their own runs); by default that folder is left out.
     """
     root = Path(results_dir)
     loader = _Loader(root, stats)
     if root.is_dir():
         loader.read_benchmarks(root / "benchmarks.json")
-        for machine_dir in sorted(p for p in root.iterdir() if p.is_dir()):
+        for machine_dir in sorted(p for p in root.iterdir() if p.is_dir() and p.name != CONTINUOUS_DIR):
             loader.read_machine_dir(machine_dir)
+        if continuous and (root / CONTINUOUS_DIR).is_dir():
+            for machine_dir in sorted(p for p in (root / CONTINUOUS_DIR).iterdir() if p.is_dir()):
+                loader.read_machine_dir(machine_dir, kind=CONTINUOUS)
     return loader.finish()
+
+
+def run_labels(records: list[dict[str, Any]]) -> list[str]:
+    """The `run` of each file record (machine, env, kind): the machine name alone when it is that
+    machine's only (env, kind), else 'machine [env]' / 'machine [continuous env]'."""
+    seen: dict[str, set[tuple[Any, Any]]] = {}
+    for r in records:
+        seen.setdefault(r["machine"], set()).add((r.get("env"), r.get("kind")))
+    out = []
+    for r in records:
+        if len(seen[r["machine"]]) == 1:
+            out.append(r["machine"])
+            continue
+        tag = " ".join(str(x) for x in ((CONTINUOUS if r.get("kind") == CONTINUOUS else None), r.get("env"))
+                       if x)
+        out.append(f"{r['machine']} [{tag or 'no env'}]")
+    return out
 
 
 def load_frame(results_dir: str | Path) -> pd.DataFrame:
@@ -140,7 +172,7 @@ def snake_case(name: str) -> str:
 
 
 class _Loader:
-    def __init__(self, root: Path, stats: bool = True) -> None:
+    def __init__(self, root: Path, stats: bool | str = True) -> None:
         self.root = root
         self.stats = stats
         self.benchmarks: dict[str, dict[str, Any]] = {}
@@ -176,7 +208,7 @@ class _Loader:
             return
         self.benchmarks = {k: v for k, v in data.items() if isinstance(v, dict)}
 
-    def read_machine_dir(self, machine_dir: Path) -> None:
+    def read_machine_dir(self, machine_dir: Path, kind: str = REFERENCE) -> None:
         result_files = sorted(p for p in machine_dir.glob("*.json") if p.name != "machine.json")
         machine_json = machine_dir / "machine.json"
         if not machine_json.is_file():
@@ -196,11 +228,11 @@ class _Loader:
         self.machines.setdefault(name, info)
         for path in result_files:
             try:
-                self.read_result_file(path, name)
+                self.read_result_file(path, name, kind)
             except (_FileError, OSError, ValueError, KeyError, TypeError, IndexError) as exc:
                 self.warn(path, str(exc) or type(exc).__name__)
 
-    def read_result_file(self, path: Path, machine: str) -> None:
+    def read_result_file(self, path: Path, machine: str, kind: str = REFERENCE) -> None:
         try:
             data = json.loads(path.read_bytes())
         except ValueError as exc:  # UnicodeDecodeError included
@@ -234,9 +266,10 @@ class _Loader:
         samples: list[tuple[int, list[Any]]] = []
         # Column positions; asv drops trailing null columns of a row, so rows differ in length.
         at = {name: col.get(name, _ABSENT) for name in ("result", "params", "started_at", "duration", "samples")}
-        stat_at = [(col[key], name, key) for key, name in _STAT_KEYS.items() if key in col]
+        wanted = _INTERVAL_KEYS if self.stats == "intervals" else _STAT_KEYS
+        stat_at = [(col[key], name, key) for key, name in _STAT_KEYS.items() if key in col and key in wanted]
         optional_from = min([i for i, _, _ in stat_at] + [at["samples"]]) if self.stats else _ABSENT
-        if not self.stats:
+        if self.stats is not True:
             at["started_at"] = at["duration"] = _ABSENT
         started, durations = scalars["started_at"], scalars["duration"]
         for bench, row in results.items():
@@ -290,6 +323,7 @@ class _Loader:
             "commit": str(data["commit_hash"]),
             "date": data.get("date"),
             "env": data.get("env_name"),
+            "kind": kind,
             "python": data.get("python"),
         }
         file_id = len(self.file_records)
@@ -413,6 +447,9 @@ class _Loader:
             return ResultSet(frame, [], self.machines, self.file_info, self.skipped,
                              self.benchmarks, self.root)
         files = pd.DataFrame(self.file_records)
+        files["run"] = run_labels(self.file_records)
+        for info, run in zip(self.file_info.values(), files["run"]):
+            info["run"] = run
         files["date"] = _js_time(files["date"])
         cases = pd.DataFrame(self.case_records)
         for column in size_columns:

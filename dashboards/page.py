@@ -19,6 +19,7 @@ from dashboards.figures import BASE_LAYOUT
 # (file, nav title); the order of the navigation bar.
 PAGES: tuple[tuple[str, str], ...] = (
     ("index.html", "Overview"),
+    ("peers.html", "Peers & limits"),
     ("scaling.html", "Scaling"),
     ("memory.html", "Memory"),
     ("history.html", "History"),

@@ -29,10 +29,17 @@ METHOD_FACTOR = {
     "loop": 1.0, "engine": 0.42, "engine_traced": 0.2, "engine_compiled": 0.07,
     "torch_func": 0.38, "torch_func_compiled": 0.05, "loop_compiled": 0.6,
     "functional_vectorize": 0.45, "closed_form": 0.007,
+    # Peers (#17): roughly the ratios issue 17 measured on psg_mlp.
+    "jax": 0.2, "opacus_hooks": 0.6, "opacus_ew": 0.3, "opacus_functorch": 0.8, "backpack": 0.33,
+    "engine_chunked": 0.55,
 }
+# Relative time and memory of a method not listed above (a new peer the dashboard must still show).
+OTHER_FACTOR, OTHER_MEMORY = 0.5, 2.0
 MEMORY_FACTOR = {
     "loop": 1.0, "engine": 3.0, "engine_traced": 2.6, "engine_compiled": 2.0, "torch_func": 2.8,
     "torch_func_compiled": 1.8, "loop_compiled": 1.1, "functional_vectorize": 3.2, "closed_form": 0.5,
+    "jax": 2.0, "opacus_hooks": 1.5, "opacus_ew": 2.5, "opacus_functorch": 3.0, "backpack": 2.2,
+    "engine_chunked": 1.2,
 }
 ENV_NAME = "existing-py_work_main_.venv_bin_python"
 
@@ -115,6 +122,7 @@ def _benchmark_layout(workloads: Sequence[SyntheticWorkload], devices: Sequence[
     for prefix, members, names in groups:
         sizes = sorted({s for w in members for s in w.sizes}, key=lambda s: (_size_scale(s), s))
         methods = [m for m in METHOD_FACTOR if any(m in w.methods for w in members)]
+        methods += sorted({m for w in members for m in w.methods} - set(methods))
         values = {"workload": [w.name for w in members], "size": sizes, "method": methods,
                   "device": list(devices)}
         params = [[repr(v) for v in values[n]] for n in names]
@@ -144,10 +152,10 @@ def _base_value(attr: str, w: SyntheticWorkload, size: str, method: str, device:
     chunk = dict(p.split("=") for p in size.split(",")).get("chunk_size")
     gpu = device == "cuda"
     base = 2e-7 * scale ** 0.9 * (0.5 if gpu and method == "loop" else 0.08 if gpu else 1.0)
-    factor = METHOD_FACTOR[method] * (slowdown if method.startswith("engine") else 1.0)
+    factor = METHOD_FACTOR.get(method, OTHER_FACTOR) * (slowdown if method.startswith("engine") else 1.0)
     if chunk is not None and method != "loop":
         factor *= 1.0 + 8.0 / float(chunk)
-    mem = 4096.0 * scale * MEMORY_FACTOR[method] * (float(chunk) / 64 if chunk else 1.0)
+    mem = 4096.0 * scale * MEMORY_FACTOR.get(method, OTHER_MEMORY) * (float(chunk) / 64 if chunk else 1.0)
     if attr == "time_run":
         return max(base * factor, 2e-6)
     if attr == "peakmem_run":
@@ -173,7 +181,9 @@ def _nulls(values: list[float]) -> list[float | None]:
 def write_results(out_dir: str | Path, *, commits: int = 3, machines: int = 2, seed: int = 0,
                   workloads: Sequence[SyntheticWorkload] = DEFAULT_WORKLOADS,
                   regression_at: int | None = None, samples: bool = True,
-                  extras: bool = True, noise: float = 0.02) -> list[Path]:
+                  extras: bool = True, noise: float = 0.02, env_name: str = ENV_NAME,
+                  time_scale: float = 1.0, date_offset_ms: int = 0,
+                  machine_root: str | Path | None = None) -> list[Path]:
     """Write a synthetic ASV results tree; returns the result files written.
 
     The first machine runs the quick profile (the middle size of each workload, cpu only), the
@@ -182,7 +192,9 @@ def write_results(out_dir: str | Path, *, commits: int = 3, machines: int = 2, s
     there are at least 3 commits). `extras` also writes a coverage report
     (coverage/engine.json) and one profile folder (profiles/...). `noise` is the relative spread
     of every value around its level (uniform): at 2% no two commits differ by the 5% a
-    regression needs, so the injected one is the only one.
+    regression needs, so the injected one is the only one. `env_name`, `time_scale` (every time
+    multiplied by it), `date_offset_ms` and `machine_root` (where the machine folders go, default
+    `out_dir`; e.g. out_dir/continuous) write a second asv env or a continuous run beside the first.
     """
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
@@ -210,8 +222,8 @@ def write_results(out_dir: str | Path, *, commits: int = 3, machines: int = 2, s
 
     written = []
     for m_index, (machine, devices) in enumerate(MACHINES[:machines]):
-        mdir = out / machine
-        mdir.mkdir(exist_ok=True)
+        mdir = Path(machine_root or out) / machine
+        mdir.mkdir(parents=True, exist_ok=True)
         info = {"arch": "x86_64", "cpu": "Synthetic CPU @ 2.0GHz", "machine": machine,
                 "num_cpu": "2" if m_index == 0 else "16", "os": "Linux 6.1.0", "ram": "8GB",
                 "version": 1}
@@ -238,12 +250,14 @@ def write_results(out_dir: str | Path, *, commits: int = 3, machines: int = 2, s
             bases[name] = (both[0], both[1])
         for c_index, commit in enumerate(hashes):
             slow = regression_at is not None and c_index >= regression_at
-            date = t0 + c_index * 3_600_000 * 6
+            date = t0 + c_index * 3_600_000 * 6 + date_offset_ms
             results = {}
             for name, spec in layout.items():
                 base = bases[name][1 if slow else 0]
                 noisy = not (name.endswith("track_fallbacks") or name.startswith("bench_runtime."))
                 v = base * rng.uniform(1 - noise, 1 + noise, base.shape) if noisy else base
+                if spec["type"] == "time" and time_scale != 1.0:
+                    v = v * time_scale
                 row: list[Any] = [v.tolist(), spec["params"], benchmarks[name]["version"],
                                   date + 3_600_000, round(float(rng.uniform(1, 5)), 3)]
                 if spec["type"] == "time":
@@ -255,14 +269,14 @@ def write_results(out_dir: str | Path, *, commits: int = 3, machines: int = 2, s
                                     for x in v.tolist()])
                 results[name] = row
             data = {
-                "commit_hash": commit, "env_name": ENV_NAME, "date": date,
+                "commit_hash": commit, "env_name": env_name, "date": date,
                 "params": {**{k: v for k, v in info.items() if k != "version"}, "python": "3.11",
                            "torch": "2.13.0"},
                 "python": "3.11", "requirements": {"torch": "2.13.0"},
                 "env_vars": {"OMP_NUM_THREADS": "2"}, "result_columns": columns,
                 "results": results, "durations": {"<build>": 1.5}, "version": 2,
             }
-            path = mdir / f"{commit[:8]}-{ENV_NAME}.json"
+            path = mdir / f"{commit[:8]}-{env_name}.json"
             path.write_text(json.dumps(data))
             written.append(path)
     if extras:

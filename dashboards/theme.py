@@ -21,6 +21,13 @@ METHOD_COLORS: dict[str, str] = {
     "loop_compiled": "#bcbd22",
     "functional_vectorize": "#9467bd",
     "closed_form": "#2ca02c",
+    # Peers (#17): one hue family each, so a tool's modes read as related.
+    "engine_chunked": "#6baed6",
+    "jax": "#e377c2",
+    "opacus_hooks": "#8c564b",
+    "opacus_ew": "#c49c94",
+    "opacus_functorch": "#5a3a2e",
+    "backpack": "#bcbd22",
 }
 METHOD_LABELS: dict[str, str] = {
     "loop": "for-loop",
@@ -32,22 +39,29 @@ METHOD_LABELS: dict[str, str] = {
     "loop_compiled": "loop (compiled)",
     "functional_vectorize": "autograd.functional (vectorize)",
     "closed_form": "closed form",
+    "engine_chunked": "engine (chunked)",
+    "jax": "JAX (jit)",
+    "opacus_hooks": "Opacus (hooks)",
+    "opacus_ew": "Opacus (ew)",
+    "opacus_functorch": "Opacus (functorch)",
+    "backpack": "BackPACK",
 }
-_EXTRA_COLORS = ["#8c564b", "#e377c2", "#393b79", "#637939", "#843c39", "#7b4173"]
+# Methods that are the limit a workload can reach: a closed form or hand-vectorized code. The
+# "distance to the limit" table divides every method's time by the first of these present.
+LIMIT_METHODS: tuple[str, ...] = ("closed_form",)
+_EXTRA_COLORS = ["#393b79", "#637939", "#843c39", "#7b4173", "#3182bd", "#e6550d"]
 STATUS_COLORS = {"native": "#2ca02c", "fallback": "#ff7f0e", "error": "#d62728",
                  "mismatch": "#9467bd", "skip": "#c7c7c7"}
 BASELINE_METHOD = BASELINE
 REFERENCE_METHOD = REFERENCE
-# Ratio beyond which the compare view colors a change, like `asv compare --factor 1.1`.
-COMPARE_FACTOR = 1.1
-# Relative step below which asv's regression detector ignores a jump (asv's default threshold).
-REGRESSION_THRESHOLD = 0.05
 
 
 def method_order(methods: Any) -> list[str]:
-    """Methods in the registry's table order; unknown ones after, alphabetically."""
-    present = set(methods)
-    return [m for m in METHODS if m in present] + sorted(present - set(METHODS))
+    """Methods in the registry's table order, then the known peers in METHOD_COLORS' order, then
+    any other method found in the results, alphabetically (never dropped)."""
+    present = {str(m) for m in methods if m is not None and m == m}
+    known = list(dict.fromkeys([*METHODS, *METHOD_COLORS]))
+    return [m for m in known if m in present] + sorted(present - set(known))
 
 
 def natural_key(text: Any) -> tuple:
@@ -66,9 +80,8 @@ def method_label(method: str) -> str:
     return METHOD_LABELS.get(method, method)
 
 
-def higher_is_better(metric: str) -> bool:
-    """Speedups are better when higher; times, memory, fallbacks and ratios-vs-reference lower."""
-    return "speedup" in metric
+_SCALES = {"seconds": ((1.0, "s"), (1e-3, "ms"), (1e-6, "µs"), (1e-9, "ns")),
+           "bytes": ((2**30, "GiB"), (2**20, "MiB"), (2**10, "KiB"), (1, "B"))}
 
 
 def format_value(value: Any, unit: str | None) -> str:
@@ -76,8 +89,7 @@ def format_value(value: Any, unit: str | None) -> str:
     if value is None or (isinstance(value, float) and math.isnan(value)):
         return "n/a"
     v = float(value)
-    scales = {"seconds": ((1.0, "s"), (1e-3, "ms"), (1e-6, "µs"), (1e-9, "ns")),
-              "bytes": ((2**30, "GiB"), (2**20, "MiB"), (2**10, "KiB"), (1, "B"))}.get(unit or "")
+    scales = _SCALES.get(unit or "")
     if scales:
         # Round first, so 0.9996 ms reads '1 ms', not '1e+03 µs'.
         v = float(f"{v:.3g}")
@@ -85,6 +97,6 @@ def format_value(value: Any, unit: str | None) -> str:
             if abs(v) >= scale or scale == scales[-1][0]:
                 return f"{v / scale:.3g} {suffix}"
     if unit in ("x", "ratio"):
-        return f"{v:.3g}×"
+        return f"{float(f'{v:.3g}'):g}×"  # as assets/dashboard.js writes it: 4840×, not 4.84e+03×
     text = f"{v:.3g}"
     return f"{text} {unit}" if unit and unit != "unit" else text

@@ -12,6 +12,7 @@ from engine import functional
 from engine._vmap import vmap
 from engine.transforms import TransformError, grad, grad_and_value, hessian, jacfwd, jacrev, jvp, linearize, vjp
 from engine.trace import TraceFallbackWarning, UntraceableError, compile, trace  # noqa: A004  (engine.compile mirrors torch.compile)
+from engine.autotrace import auto_trace
 from engine.errors import (
     DataDependentError,
     FallbackError,
@@ -23,6 +24,7 @@ from engine.compliance import check_compliance
 from engine.rules._table import register_rule
 
 __all__ = [
+    "auto_trace",
     "BatchedTensor",
     "check_compliance",
     "compile",

@@ -6,12 +6,16 @@ Invariants that keep every rule simple:
   outermost), so nested vmap and closures over outer-batched values dispatch one level at a time.
 The wrapper reports the logical shape and strides, so PyTorch's composite ops (which inspect
 strides to choose view or copy) and autograd see the per-example tensor.
+
+This is the bottom layer of the engine (engine._gradsum, then engine._dispatch build on it) and
+imports neither: engine._dispatch installs the tensor's `__torch_dispatch__` (`install_dispatch`)
+and engine._gradsum registers what runs when a level returns (`on_level_exit`).
 """
 from __future__ import annotations
 
 import itertools
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Callable
 
 import torch
 
@@ -25,25 +29,45 @@ class LevelInfo:
     randomness: str = "error"
     # autograd sequence number at entry: graph nodes older than this were built outside the level
     seq: int = 0
+    # (autograd sequence number, engine clock) at entry, compared with leaves' mark_inner stamps:
+    # the clock orders a leaf and a level made with no autograd node in between (see `clock`)
+    stamp: tuple = (0, 0)
     # autograd nodes of this level to hook when it returns (engine._gradsum)
     pending: list = field(default_factory=list)
 
 
 _level_counter = itertools.count(1)
+_ticks = itertools.count(1)
+# Stamp of a leaf never marked by a transform: older than every level.
+NEVER: tuple = (-1, -1)
+
+
+def clock() -> tuple:
+    """Now, as (autograd sequence number, engine tick). Autograd's number alone does not move
+    when no graph node is made, so a transform's input marked just before a vmap starts (grad of
+    a vmap over a closure) would tie with the level's entry; the tick breaks the tie."""
+    return torch._C._autograd._get_sequence_nr(), next(_ticks)
 _active: dict[int, LevelInfo] = {}
+# Called with a level's info after it left `_active` (engine._gradsum hooks the level's nodes there).
+_level_exit_hooks: list[Callable[[LevelInfo], None]] = []
+
+
+def on_level_exit(hook: Callable[[LevelInfo], None]) -> None:
+    """Run `hook(info)` whenever a level returns (after it is no longer active)."""
+    _level_exit_hooks.append(hook)
 
 
 def push_level(batch_size: int, randomness: str) -> LevelInfo:
-    info = LevelInfo(next(_level_counter), batch_size, randomness, torch._C._autograd._get_sequence_nr())
+    now = clock()
+    info = LevelInfo(next(_level_counter), batch_size, randomness, now[0], stamp=now)
     _active[info.level] = info
     return info
 
 
 def pop_level(info: LevelInfo) -> None:
     _active.pop(info.level, None)
-    from engine._gradsum import flush_level
-
-    flush_level(info)
+    for hook in _level_exit_hooks:
+        hook(info)
 
 
 def level_info(level: int, batch_size: int) -> LevelInfo:
@@ -60,28 +84,15 @@ class BatchedTensor(torch.Tensor):
 
     @staticmethod
     def __new__(cls, elem: torch.Tensor, level: int) -> "BatchedTensor":
-        r = torch.Tensor._make_wrapper_subclass(
-            cls,
-            elem.shape[1:],
-            strides=elem.stride()[1:],
-            dtype=elem.dtype,
-            device=elem.device,
-            layout=elem.layout,
-            requires_grad=False,
-        )
-        r._elem = elem
-        r._level = level
-        return r
+        return wrap(elem, level)
 
     # No Python hop above autograd: every op goes straight to __torch_dispatch__ (gradients that
     # leave a returned level are summed by engine._gradsum's node hooks instead).
     __torch_function__ = torch._C._disabled_torch_function_impl
 
     @classmethod
-    def __torch_dispatch__(cls, func, types, args=(), kwargs=None):
-        from engine._dispatch import batched_dispatch
-
-        return batched_dispatch(func, args, kwargs or {})
+    def __torch_dispatch__(cls, func, types, args=(), kwargs=None):  # replaced by install_dispatch
+        raise RuntimeError("engine._batched: no dispatch installed; import engine (engine._dispatch installs it).")
 
     def __repr__(self) -> str:  # the elem's repr, so printing inside vmap is readable
         return f"BatchedTensor(level={self._level}, bdim=0, value=\n{self._elem!r})"
@@ -96,6 +107,24 @@ class BatchedTensor(torch.Tensor):
         from engine.errors import DataDependentError
 
         raise DataDependentError("vmap: .numpy() on a batched tensor depends on its data; return the tensor from the vmapped function instead.")
+
+
+_make_wrapper = torch.Tensor._make_wrapper_subclass
+
+
+def wrap(elem: torch.Tensor, level: int) -> BatchedTensor:
+    """`elem` (batch at dim 0) as a BatchedTensor of `level`: the hot constructor, every argument of
+    the wrapper positional (size, strides, storage offset, memory format, dtype, layout, device,
+    pin_memory, requires_grad)."""
+    r = _make_wrapper(BatchedTensor, elem.shape[1:], elem.stride()[1:], None, None, elem.dtype, elem.layout, elem.device, False, False)
+    r._elem = elem
+    r._level = level
+    return r
+
+
+def install_dispatch(fn: Callable[..., Any]) -> None:
+    """Make `fn(cls, func, types, args=(), kwargs=None)` the batched tensor's __torch_dispatch__."""
+    BatchedTensor.__torch_dispatch__ = classmethod(fn)  # type: ignore[method-assign, assignment]
 
 
 def is_batched_at(x: Any, level: int) -> bool:
@@ -119,8 +148,8 @@ def add_batch_dim(x: torch.Tensor, level: int) -> torch.Tensor:
     if type(x) is BatchedTensor and x._level > level:
         # x logical [B_L, ...]; x._elem [B_M, B_L, ...]: batch the inner tensor at L with B_L first.
         inner = add_batch_dim(_raw_movedim(x._elem, 1, 0), level)
-        return BatchedTensor(inner, x._level)
-    return BatchedTensor(x, level)
+        return wrap(inner, x._level)
+    return wrap(x, level)
 
 
 def remove_batch_dim(x: torch.Tensor, level: int, batch_size: int) -> torch.Tensor:
@@ -133,7 +162,7 @@ def remove_batch_dim(x: torch.Tensor, level: int, batch_size: int) -> torch.Tens
             return x._elem
         if x._level > level:
             inner = remove_batch_dim(x._elem, level, batch_size)  # [B_L, B_M, ...] or expanded
-            return BatchedTensor(_raw_movedim(inner, 0, 1), x._level)
+            return wrap(_raw_movedim(inner, 0, 1), x._level)
     return x.unsqueeze(0).expand(batch_size, *x.shape)
 
 
@@ -185,27 +214,37 @@ def leave(x: torch.Tensor, level: int, batch_size: int) -> torch.Tensor:
 def mark_inner(t: torch.Tensor) -> torch.Tensor:
     """Stamp a leaf made by a transform (grad's input) with its creation time, so a vmap level
     entered before it treats gradients into it per example rather than summing them."""
-    t._vb_seq = torch._C._autograd._get_sequence_nr()
+    t._vb_seq = clock()
     return t
 
 
+_ACCUMULATE_GRAD = torch._C._functions.AccumulateGrad
+
+
 def _is_outer(t: torch.Tensor, info: LevelInfo) -> bool:
-    """Whether gradients into `t` flow to something built before `info`'s vmap started."""
+    """Whether gradients into `t` flow to something built before `info`'s vmap started.
+
+    A walk of the autograd graph from `t` that stops at the first node older than `info.seq`
+    (or a leaf not stamped inside); AccumulateGrad nodes (leaves) are told apart by type, which
+    costs no failed attribute lookup on every other node."""
     fn = t.grad_fn
     if fn is None:
-        return getattr(t, "_vb_seq", -1) < info.seq
+        return getattr(t, "_vb_seq", NEVER) < info.stamp
+    entry, stamp = info.seq, info.stamp
     stack, seen = [fn], set()
+    push, add = stack.append, seen.add
     while stack:
         node = stack.pop()
         if node in seen:
             continue
-        seen.add(node)
-        variable = getattr(node, "variable", None)
-        if variable is not None:  # AccumulateGrad: a leaf
-            if getattr(variable, "_vb_seq", -1) < info.seq:
+        add(node)
+        if type(node) is _ACCUMULATE_GRAD:  # a leaf
+            if getattr(node.variable, "_vb_seq", NEVER) < stamp:
                 return True
             continue
-        if node._sequence_nr() < info.seq:
+        if node._sequence_nr() < entry:
             return True
-        stack.extend(n for n, _ in node.next_functions if n is not None)
+        for n, _ in node.next_functions:
+            if n is not None and n not in seen:
+                push(n)
     return False

@@ -6,16 +6,17 @@ the backward pass (batched vector-Jacobian products) works without special cases
 from __future__ import annotations
 
 import contextlib
+import functools
 import warnings
 from collections import Counter
 from functools import lru_cache
-from typing import Any, Iterator
+from typing import Any, Callable, Iterator
 
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
 from engine import _gradsum
-from engine._batched import BatchedTensor, LevelInfo, add_batch_dim, level_info
+from engine._batched import BatchedTensor, LevelInfo, _active, _make_wrapper, add_batch_dim, install_dispatch, wrap
 from engine.custom_ops import custom_vmap_rule, run_custom_op
 from engine.errors import DataDependentError, FallbackError, FallbackWarning, RandomnessError, VmapError
 from engine.rules._table import PLANS, lookup
@@ -97,7 +98,7 @@ def _note_fallback(func: Any) -> None:
 
 
 class _OpMeta:
-    __slots__ = ("mutated", "returns_tensors", "random", "returns_self")
+    __slots__ = ("mutated", "returns_tensors", "random", "returns_self", "has_lists", "n_returns")
 
     def __init__(self, func: Any):
         schema = func._schema
@@ -112,6 +113,9 @@ class _OpMeta:
         self.random = torch.Tag.nondeterministic_seeded in func.tags
         # In-place/out ops return (an alias of) their first mutated argument.
         self.returns_self = bool(self.mutated) and len(schema.returns) == 1 and schema.returns[0].alias_info is not None
+        # Whether a positional argument can be a list of tensors (the level scan then looks inside lists).
+        self.has_lists = any(isinstance(a.type, torch.ListType) and "Tensor" in str(a.type) for a in schema.arguments)
+        self.n_returns = len(schema.returns)
 
 
 @lru_cache(maxsize=None)
@@ -138,6 +142,11 @@ _DATA_DEPENDENT = {aten._local_scalar_dense.default, aten.is_nonzero.default, at
 
 # ---------------------------------------------------------------------------------------------
 # the dispatch
+#
+# Every op on a batched tensor runs the op's *plan*: a closure built once per op (engine.rules._table
+# PLANS, dropped whenever a rule changes) that holds everything read from the op's schema and the
+# rule table. A call then costs one dict lookup and one pass over the arguments that finds the
+# level, unwraps it, and notes whether any input requires grad; the rule; and one wrapper per output.
 
 
 def _find_level(args: Any, kwargs: dict) -> tuple[int | None, int]:
@@ -172,6 +181,8 @@ def _unwrap(args: Any, level: int) -> tuple[list, list]:
 
 
 def wrap_outputs(out: Any, out_dims: Any, level: int) -> Any:
+    if type(out) is torch.Tensor and out_dims == 0:  # the common case: a plain tensor batched at 0
+        return wrap(out, level)
     if isinstance(out, torch.Tensor):
         if out_dims is None:
             return out
@@ -185,55 +196,196 @@ def wrap_outputs(out: Any, out_dims: Any, level: int) -> Any:
     return out
 
 
-_NORMAL, _DATA_DEP, _INPLACE_VIEW = 0, 1, 2
+def _requires_grad_in(args: tuple, kwargs: dict) -> bool:
+    """Whether a tensor among the arguments (in lists too) requires grad: else autograd records no
+    node for the op and engine._gradsum has nothing to note."""
+    for a in args:
+        if isinstance(a, torch.Tensor):
+            if a.requires_grad:
+                return True
+        elif type(a) in (list, tuple):
+            for b in a:
+                if isinstance(b, torch.Tensor) and b.requires_grad:
+                    return True
+    for a in kwargs.values():
+        if isinstance(a, torch.Tensor) and a.requires_grad:
+            return True
+    return False
 
 
-def _plan(func: Any) -> tuple:
-    """(kind, meta, rule) for an op, computed once: the per-op part of dispatch off the hot path."""
-    plan = PLANS.get(func)
-    if plan is None:
-        if func in _DATA_DEPENDENT:
-            kind = _DATA_DEP
-        elif torch.Tag.inplace_view in func.tags:
-            kind = _INPLACE_VIEW
-        else:
-            kind = _NORMAL
-        plan = PLANS[func] = (kind, op_meta(func), lookup(func) or custom_vmap_rule(func))
+def _note(args: tuple, kwargs: dict, out: Any, level: int) -> None:
+    if torch.is_grad_enabled() and _requires_grad_in(args, kwargs):
+        _gradsum.note(args, kwargs, out, level)
+
+
+def _build_plan(func: Any) -> Callable[[tuple, dict], Any]:
+    """The plan of `func`, computed once and kept in PLANS."""
+    rule = lookup(func) or custom_vmap_rule(func)
+    if func in _DATA_DEPENDENT and rule is None:  # a rule may answer for the batch (engine.rules.checks)
+        def plan(args: tuple, kwargs: dict) -> Any:
+            if _find_level(args, kwargs)[0] is None:
+                return func(*args, **kwargs)
+            raise _data_dependent(func)
+    elif torch.Tag.inplace_view in func.tags:
+        plan = functools.partial(_run_inplace_view, func)
+    else:
+        plan = _rule_plan(func, op_meta(func), rule)
+    PLANS[func] = plan
+    return plan
+
+
+def _rule_plan(func: Any, meta: _OpMeta, rule: Any) -> Callable[[tuple, dict], Any]:
+    """The plan of an op with (or without) a rule; see the comment above `_find_level`."""
+    op = func._op if type(func) is torch._ops.OpOverload else func  # OpOverload.__call__ is exactly ._op
+    lists, random, mutated, returns_self = meta.has_lists, meta.random, meta.mutated, meta.returns_self
+    # Pointwise rules declare that, when every batched argument has the same logical rank (>= 1) and
+    # no unbatched tensor has a higher one, the rule is the op on the physical arguments (batch at 0).
+    # Logical rank 0 qualifies only without unbatched tensors: a batched 0-dim tensor is 1-dim
+    # physically, which would outrank an unbatched 0-dim tensor in type promotion; among batched
+    # 0-dim tensors and Python scalars alone, promotion is the same physically and logically.
+    direct = (getattr(rule, "same_rank_direct", False) and meta.n_returns == 1 and not lists and not random
+              and mutated in ((), (0,)))
+    gradsum = _gradsum
+    # `grad_seen`: an input requires grad (else autograd records no node); `mixed`: some tensor input
+    # is not batched at exactly this one level (else every input has the same levels). _gradsum.note
+    # records nothing unless both hold, so it is called only then.
+
+    def plan(args: tuple, kwargs: dict) -> Any:
+        level, top = 0, None
+        for a in args:
+            if type(a) is BatchedTensor:
+                if a._level > level:
+                    level, top = a._level, a
+            elif lists and type(a) in (list, tuple):
+                for b in a:
+                    if type(b) is BatchedTensor and b._level > level:
+                        level, top = b._level, b
+        kw_batched = False
+        if kwargs:
+            for v in kwargs.values():
+                if type(v) is BatchedTensor and v._level > level:
+                    level, top = v._level, v
+            kw_batched = any(type(v) is BatchedTensor and v._level == level for v in kwargs.values())
+        if top is None:
+            return op(*args, **kwargs)
+        if gradsum._last or gradsum._urgent:
+            gradsum.flush_urgent()
+        grad_seen = mixed = False
+        if direct and not kwargs:
+            nd = top._elem.dim()
+            if nd:
+                uargs = []
+                for a in args:
+                    if type(a) is BatchedTensor:
+                        if a.requires_grad:
+                            grad_seen = True
+                        if a._level == level:
+                            e = a._elem
+                            if e.dim() != nd:
+                                break
+                            if type(e) is BatchedTensor:
+                                mixed = True
+                            uargs.append(e)
+                            continue
+                        if a.dim() >= nd or nd == 1:
+                            break
+                        mixed = True
+                    elif isinstance(a, torch.Tensor):
+                        if a.requires_grad:
+                            grad_seen = True
+                        if a.dim() >= nd or nd == 1:
+                            break
+                        mixed = True
+                    uargs.append(a)
+                else:
+                    if not mutated or uargs[0] is not args[0]:
+                        out = op(*uargs)
+                        if returns_self:
+                            result = args[0]
+                        else:  # engine._batched.wrap, inlined: this is the hottest line of the engine
+                            result = _make_wrapper(BatchedTensor, out.shape[1:], out.stride()[1:], None, None, out.dtype, out.layout, out.device, False, False)
+                            result._elem = out
+                            result._level = level
+                        if grad_seen and mixed and torch.is_grad_enabled():
+                            gradsum.note(args, kwargs, result, level)
+                        return result
+                grad_seen = mixed = False
+        info = _active.get(level)
+        if info is None:  # autograd's backward running after the vmap returned
+            info = LevelInfo(level, top._elem.shape[0], "error")
+        if random and info.randomness == "error" and _draws(rule, args, kwargs):
+            raise _randomness_error(func)
+        if rule is None or kw_batched:
+            out = _without_rule(func, info, args, kwargs)
+            _note(args, kwargs, out, level)
+            return out
+        uargs, dims = [], []
+        for a in args:
+            if type(a) is BatchedTensor:
+                if a.requires_grad:
+                    grad_seen = True
+                if a._level == level:
+                    e = a._elem
+                    if type(e) is BatchedTensor:
+                        mixed = True
+                    uargs.append(e)
+                    dims.append(0)
+                    continue
+                mixed = True
+            elif isinstance(a, torch.Tensor):
+                if a.requires_grad:
+                    grad_seen = True
+                mixed = True
+            elif lists and type(a) in (list, tuple):
+                mixed = True
+                if any(isinstance(b, torch.Tensor) and b.requires_grad for b in a):
+                    grad_seen = True
+                if any(type(b) is BatchedTensor and b._level == level for b in a):
+                    uargs.append([b._elem if type(b) is BatchedTensor and b._level == level else b for b in a])
+                    dims.append([0 if type(b) is BatchedTensor and b._level == level else None for b in a])
+                    continue
+            uargs.append(a)
+            dims.append(None)
+        if kwargs:
+            mixed = True
+            if not grad_seen:
+                grad_seen = any(isinstance(v, torch.Tensor) and v.requires_grad for v in kwargs.values())
+        if mutated:
+            _check_inplace(func, meta, dims)
+        out, out_dims = rule(info, dims, *uargs, **kwargs)
+        result = args[mutated[0]] if returns_self else wrap_outputs(out, out_dims, level)
+        if grad_seen and mixed and torch.is_grad_enabled():
+            gradsum.note(args, kwargs, result, level)
+        return result
+
     return plan
 
 
 def batched_dispatch(func: Any, args: tuple, kwargs: dict) -> Any:
-    level, size = _find_level(args, kwargs)
-    if level is None:
-        return func(*args, **kwargs)
-    if _gradsum._last or _gradsum._urgent:
-        _gradsum.flush_urgent()
-    out = _batched_call(func, args, kwargs, level, size)
-    if torch.is_grad_enabled():
-        _gradsum.note(args, kwargs, out, level)
-    return out
+    """Run `func` on arguments some of which are batched: the op's plan (built on first use)."""
+    plan = PLANS.get(func)
+    if plan is None:
+        plan = _build_plan(func)
+    return plan(args, kwargs)
 
 
-def _batched_call(func: Any, args: tuple, kwargs: dict, level: int, size: int) -> Any:
-    kind, meta, rule = _plan(func)
-    if kind:
-        if kind == _DATA_DEP:
-            raise _data_dependent(func)
-        return _inplace_view(func, args, kwargs)
-    info = level_info(level, size)
-    if meta.random and info.randomness == "error":
-        raise _randomness_error(func)
-    if kwargs and any(type(v) is BatchedTensor and v._level == level for v in kwargs.values()):
-        rule = None
-    if rule is not None:
-        uargs, dims = _unwrap(args, level)
-        if meta.mutated:
-            _check_inplace(func, meta, dims)
-        out, out_dims = rule(info, dims, *uargs, **kwargs)
-        if meta.returns_self:
-            return args[meta.mutated[0]]
-        return wrap_outputs(out, out_dims, level)
-    if not meta.mutated:
+_NO_KWARGS: dict = {}  # shared empty kwargs: plans and rules never mutate their kwargs
+
+
+def _torch_dispatch(cls: type, func: Any, types: Any, args: tuple = (), kwargs: dict | None = None) -> Any:
+    plan = PLANS.get(func)
+    if plan is None:
+        plan = _build_plan(func)
+    return plan(args, kwargs or _NO_KWARGS)
+
+
+install_dispatch(_torch_dispatch)
+
+
+def _without_rule(func: Any, info: LevelInfo, args: tuple, kwargs: dict) -> Any:
+    """An op without a rule (or with a batched keyword argument): a custom op's own implementation,
+    else its decomposition, else the for-loop fallback."""
+    if not op_meta(func).mutated:
         custom = run_custom_op(func, args, kwargs)
         if custom is not NotImplemented:
             return custom
@@ -241,6 +393,24 @@ def _batched_call(func: Any, args: tuple, kwargs: dict, level: int, size: int) -
         if decomposed is not NotImplemented:
             return decomposed
     return fallback(func, info, args, kwargs)
+
+
+def _draws(rule: Any, args: tuple, kwargs: dict) -> bool:
+    """Whether a call of an op tagged random draws: its rule may know that this one does not
+    (attention with dropout_p=0, engine.rules.attention)."""
+    deterministic = getattr(rule, "deterministic_when", None)
+    return deterministic is None or not deterministic(args, kwargs)
+
+
+def _run_inplace_view(func: Any, args: tuple, kwargs: dict) -> Any:
+    level = _find_level(args, kwargs)[0]
+    if level is None:
+        return func(*args, **kwargs)
+    if _gradsum._last or _gradsum._urgent:
+        _gradsum.flush_urgent()
+    out = _inplace_view(func, args, kwargs)
+    _note(args, kwargs, out, level)
+    return out
 
 
 def _inplace_view(func: Any, args: tuple, kwargs: dict) -> Any:
@@ -287,8 +457,9 @@ def _data_dependent(func: Any) -> DataDependentError:
 
 def _randomness_error(func: Any) -> RandomnessError:
     return RandomnessError(
-        f"vmap: called random operation {op_name(func)} while in randomness='error' mode. Pass "
-        f"randomness='different' (independent draws per batch element) or 'same' (one draw for the whole batch) to vmap."
+        f"vmap: called random operation while in randomness error mode ({op_name(func)}). Please either use the "
+        f"'same' or 'different' randomness flags on vmap or perform the randomness operation out of vmap "
+        f"('different': independent draws per batch element; 'same': one draw for the whole batch)."
     )
 
 
@@ -412,20 +583,18 @@ class VmapMode(TorchDispatchMode):
         return False
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-        kwargs = kwargs or {}
+        kwargs = kwargs or _NO_KWARGS
         if BatchedTensor in types:
-            return batched_dispatch(func, args, kwargs)
-        if torch.Tag.nondeterministic_seeded in func.tags:
+            plan = PLANS.get(func)
+            if plan is None:
+                plan = _build_plan(func)
+            return plan(args, kwargs)
+        if torch.Tag.nondeterministic_seeded in func.tags and _draws(lookup(func), args, kwargs):
             randomness = self.info.randomness
             if randomness == "error":
                 raise _randomness_error(func)
             if randomness == "different":
-                if op_meta(func).mutated:
-                    raise RandomnessError(
-                        f"vmap: {op_name(func)} fills an unbatched tensor in place under randomness='different', "
-                        f"so it cannot hold a different draw per batch element. Create the tensor with an "
-                        f"out-of-place random op (e.g. torch.randn) or make it batched first."
-                    )
-                draws = [func(*args, **kwargs) for _ in range(self.info.batch_size)]
-                return _stack_results(draws, self.info.level)
+                from engine.rules.random_ops import draw_unbatched
+
+                return draw_unbatched(func, self.info, args, kwargs)
         return func(*args, **kwargs)

@@ -23,7 +23,7 @@ from typing import Any
 
 import torch
 
-from engine._batched import BatchedTensor, LevelInfo, _active, _RemoveBatchDim, batch_levels, remove_batch_dim
+from engine._batched import NEVER, BatchedTensor, LevelInfo, _active, _RemoveBatchDim, batch_levels, on_level_exit, remove_batch_dim
 
 # Records of nodes that touch a level that had already returned when they were made (a backward
 # pass with create_graph=True after the vmap). They are hooked at the next chance: the next
@@ -42,7 +42,11 @@ def levels_of(x: Any) -> tuple[int, ...]:
 
 def note(args: tuple, kwargs: dict, out: Any, level: int) -> None:
     """Called for an op at `level` while grad mode is on: remember the node autograd is about to make
-    for `out` when its requires-grad inputs are batched at different levels."""
+    for `out` when its requires-grad inputs are batched at different levels.
+
+    It records nothing when no input requires grad (autograd makes no node) or when every tensor
+    input has the same levels (no input lacks a level, so there is nothing to sum): the dispatch
+    skips the call when it saw no input that requires grad."""
     tensors = list(_tensor_args(args, kwargs))
     for a in tensors:
         if a.requires_grad:
@@ -50,6 +54,12 @@ def note(args: tuple, kwargs: dict, out: Any, level: int) -> None:
     else:
         return  # the cheap common exit: autograd records nothing
     per = [(a, levels_of(a)) for a in tensors]
+    first = per[0][1]
+    for _, lv in per:
+        if lv != first:
+            break
+    else:
+        return  # every input has every level
     union = {lvl for _, lv in per for lvl in lv}
     edges = []
     for t, lv in per:
@@ -80,10 +90,10 @@ def note(args: tuple, kwargs: dict, out: Any, level: int) -> None:
 
 def _made_inside(leaf: torch.Tensor, levels: set[int]) -> bool:
     """Whether `leaf` was made (engine._batched.mark_inner) after every one of `levels` started."""
-    stamp = getattr(leaf, "_vb_seq", -1)
+    stamp = getattr(leaf, "_vb_seq", NEVER)
     for lvl in levels:
         info = _active.get(lvl)
-        if info is None or stamp < info.seq:
+        if info is None or stamp < info.stamp:
             return False
     return True
 
@@ -152,6 +162,9 @@ def flush_level(info: LevelInfo) -> None:
         resolve_last()
     if info.pending:
         flush(info.pending)
+
+
+on_level_exit(flush_level)
 
 
 class _SumHook:

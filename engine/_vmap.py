@@ -9,7 +9,9 @@ from torch.utils._pytree import _broadcast_to_and_flatten, tree_flatten, tree_un
 
 from engine._batched import BatchedTensor, enter, is_batched_at, leave, pop_level, push_level
 from engine._dispatch import VmapMode
+from engine._guards import checked, transform_scope
 from engine.errors import VmapError
+from engine.rules.rnn import batched_initial_state
 
 _RANDOMNESS = ("error", "different", "same")
 
@@ -114,8 +116,8 @@ def _vmap_call(func, flat_args, flat_dims, spec, size, out_dims, randomness, kwa
             a if d is None else enter(a if d % a.dim() == 0 else a.movedim(d, 0), info.level, size)
             for a, d in zip(flat_args, flat_dims)
         ]
-        with VmapMode(info):
-            out = func(*tree_unflatten(batched, spec), **kwargs)
+        with VmapMode(info), transform_scope(is_vmap=True), batched_initial_state():
+            out = checked(func)(*tree_unflatten(batched, spec), **kwargs)
         return _unwrap_outputs(func, out, out_dims, info.level, size)
     finally:
         pop_level(info)
@@ -180,7 +182,8 @@ def _chunked(func, flat_args, flat_dims, spec, size, out_dims, randomness, kwarg
 
 def _call_single(func, flat_args, flat_dims, spec, i, kwargs):
     args = [a if d is None else a.select(d, i) for a, d in zip(flat_args, flat_dims)]
-    return func(*tree_unflatten(args, spec), **kwargs)
+    with transform_scope(is_vmap=True):
+        return func(*tree_unflatten(args, spec), **kwargs)
 
 
 def _out_dims_for(func, out, out_dims):

@@ -1,9 +1,23 @@
-"""Exceptions and warnings the engine raises; every message names the culprit and the fix."""
+"""Exceptions and warnings the engine raises; every message names the culprit and the fix.
+
+torch.func raises plain RuntimeError (and ValueError for some argument checks), so user code written
+against it says `except RuntimeError`. The engine's classes subclass what torch.func raises in the
+same situation, so such handlers keep working when the engine is swapped in.
+"""
 from __future__ import annotations
 
 
-class VmapError(ValueError):
+class VmapError(ValueError, RuntimeError):
     """A vmap call that cannot be honoured as written (bad in_dims, mismatched sizes, ...)."""
+
+
+class TransformError(RuntimeError, ValueError):
+    """A transform called in a way it cannot honour (non-scalar grad, bad argnums, bad has_aux output)."""
+
+
+class UnsupportedInTransformError(RuntimeError):
+    """Code torch.func refuses inside a transform (requires_grad_, retain_grad, an autograd.Function
+    without functorch support, an in-place write into a captured tensor under grad)."""
 
 
 class DataDependentError(RuntimeError):

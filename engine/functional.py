@@ -1,7 +1,10 @@
-"""`engine.functional.jacobian` / `hessian`: torch.autograd.functional's API on the engine.
+"""torch.autograd.functional's API on the engine: `jacobian`, `hessian`, `vjp`, `jvp`, `vhp`, `hvp`.
 
-`vectorize=False` loops over output rows with one backward pass each (the baseline);
-`vectorize=True` runs all rows in one vmapped backward pass through the engine.
+`jacobian`/`hessian` with `vectorize=False` loop over output rows with one backward pass each (the
+baseline); `vectorize=True` runs all rows in one vmapped backward pass through the engine.
+`vjp`/`jvp`/`vhp`/`hvp` are one (double) backward pass each, with torch.autograd.functional's
+signatures and results; unlike torch.autograd.functional they may be called inside `engine.vmap`
+(e.g. over a batch of vectors `v`), where the engine batches their backward passes.
 """
 from __future__ import annotations
 
@@ -10,6 +13,7 @@ from typing import Any, Callable
 import torch
 
 from engine._batched import mark_inner
+from engine._guards import requires_grad
 from engine._vmap import vmap
 from engine.transforms import TransformError, linearize
 
@@ -30,7 +34,7 @@ def _as_tuple(x: Any, name: str, api: str) -> tuple[bool, tuple]:
 
 
 def _grad_inputs(inputs: tuple, create_graph: bool) -> tuple:
-    return tuple(i.view_as(i) if (create_graph and i.requires_grad) else mark_inner(i.detach().requires_grad_(True)) for i in inputs)
+    return tuple(i.view_as(i) if (create_graph and i.requires_grad) else mark_inner(requires_grad(i.detach())) for i in inputs)
 
 
 def jacobian(
@@ -161,3 +165,107 @@ def hessian(
     res = jacobian(jac_func, inputs_t, create_graph=create_graph, strict=strict, vectorize=vectorize,
                    strategy=outer_jacobian_strategy)
     return res if inputs_tuple else res[0][0]
+
+
+# ------------------------------------------------------------------------------------------------
+# vector products
+
+
+def _check_v(v: Any, ref: tuple, name: str, api: str) -> tuple:
+    """`v` with the structure of `ref` (the inputs or the outputs); None only for one 1-element tensor."""
+    if v is None:
+        if len(ref) != 1 or ref[0].numel() != 1:
+            raise TransformError(
+                f"{api}: The vector v can only be None if the {name} to the user-provided function is a single "
+                f"Tensor with a single element."
+            )
+        return (torch.ones_like(ref[0]),)
+    _, vs = _as_tuple(v, "v", api)
+    if len(vs) != len(ref):
+        raise TransformError(f"{api}: v is a tuple of invalid length: should be {len(ref)} but got {len(vs)}.")
+    for i, (a, b) in enumerate(zip(vs, ref)):
+        if a.shape != b.shape:
+            raise TransformError(
+                f"{api}: Entry {i} in v has invalid size: should be {tuple(b.shape)} but got {tuple(a.shape)}."
+            )
+    return vs
+
+
+def _grad(outputs: tuple, inputs: tuple, grad_outputs: tuple, create_graph: bool, strict: bool, api: str,
+          what: str = "output") -> tuple:
+    live = [(o, g) for o, g in zip(outputs, grad_outputs) if o.requires_grad]
+    gs = (torch.autograd.grad([o for o, _ in live], inputs, [g for _, g in live], create_graph=create_graph,
+                              allow_unused=True) if live else (None,) * len(inputs))
+    if strict:
+        for i, g in enumerate(gs):
+            if g is None:
+                raise RuntimeError(
+                    f"{api}(strict=True): The {what} of the user-provided function is independent of input {i}. "
+                    f"This is not allowed in strict mode."
+                )
+    return tuple(torch.zeros_like(x) if g is None else g for g, x in zip(gs, inputs))
+
+
+def _post(t: tuple, create_graph: bool, is_tuple: bool) -> Any:
+    t = tuple(x if create_graph else x.detach() for x in t)
+    return t if is_tuple else t[0]
+
+
+def _scalar_output(func: Callable, inp: tuple, api: str) -> torch.Tensor:
+    out = func(*inp)
+    _, outs = _as_tuple(out, "outputs of the user-provided function", api)
+    if len(outs) != 1 or outs[0].numel() != 1:
+        raise TransformError(f"{api}: The function given to {api} should return a single Tensor with a single element.")
+    return outs[0]
+
+
+def vjp(func: Callable, inputs: Any, v: Any = None, create_graph: bool = False, strict: bool = False) -> tuple:
+    """(func(inputs), v^T J) like torch.autograd.functional.vjp; `v` has the structure of the outputs."""
+    inputs_tuple, inputs_t = _as_tuple(inputs, "inputs", "vjp")
+    with torch.enable_grad():
+        inp = _grad_inputs(inputs_t, create_graph)
+        outputs = func(*inp)
+        outputs_tuple, outs = _as_tuple(outputs, "outputs of the user-provided function", "vjp")
+        vs = _check_v(v, outs, "outputs", "vjp")
+        grads = _grad(outs, inp, vs, create_graph, strict, "vjp")
+    return _post(outs, create_graph, outputs_tuple), _post(grads, create_graph, inputs_tuple)
+
+
+def jvp(func: Callable, inputs: Any, v: Any = None, create_graph: bool = False, strict: bool = False) -> tuple:
+    """(func(inputs), J v) like torch.autograd.functional.jvp, by the double-backward trick."""
+    inputs_tuple, inputs_t = _as_tuple(inputs, "inputs", "jvp")
+    with torch.enable_grad():
+        inp = _grad_inputs(inputs_t, create_graph)
+        vs = _check_v(v, inp, "input", "jvp")
+        outputs = func(*inp)
+        outputs_tuple, outs = _as_tuple(outputs, "outputs of the user-provided function", "jvp")
+        dummies = tuple(requires_grad(torch.zeros_like(o)) for o in outs)
+        g = _grad(outs, inp, dummies, True, strict, "jvp")
+        jv = _grad(g, dummies, vs, create_graph, strict, "jvp", what="gradient")
+    return _post(outs, create_graph, outputs_tuple), _post(jv, create_graph, outputs_tuple)
+
+
+def vhp(func: Callable, inputs: Any, v: Any = None, create_graph: bool = False, strict: bool = False) -> tuple:
+    """(func(inputs), v^T H) like torch.autograd.functional.vhp, for a scalar `func`."""
+    inputs_tuple, inputs_t = _as_tuple(inputs, "inputs", "vhp")
+    with torch.enable_grad():
+        inp = _grad_inputs(inputs_t, create_graph)
+        vs = _check_v(v, inp, "input", "vhp")
+        out = _scalar_output(func, inp, "vhp")
+        jac = _grad((out,), inp, (torch.ones_like(out),), True, strict, "vhp")
+        res = _grad(jac, inp, vs, create_graph, strict, "vhp", what="jacobian")
+    return _post((out,), create_graph, False), _post(res, create_graph, inputs_tuple)
+
+
+def hvp(func: Callable, inputs: Any, v: Any = None, create_graph: bool = False, strict: bool = False) -> tuple:
+    """(func(inputs), H v) like torch.autograd.functional.hvp (double backward through a dummy)."""
+    inputs_tuple, inputs_t = _as_tuple(inputs, "inputs", "hvp")
+    with torch.enable_grad():
+        inp = _grad_inputs(inputs_t, create_graph)
+        vs = _check_v(v, inp, "input", "hvp")
+        out = _scalar_output(func, inp, "hvp")
+        jac = _grad((out,), inp, (torch.ones_like(out),), True, strict, "hvp")
+        dummies = tuple(requires_grad(torch.zeros_like(x)) for x in inp)
+        back = _grad(jac, inp, dummies, True, strict, "hvp", what="jacobian")
+        res = _grad(back, dummies, vs, create_graph, strict, "hvp", what="jacobian")
+    return _post((out,), create_graph, False), _post(res, create_graph, inputs_tuple)

@@ -17,11 +17,17 @@ What a trace may not capture, and how it is handled:
   inputs fed with the live tensor objects at every replay, so in-place updates of them are seen;
   rebinding a closure variable to a *different* tensor object is not seen (the trace keeps the
   object it saw);
-- Python control flow on tensor values (`.item()`, `if t:`, `float(t)`) and ops whose output shape
-  depends on data (`nonzero`, boolean masking) would be frozen into the graph: they raise
-  `UntraceableError` (a `DataDependentError`), or with `fallback="eager"` warn once and run
-  eagerly. `.tolist()`/`.numpy()` on plain tensors bypass PyTorch's dispatcher and cannot be
-  detected: do not use them in a traced function;
+- a Python bool read off a tensor (`if t.all():`, the argument checks of torch.distributions)
+  becomes a guard: the graph also computes whether each such condition comes out as it did when
+  traced, and a replay where one does not runs the function eagerly instead, so an invalid input
+  raises the function's own error (a distribution's ValueError naming the parameter) rather than
+  computing NaN; if it does not raise, the inputs took another branch: `UntraceableError`, or with
+  `fallback="eager"` the eager result (warned once);
+- int/float values read in Python (`.item()`, `float(t)`) and ops whose output shape depends on
+  data (`nonzero`, boolean masking) would be frozen into the graph: they raise `UntraceableError`
+  (a `DataDependentError`), or with `fallback="eager"` warn once and run eagerly. Integer indexing
+  (`index.Tensor` without boolean masks) is recorded like any op. `.tolist()`/`.numpy()` on plain
+  tensors bypass PyTorch's dispatcher and cannot be detected: do not use them in a traced function;
 - random ops stay ops in the graph, so each replay draws fresh values.
 """
 from __future__ import annotations
@@ -29,6 +35,7 @@ from __future__ import annotations
 import functools
 import operator
 import time
+import traceback
 import warnings
 from collections import OrderedDict
 from dataclasses import dataclass
@@ -37,7 +44,7 @@ from typing import Any, Callable, Hashable
 import torch
 import torch.fx
 from torch.fx.experimental.proxy_tensor import make_fx
-from torch.utils._python_dispatch import TorchDispatchMode
+from torch.utils._python_dispatch import TorchDispatchMode, _disable_current_modes
 from torch.utils._pytree import tree_flatten, tree_unflatten
 
 from engine.errors import DataDependentError
@@ -180,21 +187,79 @@ def _fast_signature(args: tuple, kwargs: dict, strides: bool) -> tuple[Hashable,
 
 
 class _DataGuard(TorchDispatchMode):
-    """Refuses ops that hand tensor data to Python or give data-dependent shapes while tracing."""
+    """Watches the ops that hand tensor data to Python or give data-dependent shapes while tracing.
+
+    A Python bool read off a tensor (`if torch._is_all_true(valid):` in torch.distributions'
+    argument checks, `if (x > 0).all():`) becomes a guard: the condition the trace saw is recorded
+    as a graph op and every replay checks it (see `_Entry.call`). An int or float read (`.item()`,
+    `float(t)`) would freeze a value into the graph and is refused, as are ops whose output shape
+    depends on values (nonzero, boolean masks); `index.Tensor` with integer indices, `one_hot`
+    with `num_classes` and `repeat_interleave` with `output_size` have value-independent shapes
+    and are recorded like any op.
+    """
 
     _REFUSED_TAGS = (torch.Tag.data_dependent_output, torch.Tag.dynamic_output_shape)
     _REFUSED = {aten._local_scalar_dense.default, aten.is_nonzero.default, aten.equal.default, aten.item.default}
 
+    def __init__(self) -> None:
+        super().__init__()
+        self.conditions: list[torch.Tensor] = []  # 0-dim bool tensors (graph values) that must hold
+        self.places: list[str] = []  # where each condition was read, for error messages
+
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-        if func in self._REFUSED or any(t in func.tags for t in self._REFUSED_TAGS):
+        kwargs = kwargs or {}
+        if func is aten.is_nonzero.default or (func is aten._local_scalar_dense.default and args[0].dtype == torch.bool):
+            return self._guard(func, args[0])
+        if (func in self._REFUSED or any(t in func.tags for t in self._REFUSED_TAGS)) and not _shape_is_static(func, args, kwargs):
             name = func.name()
             raise UntraceableError(
                 f"the function calls {name}, whose result depends on tensor values (`.item()`, "
-                f"`if tensor:`, `float(tensor)`, boolean masking, nonzero). A recorded graph would freeze one "
+                f"`float(tensor)`, boolean masking, nonzero). A recorded graph would freeze one "
                 f"outcome. Use tensor ops instead (torch.where, masked arithmetic), or pass fallback='eager' to "
                 f"run such a function without tracing."
             )
-        return func(*args, **(kwargs or {}))
+        return func(*args, **kwargs)
+
+    def _guard(self, func: Any, t: torch.Tensor) -> bool:
+        with _disable_current_modes():
+            value = bool(func(t))
+        # Recorded now (the ops below reach the tracer), so a later in-place write to `t` cannot change it.
+        if func is aten.is_nonzero.default:
+            cond = aten.ne.Scalar(t, 0) if value else aten.eq.Scalar(t, 0)
+        else:
+            cond = aten.eq.Scalar(t, value)
+        self.conditions.append(cond.reshape(()))
+        self.places.append(_user_frame())
+        return value
+
+    def all_hold(self) -> torch.Tensor:
+        """One graph value: whether every recorded condition holds (the replay's guard)."""
+        return torch.stack(self.conditions).all()
+
+
+def _shape_is_static(func: Any, args: tuple, kwargs: dict) -> bool:
+    """Ops tagged as having data-dependent output shapes whose shape here depends on shapes only."""
+    if func is aten.index.Tensor:
+        return all(i is None or i.dtype not in (torch.bool, torch.uint8) for i in args[1])
+    if func is aten.one_hot.default:
+        return (args[1] if len(args) > 1 else kwargs.get("num_classes", -1)) != -1
+    if func is aten.repeat_interleave.Tensor:
+        return kwargs.get("output_size") is not None
+    return False
+
+
+def _user_frame() -> str:
+    """The innermost caller outside torch and the engine (a check's location, for messages)."""
+    for frame in reversed(traceback.extract_stack()):
+        path = frame.filename.replace("\\", "/")
+        if "/torch/" not in path and "/engine/" not in path:
+            return f"{frame.filename}:{frame.lineno} ({frame.name})"
+    frame = traceback.extract_stack()[-3]
+    return f"{frame.filename}:{frame.lineno} ({frame.name})"
+
+
+class _GuardFailed(Exception):
+    """A replay found a guarded condition that differs from the traced run's."""
 
 
 # ------------------------------------------------------------------------------------------------
@@ -231,7 +296,7 @@ class _Entry:
 
     __slots__ = (
         "gm", "run", "constants", "tensor_pos", "select", "out_spec", "out_consts", "build", "eager", "compiled",
-        "compile_seconds", "key", "fast_keys", "first",
+        "compile_seconds", "key", "fast_keys", "first", "guards",
     )
 
     def __init__(self) -> None:
@@ -249,6 +314,7 @@ class _Entry:
         self.key: Hashable = None
         self.fast_keys: list[Hashable] = []
         self.first: list[torch.Tensor] | None = None  # the traced run's results, returned by the tracing call
+        self.guards: list[str] = []  # where the guarded conditions were read; the graph's last output checks them
 
     def inputs(self, flat: list) -> list:
         return [flat[i] for i in self.tensor_pos] + list(self.constants)
@@ -256,8 +322,14 @@ class _Entry:
     def call(self, flat: list) -> Any:
         select = self.select
         if select is None:
-            return self.build(self.run(*flat, *self.constants))
-        return self.build(self.run(*[flat[i] for i in select], *self.constants))
+            outs = self.run(*flat, *self.constants)
+        else:
+            outs = self.run(*[flat[i] for i in select], *self.constants)
+        if self.guards:
+            if not outs[-1]:
+                raise _GuardFailed()
+            outs = outs[:-1]
+        return self.build(outs)
 
 
 # torch.compile keywords the direct inductor path can honour: `mode` and `options` become inductor
@@ -335,7 +407,10 @@ class TracedFunction:
                 if entry is not self._mru:
                     self._cache.move_to_end(entry.key)
                     self._mru = entry
-                return entry.call(fast[1])
+                try:
+                    return entry.call(fast[1])
+                except _GuardFailed:
+                    return self._guard_failed(entry, args, kwargs)
         return self._call_slow(args, kwargs, fast)
 
     def cache_info(self) -> CacheInfo:
@@ -382,7 +457,29 @@ class TracedFunction:
             # would run any write into an input or a closed-over tensor twice.
             first, entry.first = entry.first, None
             return entry.build(first)
-        return entry.call(flat)
+        try:
+            return entry.call(flat)
+        except _GuardFailed:
+            return self._guard_failed(entry, args, kwargs)
+
+    def _guard_failed(self, entry: _Entry, args: tuple, kwargs: dict) -> Any:
+        """A check the trace saw pass (or a branch it saw taken) comes out differently for these
+        inputs. The function runs eagerly: an argument check then raises its own error (say, a
+        distribution's ValueError naming the invalid parameter). A function that instead takes the
+        other branch of its control flow cannot be replayed from this graph: UntraceableError, or
+        with fallback='eager' its eager result (warned once)."""
+        out = self.fn(*args, **kwargs)
+        places = ", ".join(dict.fromkeys(entry.guards))
+        message = (
+            f"engine.trace: {_name(self.fn)} branches on tensor values ({places}) and these inputs take another "
+            f"branch than the traced call did, so the recorded graph does not apply."
+        )
+        if self.fallback == "error":
+            raise UntraceableError(message + " Use tensor ops instead (torch.where), or pass fallback='eager'.")
+        if not self._warned:
+            self._warned = True
+            warnings.warn(message + " Running it eagerly for such inputs.", TraceFallbackWarning, stacklevel=3)
+        return out
 
     def _trace(self, flat: list, spec: Any, args: tuple, kwargs: dict) -> _Entry:
         entry = _Entry()
@@ -396,12 +493,16 @@ class TracedFunction:
             for i, t in zip(entry.tensor_pos, tensors):
                 leaves[i] = t
             a, kw = tree_unflatten(leaves, spec)
-            with _DataGuard():
+            guard = _DataGuard()
+            with guard:
                 out = fn(*a, **kw)
             flat_out, out_spec = tree_flatten(out)
             out_info["spec"] = out_spec
             out_info["consts"] = [(i, o) for i, o in enumerate(flat_out) if not isinstance(o, torch.Tensor)]
             out_info["values"] = [o for o in flat_out if isinstance(o, torch.Tensor)]
+            entry.guards = guard.places
+            if guard.conditions:
+                return out_info["values"] + [guard.all_hold()]
             return out_info["values"]
 
         start = time.perf_counter()

@@ -15,13 +15,12 @@ import torch
 from torch.utils._pytree import tree_flatten, tree_map, tree_unflatten
 
 from engine import _gradsum
-from engine._batched import LevelInfo, _is_outer, mark_inner
+from engine._batched import LevelInfo, _is_outer, clock, mark_inner
+from engine._guards import requires_grad, transform_scope
 from engine._vmap import vmap
-from engine.errors import VmapError
+from engine.errors import TransformError, UnsupportedInTransformError, VmapError
 
-
-class TransformError(ValueError):
-    """A transform called in a way it cannot honour (non-scalar grad, bad argnums, bad has_aux output)."""
+__all__ = ["TransformError", "grad", "grad_and_value", "hessian", "jacfwd", "jacrev", "jvp", "linearize", "vjp"]
 
 
 class _Depth:
@@ -35,6 +34,32 @@ def _nested() -> Iterator[None]:
         yield
     finally:
         _Depth.value -= 1
+
+
+@contextlib.contextmanager
+def _no_inference() -> Iterator[None]:
+    """Leave inference mode (keeping the grad mode) so autograd records: torch.func's transforms
+    compute gradients inside `torch.inference_mode()` too."""
+    if not torch.is_inference_mode_enabled():
+        yield
+        return
+    grad_mode = torch.is_grad_enabled()
+    with torch.inference_mode(False):
+        torch._C._set_grad_enabled(grad_mode)
+        yield
+
+
+@contextlib.contextmanager
+def _differentiating() -> Iterator[None]:
+    """What a transform runs `func` under: grad on, inference mode off, one level deeper.
+
+    As in torch.func (its NOTE "grad and vjp interaction with no_grad"), a `torch.no_grad()` around
+    the transform does not stop it from differentiating `func`, while a `torch.no_grad()` inside
+    `func` is obeyed; the grad mode at entry only decides whether the results stay connected to the
+    autograd graph outside (see `_prepare` and `_out`).
+    """
+    with _no_inference(), torch.enable_grad(), _nested():
+        yield
 
 
 def _fname(func: Callable) -> str:
@@ -58,13 +83,18 @@ def _check_argnums(func: Callable, argnums: Any, n_args: int, api: str) -> tuple
     return tuple(out)
 
 
-def _prepare(x: Any) -> Any:
-    """An input to differentiate: connected to any outer graph (so transforms nest), else a fresh leaf."""
+def _prepare(x: Any, connect: bool = True) -> Any:
+    """An input to differentiate: connected to any outer graph when `connect` (so transforms nest),
+    else a fresh leaf. `connect` is False when the transform was entered with grad disabled: nothing
+    outside may then differentiate through it."""
     if not isinstance(x, torch.Tensor):
         raise TransformError(f"only tensors (or pytrees of tensors) can be differentiated, got {type(x).__name__}")
-    if x.requires_grad:
+    if connect and x.requires_grad:
         return x.view_as(x)
-    return mark_inner(x.detach().requires_grad_(True))
+    leaf = x.detach()
+    if leaf.is_inference():
+        leaf = leaf.clone()
+    return mark_inner(requires_grad(leaf))
 
 
 def _create_graph(inputs: list) -> bool:
@@ -72,12 +102,12 @@ def _create_graph(inputs: list) -> bool:
     return torch.is_grad_enabled() and (_Depth.value > 0 or any(t.requires_grad for t in inputs if isinstance(t, torch.Tensor)))
 
 
-def _outer_dependence(outputs: list, entry_seq: int) -> bool:
+def _outer_dependence(outputs: list, entry: tuple) -> bool:
     """Whether outputs depend on tensors requiring grad from before the transform started (closures):
     then the result must stay differentiable for autograd outside the transform."""
     if not torch.is_grad_enabled():
         return False
-    probe = LevelInfo(0, 0, "error", entry_seq)
+    probe = LevelInfo(0, 0, "error", entry[0], stamp=entry)
     return any(isinstance(o, torch.Tensor) and o.requires_grad and _is_outer(o, probe) for o in outputs)
 
 
@@ -117,14 +147,89 @@ def _split_aux(func: Callable, out: Any, has_aux: bool, api: str) -> tuple[Any, 
         return out, None
     if not (isinstance(out, tuple) and len(out) == 2):
         raise TransformError(
-            f"{api}({_fname(func)}, ..., has_aux=True): expected {_fname(func)} to return a (output, aux) tuple "
-            f"of two elements, got {type(out).__name__}" + (f" of length {len(out)}" if isinstance(out, tuple) else "") + "."
+            f"{api}({_fname(func)}, ..., has_aux=True): output of function {_fname(func)} should be a tuple: "
+            f"(output, aux) if has_aux is True; got {type(out).__name__}"
+            + (f" of length {len(out)}" if isinstance(out, tuple) else "") + "."
         )
+    for leaf in tree_flatten(out[1])[0]:
+        if not isinstance(leaf, torch.Tensor):
+            raise TransformError(
+                f"{api}({_fname(func)}, ..., has_aux=True): Expected tensors, got unsupported type {type(leaf)} in the "
+                f"aux output; aux must be a tensor or a pytree of tensors (as in torch.func). Return Python values "
+                f"outside the transform, or as tensors."
+            )
     return out
 
 
-def _detach_aux(aux: Any) -> Any:
-    return tree_map(lambda t: t.detach() if isinstance(t, torch.Tensor) and not _Depth.value else t, aux)
+class _Captures:
+    """Tensors the function closes over, with their version counters at entry.
+
+    torch.func refuses an in-place write into a captured tensor inside grad/vjp/jvp (the write
+    would need a gradient the tensor cannot carry, and it would leave the tensor attached to the
+    transform's graph). The engine has no per-op hook outside vmap, so it checks the tensors a
+    function can reach through its closure (closure variables, shallow containers in them, the
+    closures of functions and functools.partial objects they hold) after the function returns,
+    and raises before any result is handed back.
+    """
+
+    def __init__(self, func: Callable) -> None:
+        self.tensors: list[tuple[str, torch.Tensor, int]] = []
+        self._scan(func, 0, set())
+
+    def _scan(self, func: Any, depth: int, seen: set) -> None:
+        if depth > 2 or id(func) in seen:
+            return
+        seen.add(id(func))
+        if isinstance(func, functools.partial):
+            for v in (*func.args, *func.keywords.values()):
+                self._add("a functools.partial argument", v)
+            self._scan(func.func, depth + 1, seen)
+            return
+        code, cells = getattr(func, "__code__", None), getattr(func, "__closure__", None)
+        if code is None or not cells:
+            return
+        own = getattr(func, "__module__", None) == __name__  # the engine's wrappers hold the inputs themselves
+        for name, cell in zip(code.co_freevars, cells):
+            try:
+                value = cell.cell_contents
+            except ValueError:  # an empty cell
+                continue
+            if callable(value) and not isinstance(value, (torch.Tensor, torch.nn.Module, type)):
+                self._scan(value, depth + (not own), seen)
+            elif not own:
+                self._add(name, value)
+
+    def _add(self, name: str, value: Any) -> None:
+        items = value if isinstance(value, (list, tuple)) else value.values() if isinstance(value, dict) else (value,)
+        for v in items:
+            if isinstance(v, torch.Tensor) and not v.is_inference():
+                self.tensors.append((name, v, v._version))
+
+    def check(self, func: Callable, api: str) -> None:
+        for name, t, version in self.tensors:
+            if t._version != version:
+                raise UnsupportedInTransformError(
+                    f"During a grad (vjp, jvp, grad, etc) transform, the function provided ({_fname(func)}, under {api}) "
+                    f"attempted to call an in-place operation that would mutate a captured Tensor ({name!r}, "
+                    f"shape {tuple(t.shape)}). A 'captured' Tensor is one that is not passed as input to the "
+                    f"transformed function, as torch.func also refuses. Pass it as an input (and return the new "
+                    f"value), or write into a fresh tensor (e.g. {name}.clone()) instead."
+                )
+
+
+def _check_outputs(func: Callable, flat_out: list, api: str) -> None:
+    if not flat_out:
+        raise TransformError(f"{api}: Expected {_fname(func)} to be a function that has non-empty output (got no tensors).")
+    for o in flat_out:
+        if not isinstance(o, torch.Tensor):
+            raise TransformError(
+                f"{api}: expected {_fname(func)}(*primals) to return only tensors (or pytrees of tensors), "
+                f"got unsupported type {type(o)}."
+            )
+
+
+def _detach_aux(aux: Any, keep: bool = True) -> Any:
+    return tree_map(lambda t: t.detach() if isinstance(t, torch.Tensor) and (not keep or not _Depth.value) else t, aux)
 
 
 # ------------------------------------------------------------------------------------------------
@@ -134,16 +239,19 @@ def _detach_aux(aux: Any) -> Any:
 def vjp(func: Callable, *primals: Any, has_aux: bool = False) -> tuple:
     """(func(*primals), vjp_fn[, aux]); vjp_fn(cotangents) returns one gradient per primal (pytrees kept)."""
     flat, spec = tree_flatten(primals)
+    outer = torch.is_grad_enabled()
     create = _create_graph(flat)
-    entry = torch._C._autograd._get_sequence_nr()
-    with torch.enable_grad(), _nested():
-        inputs = [_prepare(t) for t in flat]
-        out, aux = _split_aux(func, func(*tree_unflatten(inputs, spec)), has_aux, "vjp")
+    entry = clock()
+    with _differentiating():
+        inputs = [_prepare(t, outer) for t in flat]
+        captures = _Captures(func)
+        with transform_scope():
+            raw = func(*tree_unflatten(inputs, spec))
+        captures.check(func, "vjp")
+        out, aux = _split_aux(func, raw, has_aux, "vjp")
     flat_out, out_spec = tree_flatten(out)
+    _check_outputs(func, flat_out, "vjp(f, *primals)")
     create = create or _outer_dependence(flat_out, entry)
-    for o in flat_out:
-        if not isinstance(o, torch.Tensor):
-            raise TransformError(f"vjp({_fname(func)}, ...): outputs must be tensors (or pytrees of tensors), got {type(o).__name__}.")
 
     def vjp_fn(*cotangents: Any) -> tuple:
         cts = cotangents[0] if len(cotangents) == 1 and not isinstance(out, tuple) else cotangents
@@ -155,12 +263,12 @@ def vjp(func: Callable, *primals: Any, has_aux: bool = False) -> tuple:
         for o, c in zip(flat_out, flat_ct):
             if o.shape != c.shape:
                 raise TransformError(f"vjp_fn: cotangent of shape {tuple(c.shape)} for an output of shape {tuple(o.shape)}.")
-        with torch.enable_grad():
+        with _no_inference(), torch.enable_grad():
             gs = _grads(flat_out, inputs, flat_ct, create_graph=create or _create_graph(flat_ct))
         return tree_unflatten(gs, spec)
 
     if has_aux:
-        return _out(out, create), vjp_fn, _detach_aux(aux)
+        return _out(out, create), vjp_fn, _detach_aux(aux, create)
     return _out(out, create), vjp_fn
 
 
@@ -175,14 +283,19 @@ def grad_and_value(func: Callable, argnums: Any = 0, has_aux: bool = False) -> C
     def wrapper(*args: Any, **kwargs: Any):
         nums = _check_argnums(func, argnums, len(args), "grad_and_value")
         diff = [tree_flatten(args[i]) for i in nums]
+        outer = torch.is_grad_enabled()
         create = _create_graph([t for flat, _ in diff for t in flat])
-        entry = torch._C._autograd._get_sequence_nr()
-        with torch.enable_grad(), _nested():
-            prepared = [[_prepare(t) for t in flat] for flat, _ in diff]
+        entry = clock()
+        with _differentiating():
+            prepared = [[_prepare(t, outer) for t in flat] for flat, _ in diff]
             new_args = list(args)
             for i, (flat, spec), p in zip(nums, diff, prepared):
                 new_args[i] = tree_unflatten(p, spec)
-            out, aux = _split_aux(func, func(*new_args, **kwargs), has_aux, "grad_and_value")
+            captures = _Captures(func)
+            with transform_scope():
+                raw = func(*new_args, **kwargs)
+            captures.check(func, "grad")
+            out, aux = _split_aux(func, raw, has_aux, "grad_and_value")
             if not isinstance(out, torch.Tensor) or out.dim() != 0:
                 shape = tuple(out.shape) if isinstance(out, torch.Tensor) else type(out).__name__
                 raise TransformError(
@@ -190,7 +303,7 @@ def grad_and_value(func: Callable, argnums: Any = 0, has_aux: bool = False) -> C
                     f"Maybe you wanted to use the vjp or jacrev APIs instead?"
                 )
             inputs = [t for p in prepared for t in p]
-            create = create or _outer_dependence([out], entry)
+            create = create or (outer and _outer_dependence([out], entry))
             gs = _grads([out], inputs, [torch.ones_like(out)], create_graph=create, retain_graph=create)
         grads, k = [], 0
         for (flat, spec) in diff:
@@ -199,7 +312,7 @@ def grad_and_value(func: Callable, argnums: Any = 0, has_aux: bool = False) -> C
         g = grads[0] if isinstance(argnums, int) else tuple(grads)
         value = _out(out, create)
         if has_aux:
-            return g, (value, _detach_aux(aux))
+            return g, (value, _detach_aux(aux, create))
         return g, value
 
     return wrapper
@@ -223,7 +336,7 @@ def _basis(flat: list) -> list[torch.Tensor]:
     total = sum(sizes)
     ref = flat[0]
     eye = torch.eye(total, dtype=ref.dtype, device=ref.device)
-    return [chunk.reshape(total, *t.shape) for chunk, t in zip(eye.split(sizes, dim=1), flat)]
+    return [chunk.reshape((total,) + tuple(t.shape)) for chunk, t in zip(eye.split(sizes, dim=1), flat)]
 
 
 def jacrev(func: Callable, argnums: Any = 0, *, has_aux: bool = False, chunk_size: int | None = None) -> Callable:
@@ -254,7 +367,7 @@ def jacrev(func: Callable, argnums: Any = 0, *, has_aux: bool = False, chunk_siz
         sizes = [o.numel() for o in flat_out]
 
         def per_output(t: torch.Tensor) -> list[torch.Tensor]:
-            return [p.reshape(*o.shape, *t.shape[1:]) for p, o in zip(t.split(sizes, dim=0), flat_out)]
+            return [p.reshape(tuple(o.shape) + tuple(t.shape[1:])) for p, o in zip(t.split(sizes, dim=0), flat_out)]
 
         per_arg = []
         for r in rows:
@@ -278,53 +391,76 @@ def jacrev(func: Callable, argnums: Any = 0, *, has_aux: bool = False, chunk_siz
 
 def linearize(func: Callable, *primals: Any) -> tuple[Any, Callable]:
     """(func(*primals), jvp_fn): the linearization is built once and reused by every jvp_fn call."""
+    out, jvp_fn, _ = _linearize(func, primals, "linearize(func, *primals)")
+    return out, jvp_fn
+
+
+def _linearize(func: Callable, primals: tuple, api: str, has_aux: bool = False, strict: bool = False) -> tuple[Any, Callable, Any]:
     flat, spec = tree_flatten(primals)
+    outer = torch.is_grad_enabled()
     create = _create_graph(flat)
-    with torch.enable_grad(), _nested():
-        inputs = [_prepare(t) for t in flat]
-        out = func(*tree_unflatten(inputs, spec))
+    with _differentiating():
+        inputs = [_prepare(t, outer) for t in flat]
+        captures = _Captures(func)
+        with transform_scope():
+            raw = func(*tree_unflatten(inputs, spec))
+        captures.check(func, api.split("(")[0])
+        out, aux = _split_aux(func, raw, has_aux, api.split("(")[0])
         flat_out, out_spec = tree_flatten(out)
-        dummies = [torch.zeros_like(o).requires_grad_(True) for o in flat_out]
+        _check_outputs(func, flat_out, api)
+        dummies = [requires_grad(torch.zeros_like(o)) for o in flat_out]
         gx = _grads(flat_out, inputs, dummies, create_graph=True)
 
     def jvp_fn(*tangents: Any) -> Any:
         flat_t, t_spec = tree_flatten(tangents)
         if len(flat_t) != len(flat):
-            raise TransformError(f"jvp: expected tangents with the structure of the primals ({spec}), got {t_spec}.")
+            raise TransformError(f"{api}: expected tangents with the structure of the primals ({spec}), got {t_spec}.")
         for p, t in zip(flat, flat_t):
+            if not isinstance(t, torch.Tensor):
+                raise TransformError(f"{api}: Expected tangents to only contain Tensors, got {type(t)}")
             if p.shape != t.shape:
-                raise TransformError(f"jvp: tangent of shape {tuple(t.shape)} for a primal of shape {tuple(p.shape)}.")
-        with torch.enable_grad():
+                raise TransformError(
+                    f"{api}: Trying to set a forward gradient that has a different size than that of the original "
+                    f"Tensor: tangent of shape {tuple(t.shape)} for a primal of shape {tuple(p.shape)}."
+                )
+        with _no_inference(), torch.enable_grad():
             live = [(g, t) for g, t in zip(gx, flat_t) if g.requires_grad]
-            if not live:
-                jv = [torch.zeros_like(o) for o in flat_out]
-            else:
-                jv = torch.autograd.grad([g for g, _ in live], dummies, [t for _, t in live],
-                                         create_graph=create or _create_graph(flat_t), retain_graph=True, allow_unused=True)
-                jv = [torch.zeros_like(o) if j is None else j for j, o in zip(jv, flat_out)]
-        return tree_unflatten(jv, out_spec)
+            jv = [None] * len(flat_out)
+            if live:
+                jv = list(torch.autograd.grad([g for g, _ in live], dummies, [t for _, t in live],
+                                              create_graph=create or _create_graph(flat_t), retain_graph=True, allow_unused=True))
+        if strict and any(j is None for j in jv):
+            raise TransformError(
+                f"{api.split('(')[0]}(f, primals, tangents, strict=True): The output of f is independent of the inputs. "
+                f"This is not allowed with strict=True."
+            )
+        return tree_unflatten([torch.zeros_like(o) if j is None else j for j, o in zip(jv, flat_out)], out_spec)
 
-    return _out(out, create), jvp_fn
+    return _out(out, create), jvp_fn, (_detach_aux(aux, create) if has_aux else None)
 
 
-def jvp(func: Callable, primals: Any, tangents: Any, *, has_aux: bool = False) -> tuple:
-    """(func(*primals), J @ tangents) like torch.func.jvp; primals and tangents are tuples."""
-    if not isinstance(primals, tuple) or not isinstance(tangents, tuple):
-        raise TransformError("jvp(f, primals, tangents): primals and tangents must be tuples (e.g. jvp(f, (x,), (v,))).")
-    if len(primals) != len(tangents):
-        raise TransformError(f"jvp: got {len(primals)} primals but {len(tangents)} tangents; they must match.")
-    if has_aux:
-        aux_box = []
-
-        def f(*p):
-            o, a = _split_aux(func, func(*p), True, "jvp")
-            aux_box.append(a)
-            return o
-
-        out, fn = linearize(f, *primals)
-        return out, fn(*tangents), _detach_aux(aux_box[0])
-    out, fn = linearize(func, *primals)
-    return out, fn(*tangents)
+def jvp(func: Callable, primals: Any, tangents: Any, *, strict: bool = False, has_aux: bool = False) -> tuple:
+    """(func(*primals), J @ tangents) like torch.func.jvp: `primals` is a tuple, `tangents` has its structure."""
+    api = "jvp(f, primals, tangents)"
+    if not isinstance(primals, tuple):
+        raise TransformError(f"{api}: Expected primals to be a tuple. E.g. it should be valid to call f(*primals).")
+    flat_p, p_spec = tree_flatten(primals)
+    flat_t, t_spec = tree_flatten(tangents)
+    if p_spec != t_spec:
+        raise TransformError(
+            f"{api}: Expected primals and tangents to have the same python structure. For example, if primals is a "
+            f"tuple of 3 tensors, tangents also must be. Got primals with structure {p_spec} and tangents with "
+            f"structure {t_spec}"
+        )
+    for name, leaves in (("primals", flat_p), ("tangents", flat_t)):
+        if not leaves:
+            raise TransformError(f"{api}: Expected {name} to contain at least one Tensor.")
+        for leaf in leaves:
+            if not isinstance(leaf, torch.Tensor):
+                raise TransformError(f"{api}: Expected {name} to only contain Tensors, got {type(leaf)}")
+    out, fn, aux = _linearize(func, primals, api, has_aux=has_aux, strict=strict)
+    jv = fn(*tangents)
+    return (out, jv, aux) if has_aux else (out, jv)
 
 
 def jacfwd(func: Callable, argnums: Any = 0, has_aux: bool = False, *, randomness: str = "error") -> Callable:
@@ -346,7 +482,7 @@ def jacfwd(func: Callable, argnums: Any = 0, has_aux: bool = False, *, randomnes
             return o
 
         diff = [args[i] for i in nums]
-        out, jvp_fn = linearize(partial, *diff)
+        out, jvp_fn, _ = _linearize(partial, tuple(diff), "jacfwd(f, ...)")
         flat_in, in_spec = tree_flatten(diff)
         basis = _basis(flat_in)
         cols = vmap(lambda *b: jvp_fn(*tree_unflatten(list(b), in_spec)), randomness=randomness)(*basis)
@@ -355,7 +491,7 @@ def jacfwd(func: Callable, argnums: Any = 0, has_aux: bool = False, *, randomnes
         leaves = []
         for c in flat_cols:
             out_shape = c.shape[1:]
-            parts = [p.movedim(0, -1).reshape(*out_shape, *t.shape) for p, t in zip(c.split(sizes, dim=0), flat_in)]
+            parts = [p.movedim(0, -1).reshape(tuple(out_shape) + tuple(t.shape)) for p, t in zip(c.split(sizes, dim=0), flat_in)]
             per_arg, k = [], 0
             for a in range(len(nums)):
                 n_leaves = len(tree_flatten(diff[a])[0])

@@ -1,73 +1,114 @@
-"""Per-op overhead of the engine: a chain of small pointwise ops inside vmap.
+"""Per-op cost of the engine: a chain of pointwise ops and row reductions inside vmap.
 
-A chain of `N_OPS` pointwise ops on a [64, 128] input, vmapped over its 64 rows, is dominated by
-per-op dispatch cost rather than arithmetic. Methods: `native` (the same chain on the whole
-batch, no vmap: the floor), `torch_func` (torch.func.vmap), `engine` (engine.vmap, eager) and
-`engine_traced` (engine.trace of the vmapped chain, replayed).
+A chain of `N_OPS` cheap ops (pointwise and a keepdim mean per block) on a [B, ...] input,
+vmapped over its B rows. On the small size the time is per-op dispatch cost; on the large one it
+is arithmetic and memory traffic, where a method's copies and layouts show. Two modes:
 
-- time_chain: one call of the chain.
+- `vmap`: `vmap(chain)(x)`;
+- `grad`: `vmap(grad(lambda r: chain(r).sum()))(x)`, per-row gradients: the backward pass's ops
+  run through the batching rules too (vmap over backward).
+
+Methods: `native` (the same chain on the whole batch, no vmap, plain autograd for `grad`: the
+floor), `torch_func` (torch.func), `engine` (engine eager) and `engine_traced` (engine.trace of the
+same transform, replayed) and `engine_auto` (engine.auto_trace of it: eager first, then replayed).
+
+- time_chain: one call.
 - track_overhead_us_per_op: (method's time - native's time) / N_OPS, in microseconds, both timed
   in this process, interleaved (lower is better).
+- track_ratio_vs_torch_func: method's time / torch.func's, interleaved in this process.
+
+`python -m suite.bench_overhead` prints µs/op of every method and the ratios to torch.func for
+every size and mode, each measured interleaved in one process, `--repeat` times (min-max range).
 """
 from __future__ import annotations
 
+import argparse
+import statistics
 from typing import Any, Callable
 
 import torch
 
 from . import probes, selection
 
-N_OPS = 40
-BATCH, WIDTH = 64, 128
-METHODS = ("native", "torch_func", "engine", "engine_traced")
+BLOCKS = 8
+OPS_PER_BLOCK = 8
+N_OPS = BLOCKS * OPS_PER_BLOCK
+SIZES: dict[str, tuple[int, ...]] = {"small": (64, 8, 16), "large": (64, 64, 128)}
+MODES = ("vmap", "grad")
+METHODS = ("native", "torch_func", "engine", "engine_traced", "engine_auto")
 
 
 def pointwise_chain(x: torch.Tensor) -> torch.Tensor:
-    """N_OPS cheap pointwise ops that keep values bounded (so no inf/nan creeps in)."""
-    for i in range(N_OPS // 4):
+    """N_OPS cheap ops that keep values bounded (so no inf/nan creeps in): per block six pointwise
+    ops, a mean over the last dim and the subtraction of it."""
+    for i in range(BLOCKS):
         x = torch.sin(x)
         x = x * 1.5
         x = x + 0.25 * i
         x = torch.tanh(x)
+        x = x - x.mean(-1, keepdim=True)
+        x = x * torch.sigmoid(x)
+        x = x.exp()
     return x
 
 
-def chain_call(method: str, x: torch.Tensor) -> Callable[[], Any]:
-    """The measured call of `method` on the batch `x`; NotImplementedError if it cannot run here."""
+def _row_loss(x: torch.Tensor) -> torch.Tensor:
+    return pointwise_chain(x).sum()
+
+
+def _native_grad(x: torch.Tensor) -> torch.Tensor:
+    """Per-row gradients without vmap: rows do not interact, so the gradient of the batch sum is them."""
+    with torch.enable_grad():
+        leaf = x.detach().requires_grad_(True)
+        (g,) = torch.autograd.grad(pointwise_chain(leaf).sum(), leaf)
+    return g
+
+
+def make_input(size: str, device: str = "cpu") -> torch.Tensor:
+    if size not in SIZES:
+        raise ValueError(f"unknown size {size!r}; valid: {', '.join(SIZES)}")
+    return torch.randn(SIZES[size], generator=torch.Generator().manual_seed(0)).to(device)
+
+
+def chain_call(method: str, x: torch.Tensor, mode: str = "vmap") -> Callable[[], Any]:
+    """The measured call of `method` in `mode` on the batch `x`; NotImplementedError if it cannot run here."""
+    if mode not in MODES:
+        raise ValueError(f"unknown mode {mode!r}; valid: {', '.join(MODES)}")
     if method == "native":
-        return lambda: pointwise_chain(x)
+        fn = pointwise_chain if mode == "vmap" else _native_grad
+        return lambda: fn(x)
     if method == "torch_func":
-        batched = torch.func.vmap(pointwise_chain)
+        batched = torch.func.vmap(pointwise_chain if mode == "vmap" else torch.func.grad(_row_loss))
         return lambda: batched(x)
-    try:
-        import engine
-    except ImportError as exc:
-        raise NotImplementedError(f"the engine does not import at this commit: {exc}") from None
-    if not hasattr(engine, "vmap"):
-        raise NotImplementedError("engine.vmap does not exist at this commit")
-    batched = engine.vmap(pointwise_chain)
+    probes.require_method(method)
+    import engine
+
+    batched = engine.vmap(pointwise_chain if mode == "vmap" else engine.grad(_row_loss))
     if method == "engine":
         return lambda: batched(x)
     if method == "engine_traced":
-        if not hasattr(engine, "trace"):
-            raise NotImplementedError("engine.trace does not exist at this commit")
         traced = engine.trace(batched)
         return lambda: traced(x)
+    if method == "engine_auto":
+        if not hasattr(engine, "auto_trace"):
+            raise NotImplementedError("engine.auto_trace does not exist at this commit")
+        auto = engine.auto_trace(batched)
+        return lambda: auto(x)
     raise ValueError(f"unknown method {method!r}; valid: {', '.join(METHODS)}")
 
 
 class PerOpOverhead:
-    params = [list(METHODS), list(selection.ALL_DEVICES)]
-    param_names = ["method", "device"]
+    params = [list(METHODS), list(SIZES), list(MODES), list(selection.ALL_DEVICES)]
+    param_names = ["method", "size", "mode", "device"]
     version = selection.SUITE_VERSION
-    timeout = 120.0
+    timeout = 180.0
     quick = selection.active_profile() == "quick"
     if quick:
         warmup_time, repeat, rounds = 0.05, (3, 8, 0.6), 1
     else:
         warmup_time, repeat, rounds = 0.5, (5, 20, 10.0), 2
 
-    def setup(self, method: str, device: str) -> None:
+    def setup(self, method: str, size: str, mode: str, device: str) -> None:
         probes.pin_threads()
         devices = selection.active_devices()
         if device not in devices:
@@ -75,23 +116,80 @@ class PerOpOverhead:
         if device == "cuda" and not torch.cuda.is_available():
             raise NotImplementedError("cuda is not available on this machine (torch.cuda.is_available() is False)")
         self.device = device
-        x = torch.randn(BATCH, WIDTH, generator=torch.Generator().manual_seed(0)).to(device)
-        self.calls = {m: chain_call(m, x) for m in ("native", method)}
-        try:
-            self.calls[method]()  # first call: the trace happens here
-        except NotImplementedError as exc:  # torch's "could not run op": a failure, not a skip
-            raise RuntimeError(f"{method}: the first call raised NotImplementedError: {exc}") from exc
+        x = make_input(size, device)
+        self.calls = {m: chain_call(m, x, mode) for m in dict.fromkeys(("native", "torch_func", method))}
+        for name, call in self.calls.items():
+            try:
+                call()  # first call: the trace happens here
+            except NotImplementedError as exc:  # torch's "could not run op": a failure, not a skip
+                raise RuntimeError(f"{name}: the first call raised NotImplementedError: {exc}") from exc
         probes.synchronize(device)
 
-    def time_chain(self, method: str, device: str) -> None:
+    def time_chain(self, method: str, size: str, mode: str, device: str) -> None:
         self.calls[method]()
         if self.device != "cpu":
             probes.synchronize(self.device)
 
-    def track_overhead_us_per_op(self, method: str, device: str) -> float:
-        seconds = probes.interleaved_seconds(self.calls, device, rounds=7, budget_s=0.6 if self.quick else 3.0)
+    def _interleaved(self, names: tuple[str, ...]) -> dict[str, float]:
+        calls = {n: self.calls[n] for n in dict.fromkeys(names)}
+        return probes.interleaved_seconds(calls, self.device, rounds=7, budget_s=0.6 if self.quick else 3.0)
+
+    def track_overhead_us_per_op(self, method: str, size: str, mode: str, device: str) -> float:
+        seconds = self._interleaved(("native", method))
         return (seconds[method] - seconds["native"]) / N_OPS * 1e6
 
     track_overhead_us_per_op.unit = "us/op"  # type: ignore[attr-defined]
     track_overhead_us_per_op.rounds = 1  # type: ignore[attr-defined]
-    track_overhead_us_per_op.skip_params = [("native", d) for d in selection.ALL_DEVICES]  # type: ignore[attr-defined]
+    track_overhead_us_per_op.skip_params = [("native", s, m, d) for s in SIZES for m in MODES for d in selection.ALL_DEVICES]  # type: ignore[attr-defined]
+
+    def track_ratio_vs_torch_func(self, method: str, size: str, mode: str, device: str) -> float:
+        seconds = self._interleaved(("torch_func", method))
+        return seconds[method] / seconds["torch_func"]
+
+    track_ratio_vs_torch_func.unit = "ratio"  # type: ignore[attr-defined]
+    track_ratio_vs_torch_func.rounds = 1  # type: ignore[attr-defined]
+    track_ratio_vs_torch_func.skip_params = [  # type: ignore[attr-defined]
+        (m, s, mo, d) for m in ("native", "torch_func") for s in SIZES for mo in MODES for d in selection.ALL_DEVICES
+    ]
+
+
+def report(sizes: list[str], modes: list[str], repeat: int, budget_s: float, device: str = "cpu") -> list[dict]:
+    """Per (size, mode): µs/op of each method (median over `repeat` interleaved measurements) and the
+    ratios to torch.func with their min-max over the repeats. Returns the rows it printed."""
+    rows = []
+    for size in sizes:
+        x = make_input(size, device)
+        for mode in modes:
+            calls = {m: chain_call(m, x, mode) for m in METHODS}
+            outs = {m: c() for m, c in calls.items()}
+            for m in METHODS[1:]:
+                torch.testing.assert_close(outs[m], outs["native"], rtol=1e-4, atol=1e-5)
+            runs = [probes.interleaved_seconds(calls, device, rounds=7, budget_s=budget_s) for _ in range(repeat)]
+            us = {m: statistics.median(r[m] for r in runs) / N_OPS * 1e6 for m in METHODS}
+            ratio = {m: [r[m] / r["torch_func"] for r in runs] for m in METHODS}
+            traced_vs_eager = [r["engine_traced"] / r["engine"] for r in runs]
+            cells = "  ".join(f"{m} {us[m]:8.2f}" for m in METHODS)
+            ratios = "  ".join(
+                f"{m}/tf {statistics.median(ratio[m]):.2f} [{min(ratio[m]):.2f}-{max(ratio[m]):.2f}]" for m in ("native", "engine", "engine_traced", "engine_auto")
+            )
+            print(f"{size:<6}{mode:<5} us/op: {cells}\n            {ratios}  traced/eager {statistics.median(traced_vs_eager):.2f} "
+                  f"[{min(traced_vs_eager):.2f}-{max(traced_vs_eager):.2f}]", flush=True)
+            rows.append({"size": size, "mode": mode, "us_per_op": us, "ratio_vs_torch_func": ratio, "traced_vs_eager": traced_vs_eager})
+    return rows
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(prog="python -m suite.bench_overhead", description=__doc__.split("\n\n")[0])
+    parser.add_argument("--sizes", default=",".join(SIZES), help=f"comma list of {', '.join(SIZES)}")
+    parser.add_argument("--modes", default=",".join(MODES), help=f"comma list of {', '.join(MODES)}")
+    parser.add_argument("--repeat", type=int, default=5, help="interleaved measurements per case (default 5)")
+    parser.add_argument("--budget", type=float, default=1.0, help="seconds per interleaved measurement (default 1.0)")
+    args = parser.parse_args(argv)
+    threads = probes.pin_threads()
+    print(f"torch {torch.__version__}, {threads} threads, {N_OPS} ops per chain, sizes {SIZES}, "
+          f"median of {args.repeat} interleaved measurements [min-max]", flush=True)
+    report(args.sizes.split(","), args.modes.split(","), max(1, args.repeat), args.budget)
+
+
+if __name__ == "__main__":
+    main()

@@ -60,7 +60,14 @@ ENGINE_API: dict[str, str] = {"engine": "vmap", "engine_traced": "trace", "engin
 
 
 def require_method(method: str) -> None:
-    """NotImplementedError (asv: skipped) when `method` needs an engine API this commit lacks."""
+    """NotImplementedError (asv: skipped) when `method` needs an engine API this commit lacks, or a
+    peer package (Opacus, BackPACK) this environment lacks."""
+    try:
+        from workloads.peers import check_available
+    except ImportError:  # a commit from before the peers: it has no peer methods either
+        pass
+    else:
+        check_available(method)
     attr = ENGINE_API.get(method)
     if attr is None:
         return
@@ -243,6 +250,12 @@ def preload() -> None:
         return (t.sin() * t).sum()
 
     torch.func.hessian(f)(x)
+    try:  # Opacus and BackPACK imports (seconds each); a commit from before the peers has none
+        from workloads.peers import preload as preload_peers
+    except ImportError:
+        pass
+    else:
+        preload_peers()
     try:
         import engine
 

@@ -185,10 +185,16 @@ def test_compare_table_is_built_and_sorts(driver, site) -> None:
     rows = driver.execute_script(VISIBLE_ROWS)
     assert rows > 50
     summary = driver.find_element("id", "vb-cmp-summary").text
-    assert "worse" in summary and "unchanged" in summary
-    # The engine regression of the newest commit tops the default order (worst first).
+    assert "slower" in summary and "unchanged" in summary and "not judged" in summary
+    # The engine regression of the newest commit tops the default order (slower, most certain first).
     first = driver.execute_script("return document.querySelector('#vb-compare tbody tr').className")
     assert "vb-worse" in first
+    # RSS deltas are never judged: none of them is called slower or faster.
+    rss = driver.execute_script(
+        "return Array.from(document.querySelectorAll('#vb-compare tbody tr'))"
+        ".filter(tr => tr.getAttribute('data-benchmark').endsWith('track_rss_delta_bytes'))"
+        ".map(tr => tr.querySelector('td.vb-verdict').textContent)")
+    assert rss and set(rss) <= {"not judged", "in one commit only"}
 
     ratios = "return Array.from(document.querySelectorAll('#vb-compare tbody tr:not(.vb-hidden) td.vb-ratio')).map(td => td.textContent)"
     before = driver.execute_script(ratios)
@@ -207,8 +213,114 @@ def test_compare_table_is_built_and_sorts(driver, site) -> None:
                                     ".map(tr => tr.getAttribute('data-device'))")
     assert set(devices) <= {"cuda", None}
 
-    driver.find_elements("css selector", "#vb-compare thead th")[-1].click()  # ratio: descending first
+    driver.find_elements("css selector", "#vb-compare thead th")[6].click()  # change: descending first
     keys = driver.execute_script(
         "return Array.from(document.querySelectorAll('#vb-compare tbody td.vb-ratio'))"
         ".map(td => td.getAttribute('data-sort')).filter(k => k !== '').map(Number)")
     assert len(keys) > 50 and keys == sorted(keys, reverse=True)
+
+
+# Pages whose content is per workload: each must answer for every workload (a drawn trace or a
+# table row of it, or a notice that names it).
+WORKLOAD_PAGES = ("index.html", "peers.html", "scaling.html", "memory.html", "history.html", "compare.html")
+ANSWERS = """
+const w = arguments[0];
+const traces = Array.from(document.querySelectorAll('.js-plotly-plot')).flatMap(
+  g => g.data.filter(t => (t.visible === undefined || t.visible === true) && t.meta && t.meta.workload === w));
+const rows = Array.from(document.querySelectorAll('tr.vb-f:not(.vb-hidden)')).filter(
+  tr => tr.getAttribute('data-workload') === w);
+const named = Array.from(document.querySelectorAll('.vb-notice')).some(n => n.textContent.includes(w));
+return traces.length + rows.length + (named ? 1 : 0);
+"""
+
+
+def test_every_page_answers_for_every_workload(driver, site) -> None:
+    result, out = site
+    open_page(driver, out, "index.html", result.pages["index.html"])
+    workloads = driver.execute_script(
+        "return Array.from(document.querySelectorAll('select[data-vb-filter=workload] option'))"
+        ".map(o => o.value).filter(v => v)")
+    assert {"bayes_logreg_hessian", "per_sample_grad_mlp", "jacobian_chunked"} <= set(workloads)
+    missing = []
+    for page in WORKLOAD_PAGES:
+        for workload in workloads:
+            if workload == "per_op_overhead" and page != "compare.html":
+                continue  # the per-op microbenchmark is not a workload of the registry
+            open_page(driver, out, page, result.pages[page], f"#workload={workload}")
+            driver.execute_script("window.vbDashboard.applyFilters()")
+            if not wait_for_value(lambda: driver.execute_script(ANSWERS, workload)):
+                missing.append(f"{page}#{workload}")
+    assert not missing, f"pages with nothing for a workload: {missing}"
+
+
+def wait_for_value(predicate: Callable[[], Any], timeout: float = 5.0) -> Any:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        value = predicate()
+        if value:
+            return value
+        time.sleep(0.1)
+    return predicate()
+
+
+# One cell: the engine on per_sample_grad_mlp at cpu-box's newest commit (quick profile: batch=64).
+CELL = ("cpu-box", "cpu", "per_sample_grad_mlp", "batch=64", "engine")
+HISTORY_TEXT = """
+const [machine, device, workload, size, method, metric] = arguments;
+for (const g of document.querySelectorAll('.js-plotly-plot')) {
+  for (const t of g.data) {
+    const m = t.meta || {};
+    if (m.machine === machine && m.device === device && m.workload === workload && m.size === size
+        && m.method === method && m.metric === metric) return t.customdata[t.customdata.length - 1][1];
+  }
+}
+return null;
+"""
+COMPARE_TEXT = """
+const [benchmark, params] = arguments;
+const tr = Array.from(document.querySelectorAll('#vb-compare tbody tr')).find(
+  tr => tr.getAttribute('data-benchmark').endsWith(benchmark) && tr.getAttribute('data-params') === params);
+return tr ? tr.querySelector('td.vb-head').textContent : null;
+"""
+
+
+def test_overview_compare_and_history_show_the_same_number(driver, site) -> None:
+    result, out = site
+    machine, device, workload, size, method = CELL
+    cell = "|".join(CELL)
+    open_page(driver, out, "index.html", result.pages["index.html"])
+    speedup = driver.execute_script(f"return document.querySelector('span.vb-fig[data-cell=\"{cell}\"]').textContent")
+    timing = driver.execute_script(f"return document.querySelector('small.vb-time[data-cell=\"{cell}\"]').textContent")
+    assert speedup.endswith("×") and timing.split(" [")[0].endswith("s")
+
+    open_page(driver, out, "compare.html", 0)
+    params = f"{workload} · {size} · {method} · {device}"
+    assert driver.execute_script(COMPARE_TEXT, ".track_speedup_vs_loop", params) == speedup
+    assert driver.execute_script(COMPARE_TEXT, ".time_run", params) == timing
+
+    open_page(driver, out, "history.html", result.pages["history.html"])
+    assert driver.execute_script(HISTORY_TEXT, machine, device, workload, size, method, "speedup_vs_loop") == speedup
+    assert driver.execute_script(HISTORY_TEXT, machine, device, workload, size, method, "time") == timing
+
+
+def test_no_horizontal_scroll_at_1400_px(driver, site) -> None:
+    result, out = site
+    for page, _ in PAGES:
+        open_page(driver, out, page, result.pages[page])
+        width = driver.execute_script("return document.documentElement.scrollWidth")
+        assert width <= driver.execute_script("return window.innerWidth"), page
+
+
+def test_legend_entries_stay_when_filtered(driver, site) -> None:
+    """Filtering hides traces; every method still drawn keeps its legend entry."""
+    result, out = site
+    open_page(driver, out, "index.html", result.pages["index.html"], "#workload=per_sample_grad_mlp")
+    driver.execute_script("window.vbDashboard.applyFilters()")
+    check = ("return Array.from(document.querySelectorAll('.js-plotly-plot')).map(g => {"
+             "const vis = g.data.filter(t => t.visible === true || t.visible === undefined);"
+             "const groups = new Set(vis.map(t => t.legendgroup));"
+             "const shown = new Set(vis.filter(t => t.showlegend !== false).map(t => t.legendgroup));"
+             "return [groups.size, shown.size, g.querySelectorAll('g.legend g.traces').length]; })")
+    panels = wait_for(lambda: [p for p in driver.execute_script(check) if p[0]], what="visible traces")
+    for groups, shown, drawn in panels:
+        assert groups == shown == drawn

@@ -33,11 +33,13 @@ def test_every_view_is_written_with_its_figures(built) -> None:
     result, out = built
     assert result.index == out / "index.html"
     assert sorted(result.pages) == sorted(PAGE_FILES)
-    # Overview: one speedup figure per machine; scaling/memory/history one per workload they cover.
+    # Overview: one speedup figure per run; scaling and memory one per workload (every workload:
+    # jacobian_chunked has one size apart from chunk_size and gets bars), memory also the
+    # chunk_size trade-off; history one per (workload, run).
     assert result.pages["index.html"] == 2
-    assert result.pages["scaling.html"] == 2       # jacobian_chunked has one size apart from chunk_size
-    assert result.pages["memory.html"] == 3        # two scaling plots + the chunk_size trade-off
-    assert result.pages["history.html"] == 3
+    assert result.pages["scaling.html"] == 3
+    assert result.pages["memory.html"] == 4
+    assert result.pages["history.html"] == 6
     assert result.pages["coverage.html"] == 2
     assert result.pages["compare.html"] == result.pages["profiles.html"] == 0
     for page in PAGE_FILES:
@@ -68,7 +70,7 @@ def test_overview_reads_the_latest_commit(built) -> None:
     text = read(out, "index.html")
     assert "cb197ba8" in text  # the newest fixture commit
     assert "Did the last commit make anything slower?" in text
-    assert "Times at the latest commit" in text
+    assert "Speedups at the latest commit" in text
 
 
 def test_history_flags_the_injected_regression(built) -> None:
@@ -106,9 +108,9 @@ def test_single_commit(tmp_path: Path) -> None:
             path.unlink()
     result = build_dashboard(results, tmp_path / "out")
     assert result.files == 2
-    assert result.pages["index.html"] == 2 and result.pages["scaling.html"] == 2
+    assert result.pages["index.html"] == 2 and result.pages["scaling.html"] == 3
     assert result.pages["history.html"] == 0
-    assert "Only one commit per machine" in read(tmp_path / "out", "history.html")
+    assert "Only one commit per run" in read(tmp_path / "out", "history.html")
     assert "one commit only" in read(tmp_path / "out", "compare.html")
 
 
@@ -131,7 +133,7 @@ def test_cli_prints_the_index_path(tmp_path: Path) -> None:
                            "--out", str(out)], capture_output=True, text=True, cwd=REPO, timeout=300)
     assert proc.returncode == 0, proc.stderr
     assert proc.stdout.strip() == str((out / "index.html").resolve())
-    assert "figures on 7 pages" in proc.stderr
+    assert "figures on 8 pages" in proc.stderr
 
 
 def test_rebuild_refreshes_pages_and_keeps_one_plotly_copy(tmp_path: Path) -> None:

@@ -236,7 +236,7 @@ def test_errors():
         engine.grad(lambda a: a.sum(), has_aux=True)(x)
     with pytest.raises(TransformError, match="has_aux=True"):
         engine.grad(lambda a: (a.sum(), 1, 2), has_aux=True)(x)
-    with pytest.raises(TransformError, match="tuples"):
+    with pytest.raises(TransformError, match="Expected primals to be a tuple"):
         engine.jvp(torch.sin, x, x)
 
 
@@ -355,3 +355,19 @@ def test_nodes_made_by_a_backward_pass_after_vmap_are_hooked_when_it_returns():
     (gX_ref,) = torch.autograd.grad(tf.vmap(lambda r: r * w)(X), (X,), V, create_graph=True)
     (h_ref,) = torch.autograd.grad(gX_ref.sum(), w)
     assert type(h) is torch.Tensor and close(h, h_ref)
+
+
+@pytest.mark.parametrize("outer", ["grad", "jacrev"])
+def test_grad_of_vmap_over_a_closure_on_the_grad_input(outer):
+    """The grad's own input, made just before the vmap starts with no autograd node in between,
+    is an outer tensor of the level (its per-example gradients are summed), as in torch.func
+    (MAML's inner loop has this shape)."""
+    W, X = torch.randn(3), torch.randn(4, 3)
+
+    def f(mod):
+        return lambda w: mod.vmap(lambda x: (w * x).sum())(X).sum()
+
+    got = getattr(engine, outer)(f(engine))(W)
+    want = getattr(torch.func, outer)(f(torch.func))(W)
+    torch.testing.assert_close(got, want)
+    torch.testing.assert_close(got, X.sum(0))

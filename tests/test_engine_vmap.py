@@ -265,7 +265,7 @@ def test_register_rule_wins_and_validates():
 
 def test_randomness_modes():
     x = torch.zeros(B, 3)
-    with pytest.raises(RandomnessError, match="randomness='error'"):
+    with pytest.raises(RandomnessError, match="randomness error mode"):
         engine.vmap(lambda a: a + torch.randn(3))(x)
     with pytest.raises(RandomnessError):
         engine.vmap(lambda a: torch.rand_like(a))(x)

@@ -107,7 +107,7 @@ def test_bench_regexes_shard_by_family():
         if w.family != family:
             assert not any(r.search(point) for r in regexes), point
     suite_only = [re.compile(r) for r in selection.bench_regexes("quick", [selection.SUITE_FAMILY])]
-    assert any(r.search("bench_overhead.PerOpOverhead.time_chain('engine', 'cpu')") for r in suite_only)
+    assert any(r.search("bench_overhead.PerOpOverhead.time_chain('engine', 'small', 'vmap', 'cpu')") for r in suite_only)
     assert not any(r.search(p) for r in suite_only for p, *_ in _all_points()[:50])
     with pytest.raises(ValueError, match="unknown families"):
         selection.bench_regexes("quick", ["no-such-family"])
@@ -237,14 +237,15 @@ def test_fresh_inductor_cache_is_empty_and_restored(monkeypatch):
 def test_overhead_chain_is_the_same_computation_for_every_method():
     from suite import bench_overhead
 
-    x = torch.randn(bench_overhead.BATCH, bench_overhead.WIDTH)
-    ref = bench_overhead.chain_call("native", x)()
-    for method in bench_overhead.METHODS[1:]:
-        try:
-            out = bench_overhead.chain_call(method, x)()
-        except NotImplementedError as exc:  # engine (or engine.trace) not at this commit
-            pytest.skip(str(exc))
-        torch.testing.assert_close(out, ref)
+    x = bench_overhead.make_input("small")
+    for mode in bench_overhead.MODES:
+        ref = bench_overhead.chain_call("native", x, mode)()
+        for method in bench_overhead.METHODS[1:]:
+            try:
+                out = bench_overhead.chain_call(method, x, mode)()
+            except NotImplementedError as exc:  # engine (or engine.trace) not at this commit
+                pytest.skip(str(exc))
+            torch.testing.assert_close(out, ref, rtol=1e-4, atol=1e-5)
 
 
 # --- the drivers -------------------------------------------------------------------------------

@@ -148,15 +148,19 @@ def _data_dependent(w: torch.Tensor) -> torch.Tensor:
 
 
 def test_untraceable_function_raises_a_clear_error():
+    # A bool read off a tensor is a guard: the traced branch replays, the other one is refused.
     traced = engine.trace(engine.grad(_data_dependent))
-    with pytest.raises(UntraceableError, match="_data_dependent.*depends on tensor values"):
-        traced(torch.randn(3))
-    with pytest.raises(engine.DataDependentError, match=r"item"):  # also a DataDependentError
+    small, big = torch.full((3,), 0.1), torch.full((3,), 2.0)
+    torch.testing.assert_close(traced(small), -2 * small)
+    torch.testing.assert_close(traced(small * 2), -4 * small)
+    with pytest.raises(UntraceableError, match="_data_dependent.*branches on tensor values"):
+        traced(big)
+    with pytest.raises(engine.DataDependentError, match=r"item"):  # numbers stay refused (a DataDependentError too)
         engine.trace(lambda x: x * x.sum().item())(torch.randn(3))
-    # the engine's own refusal inside vmap is reported the same way
+    # the engine's own refusal inside vmap (elements taking different branches) is reported the same way
     branchy = engine.vmap(lambda x: x if x.sum() > 0 else -x)
     with pytest.raises(UntraceableError, match="lambda"):
-        engine.trace(branchy)(torch.randn(2, 3))
+        engine.trace(branchy)(torch.tensor([[1.0, 2.0], [-1.0, -3.0]]))
     # data-dependent shapes too
     with pytest.raises(UntraceableError, match="nonzero"):
         engine.trace(lambda x: x[x > 0].sum())(torch.randn(6))
@@ -169,8 +173,15 @@ def test_untraceable_function_falls_back_to_eager_with_one_warning():
         small, big = torch.full((3,), 0.1), torch.full((3,), 2.0)
         torch.testing.assert_close(traced(small), -2 * small)
         torch.testing.assert_close(traced(big), 2 * big)  # the other branch: really eager
+        torch.testing.assert_close(traced(big * 2), 4 * big)
     assert [type(w.message) for w in caught] == [TraceFallbackWarning]
-    assert traced.cache_info().traces == 0
+    assert traced.cache_info().traces == 1
+    numbers = engine.trace(lambda x: x * x.sum().item(), fallback="eager")
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        torch.testing.assert_close(numbers(torch.ones(3)), torch.full((3,), 3.0))
+    assert [type(w.message) for w in caught] == [TraceFallbackWarning]
+    assert numbers.cache_info().traces == 0
 
 
 def test_random_ops_draw_fresh_values_at_each_replay():

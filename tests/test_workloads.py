@@ -15,9 +15,23 @@ from vmapbench import cli
 from workloads import COMPILED_METHODS, ENGINE_METHODS, measure
 from workloads.define import CaseState
 
+# Engine bugs reported and not fixed yet: (workload, method) -> the bug. Their cases are strict
+# xfails: once the engine is fixed they pass, fail as XPASS, and the entry must go.
+KNOWN_ENGINE_BUGS: dict[tuple[str, str], str] = {}  # (workload, method) -> reason: strict xfails, none today
+
 ALL = workloads.all_workloads()
-EAGER_CASES = [(w.name, m) for w in ALL for m in w.methods if m not in COMPILED_METHODS]
-ENGINE_CASES = [(w.name, m) for w in ALL for m in w.methods if m in ENGINE_METHODS - COMPILED_METHODS]
+
+
+def _cases(methods: set[str]) -> list:
+    return [
+        pytest.param(w.name, m, id=f"{w.name}-{m}", marks=[pytest.mark.xfail(reason=KNOWN_ENGINE_BUGS[w.name, m], strict=True)]
+                     if (w.name, m) in KNOWN_ENGINE_BUGS else [])
+        for w in ALL for m in w.methods if m in methods
+    ]
+
+
+EAGER_CASES = _cases(set(workloads.METHODS) - COMPILED_METHODS)
+ENGINE_CASES = _cases(ENGINE_METHODS - COMPILED_METHODS)
 COMPILED_CASES = [(w.name, m) for w in ALL for m in w.methods if m in COMPILED_METHODS]
 
 _states: dict[str, CaseState] = {}
@@ -40,7 +54,9 @@ def test_registry_lists_what_the_suite_runs() -> None:
     quick = {(w.name, m, s) for w, m, s, _ in workloads.iter_cases(quick=True)}
     assert quick == {(w.name, m, s) for w in ALL for s in w.quick for m in w.methods}
     assert len({w.name for w in ALL}) == len(ALL)
-    assert set(workloads.families()) == {"bayes_logreg", "hessians", "per_sample_grads", "compiled"}
+    assert set(workloads.families()) == {
+        "bayes_logreg", "hessians", "per_sample_grads", "bayes_models", "torch_func_tutorials", "compiled"
+    }
 
 
 def test_every_workload_is_well_formed() -> None:
@@ -61,12 +77,12 @@ def test_anchor_sizes_are_in_the_quick_profile() -> None:
     assert "batch=64" in workloads.get("psg_mlp").quick
 
 
-@pytest.mark.parametrize("name,method", EAGER_CASES, ids=[f"{n}-{m}" for n, m in EAGER_CASES])
+@pytest.mark.parametrize("name,method", EAGER_CASES)
 def test_method_matches_float64_loop(name: str, method: str) -> None:
     workloads.get(name).check(smallest_state(name), [method])
 
 
-@pytest.mark.parametrize("name,method", ENGINE_CASES, ids=[f"{n}-{m}" for n, m in ENGINE_CASES])
+@pytest.mark.parametrize("name,method", ENGINE_CASES)
 def test_engine_method_has_no_fallback(name: str, method: str) -> None:
     import engine
 

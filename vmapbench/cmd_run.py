@@ -20,6 +20,10 @@ import workloads
 from workloads import measure
 from vmapbench.cmd_list import make_console
 from workloads.base import BASELINE, REFERENCE
+from workloads.peers import PeerUnavailable
+
+# Prefix of a method's entry in `failures` when its peer package is missing: shown as skipped.
+SKIPPED = "skipped: "
 
 
 def configure(parser: argparse.ArgumentParser) -> None:
@@ -87,8 +91,13 @@ def main(args: argparse.Namespace) -> int:
 
     results, failures = run_methods(w, methods, size, state, args, console)
     console.print(results_table(w, size, args.device, methods, args.repeat, results, failures, args.memory))
+    skipped = {m: reason for m, reason in failures.items() if reason.startswith(SKIPPED)}
     for method, reason in failures.items():
-        console.print(f"[red]{method} failed:[/] {escape(reason)}")
+        if method in skipped:
+            console.print(f"[yellow]{method} skipped:[/] {escape(reason[len(SKIPPED):])}")
+        else:
+            console.print(f"[red]{method} failed:[/] {escape(reason)}")
+    failures = {m: r for m, r in failures.items() if m not in skipped}
     if args.check and not failures:
         console.print("check: every method matches the float64 loop within the workload's tolerance")
     return 1 if failures else 0
@@ -109,6 +118,8 @@ def run_methods(w: workloads.Workload, methods: list[str], size: str, state: obj
     def attempt(method: str, step: Callable[[], None]) -> None:
         try:
             step()
+        except PeerUnavailable as e:  # a peer whose package is not installed: a skip, not a failure
+            failures[method] = f"{SKIPPED}{e}"
         except Exception as e:  # noqa: BLE001 - reported per method below the table
             failures[method] = f"{type(e).__name__}: {e}".splitlines()[0]
             if args.traceback:
@@ -159,7 +170,8 @@ def results_table(w: workloads.Workload, size: str, device: str, methods: list[s
         table.add_column("peak mem Δ", justify="right")
     for method in methods:
         if method in failures:
-            table.add_row(method, "", "[red]failed[/]", "", "", *([""] if memory else []))
+            status = "[yellow]skipped[/]" if failures[method].startswith(SKIPPED) else "[red]failed[/]"
+            table.add_row(method, "", status, "", "", *([""] if memory else []))
             continue
         r = results[method]
         speedup = f"{loop.median_s / r.median_s:.2f}x" if loop else "-"

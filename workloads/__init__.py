@@ -7,6 +7,7 @@ from workloads.base import (  # noqa: F401
     COMPILED_METHODS,
     ENGINE_METHODS,
     METHODS,
+    PEER_METHODS,
     REFERENCE,
     Workload,
     all_workloads,
@@ -19,4 +20,4 @@ from workloads.base import (  # noqa: F401
 )
 
 # Workload modules (each calls register()); keep this list in one place.
-from workloads import bayes_logreg, hessians, per_sample_grads, compiled  # noqa: E402,F401  (order = listing order)
+from workloads import bayes_logreg, hessians, per_sample_grads, nn_models, bayes_models, tutorials, compiled  # noqa: E402,F401  (order = listing order)

@@ -13,7 +13,21 @@ Task kinds:
 - `hessian_method`: Hessian of a scalar function of one flat tensor.
 - `batched_hessian_method`: Hessians of a scalar function at many points (vmap over hessian).
 - `hvp_method`: many Hessian-vector products at one point (vmap over the vjp of the gradient).
-- `per_sample_grads_method`: gradients of a per-example loss w.r.t. shared parameters.
+- `per_sample_grads_method`: gradients of a per-example loss w.r.t. shared parameters; also
+  `engine_chunked` (the engine's vmap with `chunk_size=CHUNK_SIZE`: bounded peak memory).
+- `batched_grad_method`: gradients of a scalar function at many points (vmap over grad), e.g. a
+  log density at K MCMC chains' states.
+- `leapfrog_method`: a Hamiltonian (HMC) leapfrog trajectory of many chains at once, each step
+  one vmap(grad) of the log density.
+- `particle_grad_method`: gradient of a Monte Carlo average over particles (grad over vmap), e.g.
+  an ELBO over reparameterized samples.
+- `ntk_method`: the empirical neural tangent kernel of a model between two sets of inputs, by
+  Jacobian contraction (vmap(jacrev)) or by jvp-of-vjp products (the torch.func tutorial's two).
+- `ensemble_method`: an ensemble of models with stacked parameters, vmapped over the models.
+- `meta_grad_method`: MAML's meta-gradient: grad through an inner gradient step, vmapped over tasks.
+
+The last three take `params` as a dict of tensors (what `torch.func.functional_call` takes).
+The `jax` method of every kind is in `workloads.peers.jax_methods` (added with `with_jax`).
 """
 from __future__ import annotations
 
@@ -27,6 +41,8 @@ Thunk = Callable[[], Any]
 
 # Methods served by a transform module (torch.func or engine), possibly wrapped.
 TRANSFORM_METHODS = ("engine", "engine_traced", "engine_compiled", "torch_func", "torch_func_compiled")
+# Examples per chunk of the `engine_chunked` per-sample-gradient method (engine.vmap's chunk_size).
+CHUNK_SIZE = 32
 
 
 def transforms(method: str) -> types.ModuleType:
@@ -138,19 +154,25 @@ def hessian_method(method: str, f: Fn, x: torch.Tensor, closed_form: Fn | None =
     return _at_point("hessian", "hessian", torch.autograd.functional.hessian, method, f, x, loop, closed_form)
 
 
-def batched_hessian_method(method: str, f: Fn, points: torch.Tensor, closed_form: Fn | None = None) -> Thunk:
-    """Hessians of scalar `f` at each row of `points` (shape [B, k, k])."""
+def _at_points(kind: str, transform: str, method: str, f: Fn, points: torch.Tensor,
+               loop_one: Callable[[Fn, torch.Tensor], torch.Tensor], closed_form: Fn | None) -> Thunk:
+    """The methods of a derivative of `f` at each row of `points`: the transforms vmap `transform`
+    (grad, hessian) over the rows; the loop calls `loop_one(f, point)` row by row."""
     if method == "loop":
-        def run() -> torch.Tensor:
-            return torch.stack([_loop_hessian(f, p.detach().requires_grad_()) for p in points])
-        return run
+        return lambda: torch.stack([loop_one(f, p) for p in points])
     if method in TRANSFORM_METHODS:
         ft = transforms(method)
-        h = wrap(method, ft.vmap(ft.hessian(f)))
-        return lambda: h(points)
+        d = wrap(method, ft.vmap(getattr(ft, transform)(f)))
+        return lambda: d(points)
     if method == "closed_form" and closed_form is not None:
         return lambda: closed_form(points)
-    raise _unsupported("batched hessian", method, ("loop", *TRANSFORM_METHODS, "closed_form"))
+    raise _unsupported(kind, method, ("loop", *TRANSFORM_METHODS, "closed_form"))
+
+
+def batched_hessian_method(method: str, f: Fn, points: torch.Tensor, closed_form: Fn | None = None) -> Thunk:
+    """Hessians of scalar `f` at each row of `points` (shape [B, k, k])."""
+    return _at_points("batched hessian", "hessian", method, f, points,
+                      lambda f, p: _loop_hessian(f, p.detach().requires_grad_()), closed_form)
 
 
 def hvp_method(method: str, f: Fn, x: torch.Tensor, vectors: torch.Tensor) -> Thunk:
@@ -202,6 +224,11 @@ def per_sample_grads_method(
         ft = transforms(method)
         psg = wrap(method, ft.vmap(ft.grad(loss), in_dims=(None, 0, 0)))
         return lambda: psg(params, inputs, targets)
+    if method == "engine_chunked":
+        import engine
+
+        chunked = engine.vmap(engine.grad(loss), in_dims=(None, 0, 0), chunk_size=CHUNK_SIZE)
+        return lambda: chunked(params, inputs, targets)
     if method == "functional_vectorize":
         def losses(*ps: torch.Tensor) -> torch.Tensor:
             return loss(ps, inputs, targets)
@@ -209,5 +236,201 @@ def per_sample_grads_method(
     if method == "closed_form" and closed_form is not None:
         return lambda: closed_form(params, inputs, targets)
     raise _unsupported(
-        "per-sample grads", method, ("loop", "loop_compiled", *TRANSFORM_METHODS, "functional_vectorize", "closed_form")
+        "per-sample grads", method,
+        ("loop", "loop_compiled", *TRANSFORM_METHODS, "engine_chunked", "functional_vectorize", "closed_form"),
     )
+
+
+def _loop_grad(f: Fn, x: torch.Tensor) -> torch.Tensor:
+    xg = x.detach().requires_grad_()
+    return torch.autograd.grad(f(xg), xg)[0]
+
+
+def batched_grad_method(method: str, f: Fn, points: torch.Tensor, closed_form: Fn | None = None) -> Thunk:
+    """Gradient of scalar `f` at each row of `points` (shape [K, *point]): one backward pass per
+    point in the loop, one batched backward pass in the transforms."""
+    return _at_points("batched grad", "grad", method, f, points, _loop_grad, closed_form)
+
+
+def leapfrog(grad_log_density: Fn, q: torch.Tensor, p: torch.Tensor, step_size: float,
+             steps: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """`steps` leapfrog steps of Hamiltonian dynamics with unit mass (half momentum steps at both ends)."""
+    p = p + 0.5 * step_size * grad_log_density(q)
+    for i in range(steps):
+        q = q + step_size * p
+        p = p + (step_size if i < steps - 1 else 0.5 * step_size) * grad_log_density(q)
+    return q, p
+
+
+def leapfrog_method(method: str, log_density: Fn, positions: torch.Tensor, momenta: torch.Tensor,
+                    step_size: float, steps: int, closed_form_grad: Fn | None = None) -> Thunk:
+    """Final (positions, momenta) of a leapfrog trajectory from each row of `positions`/`momenta`
+    (K chains). The loop runs the chains one after another (one backward pass per chain and step);
+    the transforms run each step's K gradients as one vmap(grad), and a traced method records the
+    whole trajectory once; `closed_form_grad(q [K, P]) -> [K, P]` is the hand-batched gradient."""
+    if method == "loop":
+        def run() -> tuple[torch.Tensor, torch.Tensor]:
+            ends = [leapfrog(lambda x: _loop_grad(log_density, x), q, p, step_size, steps)
+                    for q, p in zip(positions, momenta)]
+            return torch.stack([q for q, _ in ends]), torch.stack([p for _, p in ends])
+        return run
+    if method in TRANSFORM_METHODS:
+        ft = transforms(method)
+        grads = ft.vmap(ft.grad(log_density))
+        trajectory = wrap(method, lambda q, p: leapfrog(grads, q, p, step_size, steps))
+        return lambda: trajectory(positions, momenta)
+    if method == "closed_form" and closed_form_grad is not None:
+        return lambda: leapfrog(closed_form_grad, positions, momenta, step_size, steps)
+    raise _unsupported("leapfrog", method, ("loop", *TRANSFORM_METHODS, "closed_form"))
+
+
+def particle_grad_method(method: str, f: Fn, phi: torch.Tensor, particles: torch.Tensor,
+                         closed_form: Fn | None = None) -> Thunk:
+    """Gradient w.r.t. `phi` of the mean of `f(phi, particle)` over the rows of `particles`.
+
+    The loop evaluates `f` particle by particle and runs one backward pass through the sum (how
+    it is written without vmap); the transforms take grad of a vmap over the particles.
+    `closed_form(phi, particles)` returns the same gradient.
+    """
+    if method == "loop":
+        def run() -> torch.Tensor:
+            phig = phi.detach().requires_grad_()
+            total = torch.stack([f(phig, particle) for particle in particles]).mean()
+            return torch.autograd.grad(total, phig)[0]
+        return run
+    if method in TRANSFORM_METHODS:
+        ft = transforms(method)
+
+        def average(phi: torch.Tensor, particles: torch.Tensor) -> torch.Tensor:
+            return ft.vmap(f, in_dims=(None, 0))(phi, particles).mean()
+        g = wrap(method, ft.grad(average))
+        return lambda: g(phi, particles)
+    if method == "closed_form" and closed_form is not None:
+        return lambda: closed_form(phi, particles)
+    raise _unsupported("particle grad", method, ("loop", *TRANSFORM_METHODS, "closed_form"))
+
+
+Params = dict[str, torch.Tensor]
+
+
+def _leaf_params(params: Params) -> Params:
+    return {k: v.detach().requires_grad_() for k, v in params.items()}
+
+
+def _loop_jacobian(f: Fn, params: Params, x: torch.Tensor) -> torch.Tensor:
+    """[outputs, parameters] Jacobian of f(params, x) w.r.t. all of params flattened, row by row."""
+    out = f(params, x).reshape(-1)
+    rows = [torch.autograd.grad(out[i], list(params.values()), retain_graph=True) for i in range(out.numel())]
+    return torch.stack([torch.cat([g.reshape(-1) for g in row]) for row in rows])
+
+
+NTK_FORMULATIONS = ("jacobian", "jvp_vjp")
+
+
+def ntk_method(method: str, f: Fn, params: Params, x1: torch.Tensor, x2: torch.Tensor, formulation: str) -> Thunk:
+    """Empirical NTK [N, M, O, O] of `f(params, x) -> [O]` (one example) between the rows of x1 and x2.
+
+    `formulation` picks the transforms' way (the loop builds per-example Jacobians by backward
+    passes and contracts them either way): "jacobian" contracts per-example Jacobians from
+    vmap(jacrev); "jvp_vjp" computes J(x2) J(x1)^T e_a for each output basis vector e_a by a vjp
+    followed by a jvp, never building a Jacobian.
+    """
+    if formulation not in NTK_FORMULATIONS:
+        raise ValueError(f"unknown NTK formulation {formulation!r}; expected one of {NTK_FORMULATIONS}")
+    if method == "loop":
+        def run() -> torch.Tensor:
+            leaves = _leaf_params(params)
+            j1 = torch.stack([_loop_jacobian(f, leaves, x) for x in x1])
+            j2 = torch.stack([_loop_jacobian(f, leaves, x) for x in x2])
+            return torch.einsum("naf,mbf->nmab", j1, j2)
+        return run
+    if method not in TRANSFORM_METHODS:
+        raise _unsupported("ntk", method, ("loop", *TRANSFORM_METHODS))
+    ft = transforms(method)
+
+    def by_jacobians(params: Params, x1: torch.Tensor, x2: torch.Tensor) -> torch.Tensor:
+        jac1 = ft.vmap(ft.jacrev(f), (None, 0))(params, x1)
+        jac2 = ft.vmap(ft.jacrev(f), (None, 0))(params, x2)
+        blocks = [torch.einsum("Naf,Mbf->NMab", jac1[k].flatten(2), jac2[k].flatten(2)) for k in params]
+        return torch.stack(blocks).sum(0)
+
+    def by_products(params: Params, x1: torch.Tensor, x2: torch.Tensor) -> torch.Tensor:
+        def ntk_pair(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+            out, vjp_fn = ft.vjp(lambda p: f(p, a), params)
+
+            def column(vec: torch.Tensor) -> torch.Tensor:
+                return ft.jvp(lambda p: f(p, b), (params,), vjp_fn(vec))[1]
+            basis = torch.eye(out.numel(), dtype=out.dtype, device=out.device).view(out.numel(), -1)
+            return ft.vmap(column)(basis)
+        return ft.vmap(ft.vmap(ntk_pair, (None, 0)), (0, None))(x1, x2)
+    ntk = wrap(method, by_jacobians if formulation == "jacobian" else by_products)
+    return lambda: ntk(params, x1, x2)
+
+
+def ensemble_method(method: str, f: Fn, params: Params, x: torch.Tensor, y: torch.Tensor | None = None) -> Thunk:
+    """An ensemble with stacked parameters (`params[k][i]`: model i's) on its own inputs x[i].
+
+    Without `y`: each model's predictions f(params_i, x_i) (stacked [M, ...]). With `y`: each
+    model's gradients of its loss f(params_i, x_i, y_i) (a dict of [M, *shape]): one training step
+    of the whole ensemble. The loop runs the models one after another.
+    """
+    models = x.shape[0]
+
+    def model(i: int) -> Params:
+        return {k: v[i] for k, v in params.items()}
+    if method == "loop":
+        if y is None:
+            return lambda: torch.stack([f(model(i), x[i]) for i in range(models)])
+
+        def run() -> Params:
+            grads = []
+            for i in range(models):
+                leaves = _leaf_params(model(i))
+                grads.append(dict(zip(leaves, torch.autograd.grad(f(leaves, x[i], y[i]), list(leaves.values())))))
+            return {k: torch.stack([g[k] for g in grads]) for k in params}
+        return run
+    if method in TRANSFORM_METHODS:
+        ft = transforms(method)
+        if y is None:
+            predict = wrap(method, ft.vmap(f))
+            return lambda: predict(params, x)
+        step = wrap(method, ft.vmap(ft.grad(f)))
+        return lambda: step(params, x, y)
+    raise _unsupported("ensemble", method, ("loop", *TRANSFORM_METHODS))
+
+
+def meta_grad_method(method: str, loss: Fn, params: Params, support: tuple[torch.Tensor, torch.Tensor],
+                     query: tuple[torch.Tensor, torch.Tensor], inner_lr: float) -> Thunk:
+    """MAML's meta-gradient: d/dparams of the mean over tasks of loss(params - lr * grad loss(params,
+    support_t), query_t), with `support`/`query` = (inputs, targets) stacked over tasks.
+
+    The loop adapts task by task (a gradient with create_graph) and backpropagates once through
+    the sum; the transforms take grad of a vmap over tasks of a function that itself calls grad.
+    """
+    (xs, ys), (xq, yq) = support, query
+
+    def adapted(params: Params, grads: Params) -> Params:
+        return {k: params[k] - inner_lr * grads[k] for k in params}
+    if method == "loop":
+        def run() -> Params:
+            leaves = _leaf_params(params)
+            names, values = list(leaves), list(leaves.values())
+            total = 0
+            for t in range(xs.shape[0]):
+                grads = torch.autograd.grad(loss(leaves, xs[t], ys[t]), values, create_graph=True)
+                total = total + loss(adapted(leaves, dict(zip(names, grads))), xq[t], yq[t])
+            return dict(zip(names, torch.autograd.grad(total / xs.shape[0], values)))
+        return run
+    if method in TRANSFORM_METHODS:
+        ft = transforms(method)
+
+        def task_loss(params: Params, xs: torch.Tensor, ys: torch.Tensor, xq: torch.Tensor,
+                      yq: torch.Tensor) -> torch.Tensor:
+            return loss(adapted(params, ft.grad(loss)(params, xs, ys)), xq, yq)
+
+        def meta_loss(params: Params, xs: torch.Tensor, ys: torch.Tensor, xq: torch.Tensor,
+                      yq: torch.Tensor) -> torch.Tensor:
+            return ft.vmap(task_loss, in_dims=(None, 0, 0, 0, 0))(params, xs, ys, xq, yq).mean()
+        meta_grad = wrap(method, ft.grad(meta_loss))
+        return lambda: meta_grad(params, xs, ys, xq, yq)
+    raise _unsupported("meta grad", method, ("loop", *TRANSFORM_METHODS))

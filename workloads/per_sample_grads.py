@@ -15,9 +15,13 @@ from typing import Any, Callable
 
 import torch
 import torch.nn.functional as F
+from torch import nn
 
+from workloads import peers
+from workloads.base import PEER_METHODS
 from workloads.define import define
 from workloads.methods import per_sample_grads_method
+from workloads.peers.jax_methods import with_jax
 
 FAMILY = "per_sample_grads"
 CLASSES = 10
@@ -44,7 +48,7 @@ def mlp_grads_closed_form(params: Params, X: torch.Tensor, Y: torch.Tensor) -> P
     W1, b1, W2, b2 = params
     z1 = X @ W1.T + b1
     a1 = torch.relu(z1)
-    dz2 = torch.softmax(a1 @ W2.T + b2, dim=-1) - F.one_hot(Y, CLASSES).to(X.dtype)
+    dz2 = torch.softmax(a1 @ W2.T + b2, dim=-1) - F.one_hot(Y, W2.shape[0]).to(X.dtype)
     dz1 = (dz2 @ W2) * (z1 > 0)
     return torch.einsum("bh,bi->bhi", dz1, X), dz1, torch.einsum("bo,bh->boh", dz2, a1), dz2
 
@@ -58,22 +62,35 @@ def mlp_data(params: dict[str, Any], gen: torch.Generator) -> dict[str, Any]:
     return {"params": model, "x": torch.rand(b, 784, generator=gen), "y": torch.randint(CLASSES, (b,), generator=gen)}
 
 
-def _method(loss: Callable[..., torch.Tensor], closed_form: Callable[..., Params] | None = None):
+def mlp_module() -> nn.Module:
+    """psg_mlp's model as an nn.Module (what the peers need): the same parameters in the same order."""
+    return nn.Sequential(nn.Linear(784, 128), nn.ReLU(), nn.Linear(128, CLASSES))
+
+
+def _method(loss: Callable[..., torch.Tensor], closed_form: Callable[..., Params] | None = None,
+            module: Callable[[], nn.Module] | None = None):
+    """Method builder of a functional model; `module` builds its nn.Module form for the peers."""
     def make(method: str, inputs: dict[str, Any]) -> Callable[[], Any]:
+        if method in PEER_METHODS and module is not None:
+            return peers.per_sample_grads(method, peers.module_holding(module, inputs["params"]), F.cross_entropy,
+                                          inputs["x"], inputs["y"])
         return per_sample_grads_method(method, loss, inputs["params"], inputs["x"], inputs["y"], closed_form)
     return make
 
 
-mlp_method = _method(mlp_loss, mlp_grads_closed_form)
+mlp_method = _method(mlp_loss, mlp_grads_closed_form, mlp_module)
+# Every Opacus mode and BackPACK express the MLP, the CNN and (but BackPACK: no LayerNorm) the attention block.
+OPACUS = ("opacus_hooks", "opacus_ew", "opacus_functorch")
 
 define(
     name="psg_mlp",
     family=FAMILY,
     description="Per-sample gradients of an MLP 784-128-10 (MNIST-shaped inputs), cross-entropy loss",
     grid={"batch": BATCHES},
-    methods=("loop", "engine", "engine_traced", "torch_func", "functional_vectorize", "closed_form"),
+    methods=("loop", "engine", "engine_traced", "torch_func", "functional_vectorize", "closed_form", *OPACUS,
+             "backpack", "jax", "engine_chunked"),
     make_inputs=mlp_data,
-    make_method=mlp_method,
+    make_method=with_jax(mlp_method, "psg_mlp"),
     quick=("batch=64",),
 )
 
@@ -87,6 +104,15 @@ def cnn_logits(params: Params, x: torch.Tensor) -> torch.Tensor:
 
 def cnn_loss(params: Params, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
     return F.cross_entropy(cnn_logits(params, x), y, reduction="none")
+
+
+def cnn_module() -> nn.Module:
+    """psg_cnn's model as an nn.Module: the same parameters in the same order."""
+    return nn.Sequential(
+        nn.Conv2d(3, 16, 3, padding=1), nn.ReLU(), nn.MaxPool2d(2),
+        nn.Conv2d(16, 32, 3, padding=1), nn.ReLU(), nn.MaxPool2d(2),
+        nn.Flatten(), nn.Linear(32 * 8 * 8, CLASSES),
+    )
 
 
 def cnn_data(params: dict[str, Any], gen: torch.Generator) -> dict[str, Any]:
@@ -107,9 +133,9 @@ define(
     grid={"batch": BATCHES},
     # functional_vectorize is left out: it backpropagates B one-hot vectors through the whole
     # batch at once, B x B x 16 x 32 x 32 floats (4 GB at B=256).
-    methods=("loop", "engine", "engine_traced", "torch_func"),
+    methods=("loop", "engine", "engine_traced", "torch_func", *OPACUS, "backpack", "jax", "engine_chunked"),
     make_inputs=cnn_data,
-    make_method=_method(cnn_loss),
+    make_method=with_jax(_method(cnn_loss, module=cnn_module), "psg_cnn"),
     quick=("batch=8",),
 )
 
@@ -135,6 +161,26 @@ def attention_loss(params: Params, x: torch.Tensor, y: torch.Tensor) -> torch.Te
     return F.cross_entropy(attention_logits(params, x), y, reduction="none")
 
 
+class AttentionBlock(nn.Module):
+    """psg_attention's model as an nn.Module: the same parameters in the same order, the same math."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.q, self.k, self.v, self.o = (nn.Linear(WIDTH, WIDTH, bias=False) for _ in range(4))
+        self.norm = nn.LayerNorm(WIDTH)
+        self.ff1, self.ff2, self.head = nn.Linear(WIDTH, FF), nn.Linear(FF, WIDTH), nn.Linear(WIDTH, CLASSES)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        def heads(t: torch.Tensor) -> torch.Tensor:
+            return t.unflatten(-1, (HEADS, WIDTH // HEADS)).transpose(-3, -2)
+
+        q, k, v = heads(self.q(x)), heads(self.k(x)), heads(self.v(x))
+        att = torch.softmax(q @ k.transpose(-2, -1) / math.sqrt(WIDTH // HEADS), dim=-1)
+        h = self.norm(x + self.o((att @ v).transpose(-3, -2).flatten(-2)))
+        h = h + self.ff2(torch.relu(self.ff1(h)))
+        return self.head(h.mean(-2))
+
+
 def attention_data(params: dict[str, Any], gen: torch.Generator) -> dict[str, Any]:
     b = params["batch"]
     model = (
@@ -153,9 +199,10 @@ define(
     family=FAMILY,
     description=f"Per-sample gradients of one self-attention block ({HEADS} heads, {TOKENS} tokens x {WIDTH})",
     grid={"batch": BATCHES},
-    methods=("loop", "engine", "engine_traced", "torch_func", "functional_vectorize"),
+    methods=("loop", "engine", "engine_traced", "torch_func", "functional_vectorize", *OPACUS, "jax",
+             "engine_chunked"),
     make_inputs=attention_data,
-    make_method=_method(attention_loss),
+    make_method=with_jax(_method(attention_loss, module=AttentionBlock), "psg_attention"),
     quick=("batch=64",),
     # functional_vectorize backpropagates B one-hot vectors through the whole batch: ~0.8 GB at B=256.
     heavy=("batch=256",),

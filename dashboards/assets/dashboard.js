@@ -56,12 +56,26 @@
       if (!gd._vbVisible) {
         gd._vbVisible = gd.data.map(function (t) { return t.visible === undefined ? true : t.visible; });
       }
+      if (!gd._vbLegend) {
+        gd._vbLegend = gd.data.map(function (t) { return t.showlegend === undefined ? true : t.showlegend; });
+      }
       var visible = gd.data.map(function (t, i) { return matches(t.meta, state) ? gd._vbVisible[i] : false; });
+      // Legends kept when filtered: each legend group shows its entry on its first visible trace
+      // (the build marks only the group's first trace, which a filter may hide).
+      var seen = {};
+      var legend = gd.data.map(function (t, i) {
+        var group = t.legendgroup || t.name || String(i);
+        if (!gd._vbLegend.some(function (on, j) { return on && (gd.data[j].legendgroup || gd.data[j].name) === group; })) return false;
+        if (visible[i] !== true || seen[group]) return false;
+        seen[group] = true;
+        return true;
+      });
       var changed = visible.some(function (v, i) {
         var now = gd.data[i].visible === undefined ? true : gd.data[i].visible;
-        return now !== v;
+        var shown = gd.data[i].showlegend === undefined ? true : gd.data[i].showlegend;
+        return now !== v || shown !== legend[i];
       });
-      if (changed) window.Plotly.restyle(gd, { visible: visible });
+      if (changed) window.Plotly.restyle(gd, { visible: visible, showlegend: legend });
       var card = gd.closest(".vb-card");
       var empty = card && card.querySelector(".vb-nodata");
       if (empty) empty.hidden = visible.some(function (v) { return v === true; });
@@ -149,6 +163,23 @@
     return unit && unit !== "unit" ? text + " " + unit : text;
   }
 
+  /* The change head/base and its verdict: dashboards/numbers.py `change` and
+   * vmapbench.stats.verdict, repeated here for the pairs of commits picked in the browser. */
+  function compareChange(base, head) {
+    if (!(base.value > 0 && base.lo > 0 && head.value >= 0)) return null;
+    var value = head.value / base.value;
+    return { value: value, lo: Math.min(head.lo / base.hi, value), hi: Math.max(head.hi / base.lo, value),
+             n: Math.min(base.n, head.n) };
+  }
+
+  function judgeChange(delta, floor, higherIsBetter) {
+    if (delta === null || floor === null || floor === undefined) return "not judged";
+    var up = delta.lo > 1 + floor, down = delta.hi < 1 / (1 + floor);
+    if (!(up || down)) return "unchanged";
+    if (higherIsBetter) { var t = up; up = down; down = t; }
+    return up ? "slower" : "faster";
+  }
+
   function fillSelect(sel, options) {
     sel.innerHTML = "";
     options.forEach(function (o) {
@@ -191,54 +222,72 @@
     }
 
     function values(commit) {
-      var pair = data.machines[mSel.value].values[commit] || [[], []];
+      var v = data.machines[mSel.value].values[commit] || [[], [], [], [], []];
       var map = {};
-      for (var i = 0; i < pair[0].length; i++) map[pair[0][i]] = pair[1][i];
+      for (var i = 0; i < v[0].length; i++) map[v[0][i]] = { value: v[1][i], lo: v[2][i], hi: v[3][i], n: v[4][i] };
       return map;
+    }
+
+    function estimateText(e, unit) {
+      if (!e || e.value === null) return "n/a";
+      var main = format(e.value, unit);
+      if (e.n <= 1 || e.lo === e.hi || e.lo === null || e.hi === null) return main;
+      return main + " [" + format(e.lo, unit) + ", " + format(e.hi, unit) + "]";
     }
 
     function render() {
       var a = values(aSel.value), b = values(bSel.value);
+      var floors = data.machines[mSel.value].floors;
       var ids = {};
       Object.keys(a).concat(Object.keys(b)).forEach(function (id) { ids[id] = true; });
+      var rank = { slower: 0, faster: 1, unchanged: 2, "not judged": 3, missing: 4 };
       var entries = Object.keys(ids).map(function (id) {
-        var row = data.rows[id], va = a[id], vb = b[id];
-        var both = va !== undefined && vb !== undefined && va !== null && vb !== null;
-        var ratio = !both ? null : (va === 0 ? (vb === 0 ? 1 : Infinity) : vb / va);
-        var worse = 0;
-        if (ratio !== null && ratio >= 0) {
-          var lr = Math.log(ratio);
-          worse = row[6] ? -lr : lr;
-        }
-        return { row: row, va: va, vb: vb, ratio: ratio, worse: worse };
+        var row = data.rows[id], ea = a[id], eb = b[id];
+        var both = ea !== undefined && eb !== undefined && ea.value !== null && eb.value !== null;
+        var delta = both ? compareChange(ea, eb) : null;
+        var verdict = !both ? "missing" : judgeChange(delta, floors[id], row[6] === 1);
+        // The most certain change first: how far the interval's near end lies from 1 (log).
+        var certainty = delta ? Math.max(Math.log(delta.lo), -Math.log(delta.hi), 0) : 0;
+        return { row: row, ea: ea, eb: eb, delta: delta, verdict: verdict, certainty: certainty };
       });
-      entries.sort(function (x, y) { return y.worse - x.worse; });
+      entries.sort(function (x, y) {
+        return (rank[x.verdict] - rank[y.verdict]) || (y.certainty - x.certainty);
+      });
       var body = table.tBodies[0];
       body.innerHTML = "";
-      var counts = { worse: 0, better: 0, same: 0, missing: 0 };
-      var limit = Math.log(data.factor);
+      var counts = { slower: 0, faster: 0, unchanged: 0, "not judged": 0, missing: 0 };
       entries.forEach(function (e) {
         var tr = document.createElement("tr");
-        var kind = e.ratio === null ? "missing" : (e.worse > limit ? "worse" : (e.worse < -limit ? "better" : "same"));
-        counts[kind] += 1;
+        counts[e.verdict] += 1;
+        var kind = e.verdict === "slower" ? "worse" : (e.verdict === "faster" ? "better" : "same");
         tr.className = "vb-f vb-" + kind;
         tr.setAttribute("data-machine", mSel.value);
+        tr.setAttribute("data-benchmark", e.row[0]);
+        tr.setAttribute("data-params", e.row[1]);
         if (e.row[2]) tr.setAttribute("data-workload", e.row[2]);
         if (e.row[3]) tr.setAttribute("data-device", e.row[3]);
-        cell(tr, e.row[0], null);
-        cell(tr, e.row[1], null);
-        cell(tr, format(e.va, e.row[5]), e.va === undefined ? "" : e.va, "vb-num");
-        cell(tr, format(e.vb, e.row[5]), e.vb === undefined ? "" : e.vb, "vb-num");
-        var mark = kind === "worse" ? " +" : (kind === "better" ? " −" : "");
-        var text = e.ratio === null ? "n/a" : (isFinite(e.ratio) ? e.ratio.toFixed(2) : "∞");
-        cell(tr, text + mark, e.ratio === null ? "" : e.ratio, "vb-num vb-ratio");
+        // The metric alone when the workload has its column; Class.metric otherwise.
+        var parts = e.row[0].split(".");
+        var name = cell(tr, parts.slice(e.row[2] && parts.length > 2 ? -1 : 1).join("."), null, "vb-bench");
+        name.title = e.row[0];
+        cell(tr, e.row[9], null);
+        cell(tr, e.row[8], null);
+        cell(tr, e.row[3] || "", null);
+        cell(tr, estimateText(e.ea, e.row[5]), e.ea === undefined ? "" : e.ea.value, "vb-num vb-base");
+        cell(tr, estimateText(e.eb, e.row[5]), e.eb === undefined ? "" : e.eb.value, "vb-num vb-head");
+        var text = e.delta === null ? "n/a" : estimateText(e.delta, "x");
+        cell(tr, text, e.delta === null ? "" : e.delta.value, "vb-num vb-ratio");
+        var label = e.verdict === "missing" ? "in one commit only" : e.verdict;
+        if (e.row[7] === 1 && e.verdict !== "missing") label += " · gated";
+        cell(tr, label, e.verdict, "vb-verdict");
         body.appendChild(tr);
       });
       Array.prototype.forEach.call(table.tHead.rows[0].cells, function (th) { th.removeAttribute("aria-sort"); });
       summary.textContent = aSel.value === bSel.value
         ? "base and head are the same commit: pick two to compare."
-        : counts.worse + " worse, " + counts.better + " better, " + counts.same +
-          " unchanged (factor " + data.factor + "), " + counts.missing + " in one commit only.";
+        : counts.slower + " slower, " + counts.faster + " faster, " + counts.unchanged +
+          " unchanged, " + counts["not judged"] + " not judged, " + counts.missing + " in one commit only.";
+      summary.setAttribute("data-counts", JSON.stringify(counts));
       var state = readState();
       table.querySelectorAll("tr.vb-f").forEach(function (el) {
         el.classList.toggle("vb-hidden", !matches(elementMeta(el), state));

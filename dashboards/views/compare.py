@@ -1,8 +1,11 @@
-"""Compare: two commits of one machine side by side, like `asv compare`, in a sortable table.
+"""Compare: two commits of one run side by side, like `asv compare`, in a sortable table.
 
-The page embeds every benchmark value of each machine's newest commits as JSON; assets/dashboard.js
-builds the table for the chosen machine and pair of commits (default: the two newest), colors the
-ratio head/base beyond COMPARE_FACTOR and sorts on any column.
+The page embeds every benchmark value of each run's newest commits with its interval
+(dashboards.numbers.estimate_columns) and each benchmark's noise floor (vmapbench.stats), as
+JSON; assets/dashboard.js builds the table for the chosen run and pair of commits (default: the
+two newest): the change head/base with its interval and the verdict of stats.verdict, the same
+rule and figures as the Overview's box (dashboards.regressions.commit_changes). Metrics never
+judged (RSS deltas) and changes from a zero base are listed apart, below the judged ones.
 """
 from __future__ import annotations
 
@@ -13,46 +16,63 @@ import numpy as np
 import pandas as pd
 
 from dashboards.context import Context
+from dashboards.numbers import estimate_columns
 from dashboards.page import Page, json_script
-from dashboards.theme import COMPARE_FACTOR, higher_is_better
+from dashboards.regressions import floors
+from dashboards.theme import method_label
+from vmapbench import stats
 
-# Commits per machine offered for comparison (the newest).
+# Commits per run offered for comparison (the newest).
 COMPARE_COMMITS = 30
 PARAM_ORDER = ("workload", "size", "method", "device")
 
 
 def compare_data(ctx: Context) -> dict[str, Any]:
-    """{'factor', 'rows': [[benchmark, params, workload, device, metric, unit, higher_better]],
-    'machines': {machine: {'commits': [[hash, label]] newest first, 'values': {hash: [ids, values]}}}}"""
+    """{'rows': [[benchmark, params, workload, device, metric, unit, higher_better, gated, method
+    label, params without method and device]],
+    'machines': {run: {'commits': [[hash, label]] newest first, 'floors': [floor or None per row],
+    'values': {hash: [row ids, values, lo, hi, n]}}}}; a floor of None: never judged."""
     f = ctx.lean
-    data: dict[str, Any] = {"factor": COMPARE_FACTOR, "rows": [], "machines": {}}
+    data: dict[str, Any] = {"rows": [], "machines": {}, "confidence": stats.CONFIDENCE}
     if f.empty:
         return data
     f = ctx.of_commits(f, COMPARE_COMMITS)
-    f = f.drop_duplicates(["machine", "commit", "case"], keep="last")
+    f = estimate_columns(f.drop_duplicates(["machine", "commit", "case"], keep="last"))
     cases = np.sort(f["case"].unique())
     f = f.assign(_row=np.searchsorted(cases, f["case"].to_numpy()))
     firsts = f.drop_duplicates("_row").sort_values("_row")
     extra = [c for c in ctx.param_columns
-             if c not in ("benchmark",) + PARAM_ORDER and c not in ctx.results.size_columns]
+             if c not in ("benchmark", "host") + PARAM_ORDER and c not in ctx.results.size_columns]
     rows = []
     for r in firsts.to_dict("records"):
         params = [str(r[c]) for c in PARAM_ORDER + tuple(extra) if c in r and _present(r[c])]
+        attr = r["benchmark"].rsplit(".", 1)[-1]
+        rest = [str(r[c]) for c in ("workload", "size") + tuple(extra) if c in r and _present(r[c])]
+        method = _text(r.get("method"))
         rows.append([r["benchmark"], " · ".join(params), _text(r.get("workload")), _text(r.get("device")),
-                     r["metric"], _text(r["unit"]) or "", int(higher_is_better(r["metric"]))])
+                     r["metric"], _text(r["unit"]) or "", int(stats.higher_is_better(attr)),
+                     int(stats.is_gated(attr)), method_label(method) if method else "", " · ".join(rest)])
     data["rows"] = rows
+    benchmarks = firsts["benchmark"].tolist()
     for machine, on in f.groupby("machine", sort=True, observed=True):
         dates = on.drop_duplicates("commit").set_index("commit")["date"]
-        entry: dict[str, Any] = {"commits": [], "values": {}}
+        floor = floors(ctx, on)
+        entry: dict[str, Any] = {"commits": [], "values": {},
+                                 "floors": [_finite(floor.get(b)) for b in benchmarks]}
         for commit in reversed(ctx.commits[machine][-COMPARE_COMMITS:]):
             date = dates.get(commit)
             when = date.strftime("%Y-%m-%d %H:%M") if date is not None and pd.notna(date) else "no date"
             entry["commits"].append([commit, f"{commit[:8]} · {when}"])
         for commit, group in on.groupby("commit", sort=False, observed=True):
-            values = [v if math.isfinite(v) else None for v in group["value"].tolist()]
-            entry["values"][commit] = [group["_row"].tolist(), values]
+            entry["values"][commit] = [group["_row"].tolist()] + [
+                [_finite(v) for v in group[c].tolist()] for c in ("value", "lo", "hi")] + [
+                group["n"].astype(int).tolist()]
         data["machines"][machine] = entry
     return data
+
+
+def _finite(value: Any) -> float | None:
+    return float(value) if value is not None and math.isfinite(value) else None
 
 
 def _text(value: Any) -> str | None:
@@ -66,14 +86,16 @@ def _present(value: Any) -> bool:
 
 def render(ctx: Context) -> Page:
     page = Page("compare.html", "Compare", intro=(
-        "<p>Every benchmark of two commits on one machine, like <code>asv compare</code>: the "
-        "ratio is the later commit's value over the earlier one's. For times, memory and "
-        "fallback counts a ratio above "
-        f"{COMPARE_FACTOR:g} is a slowdown (red, <b>+</b>) and below 1/{COMPARE_FACTOR:g} an "
-        "improvement (green, <b>−</b>); for speedups the other way round. Click a column header "
-        f"to sort. The newest {COMPARE_COMMITS} commits of each machine can be picked. One run "
-        "per commit is noisy: confirm a change with <code>make continuous</code> or in History. "
-        f"{ctx.measured_note()}</p>"))
+        "<p>Every benchmark of two commits of one run (machine and asv env), like "
+        "<code>asv compare</code>: the change is the head commit's value over the base's, with "
+        f"the interval spanned by the two values' {stats.CONFIDENCE:.0%} intervals. A change is "
+        "called <b>slower</b> (red) or <b>faster</b> (green) only when its whole interval lies "
+        "beyond the benchmark's noise floor (<code>vmapbench.stats.verdict</code>: the gate's "
+        "calibration, else its policy: 25% for raw times and whole-process memory, 10% for the "
+        "in-process ratios, which are what the gate acts on and are marked <b>gated</b>). RSS "
+        "deltas and changes from a zero base are listed apart, never judged. Judged rows come "
+        "first, most certain change on top; click a column header to sort. The newest "
+        f"{COMPARE_COMMITS} commits of each run can be picked. {ctx.measured_note()}</p>"))
     data = compare_data(ctx)
     if not data["machines"]:
         page.notice("No ASV results found: run <code>make bench</code>.", "warn")
@@ -89,7 +111,8 @@ def render(ctx: Context) -> Page:
         '<label>head <select id="vb-cmp-b"></select></label>'
         '<span id="vb-cmp-summary" class="vb-summary"></span></div>'
         '<table id="vb-compare" class="vb-table vb-sortable"><thead><tr>'
-        '<th>benchmark</th><th>parameters</th><th>base</th><th>head</th><th data-sort-default="desc">ratio</th>'
-        '</tr></thead><tbody></tbody></table>'
+        '<th>benchmark</th><th>workload · size</th><th>method</th><th>device</th><th>base</th><th>head</th>'
+        '<th data-sort-default="desc">change</th>'
+        '<th>verdict</th></tr></thead><tbody></tbody></table>'
         + json_script("vb-compare-data", data))
     return page

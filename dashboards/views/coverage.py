@@ -4,12 +4,15 @@ against torch.func on the same ops (from the coverage report), and the suite's f
 from __future__ import annotations
 
 
-from dashboards.artifacts import COVERAGE_STATUSES, CoverageReport
+from pathlib import Path
+
+from dashboards.artifacts import COVERAGE_STATUSES, CoverageReport, coverage_staleness
 from dashboards.context import Context
 from dashboards.figures import Panels, panel_keys
 from dashboards.page import Page, esc, table
 from dashboards.theme import STATUS_COLORS, method_color, method_label, method_order
 
+REPO = Path(__file__).resolve().parents[2]
 SIDE_LABELS = {"engine": "engine (ours)", "torch_func": "torch.func", "vjp_engine": "engine vmap(vjp)"}
 FALLBACK_METRIC = "fallbacks"
 
@@ -58,11 +61,12 @@ def fallback_figure(ctx: Context) -> dict | None:
     rows = ctx.latest_per_case([FALLBACK_METRIC])
     if rows.empty:
         return None
-    # Methods that never fall back (the loop, torch.func, ...) only take room.
-    active = rows.groupby("method")["value"].max()
+    # Methods that never fall back (the loop, torch.func, ...) only take room; with no fallback
+    # at all there is nothing to draw (the page says so).
+    active = rows.groupby("method", observed=True)["value"].max()
     rows = rows[rows["method"].isin(active[active > 0].index)]
     if rows.empty:
-        rows = ctx.latest_per_case([FALLBACK_METRIC])
+        return {}
     panels = Panels(panel_keys(rows), y_title="fallback calls in one run")
     for method in method_order(rows["method"].unique()):
         for (machine, device, workload), group in rows[rows["method"] == method].groupby(
@@ -97,12 +101,18 @@ def render(ctx: Context) -> Page:
         total = {side: sum(n for fam in report.counts(side).values() for n in fam.values()) for side in sides(report)}
         native = {side: sum(fam.get("native", 0) for fam in report.counts(side).values()) for side in sides(report)}
         summary = "; ".join(f"{SIDE_LABELS[s]}: {native[s]} of {total[s]} native" for s in total)
+        stale = coverage_staleness(report, REPO)
+        if stale is not None and stale.note():
+            page.notice(stale.note(), "warn")
         page.figure(coverage_figure(report), title="OpInfo ops by family",
                     note=f"{summary}. Report <code>{esc(report.path.name)}</code> ({meta}).")
         page.add(_difference_tables(report))
     fig = fallback_figure(ctx)
     if fig is None:
         page.notice("The suite results record no fallback counts (<code>track_fallbacks</code>).")
+    elif not fig:
+        page.notice("No fallbacks: every workload and method in the latest results ran with 0 "
+                    "fallback calls (<code>track_fallbacks</code>).", "good")
     else:
         page.figure(fig, title="Fallback calls per workload (latest results)")
     return page

@@ -10,10 +10,9 @@ from __future__ import annotations
 import pandas as pd
 
 from dashboards.context import MEMORY_METRICS, TIME_METRIC, Context
-from dashboards.figures import Panels, panel_keys
+from dashboards.figures import Panels, byte_scale, grouped_bars, panel_keys
 from dashboards.page import Page, esc
 from dashboards.theme import format_value, method_color, method_label, method_order
-from dashboards.views.scaling import line_figure
 
 ALL_MEMORY = tuple(dict.fromkeys(m for ms in MEMORY_METRICS.values() for m in ms))
 
@@ -73,7 +72,8 @@ def tradeoff_figure(ctx: Context, times: pd.DataFrame, mems: pd.DataFrame, chunk
 
 def render(ctx: Context) -> Page:
     page = Page("memory.html", "Memory", intro=(
-        "<p>Peak memory of one call against problem size, log-log, one line per method: on CUDA "
+        "<p>Peak memory of one call per method at each measured size (bars grouped by size, "
+        "in KiB/MiB/GiB): on CUDA "
         "the allocator's peak during the call above the inputs (<code>track_cuda_peak_bytes</code>), "
         "on CPU how far the process's resident memory grew during the call "
         "(<code>track_rss_delta_bytes</code>); asv's whole-process <code>peakmem_run</code> stands "
@@ -86,25 +86,28 @@ def render(ctx: Context) -> Page:
     if mems.empty:
         page.notice("No memory measurements yet: run <code>make bench</code>.", "warn")
         return page
-    positive = mems[mems["value"] > 0]
-    dropped = len(mems) - len(positive)
-    single = []
-    for workload in sorted(positive["workload"].unique()):
-        w_rows = positive[positive["workload"] == workload]
-        x = ctx.x_param(w_rows)
-        if x is None:
-            single.append(workload)
-            continue
+    for workload in sorted(mems["workload"].unique()):
+        w_rows = mems[mems["workload"] == workload]
         used = ", ".join(f"{d}: <code>{esc(m)}</code>" for d, m in
                          w_rows[["device", "metric"]].drop_duplicates().itertuples(index=False))
-        fig = line_figure(ctx, w_rows[w_rows[x].notna()], x, y_title="peak memory (bytes, log)",
-                          hover_value="%{y:.3s}B")
-        page.figure(fig, title=workload, note=f"metric — {used}", workload=workload)
-    if single:
-        page.notice("Measured at one size only: " + ", ".join(f"<code>{esc(w)}</code>" for w in single) + ".")
-    if dropped:
-        page.notice(f"{dropped} measurements of zero or less (memory freed during the call, or "
-                    "below the RSS page granularity) are left out of the log axes.")
+        divisor, unit = byte_scale(w_rows["value"])
+        bars = w_rows.assign(text=[format_value(v, "bytes") for v in w_rows["value"]])
+        # Sizes a decade or more apart: a log axis, so the small ones still read (0 is not drawn).
+        positive = w_rows["value"][w_rows["value"] > 0]
+        log = len(positive) > 1 and positive.max() > 30 * positive.min()
+        fig = grouped_bars(bars, y_title=f"peak memory of one call ({unit}{', log' if log else ''})",
+                           color=method_color, label=method_label, order=method_order(w_rows["method"].unique()),
+                           hover="%{customdata}", divisor=divisor, log_y=log, shared_y=False)
+        sizes = w_rows["size"].nunique()
+        zero = int((w_rows["value"] <= 0).sum())
+        page.figure(fig, title=workload, workload=workload, note=(
+            f"metric — {used}; {sizes} size{'s' if sizes != 1 else ''} measured"
+            + (f"; {zero} bar(s) at 0: the call's growth stayed below the RSS page granularity "
+               "or memory was freed" if zero else "") + "."))
+    missing = sorted(set(ctx.latest_per_case([TIME_METRIC])["workload"].dropna()) - set(mems["workload"]))
+    if missing:
+        page.notice("Timed but without a memory measurement: "
+                    + ", ".join(f"<code>{esc(w)}</code>" for w in missing) + ".")
     page.add("<h2>chunk_size: time against memory</h2>")
     times = ctx.latest_per_case([TIME_METRIC])
     shown = 0

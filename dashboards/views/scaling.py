@@ -8,9 +8,9 @@ from __future__ import annotations
 import pandas as pd
 
 from dashboards.context import TIME_METRIC, Context
-from dashboards.figures import Panels, panel_keys, records
+from dashboards.figures import Panels, grouped_bars, panel_keys, records
 from dashboards.page import Page, esc
-from dashboards.theme import method_color, method_label, method_order
+from dashboards.theme import format_value, method_color, method_label, method_order
 
 DASHES = ("solid", "dash", "dot", "dashdot", "longdash", "longdashdot")
 
@@ -57,18 +57,21 @@ def render(ctx: Context) -> Page:
     if rows.empty:
         page.notice("No timed workload results yet: run <code>make bench</code>.", "warn")
         return page
-    single = []
     for workload in sorted(rows["workload"].unique()):
         w_rows = rows[rows["workload"] == workload]
         x = ctx.x_param(w_rows)
-        if x is None:
-            single.append(workload)
+        if x is not None:
+            w_rows = w_rows[w_rows[x].notna()]
+            fig = line_figure(ctx, w_rows, x, y_title="time per call (s, log)", hover_value="%{y:.3s}s")
+            page.figure(fig, title=workload, workload=workload)
             continue
-        w_rows = w_rows[w_rows[x].notna()]
-        fig = line_figure(ctx, w_rows, x, y_title="time per call (s, log)", hover_value="%{y:.3s}s")
-        page.figure(fig, title=workload, workload=workload)
-    if single:
-        page.notice("Measured at one size only (nothing to scale over): "
-                    + ", ".join(f"<code>{esc(w)}</code>" for w in single)
-                    + ". A full run (<code>VMAPBENCH_PROFILE=full asv run</code>) measures every size.")
+        # One size: nothing to scale over, so say so and still show the methods' times there.
+        sizes = ", ".join(sorted({str(s) for s in w_rows["size"].dropna()})) or "no size parameter"
+        bars = w_rows.assign(text=[format_value(v, "seconds") for v in w_rows["value"]])
+        fig = grouped_bars(bars, y_title="time per call (s, log)", color=method_color, label=method_label,
+                           order=method_order(w_rows["method"].unique()), hover="%{customdata}", log_y=True)
+        page.figure(fig, title=workload, workload=workload, note=(
+            f"Measured at one size only ({esc(sizes)}): no scaling to show, so these are the "
+            "methods' times there. A full run (<code>VMAPBENCH_PROFILE=full make bench</code>) "
+            "measures every size."))
     return page

@@ -115,7 +115,9 @@ def _leaves(sample: Any) -> tuple[list, Any, dict]:
 
 
 def _element(flat: list, stacked: dict[int, torch.Tensor], i: int) -> list:
-    return [stacked[j][i] if j in stacked else a for j, a in enumerate(flat)]
+    """Batch element i as the loop sees it: each example its own tensor (a clone, not a slice of the
+    stack), so storage-level ops (as_strided's storage_offset) see per-example storage as under vmap."""
+    return [stacked[j][i].clone() if j in stacked else a for j, a in enumerate(flat)]
 
 
 def _call(fn: Callable, flat: list, spec: Any, kwargs: dict) -> Any:

@@ -1,5 +1,6 @@
-"""Factory-like ops. `new_*` depend only on their arguments, not on the values of `self`, so their
-result is the same for every batch element (unbatched); `*_like` keep the batch."""
+"""Factory-like ops. `new_*` of a batched `self` are batched (one fresh tensor per element, as
+torch.func makes them), so an in-place write of a batched value into them (`x.new_zeros(4).add_(v)`,
+`x.new_empty(n).copy_(v)`) works per element; `*_like` keep the batch."""
 from __future__ import annotations
 
 import torch
@@ -7,12 +8,19 @@ import torch
 from engine.rules._helpers import ops_of
 from engine.rules._table import RULES
 
+aten = torch.ops.aten
+
 
 def _new_rule(func):
-    def rule(info, in_dims, self, *args, **kwargs):
-        return func(self, *args, **kwargs), None
+    def rule(info, in_dims, self, size, *args, **kwargs):
+        return func(self, [self.shape[0], *size], *args, **kwargs), 0
 
     return rule
+
+
+def _new_empty_strided(info, in_dims, self, size, stride, **kwargs):
+    span = sum((n - 1) * s for n, s in zip(size, stride)) + 1 if all(n > 0 for n in size) else 0
+    return aten.new_empty_strided.default(self, [self.shape[0], *size], [span, *stride], **kwargs), 0
 
 
 def _like_rule(func):
@@ -22,8 +30,8 @@ def _like_rule(func):
     return rule
 
 
-for op in ops_of("new_zeros.default", "new_ones.default", "new_empty.default", "new_full.default",
-                 "new_empty_strided.default", "new_tensor.default"):
+for op in ops_of("new_zeros.default", "new_ones.default", "new_empty.default", "new_full.default"):
     RULES[op] = _new_rule(op)
+RULES[aten.new_empty_strided.default] = _new_empty_strided
 for op in ops_of("zeros_like.default", "ones_like.default", "empty_like.default", "full_like.default"):
     RULES[op] = _like_rule(op)

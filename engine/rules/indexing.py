@@ -110,10 +110,18 @@ def index_put_rule(info, in_dims, x, indices, values, accumulate=False):
     to where the batch dim lands in the indexed view."""
     B = info.batch_size
     idims = list(in_dims[1]) if isinstance(in_dims[1], list) else [None] * len(indices)
-    indices, idims = _expand_bool(list(indices), idims)
     rank_x = lrank(x, in_dims[0])
     xm = materialize(x, in_dims[0], B)
     vm = materialize(values, in_dims[2], B)
+    if len(indices) == 1 and indices[0] is not None and indices[0].dtype in (torch.bool, torch.uint8) \
+            and lrank(values, in_dims[2]) == 0:
+        # x[mask] = v with one value (torch.distributions' clean-up of edge cases): a select, with
+        # no data-dependent shape whichever of x, mask and v is batched.
+        mask = materialize(indices[0], idims[0], B).bool()
+        mask = mask.reshape(mask.shape + (1,) * (rank_x + 1 - mask.dim()))  # a mask of x's leading dims
+        v = pad_batched(vm, rank_x)
+        return torch.where(mask, xm + v if accumulate else v.to(xm.dtype), xm), 0
+    indices, idims = _expand_bool(list(indices), idims)
     if any(t is not None and d is not None and t.dtype in (torch.bool, torch.uint8) for t, d in zip(indices, idims)):
         outs = [aten.index_put.default(xm[b], [t[b] if d is not None else t for t, d in zip(indices, idims)], vm[b], accumulate) for b in range(B)]
         return torch.stack(outs), 0
@@ -131,7 +139,15 @@ def index_put_rule(info, in_dims, x, indices, values, accumulate=False):
     return out.movedim(k, 0), 0
 
 
+def index_put__rule(info, in_dims, x, indices, values, accumulate=False):
+    """In place: the out-of-place result written back into the (batched) x."""
+    out, _ = index_put_rule(info, in_dims, x, indices, values, accumulate)
+    x.copy_(out)
+    return x, 0
+
+
 RULES[aten.index_put.default] = index_put_rule
+RULES[aten.index_put_.default] = index_put__rule
 
 
 def _scatter_rule(op):
@@ -168,3 +184,55 @@ def take_rule(info, in_dims, x, index):
 
 
 RULES[aten.take.default] = take_rule
+
+
+def index_reduce_rule(info, in_dims, x, dim, index, source, reduce, *, include_self=True):
+    """index_reduce as scatter_reduce: the 1-D index spread over source's shape along `dim`, so a
+    per-example index is just a batched index tensor."""
+    B = info.batch_size
+    rank = lrank(x, in_dims[0])
+    d = norm_dim(dim, rank) + 1
+    xm = materialize(x, in_dims[0], B)
+    src = pad_batched(materialize(source, in_dims[3], B), rank)
+    idx = materialize(index, in_dims[2], B).reshape(B, -1)
+    if rank == 0:  # 0-dim self and source: work on [B, 1]
+        xm, src = xm.reshape(B, 1), src.reshape(B, 1)
+    view = [B] + [1] * (src.dim() - 1)
+    view[d] = idx.shape[1]
+    out = aten.scatter_reduce.two(xm, d, idx.view(view).expand(src.shape), src, reduce, include_self=include_self)
+    return (out.reshape(B) if rank == 0 else out), 0
+
+
+def put_rule(info, in_dims, x, index, source, accumulate=False):
+    """put with flat indices: each example's indices shifted to its own block of one flat tensor."""
+    B = info.batch_size
+    xm = materialize(x, in_dims[0], B)
+    n = xm[0].numel()
+    idx = materialize(index, in_dims[1], B).reshape(B, -1)
+    idx = torch.where(idx < 0, idx + n, idx) + torch.arange(B, device=idx.device).unsqueeze(1) * n
+    src = materialize(source, in_dims[2], B).reshape(-1)
+    return aten.put.default(xm.reshape(-1), idx.reshape(-1), src, accumulate).reshape(xm.shape), 0
+
+
+def masked_scatter_rule(info, in_dims, x, mask, source):
+    """Each example consumes its own source in order: the k-th True of its mask takes source[k]."""
+    B = info.batch_size
+    xm, mm = materialize(x, in_dims[0], B), materialize(mask, in_dims[1], B)
+    logical = torch.broadcast_shapes(xm.shape[1:], mm.shape[1:])
+    xm = pad_batched(xm, len(logical)).expand(B, *logical).reshape(B, -1)
+    mm = pad_batched(mm, len(logical)).expand(B, *logical).reshape(B, -1)
+    src = materialize(source, in_dims[2], B).reshape(B, -1)
+    if src.shape[1] == 0:
+        if mm.any():
+            raise RuntimeError("masked_scatter: expected source to have at least as many elements as ones in mask")
+        return xm.clone().reshape(B, *logical), 0
+    pos = (mm.long().cumsum(1) - 1).clamp(min=0)
+    if pos.max() >= src.shape[1] and (mm & (pos >= src.shape[1])).any():
+        raise RuntimeError("masked_scatter: expected source to have at least as many elements as ones in mask")
+    taken = torch.gather(src, 1, pos.clamp(max=src.shape[1] - 1))
+    return torch.where(mm, taken, xm).reshape(B, *logical), 0
+
+
+RULES[aten.index_reduce.default] = index_reduce_rule
+RULES[aten.put.default] = put_rule
+RULES[aten.masked_scatter.default] = masked_scatter_rule

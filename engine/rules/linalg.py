@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import torch
 
-from engine.rules._helpers import pad_batched
+from engine.rules._helpers import lrank, pad_batched
 from engine.rules._table import register_rule
 
 aten = torch.ops.aten
@@ -19,8 +19,20 @@ def _matmul(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
     return torch.matmul(a, b)
 
 
+def _check_ranks(name: str, a: torch.Tensor, da, b: torch.Tensor, db, ra: int, rb: int) -> None:
+    """The per-example rank check the unbatched kernel would make: a batch dim must never stand in
+    for a missing operand dim (bmm of [B,3,3,2] and [2,2] is not a matrix product of examples)."""
+    la, lb = lrank(a, da), lrank(b, db)
+    if la != ra or lb != rb:
+        raise RuntimeError(
+            f"Shape mismatch: Got incorrect dims for {name}(a, b). a has dim {la} and b has dim {lb} but expected "
+            f"them to have dim {ra} and dim {rb} (per batch element, inside vmap)."
+        )
+
+
 @register_rule(aten.mm.default)
 def _mm(info, in_dims, a, b):
+    _check_ranks("mm", a, in_dims[0], b, in_dims[1], 2, 2)
     if in_dims[0] is None:
         # Only the right operand is batched: one [n, k] @ [k, B*m] product, not B small ones.
         size, k, m = b.shape
@@ -31,11 +43,13 @@ def _mm(info, in_dims, a, b):
 
 @register_rule(aten.bmm.default)
 def _bmm(info, in_dims, a, b):
+    _check_ranks("bmm", a, in_dims[0], b, in_dims[1], 3, 3)
     return _matmul(a, b), 0
 
 
 @register_rule(aten.mv.default)
 def _mv(info, in_dims, a, v):
+    _check_ranks("mv", a, in_dims[0], v, in_dims[1], 2, 1)
     if in_dims[0] is None:
         # Only the vector is batched: [B, k] @ [k, n] is a single matrix product.
         return v @ a.transpose(0, 1), 0
@@ -47,6 +61,7 @@ def _mv(info, in_dims, a, v):
 @register_rule(aten.dot.default)
 @register_rule(aten.vdot.default)
 def _dot(info, in_dims, a, b):
+    _check_ranks("dot", a, in_dims[0], b, in_dims[1], 1, 1)
     if in_dims[0] is not None and in_dims[1] is not None:
         return torch.matmul(a.unsqueeze(-2), b.unsqueeze(-1)).reshape(a.shape[0]), 0
     if in_dims[0] is not None:

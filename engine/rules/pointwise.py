@@ -16,27 +16,38 @@ aten = torch.ops.aten
 def pointwise_rule(func: Any):
     mutates_first = bool(func._schema.arguments) and func._schema.arguments[0].alias_info is not None and func._schema.arguments[0].alias_info.is_write
     n_returns = len(func._schema.returns)
+    out_dims = (0,) * n_returns if n_returns > 1 else 0
+    op = func._op if type(func) is torch._ops.OpOverload else func  # OpOverload.__call__ is exactly ._op
 
     def rule(info, in_dims, *args, **kwargs):
         rank = 0
         dtypes = set()
         zero_rank_batched = False
+        lowest = None  # the lowest logical rank of a batched argument
         for a, d in zip(args, in_dims):
             if isinstance(a, torch.Tensor):
                 r = a.dim() - (d is not None)
                 if r > rank:
                     rank = r
                 dtypes.add(a.dtype)
-                if d is not None and r == 0:
-                    zero_rank_batched = True
-        new = [pad_batched(a, rank) if d is not None else a for a, d in zip(args, in_dims)]
-        out = func(*new, **kwargs)
+                if d is not None:
+                    if lowest is None or r < lowest:
+                        lowest = r
+                    if r == 0:
+                        zero_rank_batched = True
+        if lowest == rank:  # every batched argument already has the largest logical rank
+            new = args
+        else:
+            new = [pad_batched(a, rank) if d is not None else a for a, d in zip(args, in_dims)]
+        out = op(*new, **kwargs)
         if zero_rank_batched and len(dtypes) > 1 and not mutates_first:
             out = _logical_dtype(func, args, in_dims, kwargs, out)
-        if n_returns > 1:
-            return out, (0,) * n_returns
-        return out, 0
+        return out, out_dims
 
+    # engine._dispatch may skip calling this rule: when every batched argument has the same logical
+    # rank (>= 1) and no unbatched tensor a higher one, or every tensor argument is a batched 0-dim
+    # one, it is `func` on the physical arguments.
+    rule.same_rank_direct = True  # type: ignore[attr-defined]
     return rule
 
 
@@ -91,6 +102,8 @@ UNTAGGED = ops_of(
     "positive.default", "_conj.default", "resolve_conj.default", "resolve_neg.default",
     "logical_not.default", "sign.default", "nan_to_num.default", "lerp.Scalar", "lerp.Tensor",
     "_softmax_backward_data.out",  # filtered below (out variant)
+    # conversions: decompositions (group_norm, layer_norm backward) call them on batched tensors
+    "to.dtype", "to.dtype_layout", "to.device",
 )
 
 set_rule([op for op in _tagged_pointwise_ops() + UNTAGGED if not _is_out_variant(op)], pointwise_rule)

@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import torch
 
-from engine.rules._helpers import ops_of, pad_batched
+from engine.errors import RandomnessError
+from engine.rules._helpers import materialize, ops_of, pad_batched
 from engine.rules._table import RULES
 
 aten = torch.ops.aten
@@ -31,10 +32,9 @@ def _bernoulli_p(info, in_dims, self, p, *, generator=None):
 
 
 def _bernoulli(info, in_dims, self, *, generator=None):
-    """bernoulli(probs): probabilities differ per element; 'same' shares the uniform draws."""
+    """bernoulli(probs): probabilities differ per element, so 'same' has no single draw (refused)."""
     if info.randomness == "same":
-        u = torch.rand(self.shape[1:], dtype=self.dtype, device=self.device, generator=generator)
-        return (u < self).to(self.dtype), 0
+        raise _same_with_batched_input(aten.bernoulli.default)
     return aten.bernoulli.default(self, generator=generator), 0
 
 
@@ -95,3 +95,95 @@ def _fill_random_inplace(func):
 
 for op in ops_of("uniform_.default", "normal_.default", "exponential_.default", "random_.default", "random_.from", "random_.to"):
     RULES[op] = _fill_random_inplace(op)
+
+
+# ---------------------------------------------------------------------------------------------
+# torch.func's rules for the rest: one physical draw for the whole batch (so the random stream is
+# consumed in torch.func's order, bit for bit with the same seed), and 'same' refused where the
+# op's input differs per element (there is no single logical draw to share).
+
+
+def _same_with_batched_input(func) -> RandomnessError:
+    return RandomnessError(
+        f"vmap: Vmap does not currently support same randomness with a batched tensor input "
+        f"({func._schema.name}): the input differs per batch element, so there is no single draw to share. "
+        f"Use randomness='different', or draw with an unbatched input outside the batched computation."
+    )
+
+
+def _pointwise_random(func):
+    """normal(mean, std) / poisson / binomial / _standard_gamma / multinomial with batched inputs:
+    'different' calls the op once on the physical tensors, 'same' is refused (as torch.func does)."""
+
+    def rule(info, in_dims, *args, **kwargs):
+        if info.randomness == "same":
+            raise _same_with_batched_input(func)
+        tensors = [i for i, a in enumerate(args) if isinstance(a, torch.Tensor)]
+        rank = max(args[i].dim() - (in_dims[i] is not None) for i in tensors)
+        new = list(args)
+        for i in tensors:
+            new[i] = pad_batched(materialize(args[i], in_dims[i], info.batch_size), rank)
+        return func(*new, **kwargs), 0
+
+    return rule
+
+
+def _multinomial(info, in_dims, self, num_samples, replacement=False, *, generator=None):
+    if info.randomness == "same":
+        raise _same_with_batched_input(aten.multinomial.default)
+    if self.dim() == 3:  # [B, M, S]: one multinomial over B*M rows
+        out = aten.multinomial.default(self.flatten(0, 1), num_samples, replacement, generator=generator)
+        return out.unflatten(0, self.shape[:2]), 0
+    return aten.multinomial.default(self, num_samples, replacement, generator=generator), 0
+
+
+for op in ops_of("normal.Tensor_float", "normal.float_Tensor", "normal.Tensor_Tensor", "poisson.default",
+                 "binomial.default", "_standard_gamma.default", "_sample_dirichlet.default"):
+    RULES[op] = _pointwise_random(op)
+RULES[aten.multinomial.default] = _multinomial
+
+
+def _size_position(func) -> int | None:
+    for i, a in enumerate(func._schema.arguments):
+        if a.name == "size" and not a.kwarg_only:
+            return i
+    return None
+
+
+def draw_unbatched(func, info, args: tuple, kwargs: dict):
+    """A random op with no batched argument under randomness='different' (VmapMode calls this).
+
+    As torch.func: a factory draws once with the batch prepended to its size; an op on an unbatched
+    tensor (rand_like, bernoulli, native_dropout, multinomial) draws once on that tensor expanded
+    over the batch; anything else (randperm) draws once per element. An in-place fill of an
+    unbatched tensor cannot hold a draw per element and is refused.
+    """
+    from engine._batched import add_batch_dim
+    from engine._dispatch import op_meta
+
+    B = info.batch_size
+    if op_meta(func).mutated:
+        raise RandomnessError(
+            f"vmap: Cannot ask for different inplace randomness on an unbatched tensor ({func._schema.name}). "
+            f"This will appear like same randomness. Create the tensor with an out-of-place random op (e.g. "
+            f"torch.randn) or make it batched first."
+        )
+    pos = _size_position(func)
+    args = list(args)
+    if pos is not None and pos < len(args):
+        args[pos] = [B, *args[pos]]
+        return add_batch_dim(func(*args, **kwargs), info.level)
+    if pos is not None and "size" in kwargs:
+        kwargs = dict(kwargs, size=[B, *kwargs["size"]])
+        return add_batch_dim(func(*args, **kwargs), info.level)
+    if args and isinstance(args[0], torch.Tensor):
+        x = args[0]
+        if func is aten.multinomial.default and x.dim() == 2:
+            out = func(x.unsqueeze(0).expand(B, *x.shape).flatten(0, 1), *args[1:], **kwargs)
+            return add_batch_dim(out.unflatten(0, (B, x.shape[0])), info.level)
+        args[0] = x.unsqueeze(0).expand(B, *x.shape)
+        out = func(*args, **kwargs)
+        if isinstance(out, (tuple, list)):
+            return type(out)(add_batch_dim(o, info.level) for o in out)
+        return add_batch_dim(out, info.level)
+    return add_batch_dim(torch.stack([func(*args, **kwargs) for _ in range(B)]), info.level)

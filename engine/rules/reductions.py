@@ -118,9 +118,9 @@ for op in ops_of(
     "count_nonzero.dim_IntList", "prod.dim_int", "any.dim", "all.dim", "max.dim", "min.dim",
     "_softmax.default", "_log_softmax.default", "cumsum.default", "cumprod.default", "logcumsumexp.default",
     "cummax.default", "cummin.default", "sort.default", "sort.stable", "median.dim", "nanmedian.dim", "mode.default",
-    "aminmax.default", "squeeze.dim", "squeeze.dims", "var.dim", "std.dim", "norm.ScalarOpt_dim", "nanmean.default",
-    "flip.default", "unbind.int", "special_logsumexp.default", "linalg_vector_norm.default", "kthvalue.default",
-    "topk.default", "norm.ScalarOpt_dim_dtype", "argsort.default", "argsort.stable",
+    "squeeze.dim", "squeeze.dims", "var.dim", "std.dim", "norm.ScalarOpt_dim", "nanmean.default",
+    "unbind.int", "special_logsumexp.default", "linalg_vector_norm.default", "kthvalue.default",
+    "topk.default", "norm.ScalarOpt_dim_dtype", "argsort.default", "argsort.stable", "hash_tensor.default",
 ):
     RULES[op] = dim_rule(op, _dim_pos(op))
 for op in ops_of("argmax.default", "argmin.default"):
@@ -137,3 +137,38 @@ RULES[aten.max.default] = full_rule(aten.amax.default)
 RULES[aten.min.default] = full_rule(aten.amin.default)
 RULES[aten.all.default] = full_rule(aten.all.dim)
 RULES[aten.any.default] = full_rule(aten.any.dim)
+
+
+def flip_rule(info, in_dims, x, dims):
+    """flip over a dim list, where an empty list flips nothing (not "all dims" as for reductions)."""
+    rank = x.dim() - 1
+    shifted = [_shift(d, rank, rank == 0) for d in dims]  # checks the dims even where nothing flips
+    return (x.flip(shifted) if shifted and rank > 0 else x), 0
+
+
+def aminmax_rule(info, in_dims, x, *, dim=None, keepdim=False):
+    rank = x.dim() - 1
+    if dim is None:  # over every element: flatten each example, then put the kept dims back
+        lo, hi = aten.aminmax.default(x.reshape(x.shape[0], -1), dim=1)
+        if keepdim:
+            lo, hi = lo.reshape((-1,) + (1,) * rank), hi.reshape((-1,) + (1,) * rank)
+        return (lo, hi), (0, 0)
+    if rank == 0:
+        lo, hi = aten.aminmax.default(x.unsqueeze(-1), dim=1, keepdim=keepdim)
+        return ((lo.squeeze(-1), hi.squeeze(-1)) if keepdim else (lo, hi)), (0, 0)
+    return aten.aminmax.default(x, dim=_shift(dim, rank, False), keepdim=keepdim), (0, 0)
+
+
+def median_full_rule(dim_variant):
+    """median()/nanmedian() of every element: the dim variant's values over each flattened example."""
+
+    def rule(info, in_dims, x):
+        return dim_variant(x.reshape(x.shape[0], -1), 1)[0], 0
+
+    return rule
+
+
+RULES[aten.flip.default] = flip_rule
+RULES[aten.aminmax.default] = aminmax_rule
+RULES[aten.median.default] = median_full_rule(aten.median.dim)
+RULES[aten.nanmedian.default] = median_full_rule(aten.nanmedian.dim)

@@ -60,6 +60,12 @@ def select_backward_rule(info, in_dims, grad, input_sizes, dim, index):
     return aten.select_backward.default(grad, [grad.shape[0], *input_sizes], d, index), 0
 
 
+def diagonal_backward_rule(info, in_dims, grad, input_sizes, offset, dim1, dim2):
+    rank = len(input_sizes)
+    d1, d2 = norm_dim(dim1, rank) + 1, norm_dim(dim2, rank) + 1
+    return aten.diagonal_backward.default(grad, [grad.shape[0], *input_sizes], offset, d1, d2), 0
+
+
 def copy_to_rule(info, in_dims, a, b):
     rank = lrank(a, in_dims[0])
     a.copy_(pad_batched(b, rank) if in_dims[1] is not None else b)
@@ -74,6 +80,7 @@ RULES[aten.slice_scatter.default] = slice_scatter_rule
 RULES[aten.select_scatter.default] = select_scatter_rule
 RULES[aten.slice_backward.default] = slice_backward_rule
 RULES[aten.select_backward.default] = select_backward_rule
+RULES[aten.diagonal_backward.default] = diagonal_backward_rule
 RULES[prims.copy_to.default] = copy_to_rule
 
 
@@ -105,3 +112,67 @@ RULES[prims.sum.default] = _prims_reduction(prims.sum.default)
 RULES[prims.var.default] = _prims_reduction(prims.var.default)
 RULES[prims.div.default] = prims_div_rule
 RULES[prims.broadcast_in_dim.default] = broadcast_in_dim_rule
+
+
+def _reach(size, stride) -> int:
+    """The highest element offset a strided view reaches from its start (+1): its memory span."""
+    return sum((n - 1) * st for n, st in zip(size, stride)) + 1
+
+
+def _as_strided_physical(func, x, size, stride, storage_offset):
+    """as_strided on the physical tensor: the batch keeps its own stride, so example i reads at
+    `storage_offset + i * batch_stride`, the offset taken relative to example 0 (torch.func's rule:
+    each example behaves as if it were its own tensor). A view reaching past one example's memory
+    would read its neighbour's: refused, as torch.func refuses it."""
+    span = _reach(x.shape[1:], x.stride()[1:]) if all(n > 0 for n in x.shape) else 0
+    if x.shape[0] > 1 and x.stride(0) != 0 and x.stride(0) < span:
+        raise RuntimeError(
+            "vmap: Calling Tensor.as_strided is not supported unless the batch dims being vmapped over are at "
+            "the front of the tensor (in memory layout). Call .contiguous() on the input first."
+        )
+    offset = x.storage_offset() if storage_offset is None else storage_offset
+    start = offset - x.storage_offset()
+    if all(n > 0 for n in size) and (start < 0 or start + _reach(size, stride) > span):
+        raise RuntimeError(
+            f"vmap: as_strided(size={list(size)}, stride={list(stride)}, storage_offset={storage_offset}) would read "
+            f"memory outside each batch element (each spans {span} elements from storage offset "
+            f"{x.storage_offset()}), so different elements would see each other's data. Use view ops instead."
+        )
+    return func(x, [x.shape[0], *size], [x.stride(0), *stride], offset)
+
+
+def as_strided_rule(info, in_dims, x, size, stride, storage_offset=None):
+    return _as_strided_physical(aten.as_strided.default, x, size, stride, storage_offset), 0
+
+
+def as_strided_copy_rule(info, in_dims, x, size, stride, storage_offset=None):
+    return _as_strided_physical(aten.as_strided.default, x, size, stride, storage_offset).clone(), 0
+
+
+RULES[aten.as_strided.default] = as_strided_rule
+RULES[aten.as_strided_copy.default] = as_strided_copy_rule
+
+
+def as_strided_scatter_rule(info, in_dims, x, src, size, stride, storage_offset=None):
+    out = materialize(x, in_dims[0], info.batch_size).contiguous().clone()
+    _as_strided_physical(aten.as_strided.default, out, size, stride, storage_offset).copy_(
+        materialize(src, in_dims[1], info.batch_size))
+    return out, 0
+
+
+RULES[aten.as_strided_scatter.default] = as_strided_scatter_rule
+
+
+def _unfold(copy: bool):
+    def rule(info, in_dims, x, dimension, size, step):
+        rank = lrank(x, in_dims[0])
+        if rank == 0:  # a 0-dim example unfolds like a 1-element vector into one window of `size` 1
+            return aten.unfold.default(x.unsqueeze(1), 1, size, step).reshape(x.shape[0], size), 0
+        out = aten.unfold.default(x, norm_dim(dimension, rank) + 1, size, step)
+        return (out.clone() if copy else out), 0
+
+    return rule
+
+
+RULES[aten.unfold.default] = _unfold(copy=False)
+RULES[aten.unfold_copy.default] = _unfold(copy=True)

@@ -1,4 +1,4 @@
-"""Side-by-side timings of traced/compiled engine transforms against torch.func (python -m engine.bench_trace).
+"""Side-by-side timings of traced/compiled engine transforms against torch.func (python -m vmapbench.bench_trace).
 
 Every pair is measured in this one process, alternating the contenders call by call, and the
 median of `--repeats` calls after warm-up is reported with the ratio engine / reference. The

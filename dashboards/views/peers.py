@@ -1,0 +1,149 @@
+"""Peers and limits: how far each method (ours and the peers: JAX, Opacus, BackPACK, ...) is from
+the limit of its workload, and the largest batch each fits in a memory budget.
+
+- Distance to the limit: at each run's latest commit, every method's time over the time of the
+  workload's limit method (theme.LIMIT_METHODS: the closed form / hand-vectorized code), with the
+  interval of numbers.change. 1× is the limit; workloads without a limit method are listed.
+- Memory limit: results/memlimit/<machine>/<commit8>.json (vmapbench memlimit, see
+  dashboards.artifacts.load_memlimit): per workload and method the largest batch that ran within
+  the budget, with its time per call there; methods that failed or were skipped say why.
+Methods are read from the data (no fixed list): a method this dashboard has never heard of still
+gets a column, after the known ones.
+"""
+from __future__ import annotations
+
+import math
+
+import pandas as pd
+
+from dashboards.artifacts import load_memlimit
+from dashboards.context import Context
+from dashboards.figures import ratio_bars
+from dashboards.numbers import KEY, change, figure_of, format_estimate, rows_by
+from dashboards.page import Page, esc, table
+from dashboards.theme import LIMIT_METHODS, format_value, method_color, method_label, method_order
+from vmapbench.stats import Estimate
+
+
+def distances(ctx: Context) -> tuple[pd.DataFrame, list[str]]:
+    """(rows of (machine, device, workload, size, method, limit, value, lo, hi, n), workloads
+    without a limit method) at each run's latest commit."""
+    cells = ctx.latest_cells
+    out, without = [], set()
+    if cells.empty:
+        return pd.DataFrame(), []
+    for key, group in rows_by(cells, KEY):
+        by = {r["method"]: r for r in group}
+        limit = next((m for m in LIMIT_METHODS if m in by and figure_of(by[m], "time")), None)
+        if limit is None:
+            without.add(key[2])
+            continue
+        base = figure_of(by[limit], "time").est
+        for method, r in by.items():
+            t = figure_of(r, "time")
+            # The limit against itself is 1 exactly (not a ratio of two noisy readings).
+            delta = change(base, t.est) if t and method != limit else (
+                Estimate(1.0, 1.0, 1.0, 1) if t else None)
+            if delta is None:
+                continue
+            out.append(dict(zip(KEY, key), method=method, limit=limit, value=delta.value, lo=delta.lo,
+                            hi=delta.hi, n=delta.n, time=t.text("seconds")))
+    with_limit = {r["workload"] for r in out}
+    return pd.DataFrame(out), sorted(without - with_limit)
+
+
+def _distance_figure(machine: str, rows: pd.DataFrame) -> dict:
+    bars = [{"method": r["method"], "device": r["device"], "workload": r["workload"],
+             "x": f"{r['workload']} {r['size']}", "est": Estimate(r["value"], r["lo"], r["hi"], int(r["n"])),
+             "customdata": [_text(r), r["time"], method_label(r["limit"])]} for r in rows.to_dict("records")]
+    return ratio_bars(machine, bars, y_title="time ÷ the limit's time (×, log; dotted: the limit)",
+                      hover="%{customdata[0]} the time of %{customdata[2]}<br>time %{customdata[1]}",
+                      label=lambda m: esc(method_label(m)), color=method_color,
+                      order=method_order(rows["method"].unique()))
+
+
+def _text(r: dict) -> str:
+    return format_estimate(Estimate(r["value"], r["lo"], r["hi"], int(r["n"])), "x")
+
+
+def _distance_table(rows: pd.DataFrame) -> str:
+    methods = method_order(rows["method"].unique())
+    headers = ["device", "workload · size", "limit"] + [method_label(m) for m in methods]
+    body = []
+    for (machine, device, workload, size), group in rows_by(rows, KEY):
+        by = {r["method"]: r for r in group}
+        cells = [(esc(device), device), (f"<b>{esc(workload)}</b><br><small>{esc(size)}</small>", workload),
+                 (esc(method_label(group[0]["limit"])), None)]
+        for m in methods:
+            r = by.get(m)
+            cells.append((f"{esc(_text(r))}<br><small>{esc(r['time'])}</small>" if r else "—",
+                          r["value"] if r else None))
+        body.append((cells, {"machine": machine, "device": device, "workload": workload}))
+    return table(headers, body, css="vb-compact")
+
+
+def _memlimit_section(page: Page, ctx: Context) -> None:
+    page.add("<h2>Largest batch within a memory budget</h2>")
+    report = load_memlimit(ctx.results.results_dir) if ctx.results.results_dir else pd.DataFrame()
+    if report.empty:
+        page.notice("No memory-limit results in <code>results/memlimit/&lt;machine&gt;/</code>. Run "
+                    "the experiment with <code>vmapbench memlimit</code> (it binary-searches, in a "
+                    "child process with a memory limit, the largest batch each method fits).")
+        return
+    for (machine, device, budget), rep in report.groupby(["machine", "device", "budget_bytes"], dropna=False):
+        methods = method_order(rep["method"].unique())
+        commit = str(rep["commit"].iloc[0] or "")[:8]
+        headers = ["workload · size"] + [method_label(m) for m in methods]
+        body = []
+        for (workload, size), group in rep.groupby(["workload", "size"], dropna=False, sort=True):
+            by = {r["method"]: r for r in group.to_dict("records")}
+            best = max((r["max_batch"] for r in by.values() if r["status"] == "ok" and _num(r["max_batch"])),
+                       default=None)
+            cells = [(f"<b>{esc(workload)}</b><br><small>{esc(size)}</small>", workload)]
+            for m in methods:
+                r = by.get(m)
+                if r is None:
+                    cells.append(("—", None))
+                elif r["status"] == "ok" and _num(r["max_batch"]):
+                    t = format_value(r["time_at_max_s"], "seconds") if _num(r["time_at_max_s"]) else "n/a"
+                    mark = ' class="vb-best" title="largest batch in this row"' if r["max_batch"] == best else ""
+                    cells.append((f"<div{mark}>{int(r['max_batch'])}<br><small>{esc(t)} per call</small></div>",
+                                  int(r["max_batch"])))
+                else:
+                    reason = r["reason"] if isinstance(r["reason"], str) else ""
+                    cells.append((f'<span title="{esc(reason)}">{esc(r["status"])}</span>'
+                                  + (f"<br><small>{esc(reason[:60])}</small>" if reason else ""), None))
+            body.append((cells, {"machine": machine, "device": device, "workload": workload}))
+        page.add(f'<h3 class="vb-f" data-machine="{esc(machine)}">{esc(machine)} · {esc(device)} · budget '
+                 f'{esc(format_value(budget, "bytes"))} · commit <code>{esc(commit)}</code></h3>'
+                 + table(headers, body, css="vb-compact"))
+
+
+def _num(value: object) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
+
+
+def render(ctx: Context) -> Page:
+    page = Page("peers.html", "Peers & limits", intro=(
+        "<p>Every method side by side, ours and the peers a user would pick (torch.func, JAX "
+        "jit(vmap), Opacus, BackPACK, ...). <b>Distance to the limit</b>: each method's time per "
+        "call over the time of the workload's closed form / hand-vectorized code at the latest "
+        "commit, with the interval spanned by the two times' intervals (1× is the limit; the "
+        "table also gives the time). <b>Memory limit</b>: the largest batch each method ran "
+        "within a fixed memory budget (<code>vmapbench memlimit</code>), with its time per call at "
+        f"that batch. {ctx.measured_note()}</p>"))
+    page.add("<h2>Distance to the limit</h2>")
+    rows, without = distances(ctx)
+    if rows.empty:
+        page.notice("No workload at the latest commit has a limit method (closed form) timed.")
+    else:
+        for machine in sorted(rows["machine"].unique()):
+            mine = rows[rows["machine"] == machine]
+            page.figure(_distance_figure(machine, mine), title=f"Time over the limit — {machine}",
+                        machine=machine)
+            page.add(_distance_table(mine))
+    if without:
+        page.notice("No closed form / hand-vectorized method to measure against: "
+                    + ", ".join(f"<code>{esc(w)}</code>" for w in without) + ".")
+    _memlimit_section(page, ctx)
+    return page

@@ -1,0 +1,115 @@
+"""What torch.func refuses inside a transformed function, refused the same way by the engine.
+
+torch.func checks these in C++ while its transform stack is non-empty: `Tensor.requires_grad_()`
+(which is also how `torch.autograd.functional.*` fails inside a transform), `Tensor.retain_grad()`,
+and `autograd.Function.apply` of a Function without functorch support. The engine has no C++ hook,
+so while a transformed function runs (and only then) it puts checking wrappers around those three
+entry points; the outermost transform puts them in place and takes them out again. Engine code that
+must mark its own leaves calls `requires_grad(t)`, which bypasses the check.
+
+One deliberate difference: under `vmap` alone (no grad transform running) the engine allows
+`requires_grad_()`/`retain_grad()`, because `torch.autograd.grad` inside `engine.vmap` gives exact
+per-example gradients (tests/test_engine_transforms.py); inside grad/vjp/jvp/jacrev/jacfwd, where a
+new leaf would silently cut the transform's own graph, they raise as in torch.func.
+"""
+from __future__ import annotations
+
+import contextlib
+import threading
+from typing import Any, Iterator
+
+import torch
+
+from engine.errors import UnsupportedInTransformError
+
+_ORIGINAL_REQUIRES_GRAD = torch.Tensor.requires_grad_
+_ORIGINAL_RETAIN_GRAD = torch.Tensor.retain_grad
+_ORIGINAL_APPLY = vars(torch.autograd.Function)["apply"]  # the classmethod object itself
+_lock = threading.Lock()
+
+
+class _State:
+    depth = 0   # transforms (vmap, grad, vjp, jvp, ...) currently running a user function
+    vmap = 0    # of which vmaps
+
+
+def requires_grad(t: torch.Tensor, flag: bool = True) -> torch.Tensor:
+    """`t.requires_grad_(flag)` for the engine's own leaves, allowed inside transforms."""
+    return _ORIGINAL_REQUIRES_GRAD(t, flag)
+
+
+def _requires_grad_(self: torch.Tensor, requires_grad: bool = True) -> torch.Tensor:
+    if _State.depth == _State.vmap:  # only vmaps are running: allowed (see the module docstring)
+        return _ORIGINAL_REQUIRES_GRAD(self, requires_grad)
+    raise UnsupportedInTransformError(
+        "You are attempting to call Tensor.requires_grad_() (or perhaps using torch.autograd.functional.* "
+        "APIs) inside of a function being transformed by an engine transform (vmap, grad, jacrev, ...), "
+        "as torch.func also refuses. Call requires_grad_() outside the transform, or use the engine's "
+        "transforms (engine.grad, engine.vjp, engine.functional.*) instead of torch.autograd.functional."
+    )
+
+
+def _retain_grad(self: torch.Tensor) -> None:
+    if _State.depth == _State.vmap:
+        return _ORIGINAL_RETAIN_GRAD(self)
+    raise UnsupportedInTransformError(
+        "You are attempting to call Tensor.retain_grad() inside of a function being transformed by an "
+        "engine transform (vmap, grad, jacrev, ...), as torch.func also refuses. Return the intermediate "
+        "(e.g. as has_aux output) or differentiate with respect to it instead."
+    )
+
+
+def _is_engine_function(cls: type) -> bool:
+    """The engine's own Functions and those torch.library generates for custom ops (which torch.func
+    runs through the op's registered autograd, not through this check)."""
+    return cls.__module__.split(".")[0] == "engine" or cls.__module__ == "torch._library.autograd"
+
+
+def _apply(cls: Any, *args: Any, **kwargs: Any) -> Any:
+    if not _is_engine_function(cls):
+        name = cls.__name__
+        if cls.setup_context is torch.autograd.function._SingleLevelFunction.setup_context:
+            raise UnsupportedInTransformError(
+                f"In order to use an autograd.Function ({name}) with engine transforms (vmap, grad, jvp, jacrev, "
+                f"...), it must override the setup_context staticmethod, as torch.func requires. Move the "
+                f"ctx.save_for_backward calls of forward(ctx, ...) into setup_context(ctx, inputs, output); see "
+                f"https://pytorch.org/docs/main/notes/extending.func.html"
+            )
+        if _State.vmap and not getattr(cls, "generate_vmap_rule", False) and "vmap" not in vars(cls):
+            raise UnsupportedInTransformError(
+                f"To use autograd.Function {name} with vmap, you must either override the vmap staticmethod "
+                f"or set generate_vmap_rule=True (as torch.func requires)."
+            )
+    return _ORIGINAL_APPLY.__func__(cls, *args, **kwargs)
+
+
+@contextlib.contextmanager
+def transform_scope(is_vmap: bool = False) -> Iterator[None]:
+    """Active while a transform runs the user's function: the checks above are in force."""
+    with _lock:
+        if _State.depth == 0:
+            torch.Tensor.requires_grad_ = _requires_grad_  # type: ignore[method-assign]
+            torch.Tensor.retain_grad = _retain_grad  # type: ignore[method-assign]
+            torch.autograd.Function.apply = classmethod(_apply)  # type: ignore[method-assign,assignment]
+        _State.depth += 1
+        _State.vmap += is_vmap
+    try:
+        yield
+    finally:
+        with _lock:
+            _State.depth -= 1
+            _State.vmap -= is_vmap
+            if _State.depth == 0:
+                torch.Tensor.requires_grad_ = _ORIGINAL_REQUIRES_GRAD  # type: ignore[method-assign]
+                torch.Tensor.retain_grad = _ORIGINAL_RETAIN_GRAD  # type: ignore[method-assign]
+                torch.autograd.Function.apply = _ORIGINAL_APPLY  # type: ignore[method-assign]
+
+
+
+def checked(func: Any) -> Any:
+    """`SomeFunction.apply` passed to a transform as the function itself was bound before the check
+    was put in place: route it through the check."""
+    if getattr(func, "__func__", None) is _ORIGINAL_APPLY.__func__ and isinstance(func.__self__, type):
+        cls = func.__self__
+        return lambda *args, **kwargs: _apply(cls, *args, **kwargs)
+    return func
