@@ -1,5 +1,10 @@
 """`vmapbench compliance`: run engine.check_compliance on workload functions (or any
-`module:function` with random inputs of given shapes) through forward, backward and double backward."""
+`module:function` with random inputs of given shapes) through forward, backward and double backward.
+
+A target is a registered workload's name (`vmapbench compliance psg_mlp`: the functions that
+workload differentiates), a function name from `--list` (`hessians.rosenbrock`), or
+`module:function --shapes 3x4,4`.
+"""
 from __future__ import annotations
 
 import argparse
@@ -29,11 +34,44 @@ def workload_functions() -> dict[str, tuple[Callable, tuple]]:
     }
 
 
+# Workload name -> the functions above it differentiates (workloads without an entry have no
+# standalone differentiated function here yet: naming one is an error that says so).
+WORKLOAD_FUNCTIONS: dict[str, tuple[str, ...]] = {
+    "logreg_hessian": ("bayes_logreg.neg_log_posterior",),
+    "logreg_per_example_grads": ("bayes_logreg.neg_log_posterior",),
+    "compiled_logreg_hessian": ("bayes_logreg.neg_log_posterior",),
+    "robust_reg_hessian": ("bayes_logreg.robust_neg_log_posterior",),
+    "mlp_loss_hessian": ("hessians.mlp_loss",),
+    "rosenbrock_hessian": ("hessians.rosenbrock",),
+    "psg_mlp": ("per_sample_grads.mlp_loss",),
+    "compiled_psg_mlp": ("per_sample_grads.mlp_loss",),
+    "psg_cnn": ("per_sample_grads.cnn_loss",),
+}
+
+
+def expand(target: str, known: dict[str, tuple[Callable, tuple]]) -> list[str]:
+    """The function names a target stands for: itself, or a workload's functions."""
+    if target in known or ":" in target:
+        return [target]
+    if target in WORKLOAD_FUNCTIONS:
+        return list(WORKLOAD_FUNCTIONS[target])
+    from workloads.base import all_workloads
+
+    registered = sorted(w.name for w in all_workloads())
+    if target in registered:
+        raise SystemExit(f"vmapbench compliance: workload {target!r} has no function registered for the check "
+                         f"(engine/compliance_cli.py WORKLOAD_FUNCTIONS); check its function as module:function "
+                         f"--shapes ..., or one of the workloads {', '.join(sorted(WORKLOAD_FUNCTIONS))}")
+    raise SystemExit(f"vmapbench compliance: unknown target {target!r}; give a workload "
+                     f"({', '.join(sorted(WORKLOAD_FUNCTIONS))}), a function ({', '.join(known)}) or module:function")
+
+
 def configure(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("targets", nargs="*", help="workload function names (default: all; see --list) or module:function")
+    parser.add_argument("targets", nargs="*",
+                        help="workload names or function names (default: every function; see --list), or module:function")
     parser.add_argument("--shapes", default=None, help="for module:function, argument shapes like '3x4,4' (random float32 inputs)")
     parser.add_argument("--forward-only", action="store_true", help="skip the backward and double-backward checks")
-    parser.add_argument("--list", action="store_true", help="list the known workload functions")
+    parser.add_argument("--list", action="store_true", help="list the known functions and the workloads using them")
 
 
 def _resolve(target: str, shapes: str | None) -> tuple[Callable, tuple]:
@@ -52,18 +90,17 @@ def main(args: argparse.Namespace) -> int:
 
     known = workload_functions()
     if args.list:
-        print("\n".join(known))
+        for name in known:
+            users = [w for w, fns in WORKLOAD_FUNCTIONS.items() if name in fns]
+            print(f"{name}  (workloads: {', '.join(users) or '-'})")
         return 0
-    targets = args.targets or list(known)
+    targets = [t for target in args.targets for t in expand(target, known)] if args.targets else list(known)
     failed = 0
-    for target in targets:
+    for target in dict.fromkeys(targets):
         if target in known:
             fn, fargs = known[target]
-        elif ":" in target:
-            fn, fargs = _resolve(target, args.shapes)
         else:
-            print(f"vmapbench compliance: unknown target {target!r}; known: {', '.join(known)} (or module:function)")
-            return 2
+            fn, fargs = _resolve(target, args.shapes)
         full = not args.forward_only
         report = check_compliance(fn, *fargs, backward=full, double_backward=full)
         print(f"{target}: {report}")

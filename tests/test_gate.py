@@ -144,6 +144,7 @@ def test_make_continuous_keeps_the_gate_exit_code(tmp_path, code):
     assert "stub gate -m vmapbench.continuous HEAD HEAD --rounds 3" in proc.stderr
 
 
+@pytest.mark.slow  # a fresh interpreter importing torch and the engine
 def test_planted_slowdown_keeps_the_engine_exact(tmp_path):
     """The planted copy of the engine still computes what torch.func does (it only burns time)."""
     tree = gate.extract(ROOT, gate.resolve(ROOT, "HEAD"), tmp_path / "tree")

@@ -166,15 +166,16 @@ def results_table(w: workloads.Workload, size: str, device: str, methods: list[s
     table.add_column("median", justify="right")
     table.add_column(f"speedup vs {BASELINE}", justify="right")
     table.add_column(f"time / {REFERENCE}", justify="right")
-    table.add_column("peak mem Δ" if memory else "", justify="right")
+    if memory:  # --no-memory: no column at all rather than an empty one
+        table.add_column("peak mem Δ", justify="right")
     for method in methods:
         if method in failures:
             status = "[yellow]skipped[/]" if failures[method].startswith(SKIPPED) else "[red]failed[/]"
-            table.add_row(method, "", status, "", "", "")
+            table.add_row(method, "", status, "", "", *([""] if memory else []))
             continue
         r = results[method]
         speedup = f"{loop.median_s / r.median_s:.2f}x" if loop else "-"
         ratio = f"{r.median_s / ref.median_s:.2f}" if ref else "-"
         table.add_row(method, format_seconds(r.first_call_s), format_seconds(r.median_s), speedup, ratio,
-                      format_bytes(r.peak_bytes) if memory else "")
+                      *([format_bytes(r.peak_bytes)] if memory else []))
     return table

@@ -25,8 +25,11 @@ METHODS: tuple[str, ...] = (
     "opacus_ew",             # Opacus with torch's ExpandedWeights
     "opacus_functorch",      # Opacus GradSampleModule, functorch mode (vmap(grad) per layer)
     "backpack",              # BackPACK BatchGrad extension
+    "jax",                   # JAX: jax.jit of vmap/grad/hessian/jacrev on a jax.numpy twin of the model
+    "engine_chunked",        # our engine, vmap with chunk_size (bounded memory; the memory-limit experiment)
 )
 # Methods run by another framework (workloads/peers/): skipped with a reason when it is not installed.
+# ("jax" is a peer too, added to a workload by workloads.peers.jax_methods.with_jax.)
 PEER_METHODS = frozenset(("opacus_hooks", "opacus_ew", "opacus_functorch", "backpack"))
 ENGINE_METHODS = frozenset(m for m in METHODS if m.startswith("engine"))
 COMPILED_METHODS = frozenset(m for m in METHODS if m.endswith("_compiled"))

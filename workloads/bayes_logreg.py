@@ -19,6 +19,7 @@ import torch.nn.functional as F
 
 from workloads.define import define
 from workloads.methods import hessian_method, per_sample_grads_method
+from workloads.peers.jax_methods import with_jax
 
 FAMILY = "bayes_logreg"
 PRIOR_SCALE = 1.0
@@ -64,9 +65,9 @@ define(
     family=FAMILY,
     description="Hessian of a Bayesian logistic-regression log posterior (Laplace approximation)",
     grid={"n": [100, 1000, 10000], "d": [16, 64, 256]},
-    methods=LOGREG_HESSIAN_METHODS,
+    methods=(*LOGREG_HESSIAN_METHODS, "jax"),
     make_inputs=logreg_data,
-    make_method=logreg_hessian_method,
+    make_method=with_jax(logreg_hessian_method, "logreg_hessian"),
     quick=("n=1000,d=16", "n=1000,d=64"),
 )
 
@@ -94,9 +95,10 @@ define(
     family=FAMILY,
     description="Per-example log-likelihood gradients of logistic regression (SGLD, influence functions)",
     grid={"n": [64, 1024, 16384], "d": [16, 256]},
-    methods=("loop", "engine", "engine_traced", "torch_func", "functional_vectorize", "closed_form"),
+    methods=("loop", "engine", "engine_traced", "torch_func", "functional_vectorize", "closed_form", "jax",
+             "engine_chunked"),
     make_inputs=logreg_data,
-    make_method=logreg_grads_method,
+    make_method=with_jax(logreg_grads_method, "logreg_per_example_grads"),
     quick=("n=1024,d=16",),
     # functional_vectorize backpropagates N one-hot vectors at once: N x N floats (1 GB at N=16384).
     heavy=("n=16384,d=16", "n=16384,d=256"),
@@ -133,8 +135,8 @@ define(
     family=FAMILY,
     description="Hessian of a Student-t robust regression log posterior w.r.t. (weights, log sigma)",
     grid={"n": [100, 1000, 10000], "d": [8, 64]},
-    methods=("loop", "engine", "engine_traced", "torch_func", "functional_vectorize"),
+    methods=("loop", "engine", "engine_traced", "torch_func", "functional_vectorize", "jax"),
     make_inputs=robust_reg_data,
-    make_method=robust_reg_method,
+    make_method=with_jax(robust_reg_method, "robust_reg_hessian"),
     quick=("n=1000,d=8",),
 )

@@ -32,6 +32,7 @@ import torch.distributions as D
 from workloads.bayes_logreg import logreg_hessian_closed_form
 from workloads.define import define
 from workloads.methods import batched_grad_method, hessian_method, leapfrog_method, particle_grad_method
+from workloads.peers.jax_methods import with_jax
 
 FAMILY = "bayes_models"
 N_OBS, N_FEATURES = 256, 16
@@ -271,14 +272,14 @@ def elbo_method(method: str, inputs: dict[str, Any]) -> Callable[[], Any]:
     return particle_grad_method(method, elbo_term, inputs["variational"], inputs["noise"], closed_form)
 
 
-BAYES_METHODS = ("loop", "engine", "engine_traced", "torch_func", "closed_form")
+BAYES_METHODS = ("loop", "engine", "engine_traced", "torch_func", "closed_form", "jax")
 
 
 def define_task(name: str, description: str, batch: dict[str, list[int]], make_method: Callable[..., Any],
                 quick: str, methods: tuple[str, ...] = BAYES_METHODS) -> None:
     """Register one task over every model (`model` grid parameter) and the batch sizes of `batch`."""
     define(name=name, family=FAMILY, description=description, grid={"model": MODEL_NAMES, **batch},
-           methods=methods, make_inputs=model_data, make_method=make_method, quick=(quick,))
+           methods=methods, make_inputs=model_data, make_method=with_jax(make_method, name), quick=(quick,))
 
 
 define_task(
@@ -297,7 +298,7 @@ define_task(
     "bayes_laplace_hessian",
     "Laplace approximation: Hessian of a torch.distributions negative log joint at one point",
     {}, laplace_method, quick="model=robust",
-    methods=("loop", "engine", "engine_traced", "torch_func", "functional_vectorize", "closed_form"),
+    methods=("loop", "engine", "engine_traced", "torch_func", "functional_vectorize", "closed_form", "jax"),
 )
 define_task(
     "bayes_elbo_grad",

@@ -25,6 +25,7 @@ import torch
 
 from workloads.define import define
 from workloads.methods import batched_hessian_method, hessian_method, hvp_method, jacobian_method, jvp_method
+from workloads.peers.jax_methods import with_jax
 
 FAMILY = "hessians"
 MLP_IN = 8
@@ -36,11 +37,12 @@ def mlp_shapes(hidden: int) -> list[tuple[int, ...]]:
 
 
 def unflatten(theta: torch.Tensor, shapes: list[tuple[int, ...]]) -> list[torch.Tensor]:
-    """Split a flat parameter vector into tensors of `shapes` (views, so vmap batches them)."""
+    """Split a flat parameter vector into tensors of `shapes` (views, so vmap batches them; by
+    `reshape`, so the jax method's jax.numpy arrays split the same way)."""
     out, start = [], 0
     for shape in shapes:
         numel = math.prod(shape)
-        out.append(theta[start:start + numel].view(shape))
+        out.append(theta[start:start + numel].reshape(shape))
         start += numel
     return out
 
@@ -74,9 +76,9 @@ define(
     family=FAMILY,
     description=f"Hessian of a tanh MLP's MSE loss ({MLP_EXAMPLES} examples) w.r.t. its flattened parameters",
     grid={"hidden": [8, 32, 128]},
-    methods=("loop", "engine", "engine_traced", "torch_func", "functional_vectorize"),
+    methods=("loop", "engine", "engine_traced", "torch_func", "functional_vectorize", "jax"),
     make_inputs=mlp_data,
-    make_method=mlp_hessian_method,
+    make_method=with_jax(mlp_hessian_method, "mlp_loss_hessian"),
     quick=("hidden=32",),
 )
 
@@ -91,9 +93,9 @@ define(
     family=FAMILY,
     description="K Hessian-vector products of the MLP loss at one point (reverse-over-reverse)",
     grid={"hidden": [32, 128], "k": [8, 128]},
-    methods=("loop", "engine", "engine_traced", "torch_func"),
+    methods=("loop", "engine", "engine_traced", "torch_func", "jax"),
     make_inputs=mlp_data,
-    make_method=mlp_hvp_method,
+    make_method=with_jax(mlp_hvp_method, "mlp_hvp"),
     quick=("hidden=128,k=8",),
 )
 
@@ -124,9 +126,11 @@ define(
     family=FAMILY,
     description="Hessian of the d-dimensional Rosenbrock function (tridiagonal closed form)",
     grid={"d": [8, 128, 1024]},
-    methods=("loop", "engine", "engine_traced", "torch_func", "functional_vectorize", "closed_form"),
+    methods=("loop", "engine", "engine_traced", "torch_func", "functional_vectorize", "closed_form", "jax"),
     make_inputs=point_data,
-    make_method=lambda method, inputs: hessian_method(method, rosenbrock, inputs["x"], rosenbrock_hessian_closed_form),
+    make_method=with_jax(
+        lambda method, inputs: hessian_method(method, rosenbrock, inputs["x"], rosenbrock_hessian_closed_form),
+        "rosenbrock_hessian"),
     quick=("d=128",),
 )
 
@@ -144,9 +148,9 @@ define(
     family=FAMILY,
     description="Hessian of a quadratic form 0.5 x^T A x + b^T x with a dense non-symmetric A",
     grid={"d": [8, 128, 1024]},
-    methods=("loop", "engine", "engine_traced", "torch_func", "functional_vectorize", "closed_form"),
+    methods=("loop", "engine", "engine_traced", "torch_func", "functional_vectorize", "closed_form", "jax"),
     make_inputs=point_data,
-    make_method=quadratic_method,
+    make_method=with_jax(quadratic_method, "quadratic_hessian"),
 )
 
 PINN_DIM = 3
@@ -181,9 +185,9 @@ define(
     family=FAMILY,
     description=f"vmap(hessian) of a 1-hidden-layer tanh net R^{PINN_DIM} -> R at many collocation points",
     grid={"points": [16, 256, 4096]},
-    methods=("loop", "engine", "engine_traced", "torch_func", "closed_form"),
+    methods=("loop", "engine", "engine_traced", "torch_func", "closed_form", "jax"),
     make_inputs=pinn_data,
-    make_method=pinn_method,
+    make_method=with_jax(pinn_method, "pinn_batched_hessian"),
     quick=("points=256",),
 )
 
@@ -222,9 +226,9 @@ define(
     family=FAMILY,
     description=f"jacrev of a tanh MLP {JAC_IN}-hidden-{JAC_OUT} w.r.t. its input (one batched backward pass)",
     grid={"hidden": [32, 256]},
-    methods=("loop", "engine", "engine_traced", "torch_func", "functional_vectorize", "closed_form"),
+    methods=("loop", "engine", "engine_traced", "torch_func", "functional_vectorize", "closed_form", "jax"),
     make_inputs=jacobian_data,
-    make_method=jacobian_mlp_method,
+    make_method=with_jax(jacobian_mlp_method, "mlp_jacobian"),
     quick=("hidden=32",),
 )
 
@@ -242,9 +246,9 @@ define(
     description=f"jacrev of a tanh MLP {CHUNKED_DIM}-{CHUNKED_HIDDEN}-{CHUNKED_DIM}, `chunk` output rows per "
                 f"batched backward pass (chunk={CHUNKED_DIM}: one pass)",
     grid={"chunk": [16, 64, CHUNKED_DIM]},
-    methods=("loop", "engine", "engine_traced", "torch_func", "closed_form"),
+    methods=("loop", "engine", "engine_traced", "torch_func", "closed_form", "jax"),
     make_inputs=chunked_jacobian_data,
-    make_method=jacobian_mlp_method,
+    make_method=with_jax(jacobian_mlp_method, "chunked_jacobian"),
     quick=("chunk=16", f"chunk={CHUNKED_DIM}"),
 )
 
@@ -278,8 +282,8 @@ define(
     family=FAMILY,
     description=f"K Jacobian-vector products of a tanh MLP {JVP_DIM}-{JVP_HIDDEN}-{JVP_DIM} at one point (forward mode)",
     grid={"k": [16, 128]},
-    methods=("loop", "engine", "engine_traced", "torch_func", "closed_form"),
+    methods=("loop", "engine", "engine_traced", "torch_func", "closed_form", "jax"),
     make_inputs=jvp_data,
-    make_method=jvp_mlp_method,
+    make_method=with_jax(jvp_mlp_method, "mlp_jvp"),
     quick=("k=16",),
 )

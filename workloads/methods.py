@@ -13,7 +13,8 @@ Task kinds:
 - `hessian_method`: Hessian of a scalar function of one flat tensor.
 - `batched_hessian_method`: Hessians of a scalar function at many points (vmap over hessian).
 - `hvp_method`: many Hessian-vector products at one point (vmap over the vjp of the gradient).
-- `per_sample_grads_method`: gradients of a per-example loss w.r.t. shared parameters.
+- `per_sample_grads_method`: gradients of a per-example loss w.r.t. shared parameters; also
+  `engine_chunked` (the engine's vmap with `chunk_size=CHUNK_SIZE`: bounded peak memory).
 - `batched_grad_method`: gradients of a scalar function at many points (vmap over grad), e.g. a
   log density at K MCMC chains' states.
 - `leapfrog_method`: a Hamiltonian (HMC) leapfrog trajectory of many chains at once, each step
@@ -26,6 +27,7 @@ Task kinds:
 - `meta_grad_method`: MAML's meta-gradient: grad through an inner gradient step, vmapped over tasks.
 
 The last three take `params` as a dict of tensors (what `torch.func.functional_call` takes).
+The `jax` method of every kind is in `workloads.peers.jax_methods` (added with `with_jax`).
 """
 from __future__ import annotations
 
@@ -39,6 +41,8 @@ Thunk = Callable[[], Any]
 
 # Methods served by a transform module (torch.func or engine), possibly wrapped.
 TRANSFORM_METHODS = ("engine", "engine_traced", "engine_compiled", "torch_func", "torch_func_compiled")
+# Examples per chunk of the `engine_chunked` per-sample-gradient method (engine.vmap's chunk_size).
+CHUNK_SIZE = 32
 
 
 def transforms(method: str) -> types.ModuleType:
@@ -220,6 +224,11 @@ def per_sample_grads_method(
         ft = transforms(method)
         psg = wrap(method, ft.vmap(ft.grad(loss), in_dims=(None, 0, 0)))
         return lambda: psg(params, inputs, targets)
+    if method == "engine_chunked":
+        import engine
+
+        chunked = engine.vmap(engine.grad(loss), in_dims=(None, 0, 0), chunk_size=CHUNK_SIZE)
+        return lambda: chunked(params, inputs, targets)
     if method == "functional_vectorize":
         def losses(*ps: torch.Tensor) -> torch.Tensor:
             return loss(ps, inputs, targets)
@@ -227,7 +236,8 @@ def per_sample_grads_method(
     if method == "closed_form" and closed_form is not None:
         return lambda: closed_form(params, inputs, targets)
     raise _unsupported(
-        "per-sample grads", method, ("loop", "loop_compiled", *TRANSFORM_METHODS, "functional_vectorize", "closed_form")
+        "per-sample grads", method,
+        ("loop", "loop_compiled", *TRANSFORM_METHODS, "engine_chunked", "functional_vectorize", "closed_form"),
     )
 
 

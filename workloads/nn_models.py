@@ -41,6 +41,7 @@ from workloads.base import PEER_METHODS
 from workloads.define import define
 from workloads.methods import per_sample_grads_method
 from workloads import peers
+from workloads.peers.jax_methods import with_jax
 
 FAMILY = "per_sample_grads"
 FEATURES = 104  # the paper's Adult features
@@ -247,9 +248,9 @@ def _define(name: str, description: str, model: type[nn.Module], criterion: Crit
             make_y: Callable[[int, torch.Generator], torch.Tensor], peer_methods: tuple[str, ...],
             closed_form: Callable[..., Params] | None = None, quick: tuple[str, ...] = (),
             heavy: tuple[str, ...] = ()) -> None:
-    methods = BASE + (("closed_form",) if closed_form is not None else ()) + peer_methods
+    methods = BASE + (("closed_form",) if closed_form is not None else ()) + peer_methods + ("jax", "engine_chunked")
     define(name=name, family=FAMILY, description=description, grid=grid, methods=methods,
-           make_inputs=_data(model, make_x, make_y), make_method=_psg(model, criterion, closed_form),
+           make_inputs=_data(model, make_x, make_y), make_method=with_jax(_psg(model, criterion, closed_form), name),
            quick=quick, heavy=heavy, extra={"model": model})
 
 

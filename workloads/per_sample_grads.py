@@ -21,6 +21,7 @@ from workloads import peers
 from workloads.base import PEER_METHODS
 from workloads.define import define
 from workloads.methods import per_sample_grads_method
+from workloads.peers.jax_methods import with_jax
 
 FAMILY = "per_sample_grads"
 CLASSES = 10
@@ -87,9 +88,9 @@ define(
     description="Per-sample gradients of an MLP 784-128-10 (MNIST-shaped inputs), cross-entropy loss",
     grid={"batch": BATCHES},
     methods=("loop", "engine", "engine_traced", "torch_func", "functional_vectorize", "closed_form", *OPACUS,
-             "backpack"),
+             "backpack", "jax", "engine_chunked"),
     make_inputs=mlp_data,
-    make_method=mlp_method,
+    make_method=with_jax(mlp_method, "psg_mlp"),
     quick=("batch=64",),
 )
 
@@ -132,9 +133,9 @@ define(
     grid={"batch": BATCHES},
     # functional_vectorize is left out: it backpropagates B one-hot vectors through the whole
     # batch at once, B x B x 16 x 32 x 32 floats (4 GB at B=256).
-    methods=("loop", "engine", "engine_traced", "torch_func", *OPACUS, "backpack"),
+    methods=("loop", "engine", "engine_traced", "torch_func", *OPACUS, "backpack", "jax", "engine_chunked"),
     make_inputs=cnn_data,
-    make_method=_method(cnn_loss, module=cnn_module),
+    make_method=with_jax(_method(cnn_loss, module=cnn_module), "psg_cnn"),
     quick=("batch=8",),
 )
 
@@ -198,9 +199,10 @@ define(
     family=FAMILY,
     description=f"Per-sample gradients of one self-attention block ({HEADS} heads, {TOKENS} tokens x {WIDTH})",
     grid={"batch": BATCHES},
-    methods=("loop", "engine", "engine_traced", "torch_func", "functional_vectorize", *OPACUS),
+    methods=("loop", "engine", "engine_traced", "torch_func", "functional_vectorize", *OPACUS, "jax",
+             "engine_chunked"),
     make_inputs=attention_data,
-    make_method=_method(attention_loss, module=AttentionBlock),
+    make_method=with_jax(_method(attention_loss, module=AttentionBlock), "psg_attention"),
     quick=("batch=64",),
     # functional_vectorize backpropagates B one-hot vectors through the whole batch: ~0.8 GB at B=256.
     heavy=("batch=256",),

@@ -18,12 +18,34 @@ def configure(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--update-expectations", action="store_true", help="rewrite tests/opinfo_expectations.json from this run")
 
 
+def unknown_ops(names: list[str]) -> list[str]:
+    """The names that are not the key of an OpInfo entry run on float32 CPU, each with close matches."""
+    import difflib
+
+    from engine.coverage.harness import iter_opinfos, op_key
+
+    keys = {op_key(o) for o in iter_opinfos()}
+    out = []
+    for name in names:
+        if name not in keys:
+            close = difflib.get_close_matches(name, sorted(keys), n=3)
+            out.append(f"{name!r}" + (f" (did you mean {', '.join(close)}?)" if close else ""))
+    return out
+
+
 def main(args: argparse.Namespace) -> int:
     from engine.coverage import report as rep
     from engine.coverage.expectations import update
     from engine.coverage.harness import run_harness
 
-    names = [n.strip() for n in args.ops.split(",")] if args.ops else None
+    names = [n.strip() for n in args.ops.split(",") if n.strip()] if args.ops else None
+    if names is not None:
+        unknown = unknown_ops(names)
+        if unknown:
+            print(f"vmapbench coverage: --ops names {', '.join(unknown)}, which no float32 CPU OpInfo entry has; "
+                  f"op keys look like 'sin', 'nn.functional.linear', 'linalg.svd' (the 'op' column of --show-ops)",
+                  file=sys.stderr)
+            return 2
     done = [0]
 
     def progress(r) -> None:

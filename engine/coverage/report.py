@@ -69,6 +69,15 @@ def write_report(report: dict[str, Any], out_dir: Path = DEFAULT_DIR) -> Path:
 _STYLE = {"native": "green", "fallback": "yellow", "mismatch": "bold red", "error": "red", "skip": "dim"}
 
 
+def _cell(status: str | None) -> str:
+    """A status in its colour; '-' (plain) for a column that was not run. An empty rich style
+    tag would print literally as '[]'."""
+    if not status:
+        return "-"
+    style = _STYLE.get(status)
+    return f"[{style}]{status}[/]" if style else status
+
+
 def print_report(report: dict[str, Any], *, show_ops: bool = False) -> None:
     from rich.console import Console
     from rich.table import Table
@@ -79,7 +88,7 @@ def print_report(report: dict[str, Any], *, show_ops: bool = False) -> None:
         for c in ("op", "family", "engine", "torch.func", "vjp"):
             t.add_column(c)
         for o in report["ops"]:
-            t.add_row(o["op"], o["family"], *(f"[{_STYLE.get(o.get(k) or '', '')}]{o.get(k) or '-'}" for k in ("engine", "torch_func", "vjp_engine")))
+            t.add_row(o["op"], o["family"], *(_cell(o.get(k)) for k in ("engine", "torch_func", "vjp_engine")))
         console.print(t)
     s = report["summary"]
     t = Table(title=f"OpInfo coverage ({s['ops']} ops, torch {report['torch_version']}, engine {report['engine_commit']})")

@@ -1,4 +1,4 @@
-"""Peer frameworks as methods: other tools a user would pick for the same task.
+"""Peer frameworks as methods: other tools a user would pick for the same task (Opacus, BackPACK, JAX).
 
 Each module maps method names to a builder that returns the measured zero-argument call, like
 workloads.methods does for the transforms. A peer's package is imported when its method is

@@ -1,0 +1,59 @@
+"""Rough edges of the command line (issue 15 part 8): each one fails loudly or prints what it says."""
+from __future__ import annotations
+
+import io
+
+import pytest
+from rich.console import Console
+
+from vmapbench.cli import main
+
+
+def render(table) -> str:
+    out = io.StringIO()
+    Console(file=out, width=200).print(table)
+    return out.getvalue()
+
+
+def test_run_table_drops_the_memory_column_with_no_memory():
+    from vmapbench.cmd_run import results_table
+    from workloads import get
+    from workloads.measure import Measurement
+
+    w = get("mlp_hvp")
+    size = w.quick[0]
+    results = {m: Measurement(w.name, m, size, "cpu", 0.01, [0.001, 0.002], 1 << 20) for m in ("loop", "torch_func")}
+    with_memory = results_table(w, size, "cpu", ["loop", "torch_func", "engine"], 2, results, {"engine": "boom"}, True)
+    without = results_table(w, size, "cpu", ["loop", "torch_func", "engine"], 2, results, {"engine": "boom"}, False)
+    assert len(with_memory.columns) == 6 and "peak mem" in render(with_memory)
+    assert len(without.columns) == 5 and "peak mem" not in render(without)
+    assert all(col.header for col in without.columns)
+
+
+@pytest.mark.slow  # imports the OpInfo database
+def test_coverage_rejects_unknown_ops_naming_them(capsys):
+    assert main(["coverage", "--ops", "sin,nosuchop", "--no-write"]) == 2
+    err = capsys.readouterr().err
+    assert "--ops names 'nosuchop', which" in err  # only the unknown one is named
+
+
+def test_coverage_per_op_cells_have_no_empty_style_tags():
+    from engine.coverage.report import _cell
+
+    assert _cell(None) == "-" and _cell("") == "-"
+    assert "[]" not in _cell("native") and "native" in _cell("native")
+    out = io.StringIO()
+    Console(file=out, width=80).print(_cell(None))
+    assert out.getvalue().strip() == "-"
+
+
+def test_compliance_accepts_a_workload_name(capsys):
+    assert main(["compliance", "rosenbrock_hessian"]) == 0
+    assert "hessians.rosenbrock: compliant" in capsys.readouterr().out
+
+
+def test_compliance_names_what_is_wrong_with_a_target():
+    with pytest.raises(SystemExit, match="'mlp_jvp' has no function registered"):
+        main(["compliance", "mlp_jvp"])
+    with pytest.raises(SystemExit, match="unknown target 'nosuch'"):
+        main(["compliance", "nosuch"])

@@ -1,0 +1,516 @@
+"""`vmapbench memlimit`: the largest batch each per-sample-gradient method fits in a memory budget.
+
+The fast-dpsgd comparison's second question: not how fast, but how big a batch fits. For every
+per-sample-gradient workload (those offering `engine_chunked`, the engine's vmap with chunk_size,
+which exists for exactly this) and each of its methods, a search over the batch size runs one
+probe per candidate batch, each in a fresh process under the budget:
+
+- CPU: `RLIMIT_DATA` = the probe's data segment after a warm-up at a small batch + the budget.
+  Since Linux 4.7 RLIMIT_DATA counts every private writable mapping (brk heap and anonymous mmap,
+  i.e. everything malloc hands out, torch's CPU allocator and XLA's included), but not shared
+  libraries' code or file mappings, so an allocation beyond the budget fails at once with a clean
+  error (torch: "DefaultCPUAllocator: can't allocate memory"; JAX: RESOURCE_EXHAUSTED) instead of
+  the machine swapping. RLIMIT_AS would also count the libraries and reserved-but-unused address
+  space (hundreds of MiB that never become memory); RLIMIT_RSS is not enforced by Linux at all.
+  The warm-up (one call at batch 2: imports, JAX's backend, thread pools and caches) is excluded,
+  so the budget is memory that grows with the batch: data, activations, per-sample gradients.
+- CUDA: `torch.cuda.set_per_process_memory_fraction` caps PyTorch's caching allocator at what the
+  warm-up reserved + the budget; JAX gets `XLA_PYTHON_CLIENT_MEM_FRACTION` = budget / device memory
+  and no preallocation. CUDA probes run in fresh interpreters (CUDA does not survive a fork).
+
+A probe builds the workload at that batch, calls the method once (trace/compile happen here)
+and once more, timed. Probes are forked from a server process that only imports (torch, the
+registry, jax), so each starts in milliseconds instead of the ~3 s of a fresh interpreter, and a
+probe's memory, threads and failures end with it. The search grows the batch geometrically from
+`--start` until a probe fails or reaches `--cap`, then bisects (geometrically) until the bracket
+is within `--precision`; a probe slower than `--probe-timeout` counts as a failure whose cause is
+time, not memory, and the row says so.
+
+Results: results/memlimit/<machine>/<commit8>.json (schema in the README's Memory-limit section).
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+import re
+import resource
+import select
+import signal
+import subprocess
+import sys
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any, Callable, Iterable, Sequence
+
+DEFAULT_BUDGET = "1GiB"
+WARMUP_BATCH = 2
+BATCH_KEYS = ("batch", "n")  # the grid parameter that is the number of examples
+SERVE_FLAG = "--serve"
+PROBE_FLAG = "--probe"
+
+# What a probe can report. "fits": ran within the budget; "over": ran out of memory (or was killed,
+# e.g. by an allocator abort); "timeout": slower than the probe time limit; "error": failed for
+# another reason (a bug: no batch size is meaningful then); "skip": the method is unavailable here.
+OUTCOMES = ("fits", "over", "timeout", "error", "skip")
+
+
+@dataclass
+class Probe:
+    batch: int
+    outcome: str
+    time_s: float | None = None
+    message: str | None = None
+
+
+@dataclass
+class Search:
+    """The outcome of one workload/method search: the largest batch that fit and why it stopped."""
+
+    max_batch: int | None
+    time_at_max_s: float | None
+    status: str  # "ok" | "error" | "skip"
+    reason: str | None
+    limited_by: str | None  # "memory" | "time" | "cap" (the search cap was reached) | None
+    probes: list[Probe] = field(default_factory=list)
+
+
+def parse_bytes(text: str) -> int:
+    """'1GiB', '512MiB', '2G', '1500000000' -> bytes (binary units for K/M/G with or without 'iB')."""
+    units = {"k": 2**10, "m": 2**20, "g": 2**30, "t": 2**40}
+    t = text.strip().lower().removesuffix("b").removesuffix("i")
+    scale = units.get(t[-1:], 1)
+    number = t[:-1] if t[-1:] in units else t
+    try:
+        value = float(number) * scale
+    except ValueError:
+        raise ValueError(f"memory budget {text!r} is not a size such as 1GiB, 512MiB or 1073741824") from None
+    if value <= 0:
+        raise ValueError(f"memory budget {text!r} must be positive")
+    return int(value)
+
+
+def search(probe: Callable[[int], Probe], start: int = 16, cap: int = 16384, growth: int = 4,
+           precision: float = 0.25, on_probe: Callable[[Probe], None] | None = None) -> Search:
+    """Largest batch in [1, cap] for which `probe` fits, assuming fitting is monotone in the batch.
+
+    Grows from `start` by `growth` while probes fit, then bisects geometrically until the largest
+    fitting batch and the smallest failing one are within a factor 1 + `precision` (or adjacent).
+    An "error" or "skip" probe ends the search with that status.
+    """
+    if not (1 <= start <= cap) or growth < 2 or precision <= 0:
+        raise ValueError(f"search needs 1 <= start <= cap, growth >= 2, precision > 0; got {start}, {cap}, {growth}, {precision}")
+    probes: list[Probe] = []
+
+    def run(batch: int) -> Probe:
+        p = probe(batch)
+        if p.outcome not in OUTCOMES:
+            raise ValueError(f"probe returned outcome {p.outcome!r}; expected one of {OUTCOMES}")
+        probes.append(p)
+        if on_probe is not None:
+            on_probe(p)
+        return p
+
+    best: Probe | None = None
+    failed: Probe | None = None
+    batch = start
+    while failed is None:
+        p = run(batch)
+        if p.outcome in ("error", "skip"):
+            return Search(None, None, "error" if p.outcome == "error" else "skip", p.message, None, probes)
+        if p.outcome != "fits":
+            failed = p
+        else:
+            best = p
+            if batch == cap:
+                break
+            batch = min(cap, batch * growth)
+    lo = best.batch if best else 0
+    while failed is not None and failed.batch - lo > 1 and failed.batch > lo * (1 + precision):
+        mid = int(math.sqrt(lo * failed.batch)) if lo else failed.batch // 2
+        mid = min(max(mid, lo + 1), failed.batch - 1)
+        p = run(mid)
+        if p.outcome in ("error", "skip"):
+            return Search(None, None, "error" if p.outcome == "error" else "skip", p.message, None, probes)
+        if p.outcome == "fits":
+            best, lo = p, mid
+        else:
+            failed = p
+    if failed is None:
+        assert best is not None
+        return Search(best.batch, best.time_s, "ok", f"fits at the search cap (batch {cap})", "cap", probes)
+    cause = "time" if failed.outcome == "timeout" else "memory"
+    what = f"batch {failed.batch} " + ("exceeded the probe time limit" if cause == "time" else
+                                         f"ran out of memory ({failed.message})")
+    if best is None:
+        return Search(None, None, "ok", f"not even batch {failed.batch - 1 or 1} fits: {what}", cause, probes)
+    return Search(best.batch, best.time_s, "ok", f"fits at batch {best.batch}; {what}", cause, probes)
+
+
+# --- the probe (runs in a process forked from the server) -----------------------------------------
+
+def _status_bytes(field_name: str) -> int:
+    for line in Path("/proc/self/status").read_text().splitlines():
+        if line.startswith(field_name + ":"):
+            return int(line.split()[1]) * 1024
+    raise RuntimeError(f"/proc/self/status has no {field_name}; the CPU memory limit needs Linux")
+
+
+def _is_out_of_memory(exc: BaseException) -> bool:
+    text = f"{type(exc).__name__} {exc}".lower()
+    return isinstance(exc, MemoryError) or any(
+        key in text for key in ("out of memory", "can't allocate memory", "cannot allocate memory",
+                                "resource_exhausted", "outofmemory", "not enough memory"))
+
+
+def _release_memory() -> None:
+    import gc
+
+    from workloads.measure import _release_free_heap
+
+    gc.collect()
+    _release_free_heap()
+
+
+def _cap_jax_on_cuda(budget: int) -> None:
+    """XLA's GPU allocator takes a fraction of the device, fixed when jax starts: the budget's share
+    (the warm-up included, unlike torch's cap, which is set after it)."""
+    import torch
+
+    total = torch.cuda.get_device_properties(0).total_memory
+    os.environ["XLA_PYTHON_CLIENT_PREALLOCATE"] = "false"
+    os.environ["XLA_PYTHON_CLIENT_MEM_FRACTION"] = f"{min(1.0, budget / total):.4f}"
+
+
+def _limit_memory(device: str, budget: int) -> None:
+    """Cap what the rest of this process may allocate at its current use + `budget`."""
+    import torch
+
+    if device == "cuda":
+        torch.cuda.synchronize()
+        total = torch.cuda.get_device_properties(0).total_memory
+        torch.cuda.set_per_process_memory_fraction(min(1.0, (torch.cuda.memory_reserved() + budget) / total))
+        return
+    limit = _status_bytes("VmData") + budget
+    _, hard = resource.getrlimit(resource.RLIMIT_DATA)
+    if hard != resource.RLIM_INFINITY and hard < limit:
+        raise RuntimeError(f"the hard RLIMIT_DATA ({hard} bytes) is below the probe's limit ({limit} bytes)")
+    resource.setrlimit(resource.RLIMIT_DATA, (limit, hard))
+
+
+def run_probe(workload: str, method: str, size: str, device: str, budget: int, threads: int) -> Probe:
+    """Warm up at a small batch, cap memory at the current use + `budget`, then run `method` at the
+    batch in `size` twice (the second call timed). Meant to run in a process of its own."""
+    if device == "cuda":  # before jax is imported: no preallocation, and the budget as JAX's share
+        _cap_jax_on_cuda(budget)
+    import torch
+
+    import workloads
+
+    torch.set_num_threads(threads)
+    w = workloads.get(workload)
+    params = w.params(size) if size in w.sizes else _parse(size)
+    key = batch_key(w)
+    batch = int(params[key])
+    try:
+        warm = w.setup({**params, key: WARMUP_BATCH}, device)
+        w.run(method, warm)
+        del warm
+        _release_memory()
+        _limit_memory(device, budget)
+    except NotImplementedError as exc:
+        return Probe(batch, "skip", message=str(exc))
+    except Exception as exc:  # noqa: BLE001 - reported, the parent decides
+        return Probe(batch, "error", message=f"warm-up failed: {type(exc).__name__}: {exc}")
+    try:
+        state = w.setup(params, device)
+        w.run(method, state)
+        if device == "cuda":
+            torch.cuda.synchronize()
+        start = time.perf_counter()
+        w.run(method, state)
+        if device == "cuda":
+            torch.cuda.synchronize()
+        return Probe(batch, "fits", time_s=time.perf_counter() - start)
+    except NotImplementedError as exc:
+        return Probe(batch, "skip", message=str(exc))
+    except BaseException as exc:  # noqa: BLE001 - MemoryError included
+        first_line = re.sub(r"^\[enforce fail at [^\]]*\] (err == 0\. )?", "", str(exc).splitlines()[0] if str(exc) else "")
+        message = f"{type(exc).__name__}: {first_line[:160]}"
+        return Probe(batch, "over" if _is_out_of_memory(exc) else "error", message=message)
+
+
+def _parse(size: str) -> dict[str, Any]:
+    from workloads.base import parse_size_label
+
+    return parse_size_label(size)
+
+
+def _fork_probe(request: dict[str, Any]) -> Probe:
+    """Run one probe in a forked child; kill it after request['timeout'] seconds."""
+    read_fd, write_fd = os.pipe()
+    pid = os.fork()
+    if pid == 0:  # the probe
+        os.close(read_fd)
+        code = 0
+        try:
+            p = run_probe(request["workload"], request["method"], request["size"], request["device"],
+                          request["budget"], request["threads"])
+            os.write(write_fd, json.dumps(asdict(p)).encode())
+        except BaseException:  # noqa: BLE001 - nothing may escape a forked child
+            code = 1
+        finally:
+            os._exit(code)
+    os.close(write_fd)
+    batch = int(_parse(request["size"])[request["batch_key"]])
+    deadline = time.monotonic() + request["timeout"]
+    chunks: list[bytes] = []
+    try:
+        while True:
+            ready, _, _ = select.select([read_fd], [], [], max(0.0, deadline - time.monotonic()))
+            if not ready:
+                os.kill(pid, signal.SIGKILL)
+                os.waitpid(pid, 0)
+                return Probe(batch, "timeout", message=f"killed after {request['timeout']:g} s")
+            chunk = os.read(read_fd, 65536)
+            if not chunk:
+                break
+            chunks.append(chunk)
+    finally:
+        os.close(read_fd)
+    _, status = os.waitpid(pid, 0)
+    if chunks:
+        return Probe(**json.loads(b"".join(chunks)))
+    how = f"signal {os.WTERMSIG(status)}" if os.WIFSIGNALED(status) else f"exit code {os.WEXITSTATUS(status)}"
+    # A child dying without a word under the memory cap is an allocator giving up (abort, OOM kill).
+    return Probe(batch, "over", message=f"the probe process died ({how})")
+
+
+def serve() -> int:
+    """Probe server: import everything once, then fork one probe per request line on stdin and
+    answer with one JSON line on stdout. It never computes itself, so forking it is safe (a
+    process that ran OpenMP work can deadlock its forked children)."""
+    import torch  # noqa: F401
+
+    import workloads  # noqa: F401
+
+    jax_imported = False
+    for line in iter(sys.stdin.readline, ""):
+        request = json.loads(line)
+        if request["device"] == "cuda":
+            probe = _spawn_probe(request)  # CUDA cannot be used in a forked child: a fresh interpreter
+        else:
+            if not jax_imported:
+                _import_jax_for_forks(request["threads"])
+                jax_imported = True
+            probe = _fork_probe(request)
+        sys.stdout.write(json.dumps(asdict(probe)) + "\n")
+        sys.stdout.flush()
+    return 0
+
+
+def _spawn_probe(request: dict[str, Any]) -> Probe:
+    """Run one probe in a fresh interpreter (CUDA probes); kill it after request['timeout'] seconds."""
+    batch = int(_parse(request["size"])[request["batch_key"]])
+    try:
+        done = subprocess.run([sys.executable, "-m", "vmapbench.memlimit", PROBE_FLAG, json.dumps(request)],
+                              capture_output=True, text=True, timeout=request["timeout"])
+    except subprocess.TimeoutExpired:
+        return Probe(batch, "timeout", message=f"killed after {request['timeout']:g} s")
+    lines = done.stdout.strip().splitlines()
+    if done.returncode == 0 and lines:
+        return Probe(**json.loads(lines[-1]))
+    return Probe(batch, "over", message=f"the probe process died (exit code {done.returncode}): {done.stderr[-200:]}")
+
+
+def _import_jax_for_forks(threads: int) -> None:
+    """Import jax (not its backend) here, with XLA's threads set like torch's, so probes of the
+    jax method do not each pay the import; a missing jax only makes those probes skip."""
+    import torch
+
+    torch.set_num_threads(threads)
+    try:
+        from workloads.peers.jax_methods import load_jax
+
+        load_jax("cpu")
+    except NotImplementedError:
+        pass
+
+
+class ProbeServer:
+    """The parent's handle on a probe server process (see `serve`)."""
+
+    def __init__(self) -> None:
+        env = dict(os.environ)
+        root = str(Path(__file__).resolve().parent.parent)
+        env["PYTHONPATH"] = os.pathsep.join([root, *filter(None, [env.get("PYTHONPATH")])])
+        self.process = subprocess.Popen(
+            [sys.executable, "-m", "vmapbench.memlimit", SERVE_FLAG], stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE, text=True, env=env,
+        )
+
+    def probe(self, **request: Any) -> Probe:
+        assert self.process.stdin is not None and self.process.stdout is not None
+        self.process.stdin.write(json.dumps(request) + "\n")
+        self.process.stdin.flush()
+        line = self.process.stdout.readline()
+        if not line:
+            raise RuntimeError(f"the memlimit probe server exited (code {self.process.poll()}); see its stderr above")
+        return Probe(**json.loads(line))
+
+    def close(self) -> None:
+        if self.process.stdin is not None:
+            self.process.stdin.close()
+        self.process.wait(timeout=60)
+
+    def __enter__(self) -> "ProbeServer":
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.close()
+
+
+# --- the experiment -----------------------------------------------------------------------------
+
+def batch_key(workload: Any) -> str:
+    for key in BATCH_KEYS:
+        if key in workload.grid:
+            return key
+    raise ValueError(f"workload {workload.name!r} has no batch parameter ({' or '.join(BATCH_KEYS)}) in its grid")
+
+
+def per_sample_workloads() -> list[Any]:
+    """The per-sample-gradient workloads: those offering `engine_chunked` (a per-sample-grads method)."""
+    import workloads
+
+    return [w for w in workloads.all_workloads() if "engine_chunked" in w.methods]
+
+
+def fixed_size(workload: Any) -> dict[str, Any]:
+    """The workload's first grid point without its batch parameter (e.g. {'d': 16})."""
+    key = batch_key(workload)
+    return {k: v for k, v in workload.params(workload.sizes[0]).items() if k != key}
+
+
+def run_experiment(
+    budget: int,
+    device: str = "cpu",
+    names: Sequence[str] | None = None,
+    methods: Sequence[str] | None = None,
+    start: int = 16,
+    cap: int = 16384,
+    precision: float = 0.25,
+    probe_timeout: float = 60.0,
+    threads: int | None = None,
+    log: Callable[[str], None] = print,
+    on_row: Callable[[dict[str, Any]], None] | None = None,
+) -> dict[str, Any]:
+    """Search every (workload, method) pair and return the result document (see the module docstring);
+    `on_row` gets the document so far after each pair (so an interrupted run still leaves a file)."""
+    import torch
+
+    import workloads
+    from workloads.base import size_label
+
+    chosen = per_sample_workloads() if not names else [workloads.get(n) for n in names]
+    threads = threads or int(os.environ.get("OMP_NUM_THREADS", torch.get_num_threads()))
+    pairs = [(w, m) for w in chosen for m in w.methods if not methods or m in methods]
+    rows: list[dict[str, Any]] = []
+    started = time.perf_counter()
+
+    def document() -> dict[str, Any]:
+        return {"machine": None, "commit": None, "torch": torch.__version__, "device": device, "budget_bytes": budget,
+                "threads": threads, "probe_timeout_s": probe_timeout,
+                "search": {"start": start, "cap": cap, "precision": precision},
+                "elapsed_s": round(time.perf_counter() - started, 1), "complete": len(rows) == len(pairs), "rows": rows}
+    with ProbeServer() as server:
+        for i, (w, method) in enumerate(pairs, 1):
+            fixed, key = fixed_size(w), batch_key(w)
+            t0 = time.perf_counter()
+            log(f"[{i}/{len(pairs)}] {w.name} {method} ({size_label(fixed) or 'no other parameter'})")
+
+            def probe(batch: int) -> Probe:
+                size = size_label({**fixed, key: batch})
+                return server.probe(workload=w.name, method=method, size=size, device=device, budget=budget,
+                                    threads=threads, timeout=probe_timeout, batch_key=key)
+
+            def show(p: Probe) -> None:
+                detail = f"{p.time_s:.3f} s" if p.time_s is not None else (p.message or "")
+                log(f"    {key}={p.batch}: {p.outcome} {detail[:160]}")
+
+            result = search(probe, start=start, cap=cap, precision=precision, on_probe=show)
+            log(f"    -> max {key} {result.max_batch} ({result.status}; {result.reason}) "
+                f"in {time.perf_counter() - t0:.1f} s, {len(result.probes)} probes")
+            rows.append({"workload": w.name, "method": method, "size": size_label(fixed),
+                         "max_batch": result.max_batch, "time_at_max_s": result.time_at_max_s,
+                         "status": result.status, "reason": result.reason, "limited_by": result.limited_by,
+                         "probes": len(result.probes)})
+            if on_row is not None:
+                on_row(document())
+    return document()
+
+
+def write_result(result: dict[str, Any], root: Path, machine: str, commit: str) -> Path:
+    path = root / "results" / "memlimit" / machine / f"{commit[:8]}.json"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps({**result, "machine": machine, "commit": commit}, indent=1) + "\n")
+    return path
+
+
+def configure(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--budget", default=DEFAULT_BUDGET, help=f"memory budget per probe (default {DEFAULT_BUDGET})")
+    parser.add_argument("--device", default="cpu", choices=("cpu", "cuda"))
+    parser.add_argument("--workload", "-w", action="append", dest="workloads", metavar="W",
+                        help="workload (repeatable or comma-separated); default: every per-sample-gradient workload")
+    parser.add_argument("--method", "-m", action="append", dest="methods", metavar="M",
+                        help="method (repeatable or comma-separated); default: each workload's all")
+    parser.add_argument("--start", type=int, default=16, help="first batch probed (default 16)")
+    parser.add_argument("--cap", type=int, default=16384, help="largest batch probed (default 16384)")
+    parser.add_argument("--precision", type=float, default=0.25,
+                        help="stop bisecting when the bracket is within this relative width (default 0.25)")
+    parser.add_argument("--probe-timeout", type=float, default=60.0, help="seconds before a probe counts as too slow")
+    parser.add_argument("--machine", default=None, help="machine name (default: as `make bench` names it)")
+    parser.add_argument("--no-write", dest="write", action="store_false", help="print only; write no result file")
+
+
+def _split(items: Iterable[str] | None) -> list[str]:
+    return [x for item in items or () for x in item.split(",") if x]
+
+
+def main(args: argparse.Namespace) -> int:
+    from vmapbench.bench import git, machine_name, repo_root
+
+    budget = parse_bytes(args.budget)
+    if args.device == "cuda":
+        import torch
+
+        if not torch.cuda.is_available():
+            print("error: --device cuda needs CUDA; torch.cuda.is_available() is False here", file=sys.stderr)
+            return 2
+    root = repo_root()
+    machine, commit = args.machine or machine_name(), git(root, "rev-parse", "HEAD")
+
+    def save(document: dict[str, Any]) -> None:
+        if args.write:
+            write_result(document, root, machine, commit)
+    result = run_experiment(budget, args.device, _split(args.workloads), _split(args.methods), args.start, args.cap,
+                            args.precision, args.probe_timeout, log=lambda s: print(s, flush=True), on_row=save)
+    print(f"memlimit: {len(result['rows'])} searches in {result['elapsed_s']:.0f} s (budget {budget / 2**30:.2f} GiB)")
+    if args.write:
+        print(f"wrote {write_result(result, root, machine, commit)}")
+    return 0
+
+
+if __name__ == "__main__":
+    if sys.argv[1:] == [SERVE_FLAG]:
+        sys.exit(serve())
+    if sys.argv[1:2] == [PROBE_FLAG]:
+        req = json.loads(sys.argv[2])
+        print(json.dumps(asdict(run_probe(req["workload"], req["method"], req["size"], req["device"], req["budget"],
+                                          req["threads"]))))
+        sys.exit(0)
+    parser = argparse.ArgumentParser(prog="vmapbench memlimit")
+    configure(parser)
+    sys.exit(main(parser.parse_args()))
