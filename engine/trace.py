@@ -467,6 +467,9 @@ class TracedFunction:
                 self._evictions += 1
         self._mru = entry
         if entry.eager:
+            if entry.first is not None:  # refused after a complete trace: that run was this call
+                first, entry.first = entry.first, None
+                return entry.build(first)
             return self.fn(*args, **kwargs)
         if self.compile_kwargs is not None and entry.compiled is None:
             self._compile(entry, flat)
@@ -542,6 +545,26 @@ class TracedFunction:
             entry.eager = True
             return entry
         entry.constants = tuple(clean_up(gm))
+        if entry.guards and _writes_into_inputs(gm):
+            # The guard is a graph output, known only after the graph's writes: a replay whose guard
+            # fails would write once, then the eager rerun again. Refuse rather than write twice.
+            err = DataDependentError(
+                f"it branches on tensor values ({', '.join(dict.fromkeys(entry.guards))}) and writes into "
+                f"its inputs or captured tensors in place, so a replay whose branch check fails would "
+                f"apply the write twice"
+            )
+            if self.fallback == "error":
+                raise UntraceableError(f"engine.trace: cannot trace {_name(fn)}: {err}. Return the new value "
+                                       f"instead of writing it in place, or pass fallback='eager'.") from err
+            if not self._warned:
+                self._warned = True
+                warnings.warn(f"engine.trace: {_name(fn)} cannot be traced ({err}); running it eagerly for this "
+                              f"signature.", TraceFallbackWarning, stacklevel=4)
+            entry.eager = True
+            # The trace ran the function (and its writes) for real: its results are this call's.
+            entry.build = _output_builder(out_info["spec"], out_info["consts"])
+            entry.first = out_info["values"]
+            return entry
         self._traces += 1
         self.trace_seconds = time.perf_counter() - start
         entry.gm = gm
@@ -569,6 +592,31 @@ class TracedFunction:
         entry.compile_seconds = self.compile_seconds = time.perf_counter() - start
         entry.compiled = compiled
         entry.run = compiled
+
+
+def _writes_into_inputs(gm: torch.fx.GraphModule) -> bool:
+    """Whether an op of the graph writes in place into a graph input (an argument or a captured
+    tensor), directly or through a view of it."""
+    for node in gm.graph.nodes:
+        target = node.target
+        if node.op != "call_function" or not isinstance(target, torch._ops.OpOverload) or not target._schema.is_mutable:
+            continue
+        for arg, value in zip(target._schema.arguments, node.args):
+            if arg.alias_info is None or not arg.alias_info.is_write:
+                continue
+            base = value
+            while isinstance(base, torch.fx.Node) and base.op == "call_function" and _is_view(base.target):
+                base = base.args[0]
+            if isinstance(base, torch.fx.Node) and base.op == "placeholder":
+                return True
+    return False
+
+
+def _is_view(target: Any) -> bool:
+    if not isinstance(target, torch._ops.OpOverload):
+        return False
+    returns = target._schema.returns
+    return bool(returns) and returns[0].alias_info is not None and not returns[0].alias_info.is_write
 
 
 def _graph_outputs(gm: torch.fx.GraphModule) -> list:

@@ -572,3 +572,26 @@ def test_writes_into_inputs_and_closures_happen_once_per_call(make):
     assert x.tolist() == [1.0, 1.0, 1.0] and counter.item() == 1.0
     torch.testing.assert_close(traced(x), torch.full((3,), 4.0))
     assert x.tolist() == [2.0, 2.0, 2.0] and counter.item() == 2.0
+
+
+def _write_then_branch(x: torch.Tensor, acc: torch.Tensor) -> torch.Tensor:
+    acc.add_(x)  # a write into an input ...
+    if (x > 0).all():  # ... and a branch on tensor values (a replay guard)
+        return x * 2
+    return -x
+
+
+def test_a_guarded_function_that_writes_into_its_inputs_is_not_replayed():
+    """A replay checks its guard only after the graph's writes: a failing guard would then rerun the
+    function eagerly and write a second time. Such functions are refused (or run eagerly, each
+    write applied exactly once)."""
+    with pytest.raises(UntraceableError, match="writes into its inputs"):
+        engine.trace(_write_then_branch)(torch.ones(3), torch.zeros(3))
+    traced = engine.trace(_write_then_branch, fallback="eager")
+    acc, want = torch.zeros(3), torch.zeros(3)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        for x in (torch.ones(3), -torch.ones(3), 2 * torch.ones(3)):
+            torch.testing.assert_close(traced(x, acc), _write_then_branch(x, want))
+    torch.testing.assert_close(acc, want)
+    assert [type(w.message) for w in caught] == [TraceFallbackWarning]
