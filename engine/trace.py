@@ -356,7 +356,7 @@ def _inductor_patches(kwargs: dict) -> dict[str, Any]:
 
 
 @contextlib.contextmanager
-def _distribution_validation_kept() -> Iterator[None]:
+def distribution_validation_kept() -> Iterator[None]:
     """Keep torch.distributions' process-wide validate_args default across a torch.compile.
 
     dynamo's first torch.compile in a process (TorchPatcher.patch) calls
@@ -581,7 +581,7 @@ class TracedFunction:
         inputs = entry.inputs(flat)
         if any(isinstance(n.target, torch._ops.OpOverload) and n.target._schema.is_mutable for n in entry.gm.graph.nodes):
             inputs = [t.clone(memory_format=torch.preserve_format) for t in inputs]  # the warm-up must not write twice
-        with _distribution_validation_kept():
+        with distribution_validation_kept():
             if not _graph_outputs(entry.gm):
                 compiled = entry.run  # only non-tensor results: nothing to compile
             elif _direct_inductor(kwargs):
