@@ -73,7 +73,8 @@ def test_quick_profile_has_at_most_two_compiled_methods() -> None:
 
 
 def test_anchor_sizes_are_in_the_quick_profile() -> None:
-    assert {"n=1000,d=16", "n=1000,d=64"} <= set(workloads.get("logreg_hessian").quick)
+    """The sizes of shared/ANCHORS.md's figures (Hessian N=1000 D=64, MLP per-sample grads B=64)."""
+    assert "n=1000,d=64" in workloads.get("logreg_hessian").quick
     assert "batch=64" in workloads.get("psg_mlp").quick
 
 
