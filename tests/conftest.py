@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import random
+from typing import Iterator
 
 import pytest
 import torch
@@ -14,3 +15,13 @@ def seeded() -> int:
     torch.manual_seed(seed)
     random.seed(seed)
     return seed
+
+
+@pytest.fixture(autouse=True)
+def backend_flags_unfrozen() -> Iterator[None]:
+    """Importing PyTorch's own test utilities (OpInfo's op_db, custom_op_db) calls
+    `torch.backends.disable_global_flags()` for the whole process, after which setting e.g.
+    `torch.backends.cudnn.deterministic` raises (Opacus' embedding grad sampler does). Each test
+    starts with the flags as a user process has them, whatever was imported before it."""
+    with getattr(torch.backends, "__allow_nonbracketed_mutation")():  # torch's own way to unfreeze them
+        yield
