@@ -58,7 +58,7 @@ MAKEFLAGS += --question
 else ifeq ($(GATE_RC),novenv)
 $(error make continuous: $(PY) does not exist; run `make venv` first)
 else ifneq ($(GATE_RC),0)
-$(error make continuous: the gate exited $(GATE_RC) (2: a benchmark failed; see above))
+$(error make continuous: the gate exited $(GATE_RC) (2: a case failed, or the gate could not compare; see above))
 endif
 endif
 endif

@@ -159,3 +159,13 @@ def test_planted_slowdown_keeps_the_engine_exact(tmp_path):
     (tree / "engine" / "_dispatch.py").write_text("x = 1\n")
     with pytest.raises(SystemExit, match="VmapMode"):
         gate.plant_slowdown(tree, 1.3)
+
+
+@pytest.mark.parametrize("argv", [["HEAD", "HEAD", "--rounds", "1"], ["no-such-revision", "HEAD"]])
+def test_a_gate_that_cannot_compare_exits_2_not_1(argv):
+    """1 means "a regression" to make continuous and CI; a bad argument or revision is a failure (2)."""
+    from vmapbench import continuous
+
+    with pytest.raises(SystemExit) as exc:
+        continuous.main(argv)
+    assert exc.value.code == 2

@@ -60,6 +60,15 @@ PLANT_MARK = "# --- planted by `vmapbench gate --calibrate`"
 
 # --- trees ---------------------------------------------------------------------------------------
 
+
+class GateError(SystemExit):
+    """The gate could not compare (a bad revision or argument): exit 2 with the message, never
+    1, which means "a regression" to `make continuous` and CI."""
+
+    def __init__(self, message: str) -> None:
+        print(message, file=sys.stderr)
+        super().__init__(2)
+
 def git(root: Path, *args: str) -> str:
     return subprocess.run(["git", *args], cwd=root, check=True, capture_output=True, text=True).stdout.strip()
 
@@ -68,7 +77,7 @@ def resolve(root: Path, rev: str) -> str:
     try:
         return git(root, "rev-parse", "--verify", f"{rev}^{{commit}}")
     except subprocess.CalledProcessError:
-        raise SystemExit(f"gate: {rev!r} is not a commit of {root} (try HEAD, HEAD~1, origin/main)") from None
+        raise GateError(f"gate: {rev!r} is not a commit of {root} (try HEAD, HEAD~1, origin/main)") from None
 
 
 def extract(root: Path, commit: str, dest: Path) -> Path:
@@ -89,7 +98,7 @@ def plant_slowdown(tree: Path, factor: float) -> None:
     path = tree / "engine" / "_dispatch.py"
     source = path.read_text()
     if "class VmapMode(" not in source or "def __torch_dispatch__" not in source:
-        raise SystemExit(f"gate: cannot plant a slowdown: {path} has no VmapMode.__torch_dispatch__ any more; "
+        raise GateError(f"gate: cannot plant a slowdown: {path} has no VmapMode.__torch_dispatch__ any more; "
                          f"update vmapbench.gate.plant_slowdown to the engine's dispatch entry point")
     path.write_text(source + f"""
 
@@ -529,7 +538,7 @@ def main(args: argparse.Namespace) -> int:
     root = repo_root()
     machine = args.machine or machine_name()
     if args.rounds < stats.MIN_SAMPLES:
-        raise SystemExit(f"gate: --rounds {args.rounds}: at least {stats.MIN_SAMPLES} rounds are needed for an "
+        raise GateError(f"gate: --rounds {args.rounds}: at least {stats.MIN_SAMPLES} rounds are needed for an "
                          f"interval (a change measured once is never called)")
     if getattr(args, "calibrate", False):
         started = time.time()
