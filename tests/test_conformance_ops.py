@@ -1,0 +1,76 @@
+"""Ops batched per element (issue #19): engine.vmap must equal a for-loop over the batch, bit for bit
+for the discrete ops (histogram bins), with no fallback recorded."""
+from __future__ import annotations
+
+from typing import Any, Callable
+
+import pytest
+import torch
+from torch.utils._pytree import tree_flatten
+
+import engine
+
+
+def _loop(fn: Callable, in_dims: tuple, *args: Any) -> list:
+    B = next(a.shape[d] for a, d in zip(args, in_dims) if d is not None)
+    outs = [fn(*[a if d is None else a.select(d, i) for a, d in zip(args, in_dims)]) for i in range(B)]
+    leaves = [tree_flatten(o)[0] for o in outs]
+    return [torch.stack([lv[j] for lv in leaves]) for j in range(len(leaves[0]))]
+
+
+def _check(fn: Callable, in_dims: tuple, *args: Any, exact: bool = True) -> None:
+    with engine.fallback_policy("silent"), engine.record_fallbacks() as rec:
+        got = tree_flatten(engine.vmap(fn, in_dims=in_dims)(*args))[0]
+    assert not rec.counts, f"fell back: {dict(rec.counts)}"
+    want = _loop(fn, in_dims, *args)
+    assert len(got) == len(want)
+    for g, w in zip(got, want):
+        assert g.shape == w.shape and g.dtype == w.dtype
+        if exact:
+            assert torch.equal(g, w) or (g.isnan().any() and torch.testing.assert_close(g, w, atol=0, rtol=0, equal_nan=True) is None), (g, w)
+        else:
+            torch.testing.assert_close(g, w, equal_nan=True)
+
+
+def _data(*shape: int, seed: int = 0) -> torch.Tensor:
+    g = torch.Generator().manual_seed(seed)
+    x = torch.randn(*shape, generator=g) * 3
+    x[0].fill_(1.25)  # a constant example: its range is widened (histc by 1, histogram by 0.5)
+    return x
+
+
+HISTC = {
+    "data_range": lambda x: torch.histc(x, bins=7),
+    "given_range": lambda x: torch.histc(x, bins=5, min=-2, max=3),
+    "edge_values": lambda x: torch.histc(x.round(), bins=6, min=-3, max=3),
+}
+
+
+@pytest.mark.parametrize("name", sorted(HISTC))
+def test_histc_matches_loop(name: str) -> None:
+    _check(HISTC[name], (0,), _data(4, 300))
+    _check(HISTC[name], (1,), _data(5, 4).T.contiguous().T)
+
+
+HISTOGRAM = {
+    "bin_count": lambda x, w, e: torch.histogram(x, bins=6),
+    "range_weight_density": lambda x, w, e: torch.histogram(x, bins=4, range=(-1.0, 2.0), weight=w, density=True),
+    "edges": lambda x, w, e: torch.histogram(x, bins=e, weight=w),
+    "edges_density": lambda x, w, e: torch.histogram(x.round(), bins=e.round().sort().values, density=True),
+}
+
+
+@pytest.mark.parametrize("name", sorted(HISTOGRAM))
+def test_histogram_matches_loop(name: str) -> None:
+    x, w = _data(3, 40), torch.rand(40)
+    e = torch.linspace(-3, 3, 5).repeat(3, 1) + torch.tensor([[0.0], [0.5], [-0.25]])
+    _check(HISTOGRAM[name], (0, None, 0), x, w, e, exact=name != "range_weight_density")
+    _check(HISTOGRAM[name], (0, None, None), x, w, e[0], exact=name != "range_weight_density")
+
+
+def test_histogramdd_matches_loop() -> None:
+    x = _data(3, 50, 2)
+    edges = [torch.tensor([-3.0, 0.0, 1.0, 4.0]), torch.tensor([-1.0, 1.0])]
+    _check(lambda t: torch.histogramdd(t, bins=[3, 4]), (0,), x)
+    _check(lambda t: torch.histogramdd(t, bins=[2, 2], range=[-1.0, 1.0, 0.0, 2.0], density=True), (0,), x, exact=False)
+    _check(lambda t: torch.histogramdd(t, bins=edges), (0,), x)
