@@ -74,3 +74,19 @@ def test_histogramdd_matches_loop() -> None:
     _check(lambda t: torch.histogramdd(t, bins=[3, 4]), (0,), x)
     _check(lambda t: torch.histogramdd(t, bins=[2, 2], range=[-1.0, 1.0, 0.0, 2.0], density=True), (0,), x, exact=False)
     _check(lambda t: torch.histogramdd(t, bins=edges), (0,), x)
+
+
+@pytest.mark.parametrize("fmt", [torch.channels_last, torch.channels_last_3d])
+def test_channels_last_copies_match_loop(fmt: torch.memory_format) -> None:
+    x = _data(3, 2, 3, 4, 5, 2)[..., 0] if fmt is torch.channels_last else _data(3, 2, 3, 4, 5, 2)
+    to = lambda t: t.to("cpu", torch.float64, memory_format=fmt)  # noqa: E731
+    clone = lambda t: t.clone(memory_format=fmt)  # noqa: E731
+    _check(to, (0,), x)
+    _check(clone, (1,), x.movedim(0, 1))
+    out = engine.vmap(clone)(x)
+    assert all(o.is_contiguous(memory_format=fmt) for o in out)  # each example laid out channels-last
+
+
+def test_channels_last_of_wrong_rank_raises_like_torch() -> None:
+    with pytest.raises(RuntimeError, match="required rank 4"):
+        engine.vmap(lambda t: t.clone(memory_format=torch.channels_last))(torch.randn(3, 4, 5))
