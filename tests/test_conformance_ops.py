@@ -90,3 +90,13 @@ def test_channels_last_copies_match_loop(fmt: torch.memory_format) -> None:
 def test_channels_last_of_wrong_rank_raises_like_torch() -> None:
     with pytest.raises(RuntimeError, match="required rank 4"):
         engine.vmap(lambda t: t.clone(memory_format=torch.channels_last))(torch.randn(3, 4, 5))
+
+
+@pytest.mark.parametrize("reduce", ["max", "mean", "min", "sum", "prod"])
+def test_segment_reduce_matches_loop(reduce: str) -> None:
+    x = _data(3, 5, 4)
+    lengths, offsets = torch.tensor([0, 1, 2, 2]), torch.tensor([0, 0, 1, 3, 5])
+    _check(lambda t: torch.segment_reduce(t, reduce, lengths=lengths, initial=1.5), (0,), x)
+    _check(lambda t: torch.segment_reduce(t, reduce, offsets=offsets), (2,), x.movedim(0, 2))
+    rows = torch.tensor([[1, 3]] * 5)
+    _check(lambda t: torch.segment_reduce(t, reduce, lengths=rows, axis=1), (0,), x)
