@@ -100,3 +100,11 @@ def test_segment_reduce_matches_loop(reduce: str) -> None:
     _check(lambda t: torch.segment_reduce(t, reduce, offsets=offsets), (2,), x.movedim(0, 2))
     rows = torch.tensor([[1, 3]] * 5)
     _check(lambda t: torch.segment_reduce(t, reduce, lengths=rows, axis=1), (0,), x)
+
+
+def test_resize_matches_loop_and_refuses_growth() -> None:
+    x = _data(3, 4, 5)
+    _check(lambda t: t.clone().resize_(2, 3), (2,), x.movedim(0, 2))
+    _check(lambda t: t.clone().resize_as_(torch.ones(5, 2)), (0,), x)
+    with pytest.raises(RuntimeError, match="uninitialized"):
+        engine.vmap(lambda t: t.clone().resize_(30))(x)
