@@ -108,3 +108,37 @@ def test_resize_matches_loop_and_refuses_growth() -> None:
     _check(lambda t: t.clone().resize_as_(torch.ones(5, 2)), (0,), x)
     with pytest.raises(RuntimeError, match="uninitialized"):
         engine.vmap(lambda t: t.clone().resize_(30))(x)
+
+
+def _ctc_inputs(B: int = 3, T: int = 12, N: int = 4, C: int = 6, S: int = 5):
+    g = torch.Generator().manual_seed(1)
+    lp = torch.randn(B, T, N, C, generator=g).log_softmax(-1)
+    targets = torch.randint(1, C, (B, N, S), generator=g)
+    il = torch.tensor([[12, 10, 12, 7], [11, 12, 9, 12], [12, 8, 12, 12]])
+    tl = torch.tensor([[5, 3, 1, 4], [2, 5, 0, 3], [4, 4, 2, 1]])
+    return lp, targets, il, tl
+
+
+@pytest.mark.parametrize("reduction", ["none", "mean", "sum"])
+def test_ctc_loss_forward_matches_loop(reduction: str) -> None:
+    lp, targets, il, tl = _ctc_inputs()
+    F = torch.nn.functional
+    _check(lambda a, t, i, l: F.ctc_loss(a, t, i, l, reduction=reduction), (0, 0, 0, 0), lp, targets, il, tl)
+    _check(lambda a, t: F.ctc_loss(a, t, il[0], tl[0], reduction=reduction, zero_infinity=True), (1, None),
+           lp.movedim(0, 1), targets[0])
+    flat = torch.stack([torch.cat([targets[b, n, :tl[0, n]] for n in range(4)]) for b in range(3)])
+    _check(lambda a, t: F.ctc_loss(a, t, il[0].tolist(), tl[0].tolist(), reduction=reduction), (0, 0), lp, flat)
+
+
+def test_ctc_loss_backward_matches_loop() -> None:
+    lp, targets, il, tl = _ctc_inputs()
+
+    def loss(a, t, i, l):
+        return torch.nn.functional.ctc_loss(a.log_softmax(-1), t, i, l, reduction="sum")
+
+    got = engine.vmap(engine.grad(loss))(lp, targets, il, tl)
+    want = torch.stack([torch.func.grad(loss)(*(x[b] for x in (lp, targets, il, tl))) for b in range(3)])
+    torch.testing.assert_close(got, want, atol=1e-6, rtol=1e-5)
+    with engine.fallback_policy("silent"), engine.record_fallbacks() as rec:
+        engine.vmap(engine.grad(loss))(lp, targets, il, tl)
+    assert not rec.counts, f"fell back: {dict(rec.counts)}"
