@@ -142,3 +142,14 @@ def test_ctc_loss_backward_matches_loop() -> None:
     with engine.fallback_policy("silent"), engine.record_fallbacks() as rec:
         engine.vmap(engine.grad(loss))(lp, targets, il, tl)
     assert not rec.counts, f"fell back: {dict(rec.counts)}"
+
+
+def test_traced_histograms_never_bake_data() -> None:
+    """A data-dependent range is read with .item(), which engine.trace refuses; a fixed range replays."""
+    x1, x2 = _data(3, 20), _data(3, 20, seed=1) * 5 + 3
+    fixed = lambda t: torch.histc(t, bins=5, min=-1, max=2)  # noqa: E731
+    traced = engine.trace(engine.vmap(fixed))
+    traced(x1)
+    assert torch.equal(traced(x2), torch.stack([fixed(t) for t in x2]))
+    with pytest.raises(engine.UntraceableError):
+        engine.trace(engine.vmap(lambda t: torch.histc(t, bins=5)))(x1)

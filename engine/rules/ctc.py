@@ -27,6 +27,12 @@ def _lengths(v: Any, d: Any, B: int, N: int) -> torch.Tensor:
     return t.reshape(B, N)
 
 
+def _ints(t: torch.Tensor) -> list[int]:
+    """Lengths as Python ints through .item(), which engine.trace sees as a data-dependent read
+    (.tolist() would be baked into a traced graph as constants)."""
+    return [int(v.item()) for v in t.reshape(-1)]
+
+
 def _fold_targets(targets: torch.Tensor, dt: Any, B: int, tl: torch.Tensor) -> torch.Tensor:
     """Targets as [B * N, S] padded rows."""
     targets = materialize(targets, dt, B)
@@ -56,7 +62,7 @@ def ctc_loss_rule(info, in_dims, log_probs, targets, input_lengths, target_lengt
     tl = _lengths(target_lengths, in_dims[3], B, N)
     nll, log_alpha = aten._ctc_loss.default(
         _fold_log_probs(log_probs, in_dims[0], B), _fold_targets(targets, in_dims[1], B, tl),
-        il.reshape(-1).tolist(), tl.reshape(-1).tolist(), blank, zero_infinity)
+        _ints(il), _ints(tl), blank, zero_infinity)
     return (nll.reshape(B, N), log_alpha.reshape((B, N) + tuple(log_alpha.shape[1:]))), (0, 0)
 
 
@@ -72,7 +78,7 @@ def ctc_loss_backward_rule(info, in_dims, grad, log_probs, targets, input_length
     log_alpha = materialize(log_alpha, in_dims[6], B)
     out = aten._ctc_loss_backward.default(
         grad.reshape(B * N), _fold_log_probs(log_probs, in_dims[1], B), _fold_targets(targets, in_dims[2], B, tl),
-        il.reshape(-1).tolist(), tl.reshape(-1).tolist(), materialize(nll, in_dims[5], B).reshape(B * N),
+        _ints(il), _ints(tl), materialize(nll, in_dims[5], B).reshape(B * N),
         log_alpha.reshape((B * N,) + tuple(log_alpha.shape[2:])), blank, zero_infinity)
     return out.reshape(T, B, N, C).permute(1, 0, 2, 3), 0
 

@@ -29,7 +29,8 @@ def _outer_edges(x: torch.Tensor, rng: Sequence[float] | None, widen: float) -> 
         out = [pairs] * B
     elif N > 0:
         lo, hi = x.aminmax(dim=1)
-        out = [list(zip(lo[b].tolist(), hi[b].tolist())) for b in range(B)]
+        # .item() (not .tolist()) so engine.trace sees the data-dependent read and refuses to bake it
+        out = [[(lo[b, d].item(), hi[b, d].item()) for d in range(D)] for b in range(B)]
     else:
         out = [[(0.0, 0.0)] * D for _ in range(B)]
     fixed = []
@@ -73,10 +74,11 @@ def _fill(x: torch.Tensor, edges: list[torch.Tensor], weight: torch.Tensor | Non
     total = 1
     for n in nbins:
         total *= n
-    flat = flat + torch.arange(B, device=x.device).unsqueeze(1) * total
+    flat = torch.where(inside, flat, 0) + torch.arange(B, device=x.device).unsqueeze(1) * total
     w = torch.ones(B, N, dtype=x.dtype, device=x.device) if weight is None else weight.reshape(B, N)
+    w = torch.where(inside, w, 0)  # values outside add +0 (no change) rather than being indexed out: traceable
     hist = torch.zeros(B * total, dtype=x.dtype, device=x.device)
-    hist.index_add_(0, flat[inside], w[inside])
+    hist.index_add_(0, flat.reshape(-1), w.reshape(-1))
     hist = hist.reshape(B, *nbins)
     if density:
         hist = hist / hist.reshape(B, -1).sum(1).reshape((B,) + (1,) * D)
