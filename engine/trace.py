@@ -32,6 +32,7 @@ What a trace may not capture, and how it is handled:
 """
 from __future__ import annotations
 
+import contextlib
 import functools
 import operator
 import time
@@ -39,7 +40,7 @@ import traceback
 import warnings
 from collections import OrderedDict
 from dataclasses import dataclass
-from typing import Any, Callable, Hashable
+from typing import Any, Callable, Hashable, Iterator
 
 import torch
 import torch.fx
@@ -354,6 +355,26 @@ def _inductor_patches(kwargs: dict) -> dict[str, Any]:
     return patches
 
 
+@contextlib.contextmanager
+def distribution_validation_kept() -> Iterator[None]:
+    """Keep torch.distributions' process-wide validate_args default across a torch.compile.
+
+    dynamo's first torch.compile in a process (TorchPatcher.patch) calls
+    `Distribution.set_default_validate_args(False)` for good, so every distribution built later,
+    in any function, eager or engine, silently stops checking its arguments: an invalid parameter
+    then computes NaN instead of raising. The graph handed to torch.compile here is an aten graph
+    whose argument checks are already replay guards, so it needs no such switch; the user's
+    default is put back.
+    """
+    from torch.distributions import Distribution
+
+    default = Distribution._validate_args
+    try:
+        yield
+    finally:
+        Distribution.set_default_validate_args(default)
+
+
 def _compile_with_inductor(gm: torch.fx.GraphModule, inputs: list, kwargs: dict) -> Callable:
     """Compile an already-recorded aten graph with inductor, without dynamo.
 
@@ -558,15 +579,16 @@ class TracedFunction:
         kwargs = self.compile_kwargs or {}
         start = time.perf_counter()
         inputs = entry.inputs(flat)
-        if not _graph_outputs(entry.gm):
-            compiled = entry.run  # only non-tensor results: nothing to compile
-        elif _direct_inductor(kwargs):
-            compiled = _compile_with_inductor(entry.gm, inputs, kwargs)
-        else:
-            compiled = torch.compile(entry.gm, **kwargs)
         if any(isinstance(n.target, torch._ops.OpOverload) and n.target._schema.is_mutable for n in entry.gm.graph.nodes):
             inputs = [t.clone(memory_format=torch.preserve_format) for t in inputs]  # the warm-up must not write twice
-        compiled(*inputs)  # the first call: lazy initialisation (and, through torch.compile, the compile)
+        with distribution_validation_kept():
+            if not _graph_outputs(entry.gm):
+                compiled = entry.run  # only non-tensor results: nothing to compile
+            elif _direct_inductor(kwargs):
+                compiled = _compile_with_inductor(entry.gm, inputs, kwargs)
+            else:
+                compiled = torch.compile(entry.gm, **kwargs)
+            compiled(*inputs)  # the first call: lazy initialisation (and, through torch.compile, the compile)
         entry.compile_seconds = self.compile_seconds = time.perf_counter() - start
         entry.compiled = compiled
         entry.run = compiled

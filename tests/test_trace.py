@@ -512,6 +512,22 @@ def test_compile_with_another_backend_goes_through_torch_compile():
     assert compiled.compile_seconds is not None and compiled.cache_info().traces == 1
 
 
+def test_compile_through_torch_compile_leaves_distribution_validation_on(monkeypatch):
+    # dynamo's first torch.compile in a process switches torch.distributions' validate_args
+    # default off for good; engine.compile must put it back, or every later invalid parameter
+    # computes NaN instead of raising. The patch runs once per process: let it run again here.
+    from torch._dynamo.eval_frame import TorchPatcher
+
+    monkeypatch.setattr(torch.distributions.Distribution, "_validate_args", True)
+    TorchPatcher.patch.cache_clear()
+    compiled = engine.compile(engine.grad(lambda x: (x.sin() * x).sum()), backend="eager")
+    x = torch.randn(5)
+    torch.testing.assert_close(compiled(x), torch.func.grad(lambda x: (x.sin() * x).sum())(x))
+    assert torch.distributions.Distribution._validate_args is True
+    with pytest.raises(ValueError, match="scale"):
+        engine.vmap(lambda s: torch.distributions.Normal(0.0, s).log_prob(torch.zeros(())))(torch.tensor([1.0, -1.0]))
+
+
 def _with_inductor_cache(monkeypatch) -> None:
     if "TORCHINDUCTOR_CACHE_DIR" not in os.environ:
         root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))

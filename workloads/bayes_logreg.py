@@ -68,7 +68,7 @@ define(
     methods=(*LOGREG_HESSIAN_METHODS, "jax"),
     make_inputs=logreg_data,
     make_method=with_jax(logreg_hessian_method, "logreg_hessian"),
-    quick=("n=1000,d=16", "n=1000,d=64"),
+    quick=("n=1000,d=64",),
 )
 
 

@@ -73,8 +73,31 @@ def wrap(method: str, fn: Fn) -> Fn:
             raise NotImplementedError("engine.compile is not implemented yet; engine_compiled cannot run")
         return engine.compile(fn)
     if method.endswith("_compiled"):
-        return torch.compile(fn)
+        return _compiled_keeping_validation(fn)
     return fn
+
+
+def _compiled_keeping_validation(fn: Fn) -> Fn:
+    """torch.compile(fn), without dynamo's process-wide switch of torch.distributions' argument
+    validation to off (made when torch.compile sets up and when it first compiles; see
+    engine.trace.distribution_validation_kept): later workloads in the same process keep raising
+    on invalid parameters."""
+    from engine.trace import distribution_validation_kept
+
+    with distribution_validation_kept():
+        compiled = torch.compile(fn)
+    first = True
+
+    def run(*args: Any, **kwargs: Any) -> Any:
+        nonlocal first
+        if first:
+            with distribution_validation_kept():
+                out = compiled(*args, **kwargs)
+            first = False
+            return out
+        return compiled(*args, **kwargs)
+
+    return run
 
 
 def _unsupported(kind: str, method: str, supported: Sequence[str]) -> ValueError:

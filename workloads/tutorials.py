@@ -85,7 +85,7 @@ define(
     methods=METHODS,
     make_inputs=ntk_data,
     make_method=ntk_method_of,
-    quick=("formulation=jacobian,examples=8", "formulation=jvp_vjp,examples=2"),
+    quick=("formulation=jacobian,examples=8",),
     # jvp_vjp pushes examples^2 x 10 parameter-sized vectors at once (~0.5 GB at 16 examples).
     heavy=("formulation=jvp_vjp,examples=16",),
 )

@@ -6,6 +6,7 @@ from __future__ import annotations
 from typing import Any
 
 import torch
+from torch._prims_common import ELEMENTWISE_TYPE_PROMOTION_KIND, elementwise_dtypes
 
 from engine.rules._helpers import lrank, ops_of, pad_batched
 from engine.rules._table import RULES, set_rule
@@ -35,6 +36,8 @@ def pointwise_rule(func: Any):
                         lowest = r
                     if r == 0:
                         zero_rank_batched = True
+        if zero_rank_batched and len(dtypes) > 1:
+            args = _zero_dim_to_common_dtype(func, args, in_dims, mutates_first)
         if lowest == rank:  # every batched argument already has the largest logical rank
             new = args
         else:
@@ -49,6 +52,32 @@ def pointwise_rule(func: Any):
     # one, it is `func` on the physical arguments.
     rule.same_rank_direct = True  # type: ignore[attr-defined]
     return rule
+
+
+_DEFAULT_PROMOTION = ELEMENTWISE_TYPE_PROMOTION_KIND.DEFAULT  # its result dtype is the common dtype
+# Tensor arguments that take no part in type promotion (a boolean condition or mask).
+_NOT_PROMOTING = {"where": (0,), "masked_fill": (1,), "masked_fill_": (1,)}
+
+
+def _zero_dim_to_common_dtype(func, args, in_dims, mutates_first: bool) -> list:
+    """Batched 0-dim operands cast to the dtype the op computes in for the logical shapes.
+
+    A batched 0-dim tensor is physically 1-dim, so it would take part in type promotion as a
+    dimensioned tensor: float64 (0-dim, batched) * float32 [3] would compute in float64 and round
+    once more when cast back to float32, where each element alone computes in float32. Casting it
+    first to the common dtype of the logical operands (torch's type promotion, 0-dim operands
+    counted as 0-dim) makes the physical computation the one each element runs: the cast is the
+    conversion torch applies to a 0-dim operand of another dtype.
+    """
+    skip = _NOT_PROMOTING.get(func._schema.name.partition("::")[2], ())
+    logical = [torch.empty(a.shape[1:] if d is not None else a.shape, dtype=a.dtype, device="meta")
+               for i, (a, d) in enumerate(zip(args, in_dims)) if isinstance(a, torch.Tensor) and i not in skip]
+    if len(logical) < 2:
+        return args
+    target = elementwise_dtypes(*logical, type_promotion_kind=_DEFAULT_PROMOTION)[1]
+    return [a.to(target) if (isinstance(a, torch.Tensor) and d is not None and a.dim() == 1 and a.dtype != target
+                             and i not in skip and not (mutates_first and i == 0)) else a
+            for i, (a, d) in enumerate(zip(args, in_dims))]
 
 
 def _logical_dtype(func, args, in_dims, kwargs, out):
