@@ -215,11 +215,12 @@ def test_module_forward_then_backward_outside():
 
 def _no_rule_op():
     # An op the core families do not batch and PyTorch does not decompose: it must loop.
-    return lambda a: torch.ops.aten.histc.default(a, 4)
+    # (bincount with a minlength the values stay under: one output shape for every example)
+    return lambda a: torch.ops.aten.bincount.default((a * 4).long(), None, 4)
 
 
 def test_fallback_warns_names_op_and_counts():
-    engine._dispatch._FallbackState.warned.discard("aten::histc.default")
+    engine._dispatch._FallbackState.warned.discard("aten::bincount.default")
     x = torch.rand(B, 10)
     with engine.fallback_policy("warn"), warnings.catch_warnings(record=True) as w, engine.record_fallbacks() as rec:
         warnings.simplefilter("always")
@@ -227,13 +228,13 @@ def test_fallback_warns_names_op_and_counts():
         engine.vmap(_no_rule_op())(x)
     assert close(out, loop(_no_rule_op(), x))
     msgs = [str(m.message) for m in w if issubclass(m.category, FallbackWarning)]
-    assert msgs == ["Batching rule not implemented for aten::histc.default; falling back to slow (for loop) implementation"]
-    assert rec.counts["aten::histc.default"] == 2
+    assert msgs == ["Batching rule not implemented for aten::bincount.default; falling back to slow (for loop) implementation"]
+    assert rec.counts["aten::bincount.default"] == 2
 
 
 def test_fallback_error_and_silent():
     x = torch.rand(B, 10)
-    with pytest.raises(FallbackError, match="aten::histc.default"):
+    with pytest.raises(FallbackError, match="aten::bincount.default"):
         engine.vmap(_no_rule_op())(x)
     with engine.fallback_policy("silent"), warnings.catch_warnings():
         warnings.simplefilter("error")
@@ -246,17 +247,17 @@ def test_fallback_error_and_silent():
 def test_register_rule_wins_and_validates():
     calls = []
 
-    @engine.register_rule(torch.ops.aten.histc.default)
-    def rule(info, in_dims, x, bins=100, min=0, max=0):
+    @engine.register_rule(torch.ops.aten.bincount.default)
+    def rule(info, in_dims, x, weights=None, minlength=0):
         calls.append(info.batch_size)
-        return torch.stack([torch.histc(x[i], bins, min, max) for i in range(x.shape[0])]), 0
+        return torch.stack([torch.bincount(x[i], weights, minlength) for i in range(x.shape[0])]), 0
 
     try:
         x = torch.rand(B, 10)
         assert close(engine.vmap(_no_rule_op())(x), loop(_no_rule_op(), x))
         assert calls == [B]
     finally:
-        engine.rules.RULES.pop(torch.ops.aten.histc.default, None)
+        engine.rules.RULES.pop(torch.ops.aten.bincount.default, None)
     with pytest.raises(TypeError, match="aten op"):
         engine.register_rule(torch.sin)
 

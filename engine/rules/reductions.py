@@ -172,3 +172,25 @@ RULES[aten.flip.default] = flip_rule
 RULES[aten.aminmax.default] = aminmax_rule
 RULES[aten.median.default] = median_full_rule(aten.median.dim)
 RULES[aten.nanmedian.default] = median_full_rule(aten.nanmedian.dim)
+
+
+def segment_reduce_rule(info, in_dims, data, reduce, *, lengths=None, indices=None, offsets=None, axis=0,
+                        unsafe=False, initial=None):
+    """Segments along a logical axis: the batch dim joins the leading dims, which segment_reduce
+    takes per row when lengths/offsets carry them too (the same segments for every example)."""
+    B = data.shape[0]
+    ax = axis + (data.dim() - 1) if axis < 0 else axis
+
+    for name, t in (("lengths", lengths), ("offsets", offsets)):
+        if t is not None and t.dim() - 1 != ax:
+            raise RuntimeError(f"segment_reduce(): Expected axis to be the last dimension of {name} but got {ax}.")
+
+    def lead(t):
+        return None if t is None else t.unsqueeze(0).expand((B,) + tuple(t.shape)).contiguous()
+
+    out = aten.segment_reduce.default(data, reduce, lengths=lead(lengths), indices=indices, offsets=lead(offsets),
+                                      axis=ax + 1, unsafe=unsafe, initial=initial)
+    return out, 0
+
+
+RULES[aten.segment_reduce.default] = segment_reduce_rule

@@ -176,3 +176,24 @@ def _unfold(copy: bool):
 
 RULES[aten.unfold.default] = _unfold(copy=False)
 RULES[aten.unfold_copy.default] = _unfold(copy=True)
+
+
+def resize_rule(info, in_dims, x, size, *, memory_format=None):
+    """Each example is its own tensor under vmap, so resizing one keeps the first numel(size) of its
+    values in (contiguous) order. Growing would expose uninitialized memory: refused."""
+    if memory_format not in (None, torch.contiguous_format, torch.preserve_format):
+        raise RuntimeError(f"vmap: resize_ with memory_format={memory_format} is not supported; resize to a "
+                           "contiguous tensor and convert it with .contiguous(memory_format=...)")
+    B = x.shape[0]
+    n = 1
+    for s in size:
+        n *= int(s)
+    have = x[0].numel() if B else 0
+    if n > have:
+        raise RuntimeError(f"vmap: resize_ to {tuple(size)} grows each example from {have} to {n} elements; "
+                           "the new elements would be uninitialized memory. Build the tensor with torch.zeros "
+                           "or torch.cat instead.")
+    return x.reshape(B, -1)[:, :n].reshape((B,) + tuple(size)).clone(), 0
+
+
+RULES[aten.resize.default] = resize_rule

@@ -1,0 +1,155 @@
+"""Ops batched per element (issue #19): engine.vmap must equal a for-loop over the batch, bit for bit
+for the discrete ops (histogram bins), with no fallback recorded."""
+from __future__ import annotations
+
+from typing import Any, Callable
+
+import pytest
+import torch
+from torch.utils._pytree import tree_flatten
+
+import engine
+
+
+def _loop(fn: Callable, in_dims: tuple, *args: Any) -> list:
+    B = next(a.shape[d] for a, d in zip(args, in_dims) if d is not None)
+    outs = [fn(*[a if d is None else a.select(d, i) for a, d in zip(args, in_dims)]) for i in range(B)]
+    leaves = [tree_flatten(o)[0] for o in outs]
+    return [torch.stack([lv[j] for lv in leaves]) for j in range(len(leaves[0]))]
+
+
+def _check(fn: Callable, in_dims: tuple, *args: Any, exact: bool = True) -> None:
+    with engine.fallback_policy("silent"), engine.record_fallbacks() as rec:
+        got = tree_flatten(engine.vmap(fn, in_dims=in_dims)(*args))[0]
+    assert not rec.counts, f"fell back: {dict(rec.counts)}"
+    want = _loop(fn, in_dims, *args)
+    assert len(got) == len(want)
+    for g, w in zip(got, want):
+        assert g.shape == w.shape and g.dtype == w.dtype
+        if exact:
+            assert torch.equal(g, w) or (g.isnan().any() and torch.testing.assert_close(g, w, atol=0, rtol=0, equal_nan=True) is None), (g, w)
+        else:
+            torch.testing.assert_close(g, w, equal_nan=True)
+
+
+def _data(*shape: int, seed: int = 0) -> torch.Tensor:
+    g = torch.Generator().manual_seed(seed)
+    x = torch.randn(*shape, generator=g) * 3
+    x[0].fill_(1.25)  # a constant example: its range is widened (histc by 1, histogram by 0.5)
+    return x
+
+
+HISTC = {
+    "data_range": lambda x: torch.histc(x, bins=7),
+    "given_range": lambda x: torch.histc(x, bins=5, min=-2, max=3),
+    "edge_values": lambda x: torch.histc(x.round(), bins=6, min=-3, max=3),
+}
+
+
+@pytest.mark.parametrize("name", sorted(HISTC))
+def test_histc_matches_loop(name: str) -> None:
+    _check(HISTC[name], (0,), _data(4, 300))
+    _check(HISTC[name], (1,), _data(5, 4).T.contiguous().T)
+
+
+HISTOGRAM = {
+    "bin_count": lambda x, w, e: torch.histogram(x, bins=6),
+    "range_weight_density": lambda x, w, e: torch.histogram(x, bins=4, range=(-1.0, 2.0), weight=w, density=True),
+    "edges": lambda x, w, e: torch.histogram(x, bins=e, weight=w),
+    "edges_density": lambda x, w, e: torch.histogram(x.round(), bins=e.round().sort().values, density=True),
+}
+
+
+@pytest.mark.parametrize("name", sorted(HISTOGRAM))
+def test_histogram_matches_loop(name: str) -> None:
+    x, w = _data(3, 40), torch.rand(40)
+    e = torch.linspace(-3, 3, 5).repeat(3, 1) + torch.tensor([[0.0], [0.5], [-0.25]])
+    _check(HISTOGRAM[name], (0, None, 0), x, w, e, exact=name != "range_weight_density")
+    _check(HISTOGRAM[name], (0, None, None), x, w, e[0], exact=name != "range_weight_density")
+
+
+def test_histogramdd_matches_loop() -> None:
+    x = _data(3, 50, 2)
+    edges = [torch.tensor([-3.0, 0.0, 1.0, 4.0]), torch.tensor([-1.0, 1.0])]
+    _check(lambda t: torch.histogramdd(t, bins=[3, 4]), (0,), x)
+    _check(lambda t: torch.histogramdd(t, bins=[2, 2], range=[-1.0, 1.0, 0.0, 2.0], density=True), (0,), x, exact=False)
+    _check(lambda t: torch.histogramdd(t, bins=edges), (0,), x)
+
+
+@pytest.mark.parametrize("fmt", [torch.channels_last, torch.channels_last_3d])
+def test_channels_last_copies_match_loop(fmt: torch.memory_format) -> None:
+    x = _data(3, 2, 3, 4, 5, 2)[..., 0] if fmt is torch.channels_last else _data(3, 2, 3, 4, 5, 2)
+    to = lambda t: t.to("cpu", torch.float64, memory_format=fmt)  # noqa: E731
+    clone = lambda t: t.clone(memory_format=fmt)  # noqa: E731
+    _check(to, (0,), x)
+    _check(clone, (1,), x.movedim(0, 1))
+    out = engine.vmap(clone)(x)
+    assert all(o.is_contiguous(memory_format=fmt) for o in out)  # each example laid out channels-last
+
+
+def test_channels_last_of_wrong_rank_raises_like_torch() -> None:
+    with pytest.raises(RuntimeError, match="required rank 4"):
+        engine.vmap(lambda t: t.clone(memory_format=torch.channels_last))(torch.randn(3, 4, 5))
+
+
+@pytest.mark.parametrize("reduce", ["max", "mean", "min", "sum", "prod"])
+def test_segment_reduce_matches_loop(reduce: str) -> None:
+    x = _data(3, 5, 4)
+    lengths, offsets = torch.tensor([0, 1, 2, 2]), torch.tensor([0, 0, 1, 3, 5])
+    _check(lambda t: torch.segment_reduce(t, reduce, lengths=lengths, initial=1.5), (0,), x)
+    _check(lambda t: torch.segment_reduce(t, reduce, offsets=offsets), (2,), x.movedim(0, 2))
+    rows = torch.tensor([[1, 3]] * 5)
+    _check(lambda t: torch.segment_reduce(t, reduce, lengths=rows, axis=1), (0,), x)
+
+
+def test_resize_matches_loop_and_refuses_growth() -> None:
+    x = _data(3, 4, 5)
+    _check(lambda t: t.clone().resize_(2, 3), (2,), x.movedim(0, 2))
+    _check(lambda t: t.clone().resize_as_(torch.ones(5, 2)), (0,), x)
+    with pytest.raises(RuntimeError, match="uninitialized"):
+        engine.vmap(lambda t: t.clone().resize_(30))(x)
+
+
+def _ctc_inputs(B: int = 3, T: int = 12, N: int = 4, C: int = 6, S: int = 5):
+    g = torch.Generator().manual_seed(1)
+    lp = torch.randn(B, T, N, C, generator=g).log_softmax(-1)
+    targets = torch.randint(1, C, (B, N, S), generator=g)
+    il = torch.tensor([[12, 10, 12, 7], [11, 12, 9, 12], [12, 8, 12, 12]])
+    tl = torch.tensor([[5, 3, 1, 4], [2, 5, 0, 3], [4, 4, 2, 1]])
+    return lp, targets, il, tl
+
+
+@pytest.mark.parametrize("reduction", ["none", "mean", "sum"])
+def test_ctc_loss_forward_matches_loop(reduction: str) -> None:
+    lp, targets, il, tl = _ctc_inputs()
+    F = torch.nn.functional
+    _check(lambda a, t, i, l: F.ctc_loss(a, t, i, l, reduction=reduction), (0, 0, 0, 0), lp, targets, il, tl)
+    _check(lambda a, t: F.ctc_loss(a, t, il[0], tl[0], reduction=reduction, zero_infinity=True), (1, None),
+           lp.movedim(0, 1), targets[0])
+    flat = torch.stack([torch.cat([targets[b, n, :tl[0, n]] for n in range(4)]) for b in range(3)])
+    _check(lambda a, t: F.ctc_loss(a, t, il[0].tolist(), tl[0].tolist(), reduction=reduction), (0, 0), lp, flat)
+
+
+def test_ctc_loss_backward_matches_loop() -> None:
+    lp, targets, il, tl = _ctc_inputs()
+
+    def loss(a, t, i, l):
+        return torch.nn.functional.ctc_loss(a.log_softmax(-1), t, i, l, reduction="sum")
+
+    got = engine.vmap(engine.grad(loss))(lp, targets, il, tl)
+    want = torch.stack([torch.func.grad(loss)(*(x[b] for x in (lp, targets, il, tl))) for b in range(3)])
+    torch.testing.assert_close(got, want, atol=1e-6, rtol=1e-5)
+    with engine.fallback_policy("silent"), engine.record_fallbacks() as rec:
+        engine.vmap(engine.grad(loss))(lp, targets, il, tl)
+    assert not rec.counts, f"fell back: {dict(rec.counts)}"
+
+
+def test_traced_histograms_never_bake_data() -> None:
+    """A data-dependent range is read with .item(), which engine.trace refuses; a fixed range replays."""
+    x1, x2 = _data(3, 20), _data(3, 20, seed=1) * 5 + 3
+    fixed = lambda t: torch.histc(t, bins=5, min=-1, max=2)  # noqa: E731
+    traced = engine.trace(engine.vmap(fixed))
+    traced(x1)
+    assert torch.equal(traced(x2), torch.stack([fixed(t) for t in x2]))
+    with pytest.raises(engine.UntraceableError):
+        engine.trace(engine.vmap(lambda t: torch.histc(t, bins=5)))(x1)
