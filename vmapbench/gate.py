@@ -68,6 +68,10 @@ class GateError(SystemExit):
     def __init__(self, message: str) -> None:
         print(message, file=sys.stderr)
         super().__init__(2)
+        self.message = message
+
+    def __str__(self) -> str:
+        return self.message
 
 def git(root: Path, *args: str) -> str:
     return subprocess.run(["git", *args], cwd=root, check=True, capture_output=True, text=True).stdout.strip()
