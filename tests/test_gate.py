@@ -169,3 +169,13 @@ def test_a_gate_that_cannot_compare_exits_2_not_1(argv):
     with pytest.raises(SystemExit) as exc:
         continuous.main(argv)
     assert exc.value.code == 2
+
+
+def test_the_probe_measures_the_suites_overhead_chain():
+    """The gate's measuring process times the per-op chain of the current suite/bench_overhead.py
+    (its API moved once and every comparison then exited 2)."""
+    from vmapbench import gate_probe
+
+    times, errors = gate_probe.measure_overhead(budget_s=0.05, rounds=1, clock=gate_probe.CLOCKS["cpu"])
+    assert not errors, errors
+    assert {"native", "engine"} <= set(times) and all(t > 0 for t in times.values())

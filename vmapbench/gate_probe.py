@@ -82,12 +82,17 @@ def measure_workloads(names: list[str], budget_s: float, rounds: int, skip_metho
     return times, errors, cost
 
 
+# The per-op chain's input the gate times: overhead-bound small tensors, where a dispatch-path
+# regression shows most (suite/bench_overhead.SIZES).
+OVERHEAD_SIZE = "small"
+
+
 def measure_overhead(budget_s: float, rounds: int, clock: Callable[[], float]) -> tuple[dict[str, float], dict[str, str]]:
     import torch
 
     overhead = gate_suite("bench_overhead")
     probes = gate_suite("probes")
-    x = torch.randn(overhead.BATCH, overhead.WIDTH, generator=torch.Generator().manual_seed(0))
+    x = overhead.make_input(OVERHEAD_SIZE)
     calls, errors = {}, {}
     for method in overhead.METHODS:
         try:
