@@ -59,9 +59,10 @@ def test_every_model_and_task_is_in_the_grid() -> None:
     assert {w.name for w in tasks} == {"bayes_chain_grads", "bayes_hmc", "bayes_laplace_hessian", "bayes_elbo_grad"}
     for w in tasks:
         assert w.grid["model"] == list(bayes_models.MODELS), w.name
-    quick_models = {workloads.get(w.name).params(s)["model"] for w in tasks for s in w.quick}
-    assert quick_models == set(bayes_models.MODELS), "the quick profile should meet every model once"
-    assert all(w.quick for f in FAMILIES for w in workloads.all_workloads(f))
+    # make bench's 10-minute budget keeps a few of these in the quick profile: each of another model
+    quick_models = [workloads.get(w.name).params(s)["model"] for w in tasks for s in w.quick]
+    assert quick_models and len(quick_models) == len(set(quick_models)), quick_models
+    assert all(any(w.quick for w in workloads.all_workloads(f)) for f in FAMILIES), "a quick workload per family"
 
 
 @pytest.mark.parametrize("model", list(bayes_models.MODELS))
