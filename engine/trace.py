@@ -505,6 +505,21 @@ class TracedFunction:
             warnings.warn(message + " Running it eagerly for such inputs.", TraceFallbackWarning, stacklevel=3)
         return out
 
+    def _refuse(self, entry: _Entry, err: DataDependentError, hint: str = "") -> _Entry:
+        """`fn` cannot be replayed for this signature: UntraceableError, or with fallback='eager' the
+        entry runs eagerly from now on (warned once)."""
+        if self.fallback == "error":
+            raise UntraceableError(f"engine.trace: cannot trace {_name(self.fn)}: {err}{hint}") from err
+        if not self._warned:
+            self._warned = True
+            warnings.warn(
+                f"engine.trace: {_name(self.fn)} cannot be traced ({err}); running it eagerly for this signature.",
+                TraceFallbackWarning,
+                stacklevel=5,
+            )
+        entry.eager = True
+        return entry
+
     def _trace(self, flat: list, spec: Any, args: tuple, kwargs: dict) -> _Entry:
         entry = _Entry()
         entry.tensor_pos = [i for i, x in enumerate(flat) if isinstance(x, torch.Tensor)]
@@ -533,17 +548,7 @@ class TracedFunction:
         try:
             gm = make_fx(flat_fn, tracing_mode="real")(*[flat[i] for i in entry.tensor_pos])
         except DataDependentError as err:
-            if self.fallback == "error":
-                raise UntraceableError(f"engine.trace: cannot trace {_name(fn)}: {err}") from err
-            if not self._warned:
-                self._warned = True
-                warnings.warn(
-                    f"engine.trace: {_name(fn)} cannot be traced ({err}); running it eagerly for this signature.",
-                    TraceFallbackWarning,
-                    stacklevel=4,
-                )
-            entry.eager = True
-            return entry
+            return self._refuse(entry, err)
         entry.constants = tuple(clean_up(gm))
         if entry.guards and _writes_into_inputs(gm):
             # The guard is a graph output, known only after the graph's writes: a replay whose guard
@@ -553,14 +558,8 @@ class TracedFunction:
                 f"its inputs or captured tensors in place, so a replay whose branch check fails would "
                 f"apply the write twice"
             )
-            if self.fallback == "error":
-                raise UntraceableError(f"engine.trace: cannot trace {_name(fn)}: {err}. Return the new value "
-                                       f"instead of writing it in place, or pass fallback='eager'.") from err
-            if not self._warned:
-                self._warned = True
-                warnings.warn(f"engine.trace: {_name(fn)} cannot be traced ({err}); running it eagerly for this "
-                              f"signature.", TraceFallbackWarning, stacklevel=4)
-            entry.eager = True
+            self._refuse(entry, err, hint=". Return the new value instead of writing it in place, or pass "
+                                          "fallback='eager'.")
             # The trace ran the function (and its writes) for real: its results are this call's.
             entry.build = _output_builder(out_info["spec"], out_info["consts"])
             entry.first = out_info["values"]
