@@ -69,35 +69,9 @@ def estimate_columns(rows: pd.DataFrame) -> pd.DataFrame:
 
 def sampled_estimates(samples: Sequence[Any], confidence: float = stats.CONFIDENCE) -> list[tuple[float, float, float, int] | None]:
     """(value, lo, hi, n) of `stats.estimate` for each entry of `samples` with two or more
-    samples (None for the others), the same numbers computed many at a time.
-
-    stats.estimate draws its bootstrap indices from a freshly seeded generator, so they depend
-    only on the sample count: entries with the same count share one index matrix and their
-    medians are taken in one numpy call (a thousand-fold faster than one call per entry, which
-    Compare and History need for tens of thousands of values). tests/test_dashboard_runs.py
-    checks the result equals stats.row_estimate's."""
-    out: list[tuple[float, float, float, int] | None] = [None] * len(samples)
-    by_count: dict[int, list[tuple[int, np.ndarray]]] = {}
-    for i, entry in enumerate(samples):
-        if not isinstance(entry, list) or len(entry) < 2:
-            continue
-        clean = np.asarray([x for x in entry if x is not None], dtype=float)
-        clean = clean[~np.isnan(clean)]
-        if clean.size > 1:
-            by_count.setdefault(int(clean.size), []).append((i, clean))
-    lo_q, hi_q = 100 * (1 - confidence) / 2, 100 * (1 - (1 - confidence) / 2)
-    for n, items in by_count.items():
-        idx = np.random.default_rng(stats.BOOTSTRAP_SEED).integers(0, n, size=(stats.BOOTSTRAP_RESAMPLES, n))
-        for start in range(0, len(items), 64):  # 64 x 2000 x n floats at a time
-            part = items[start:start + 64]
-            matrix = np.stack([c for _, c in part])
-            medians = np.median(matrix[:, idx], axis=2)
-            lo, hi = np.percentile(medians, [lo_q, hi_q], axis=1)
-            center = np.median(matrix, axis=1)
-            for j, (i, _) in enumerate(part):
-                m = float(center[j])
-                out[i] = (m, float(min(lo[j], m)), float(max(hi[j], m)), n)
-    return out
+    samples (None for the others), many at a time (`stats.estimates`)."""
+    lists = [entry if isinstance(entry, list) and len(entry) >= 2 else None for entry in samples]
+    return [None if e is None or e.n < 2 else (e.value, e.lo, e.hi, e.n) for e in stats.estimates(lists, confidence)]
 
 
 def as_estimate(row: Any) -> stats.Estimate:

@@ -128,13 +128,39 @@ def estimate(samples: Sequence[float], confidence: float = CONFIDENCE) -> Estima
     One sample gives a degenerate interval (lo == hi == value): it says nothing about noise, and
     `verdict` then falls back on the noise floor alone.
     """
-    values = _clean(samples, "estimate")
-    median = float(np.median(values))
-    if values.size == 1:
-        return Estimate(median, median, median, 1)
+    return estimates([_clean(samples, "estimate")], confidence)[0]
+
+
+def estimates(many: Sequence[Sequence[float] | None], confidence: float = CONFIDENCE) -> list[Estimate | None]:
+    """`estimate` of each entry of `many` (None for an entry with no sample), computed many at a time.
+
+    The bootstrap indices come from a freshly seeded generator, so they depend only on the sample
+    count: entries with the same count share one index matrix and their medians are taken in one
+    numpy call (a thousand-fold faster than one call per entry, which the dashboard needs for tens
+    of thousands of values)."""
     lo_q, hi_q = _tails(confidence)
-    lo, hi = np.percentile(_bootstrap_medians(values, _rng()), [lo_q, hi_q])
-    return Estimate(median, float(min(lo, median)), float(max(hi, median)), int(values.size))
+    out: list[Estimate | None] = [None] * len(many)
+    by_count: dict[int, list[tuple[int, np.ndarray]]] = {}
+    for i, entry in enumerate(many):
+        if entry is None:
+            continue
+        values = np.asarray([x for x in entry if x is not None], dtype=float)
+        values = values[~np.isnan(values)]
+        if values.size == 1:
+            out[i] = Estimate(float(values[0]), float(values[0]), float(values[0]), 1)
+        elif values.size:
+            by_count.setdefault(int(values.size), []).append((i, values))
+    for n, items in by_count.items():
+        idx = _rng().integers(0, n, size=(BOOTSTRAP_RESAMPLES, n))
+        for start in range(0, len(items), 64):  # 64 x resamples x n floats at a time
+            part = items[start:start + 64]
+            matrix = np.stack([v for _, v in part])
+            lo, hi = np.percentile(np.median(matrix[:, idx], axis=2), [lo_q, hi_q], axis=1)
+            center = np.median(matrix, axis=1)
+            for j, (i, _) in enumerate(part):
+                m = float(center[j])
+                out[i] = Estimate(m, float(min(lo[j], m)), float(max(hi[j], m)), n)
+    return out
 
 
 def ratio(base: Sequence[float], head: Sequence[float], confidence: float = CONFIDENCE) -> Estimate:
