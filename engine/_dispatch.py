@@ -350,7 +350,7 @@ def _rule_plan(func: Any, meta: _OpMeta, rule: Any) -> Callable[[tuple, dict], A
             mixed = True
             if not grad_seen:
                 grad_seen = any(isinstance(v, torch.Tensor) and v.requires_grad for v in kwargs.values())
-        if mutated:
+        if mutated and not getattr(rule, "writes_shared", False):  # a rule may do the loop's shared writes itself
             _check_inplace(func, meta, dims)
         out, out_dims = rule(info, dims, *uargs, **kwargs)
         result = args[mutated[0]] if returns_self else wrap_outputs(out, out_dims, level)
