@@ -569,6 +569,11 @@ class _RngReplay:
 # the mode: ops that see no batched argument (random factories) inside vmap
 
 
+# Uninitialized tensors made inside the vmapped function: per element under randomness='different'
+# (engine.rules.random_ops.fresh_per_element).
+_FRESH = {aten.empty_like.default, aten.empty.memory_format, aten.new_empty.default}
+
+
 class VmapMode(TorchDispatchMode):
     """Active while a vmapped function runs; decides what random ops without batched inputs do."""
 
@@ -589,6 +594,10 @@ class VmapMode(TorchDispatchMode):
             if plan is None:
                 plan = _build_plan(func)
             return plan(args, kwargs)
+        if func in _FRESH and self.info.randomness == "different":
+            from engine.rules.random_ops import fresh_per_element
+
+            return fresh_per_element(func, self.info, args, kwargs)
         if torch.Tag.nondeterministic_seeded in func.tags and _draws(lookup(func), args, kwargs):
             randomness = self.info.randomness
             if randomness == "error":
