@@ -118,12 +118,13 @@ def _vmap_call(func, flat_args, flat_dims, spec, size, out_dims, randomness, kwa
         ]
         with VmapMode(info), transform_scope(is_vmap=True), batched_initial_state():
             out = checked(func)(*tree_unflatten(batched, spec), **kwargs)
-        return _unwrap_outputs(func, out, out_dims, info.level, size)
+        entries = {id(b): a for b, a in zip(batched, flat_args) if b is not a}
+        return _unwrap_outputs(func, out, out_dims, info.level, size, entries)
     finally:
         pop_level(info)
 
 
-def _unwrap_outputs(func, out, out_dims, level, size):
+def _unwrap_outputs(func, out, out_dims, level, size, entries=None):
     flat_out, out_spec = tree_flatten(out)
     if isinstance(out_dims, list):
         out_dims = tuple(out_dims)
@@ -153,7 +154,10 @@ def _unwrap_outputs(func, out, out_dims, level, size):
             continue
         if not isinstance(d, int):
             raise VmapError(f"vmap({_fname(func)}, ...): out_dims entries must be int or None, got {d!r}.")
+        base = o._base if entries and type(o) is BatchedTensor else None
         t = leave(o, level, size)
+        if base is not None and id(base) in entries:
+            t = _as_view_of_input(t, entries[id(base)], base)
         nd = t.dim()
         if not -nd <= d < nd:
             raise VmapError(
@@ -162,6 +166,32 @@ def _unwrap_outputs(func, out, out_dims, level, size):
             )
         result.append(t if d % nd == 0 else t.movedim(0, d))
     return tree_unflatten(result, out_spec)
+
+
+def _as_view_of_input(t: torch.Tensor, a: torch.Tensor, entry: torch.Tensor) -> torch.Tensor:
+    """`t`, an output whose logical tensor is a view of input `a` (made by view ops from `entry`, the
+    batched tensor `a` entered as), as a view of `a` itself: `result._base is a` (or `a`'s own base)
+    as under torch.func.
+
+    Rules run inside __torch_dispatch__, where PyTorch records no views (ADInplaceOrView is above
+    it): the physical result shares `a`'s memory but has no `_base` and its own version counter,
+    so an in-place write through it would escape autograd's checks on `a`. The same memory is
+    re-viewed here, outside dispatch, with the result's sizes, strides and offset (no copy). When
+    gradients flow, the fresh view's graph (as_strided of `a`) is the output's exact derivative as
+    long as nothing was written in place into `entry` or its views (its version is still 0); else,
+    and for other dtypes or conj/neg bits, the result is left as is.
+    """
+    if type(t) is not torch.Tensor or type(a) is not torch.Tensor or t is a:
+        return t
+    if torch.is_grad_enabled() and (t.requires_grad or a.requires_grad):
+        if entry._version != 0:
+            return t
+    elif t._base is not None:  # already a recorded view (of the entry's movedim, or an expansion)
+        return t
+    if (torch._C._is_alias_of(t, a) and a.dtype == t.dtype and a.is_conj() == t.is_conj()
+            and a.is_neg() == t.is_neg() and a.device == t.device):
+        return a.as_strided(t.shape, t.stride(), t.storage_offset())
+    return t
 
 
 def _chunked(func, flat_args, flat_dims, spec, size, out_dims, randomness, kwargs, chunk_size):
