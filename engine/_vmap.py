@@ -155,6 +155,9 @@ def _unwrap_outputs(func, out, out_dims, level, size, entries=None):
         if not isinstance(d, int):
             raise VmapError(f"vmap({_fname(func)}, ...): out_dims entries must be int or None, got {d!r}.")
         base = o._base if entries and type(o) is BatchedTensor else None
+        if base is None and entries and id(o) in entries and o._elem is entries[id(o)] and o._version == 0 and d % (o.dim() + 1) == 0:
+            result.append(o._elem)  # the input itself, returned untouched: torch.func returns that tensor too
+            continue
         t = leave(o, level, size)
         if base is not None and id(base) in entries:
             t = _as_view_of_input(t, entries[id(base)], base)
