@@ -93,10 +93,10 @@ def shared_running_stats_rule(info, in_dims, x, weight, bias, running_mean, runn
                                             training, momentum, eps)
     decay = 1.0 - momentum
     # weight of example k's contribution m s_k after the B - 1 - k updates that follow it
-    weights = torch.tensor([decay ** (B - 1 - k) for k in range(B)], dtype=torch.float64)
+    weights = [decay ** (B - 1 - k) for k in range(B)]
     with torch.no_grad():
         for t, contributions in shared:
-            w = weights.to(contributions.dtype).reshape((B,) + (1,) * t.dim())
+            w = torch.tensor(weights, dtype=contributions.dtype, device=t.device).reshape((B,) + (1,) * t.dim())
             t.copy_(t * (decay ** B) + (contributions * w).sum(0))
     return outs, out_dims
 

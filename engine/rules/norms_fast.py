@@ -41,13 +41,13 @@ def _per_channel(t, d, B: int):
 
 
 def native_batch_norm_rule(info, in_dims, x, weight, bias, running_mean, running_var, training, momentum, eps):
-    B = info.batch_size
-    xf = _fold_channels(x, in_dims[0], B)
-    C = xf.shape[1] // B
     if training and any(t is not None and d is None for t, d in ((running_mean, in_dims[3]), (running_var, in_dims[4]))):
         from engine.rules.norms import shared_running_stats_rule
 
         return shared_running_stats_rule(info, in_dims, x, weight, bias, running_mean, running_var, training, momentum, eps)
+    B = info.batch_size
+    xf = _fold_channels(x, in_dims[0], B)
+    C = xf.shape[1] // B
     stats = [_per_channel(running_mean, in_dims[3], B), _per_channel(running_var, in_dims[4], B)]
     rmf, rvf = stats
     out, save_mean, save_invstd = aten.native_batch_norm.default(
