@@ -363,6 +363,8 @@ def _rule_plan(func: Any, meta: _OpMeta, rule: Any) -> Callable[[tuple, dict], A
 
     if direct and meta.n_positional == 1:
         return _unary_plan(plan, call, returns_self)
+    if direct and meta.n_positional == 2:
+        return _binary_plan(plan, call, returns_self)
     return plan
 
 
@@ -387,6 +389,47 @@ def _unary_plan(general: Callable[[tuple, dict], Any], call: Any, returns_self: 
         result = _make_wrapper(BatchedTensor, out.shape[1:], out.stride()[1:], None, None, out.dtype, out.layout, out.device, False, False)
         result._elem = out
         result._level = a._level
+        return result
+
+    return plan
+
+
+def _binary_plan(general: Callable[[tuple, dict], Any], call: Any, returns_self: bool) -> Callable[[tuple, dict], Any]:
+    """The plan of a pointwise op with two operands (mul, add, sub_, ...) for its two most frequent
+    calls, without keyword arguments: a batched tensor with a Python scalar (one tensor: nothing for
+    engine._gradsum), and two tensors batched at the same level with the same rank (engine._gradsum
+    asked only when their inner levels differ). Other calls take the general plan."""
+    last, urgent, flush, note = _gradsum._last, _gradsum._urgent, _gradsum.flush_urgent, _gradsum.note
+    is_grad_enabled = torch.is_grad_enabled
+
+    def plan(args: tuple, kwargs: dict) -> Any:
+        if kwargs or len(args) != 2:
+            return general(args, kwargs)
+        a, b = args
+        if type(a) is not BatchedTensor:
+            return general(args, kwargs)
+        level = a._level
+        ea = a._elem
+        if type(b) is BatchedTensor:
+            eb = b._elem
+            if b._level != level or eb.dim() != ea.dim():
+                return general(args, kwargs)
+        elif isinstance(b, torch.Tensor):
+            return general(args, kwargs)
+        else:
+            eb = None
+        if last or urgent:
+            flush()
+        out = call(ea, b if eb is None else eb)
+        if returns_self:
+            result = a
+        else:
+            result = _make_wrapper(BatchedTensor, out.shape[1:], out.stride()[1:], None, None, out.dtype, out.layout, out.device, False, False)
+            result._elem = out
+            result._level = level
+        if (eb is not None and (type(ea) is BatchedTensor or type(eb) is BatchedTensor)
+                and (a.requires_grad or b.requires_grad) and is_grad_enabled()):
+            note(args, kwargs, result, level)
         return result
 
     return plan
