@@ -111,12 +111,14 @@ class transform_scope:  # noqa: N801 - used as `with transform_scope(...)`, like
     def __enter__(self) -> None:
         if not _Installed.done:
             _install()
-        _State.depth += 1
-        _State.vmap += self.is_vmap
+        with _lock:  # threads share the counters: no lost update may leave the checks on for good
+            _State.depth += 1
+            _State.vmap += self.is_vmap
 
     def __exit__(self, *exc: object) -> None:
-        _State.depth -= 1
-        _State.vmap -= self.is_vmap
+        with _lock:
+            _State.depth -= 1
+            _State.vmap -= self.is_vmap
 
 
 def checked(func: Any) -> Any:
