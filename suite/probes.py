@@ -85,7 +85,7 @@ def setup_case(workload: Any, size: str, method: str, device: str) -> Any:
     from . import selection
 
     pin_threads()
-    reason = selection.outside_profile(workload, size, device)
+    reason = selection.outside_profile(workload, size, device, method)
     if reason is not None:
         raise NotImplementedError(reason)
     require_method(method)

@@ -32,6 +32,9 @@ from workloads.peers.jax_methods import with_jax
 
 FAMILY = "torch_func_tutorials"
 METHODS = ("loop", "engine", "engine_traced", "torch_func", "jax")
+# jax's import and jit compile cost ~1-2 s in each of a quick case's benchmark processes (~30 s for
+# the family); the full profile measures it, `python -m vmapbench.peer_ratios` side by side.
+NOT_IN_QUICK = ("jax",)
 
 Params = dict[str, torch.Tensor]
 
@@ -90,6 +93,7 @@ define(
     make_inputs=ntk_data,
     make_method=with_jax(ntk_method_of, "tutorial_ntk"),
     quick=("formulation=jacobian,examples=8",),
+    not_in_quick=NOT_IN_QUICK,
     # jvp_vjp pushes examples^2 x 10 parameter-sized vectors at once (~0.5 GB at 16 examples).
     heavy=("formulation=jvp_vjp,examples=16",),
 )
@@ -151,6 +155,7 @@ define(
     make_inputs=ensemble_data,
     make_method=with_jax(ensemble_method_of, "tutorial_ensemble"),
     quick=("task=train_grad,models=16",),
+    not_in_quick=NOT_IN_QUICK,
 )
 
 
@@ -200,4 +205,5 @@ define(
     make_inputs=maml_data,
     make_method=with_jax(maml_method_of, "tutorial_maml"),
     quick=("tasks=32",),
+    not_in_quick=NOT_IN_QUICK,
 )
