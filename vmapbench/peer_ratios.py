@@ -65,6 +65,14 @@ class Row:
         return self.seconds[method] / self.seconds[over]
 
 
+def ours_of(workload: Any) -> str:
+    """The engine's replayed method of `workload`: engine_traced, else engine_compiled."""
+    for method in OURS:
+        if method in workload.methods:
+            return method
+    raise ValueError(f"workload {workload.name!r} has none of {OURS}; it has {', '.join(workload.methods)}")
+
+
 def default_size(workload: Any) -> str:
     return workload.quick[0] if workload.quick else workload.sizes[0]
 
@@ -101,7 +109,7 @@ def measure_workload(workload: Any, size: str, rounds: int, budget_s: float,
     from suite import probes
     from workloads.peers import PeerUnavailable
 
-    ours = next(m for m in OURS if m in workload.methods)
+    ours = ours_of(workload)
     row = Row(workload.name, size, ours)
     state = workload.setup(workload.params(size), "cpu")
     calls: dict[str, Callable[[], Any]] = {}
