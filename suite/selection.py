@@ -47,6 +47,11 @@ SUITE_FAMILY = "suite"
 
 # Methods whose first call traces or compiles (Workload.prepare): their first-call time is a metric.
 FIRST_CALL_METHODS = frozenset(COMPILED_METHODS | {"engine_traced"})
+# jax.jit compiles on the first call too. Its compile time is a metric in the compiled family,
+# beside torch.compile's and engine.compile's; elsewhere `vmapbench run` shows it as the first call
+# (a metric there would cost each jax case another process for it). A literal, not
+# workloads.compiled.FAMILY: the suite must import against older commits' workloads.
+JAX_FIRST_CALL_FAMILY = "compiled"
 
 
 def _always(workload: Workload, method: str, device: str) -> bool:
@@ -62,7 +67,7 @@ def _engine_only(workload: Workload, method: str, device: str) -> bool:
 
 
 def _first_call_only(workload: Workload, method: str, device: str) -> bool:
-    return method in FIRST_CALL_METHODS
+    return method in FIRST_CALL_METHODS or (method == "jax" and workload.family == JAX_FIRST_CALL_FAMILY)
 
 
 def _against_loop(workload: Workload, method: str, device: str) -> bool:
@@ -153,8 +158,9 @@ def profile_sizes(workload: Workload, profile: str) -> list[str]:
 
 
 def profile_methods(workload: Workload, profile: str) -> tuple[str, ...]:
-    """The methods of `workload` that `profile` measures (quick: all but those marked not_in_quick)."""
-    return workload.quick_methods if profile == "quick" else workload.methods
+    """The methods of `workload` that `profile` measures (quick: all but those marked not_in_quick).
+    Workloads of commits from before not_in_quick have no quick_methods: all their methods count."""
+    return getattr(workload, "quick_methods", workload.methods) if profile == "quick" else workload.methods
 
 
 def outside_profile(workload: Workload, size: str, device: str, method: str | None = None) -> str | None:

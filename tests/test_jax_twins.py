@@ -80,3 +80,18 @@ def test_not_in_quick_must_name_methods_of_the_workload() -> None:
     with pytest.raises(ValueError, match=r"not_in_quick names \['backpack'\]"):
         Workload(name="w", family="f", description="d", grid={"n": [1]}, methods=("loop", "jax"),
                  setup=lambda *a: None, run=lambda *a: None, check=lambda *a: None, not_in_quick=("backpack",))
+
+
+def test_jit_compile_time_is_a_metric_in_the_compiled_family(monkeypatch: pytest.MonkeyPatch) -> None:
+    from suite import bench_first_call, generate, selection
+
+    compile_metric = next(m for m in selection.METRICS if m.name == "track_compile_seconds")
+    assert compile_metric.applies(workloads.get("compiled_mlp_jacobian"), "jax", "cpu")
+    assert not compile_metric.applies(workloads.get("mlp_jacobian"), "jax", "cpu")
+    monkeypatch.setenv(selection.PROFILE_ENV, "full")
+    w = workloads.get("compiled_mlp_jacobian")
+    (cls,) = generate.workload_classes(bench_first_call._FirstCall, "bench_first_call", [w]).values()
+    case = cls()
+    case.setup("hidden=32", "jax", "cpu")
+    assert "jax" in case.state._fns  # built in setup (jax imported, data copied): the metric is the jit's first call
+    assert case.track_compile_seconds("hidden=32", "jax", "cpu") > 0
