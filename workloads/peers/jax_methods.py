@@ -3,8 +3,9 @@
 The builders mirror `workloads.methods` task by task (per-sample gradients, Hessian, batched
 Hessian, Hessian-vector products, Jacobian, Jacobian-vector products, batched gradients, HMC
 leapfrog trajectories, gradients of particle averages, the empirical NTK, ensembles, MAML's
-meta-gradient), so the JAX program does what the torch.func one does. The models themselves are in `workloads.peers.jax_models`; a workload adds
-the method with `with_jax(make_method, "<builder name>")`.
+meta-gradient), so the JAX program does what the torch.func one does. The models themselves are
+in `workloads.peers.jax_models`; a workload adds the method with
+`with_jax(make_method, "<builder name>")`.
 
 Equal footing with the torch methods:
 - Same data: the workload's torch tensors are converted once, when the method is built (not timed),
