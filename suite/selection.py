@@ -169,7 +169,8 @@ def outside_profile(workload: Workload, size: str, device: str, method: str | No
     if size not in profile_sizes(workload, profile):
         return f"size {size} of {workload.name} is not in the {profile} profile ({PROFILE_ENV}={profile})"
     if method is not None and method not in profile_methods(workload, profile):
-        return f"method {method} of {workload.name} is not in the {profile} profile (the workload marks it not_in_quick)"
+        return (f"method {method} of {workload.name} is not in the {profile} profile "
+                "(the workload marks it not_in_quick)")
     devices = active_devices(profile)
     if device not in devices:
         return f"device {device} is not in this run's devices {','.join(devices)} ({DEVICES_ENV})"

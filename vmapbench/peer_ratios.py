@@ -187,7 +187,8 @@ def configure(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--family", help="only workloads of this family")
     parser.add_argument("--size", help="size label (with exactly one -w); default: first quick size, else smallest")
     parser.add_argument("--threads", type=int, default=1, help="torch and XLA intra-op threads (default 1)")
-    parser.add_argument("--rounds", type=int, default=DEFAULT_ROUNDS, help=f"interleaved rounds (default {DEFAULT_ROUNDS})")
+    parser.add_argument("--rounds", type=int, default=DEFAULT_ROUNDS,
+                        help=f"interleaved rounds (default {DEFAULT_ROUNDS})")
     parser.add_argument("--budget-s", type=float, default=DEFAULT_BUDGET_S,
                         help=f"timing budget per workload in seconds; rounds shrink to fit, never below 3 "
                              f"(default {DEFAULT_BUDGET_S})")

@@ -66,9 +66,10 @@ class Workload:
     quick sizes (`quick_methods` are the rest), e.g. a peer whose start-up and compile would cost
     the quick profile seconds per benchmark process for a figure the full profile has.
     `setup(params, device)` builds seeded float32 data and returns a state object
-    (NotImplementedError when the device is unavailable: ASV reports a skip); `run(method, state)` is the measured call; `check(state, methods=None)` raises AssertionError
-    when any method (or each of `methods`) disagrees with a float64 loop reference. Workload
-    modules build all of this with `workloads.define.define()`.
+    (NotImplementedError when the device is unavailable: ASV reports a skip); `run(method, state)`
+    is the measured call; `check(state, methods=None)` raises AssertionError when any method (or
+    each of `methods`) disagrees with a float64 loop reference. Workload modules build all of this
+    with `workloads.define.define()`.
     """
 
     name: str
