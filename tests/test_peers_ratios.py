@@ -34,10 +34,12 @@ def test_measures_checked_methods_side_by_side() -> None:
     w = workloads.get("rosenbrock_hessian")
     row = peer_ratios.measure_workload(w, "d=8", rounds=3, budget_s=0.2)
     assert row.ours == "engine_traced"
-    assert set(row.seconds) == {"engine_traced", "torch_func", "jax"} and not row.failed and not row.skipped
+    assert set(row.samples) == {"engine_traced", "torch_func", "jax"} and not row.failed and not row.skipped
+    assert len({len(s) for s in row.samples.values()}) == 1 and len(row.samples["jax"]) >= 3  # one per round
     assert all(s > 0 for s in row.seconds.values())
     assert row.best_peer == "jax"
-    assert row.ratio("engine_traced", "jax") == row.seconds["engine_traced"] / row.seconds["jax"]
+    q1, q3 = row.quartiles("engine_traced", "jax")
+    assert q1 <= row.ratio("engine_traced", "jax") <= q3
 
 
 def test_the_compiled_family_is_measured_by_engine_compiled() -> None:
@@ -58,7 +60,7 @@ def test_a_method_failing_its_check_is_reported_and_not_timed(monkeypatch: pytes
         return real_check(state, methods)
     monkeypatch.setattr(w, "check", check)
     row = peer_ratios.measure_workload(w, "d=8", rounds=3, budget_s=0.2, jax_reason=None)
-    assert "jax" not in row.seconds and "differs from the float64 loop" in row.failed["jax"]
+    assert "jax" not in row.samples and "differs from the float64 loop" in row.failed["jax"]
     assert row.best_peer is None and math.isnan(row.ratio("engine_traced", row.best_peer))
     assert any("jax FAILED" in line for line in peer_ratios.notes([row]))
     skipped = peer_ratios.measure_workload(w, "d=8", rounds=3, budget_s=0.2, jax_reason="no jax here")
@@ -66,13 +68,17 @@ def test_a_method_failing_its_check_is_reported_and_not_timed(monkeypatch: pytes
 
 
 def test_markdown_table_shows_the_ratios() -> None:
-    row = Row("psg_mlp", "batch=64", "engine_traced",
-              seconds={"engine_traced": 0.004, "torch_func": 0.012, "jax": 0.008, "opacus_ew": 0.005})
-    assert row.best_peer == "opacus_ew"
+    # Three rounds; the second was slowed for everyone by a load burst, the third for ours alone.
+    row = Row("psg_mlp", "batch=64", "engine_traced", samples={
+        "engine_traced": [0.004, 0.008, 0.006], "torch_func": [0.012, 0.024, 0.012],
+        "jax": [0.008, 0.016, 0.008], "opacus_ew": [0.005, 0.010, 0.005]})
+    assert row.best_peer == "opacus_ew" and row.seconds["jax"] == 0.008
+    assert row.round_ratios("engine_traced", "jax") == [0.5, 0.5, 0.75]
+    assert row.quartiles("engine_traced", "jax") == (0.5, 0.625)
     line = peer_ratios.markdown([row]).splitlines()[2]
-    assert line == ("| psg_mlp | batch=64 | engine_traced | 4 ms | 12 ms | 8 ms | 0.50 | opacus_ew | 0.80 | 0.33 "
-                    "| 0.42 |")
-    empty = peer_ratios.markdown([Row("w", "n=1", "engine_traced", seconds={"engine_traced": 0.001})]).splitlines()[2]
+    assert line == ("| psg_mlp | batch=64 | engine_traced | 6 ms | 12 ms | 8 ms | 0.50 (0.50-0.62) | opacus_ew "
+                    "| 0.80 (0.80-1.00) | 0.33 | 0.42 |")
+    empty = peer_ratios.markdown([Row("w", "n=1", "engine_traced", samples={"engine_traced": [0.001]})]).splitlines()[2]
     assert empty == "| w | n=1 | engine_traced | 1 ms | - | - | - | (none ran) | - | - | - |"
 
 
@@ -91,5 +97,6 @@ def test_main_prints_the_table_and_writes_results(tmp_path, monkeypatch, capsys)
     assert "| rosenbrock_hessian | d=8 | engine_traced |" in out
     document = json.loads((tmp_path / "results" / "peer_ratios" / "test-box" / "01234567.json").read_text())
     assert document["rows"][0]["best_peer"] == "jax" and set(document["rows"][0]["seconds"]) >= {"jax"}
+    assert len(document["rows"][0]["samples"]["jax"]) >= 3
     with pytest.raises(SystemExit, match="--size needs exactly one"):
         peer_ratios.main(parser.parse_args(["--size", "d=8"]))

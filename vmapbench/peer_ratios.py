@@ -10,9 +10,11 @@ smallest; `--size` with one workload), the engine's replayed path (`engine_trace
 every peer the workload lists (jax, opacus_*, backpack) are built, called once (trace, compile or
 jit happens there, untimed), checked against the float64 loop, and then timed interleaved: each
 round times a batch of calls of every method in turn, alternating the order
-(`suite.probes.interleaved_seconds`), so a load burst on a shared machine hits all of them alike.
+(`suite.probes.interleaved_samples`), so a load burst on a shared machine hits all of them alike.
 The table gives each method's median per call and the ratios the closing note of issue #17 asks
-for: ours / jax and ours / the best (fastest) peer, plus both against torch.func.
+for: ours / jax and ours / the best (fastest by median) peer, plus both against torch.func. A
+ratio is the median over the rounds of the ratio within each round (whose calls ran moments
+apart); against the peers its interquartile range follows, the noise of that figure.
 
 Equal footing is the methods' own (workloads.peers.jax_methods): same data and dtype (float32),
 the same thread count for torch and XLA (`--threads`, default 1, set before jax is imported).
@@ -26,6 +28,7 @@ import argparse
 import functools
 import json
 import math
+import statistics
 import sys
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -43,26 +46,48 @@ DEFAULT_BUDGET_S = 4.0
 
 @dataclass
 class Row:
-    """One workload at one size: median seconds per call of each timed method, and why the others
-    were not timed."""
+    """One workload at one size: seconds per call of each timed method in every interleaved round
+    (lists aligned by round), and why the others were not timed."""
 
     workload: str
     size: str
     ours: str
-    seconds: dict[str, float] = field(default_factory=dict)
+    samples: dict[str, list[float]] = field(default_factory=dict)
     skipped: dict[str, str] = field(default_factory=dict)
     failed: dict[str, str] = field(default_factory=dict)
 
     @property
+    def seconds(self) -> dict[str, float]:
+        """Median seconds per call of each timed method."""
+        return {m: statistics.median(s) for m, s in self.samples.items()}
+
+    @property
     def best_peer(self) -> str | None:
-        timed = [p for p in PEERS if p in self.seconds]
-        return min(timed, key=self.seconds.__getitem__) if timed else None
+        seconds = self.seconds
+        timed = [p for p in PEERS if p in seconds]
+        return min(timed, key=seconds.__getitem__) if timed else None
+
+    def round_ratios(self, method: str | None, over: str | None) -> list[float]:
+        """method's time / over's time in each round (the two ran moments apart); [] when either
+        was not timed."""
+        if method not in self.samples or over not in self.samples:
+            return []
+        return [a / b for a, b in zip(self.samples[method], self.samples[over], strict=True)]
 
     def ratio(self, method: str | None, over: str | None) -> float:
-        """seconds[method] / seconds[over]; NaN when either was not timed."""
-        if method not in self.seconds or over not in self.seconds:
-            return math.nan
-        return self.seconds[method] / self.seconds[over]
+        """Median over the rounds of method / over; NaN when either was not timed."""
+        ratios = self.round_ratios(method, over)
+        return statistics.median(ratios) if ratios else math.nan
+
+    def quartiles(self, method: str | None, over: str | None) -> tuple[float, float]:
+        """The first and third quartiles of the per-round ratios (their spread: the noise)."""
+        ratios = self.round_ratios(method, over)
+        if not ratios:
+            return math.nan, math.nan
+        if len(ratios) == 1:
+            return ratios[0], ratios[0]
+        q1, _, q3 = statistics.quantiles(ratios, n=4, method="inclusive")
+        return q1, q3
 
 
 def ours_of(workload: Any) -> str:
@@ -129,7 +154,7 @@ def measure_workload(workload: Any, size: str, rounds: int, budget_s: float,
             continue
         calls[method] = functools.partial(workload.run, method, state)
     if calls:
-        row.seconds = probes.interleaved_seconds(calls, "cpu", rounds=rounds, budget_s=budget_s)
+        row.samples = probes.interleaved_samples(calls, "cpu", rounds=rounds, budget_s=budget_s)
     return row
 
 
@@ -141,8 +166,19 @@ def _x(value: float) -> str:
     return "-" if math.isnan(value) else f"{value:.2f}"
 
 
+def _x_spread(row: Row, method: str | None, over: str | None) -> str:
+    """The median ratio with its interquartile range over the rounds, e.g. '0.64 (0.58-0.71)'."""
+    ratio = row.ratio(method, over)
+    if math.isnan(ratio):
+        return "-"
+    q1, q3 = row.quartiles(method, over)
+    return f"{ratio:.2f} ({q1:.2f}-{q3:.2f})"
+
+
 def markdown(rows: Sequence[Row]) -> str:
-    """The rows as a Markdown table (what the README's peers section and the closing note show)."""
+    """The rows as a Markdown table (what the README's peers section and the closing note show).
+    Ratios are medians over the rounds of the per-round ratio; against the peers, with their
+    interquartile range in parentheses."""
     lines = [
         "| workload | size | ours | ours ms | torch.func ms | jax ms | ours / jax | best peer | ours / best peer "
         "| ours / torch.func | best peer / torch.func |",
@@ -152,8 +188,8 @@ def markdown(rows: Sequence[Row]) -> str:
         best = r.best_peer
         lines.append(
             f"| {r.workload} | {r.size} | {r.ours} | {_ms(r.seconds.get(r.ours))} | {_ms(r.seconds.get(REFERENCE))} "
-            f"| {_ms(r.seconds.get('jax'))} | {_x(r.ratio(r.ours, 'jax'))} | {best or '(none ran)'} "
-            f"| {_x(r.ratio(r.ours, best))} | {_x(r.ratio(r.ours, REFERENCE))} | {_x(r.ratio(best, REFERENCE))} |"
+            f"| {_ms(r.seconds.get('jax'))} | {_x_spread(r, r.ours, 'jax')} | {best or '(none ran)'} "
+            f"| {_x_spread(r, r.ours, best)} | {_x(r.ratio(r.ours, REFERENCE))} | {_x(r.ratio(best, REFERENCE))} |"
         )
     return "\n".join(lines)
 
@@ -176,7 +212,7 @@ def write(rows: Sequence[Row], threads: int) -> Path:
     path = root / "results" / "peer_ratios" / machine / f"{commit[:8]}.json"
     path.parent.mkdir(parents=True, exist_ok=True)
     document = {"machine": machine, "commit": commit, "torch": torch.__version__, "threads": threads,
-                "rows": [{**asdict(r), "best_peer": r.best_peer} for r in rows]}
+                "rows": [{**asdict(r), "seconds": r.seconds, "best_peer": r.best_peer} for r in rows]}
     path.write_text(json.dumps(document, indent=1) + "\n")
     return path
 
@@ -208,9 +244,9 @@ def main(args: argparse.Namespace) -> int:
         size = args.size or default_size(w)
         print(f"{w.name} [{size}] ...", file=sys.stderr, flush=True)
         rows.append(measure_workload(w, size, args.rounds, args.budget_s, jax_reason))
-    print(f"torch {torch.__version__}, {args.threads} thread(s), float32, cpu; median per call over interleaved "
-          f"rounds (up to {args.rounds}, {args.budget_s:g} s per workload); every method checked against the "
-          "float64 loop first")
+    print(f"torch {torch.__version__}, {args.threads} thread(s), float32, cpu; interleaved rounds (up to "
+          f"{args.rounds}, {args.budget_s:g} s per workload): median per call, ratios median of the per-round "
+          "ratios (interquartile range); every method checked against the float64 loop first")
     print(markdown(rows))
     for line in notes(rows):
         print(line)
