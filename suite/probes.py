@@ -153,16 +153,10 @@ def interleaved_samples(
     return samples
 
 
-def interleaved_seconds(
-    calls: Mapping[str, Callable[[], Any]],
-    device: str = "cpu",
-    rounds: int = 9,
-    min_batch_s: float = 0.02,
-    budget_s: float = 3.0,
-    clock: Callable[[], float] = time.perf_counter,
-) -> dict[str, float]:
-    """Median seconds per call of each callable, measured alternately in rounds (`interleaved_samples`)."""
-    samples = interleaved_samples(calls, device, rounds, min_batch_s, budget_s, clock)
+def interleaved_seconds(calls: Mapping[str, Callable[[], Any]], device: str = "cpu", **options: Any) -> dict[str, float]:
+    """Median seconds per call of each callable, measured alternately in rounds: `interleaved_samples`
+    with the same options (rounds, min_batch_s, budget_s, clock)."""
+    samples = interleaved_samples(calls, device, **options)
     return {name: statistics.median(values) for name, values in samples.items()}
 
 
