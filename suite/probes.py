@@ -153,7 +153,8 @@ def interleaved_samples(
     return samples
 
 
-def interleaved_seconds(calls: Mapping[str, Callable[[], Any]], device: str = "cpu", **options: Any) -> dict[str, float]:
+def interleaved_seconds(calls: Mapping[str, Callable[[], Any]], device: str = "cpu",
+                        **options: Any) -> dict[str, float]:
     """Median seconds per call of each callable, measured alternately in rounds: `interleaved_samples`
     with the same options (rounds, min_batch_s, budget_s, clock)."""
     samples = interleaved_samples(calls, device, **options)
