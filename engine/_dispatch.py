@@ -306,7 +306,7 @@ def _rule_plan(func: Any, meta: _OpMeta, rule: Any) -> Callable[[tuple, dict], A
                         if returns_self:
                             result = args[0]
                         else:  # engine._batched.wrap, inlined: this is the hottest line of the engine
-                            result = _make_wrapper(BatchedTensor, out.shape[1:], out.stride()[1:], None, None, out.dtype, out.layout, out.device, False, False)
+                            result = _make_wrapper(BatchedTensor, out.shape[1:], None if out.is_contiguous() else out.stride()[1:], None, None, out.dtype, out.layout, out.device, False, False)
                             result._elem = out
                             result._level = level
                         if grad_seen and mixed and torch.is_grad_enabled():
@@ -388,7 +388,7 @@ def _unary_plan(general: Callable[[tuple, dict], Any], call: Any, returns_self: 
         out = call(a._elem)
         if returns_self:
             return a
-        result = _make_wrapper(BatchedTensor, out.shape[1:], out.stride()[1:], None, None, out.dtype, out.layout, out.device, False, False)
+        result = _make_wrapper(BatchedTensor, out.shape[1:], None if out.is_contiguous() else out.stride()[1:], None, None, out.dtype, out.layout, out.device, False, False)
         result._elem = out
         result._level = a._level
         return result
@@ -426,7 +426,7 @@ def _binary_plan(general: Callable[[tuple, dict], Any], call: Any, returns_self:
         if returns_self:
             result = a
         else:
-            result = _make_wrapper(BatchedTensor, out.shape[1:], out.stride()[1:], None, None, out.dtype, out.layout, out.device, False, False)
+            result = _make_wrapper(BatchedTensor, out.shape[1:], None if out.is_contiguous() else out.stride()[1:], None, None, out.dtype, out.layout, out.device, False, False)
             result._elem = out
             result._level = level
         if (eb is not None and (type(ea) is BatchedTensor or type(eb) is BatchedTensor)
@@ -462,7 +462,7 @@ def _one_tensor_plan(general: Callable[[tuple, dict], Any], rule: Any) -> Callab
             info = LevelInfo(level, a._elem.shape[0], "error")
         out, out_dims = rule(info, [0] + [None] * (len(args) - 1), a._elem, *args[1:])
         if type(out) is torch.Tensor and out_dims == 0:
-            result = _make_wrapper(BatchedTensor, out.shape[1:], out.stride()[1:], None, None, out.dtype, out.layout, out.device, False, False)
+            result = _make_wrapper(BatchedTensor, out.shape[1:], None if out.is_contiguous() else out.stride()[1:], None, None, out.dtype, out.layout, out.device, False, False)
             result._elem = out
             result._level = level
             return result
@@ -684,6 +684,21 @@ class _RngReplay:
 _FRESH = {aten.empty_like.default, aten.empty.memory_format, aten.new_empty.default}
 
 
+# Ops without a batched argument reach the mode too (a closed-over weight's `t`, which a composite
+# op such as linear calls above the Python key). Per op, once: `_SPECIAL` for the ops the mode must
+# look at (random draws, fresh-memory factories), else the op's raw callable (`OpOverload._op`,
+# what `OpOverload.__call__` runs, without its Python frame and the per-call tag scan).
+_SPECIAL = object()
+_PLAIN: dict[Any, Any] = {}
+
+
+def _plain_call(func: Any) -> Any:
+    special = func in _FRESH or torch.Tag.nondeterministic_seeded in func.tags
+    call = _SPECIAL if special else (func._op if type(func) is torch._ops.OpOverload else func)
+    _PLAIN[func] = call
+    return call
+
+
 class VmapMode(TorchDispatchMode):
     """Active while a vmapped function runs; decides what random ops without batched inputs do."""
 
@@ -704,6 +719,11 @@ class VmapMode(TorchDispatchMode):
             if plan is None:
                 plan = _build_plan(func)
             return plan(args, kwargs)
+        call = _PLAIN.get(func)
+        if call is None:
+            call = _plain_call(func)
+        if call is not _SPECIAL:  # neither random nor a fresh-memory factory: the op itself
+            return call(*args, **kwargs)
         if func in _FRESH and self.info.randomness == "different":
             from engine.rules.random_ops import fresh_per_element
 
