@@ -47,7 +47,7 @@ from engine.autoswitch import running
 from engine.guardstate import StateGuard
 from engine.trace import TracedFunction, _fast_signature, _signature
 
-__all__ = ["AutoTraced", "auto_trace", "transform_entry"]
+__all__ = ["AutoTraced", "auto_trace", "autotraced_state", "transform_entry"]
 
 _REPLAY, _EAGER = "replay", "eager"
 _MAX_SIGNATURES = 256
@@ -212,6 +212,18 @@ def transform_entry(impl: Callable) -> Callable:
         return auto(*args, **kwargs)
 
     return entry
+
+
+_ENTRY_CODE = transform_entry(lambda: None).__code__
+
+
+def autotraced_state(fn: Callable) -> AutoTraced | None:
+    """The AutoTraced behind a callable a transform returned (None before its first outermost call
+    with automatic tracing on); for inspection and tests."""
+    code = getattr(fn, "__code__", None)
+    if code is not _ENTRY_CODE:
+        raise TypeError(f"autotraced_state: {fn!r} is not a callable returned by an engine transform")
+    return fn.__closure__[code.co_freevars.index("auto")].cell_contents
 
 
 def auto_trace(fn: Callable, *, cache_size: int = 8) -> AutoTraced:

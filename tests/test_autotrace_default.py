@@ -1,0 +1,329 @@
+"""Automatic tracing by default: transformed functions called again and again replay a recorded
+graph only where that is proven to give the eager result; every function with an effect the replay
+would skip, or whose state changes between calls, keeps eager semantics exactly."""
+import io
+import os
+import random
+import subprocess
+import sys
+
+import pytest
+import torch
+import torch.nn as nn
+
+import engine
+from engine.autotrace import autotraced_state
+
+CALLS = 4
+
+
+def _eager_twin(f, *args, **kwargs):
+    with engine.auto_tracing(False):
+        return f(*args, **kwargs)
+
+
+def _replayed(f) -> bool:
+    state = autotraced_state(f)
+    return state is not None and state.impure is None and state.traced.cache_info().hits > 0
+
+
+# ------------------------------------------------------------------------------------------------
+# effects the replay would skip: the function runs eagerly, every call
+
+
+def test_append_to_a_captured_list_happens_every_call():
+    log = []
+
+    def f(x):
+        log.append(1)
+        return x.sin()
+
+    g = engine.vmap(f)
+    x = torch.randn(3, 4)
+    for n in range(1, CALLS + 1):
+        torch.testing.assert_close(g(x), x.sin())
+        assert len(log) == n
+    assert "append" in autotraced_state(g).impure
+
+
+COUNTER = 0
+
+
+def _count(x):
+    global COUNTER
+    COUNTER += 1
+    return x * COUNTER
+
+
+def test_global_counter_increments_every_call():
+    global COUNTER
+    COUNTER = 0
+    g = engine.vmap(_count)
+    x = torch.randn(3, 2)
+    for n in range(1, CALLS + 1):
+        torch.testing.assert_close(g(x), x * n)
+    assert COUNTER == CALLS and not _replayed(g)
+
+
+def test_print_prints_every_call(capsys):
+    def f(x):
+        print("called")
+        return x.cos()
+
+    g = engine.grad(lambda x: f(x).sum())
+    x = torch.randn(5)
+    for _ in range(CALLS):
+        torch.testing.assert_close(g(x), -x.sin())
+    assert capsys.readouterr().out.count("called") == CALLS
+    assert "print" in autotraced_state(g).impure
+
+
+def test_write_to_a_captured_stream_happens_every_call():
+    out = io.StringIO()
+
+    def f(x):
+        out.write("called\n")
+        return x.cos()
+
+    g = engine.vmap(f)
+    x = torch.randn(3, 5)
+    for _ in range(CALLS):
+        torch.testing.assert_close(g(x), x.cos())
+    assert out.getvalue().count("called") == CALLS and not _replayed(g)
+
+
+def test_attribute_set_on_self_happens_every_call():
+    class Counter:
+        def __init__(self):
+            self.calls = 0
+
+        def f(self, x):
+            self.calls += 1
+            return x * 2
+
+    c = Counter()
+    g = engine.vmap(c.f)
+    x = torch.randn(3, 2)
+    for n in range(1, CALLS + 1):
+        torch.testing.assert_close(g(x), x * 2)
+        assert c.calls == n
+
+
+def test_python_random_draws_fresh_values_every_call():
+    def f(x):
+        return x * random.random()
+
+    g = engine.vmap(f)
+    x = torch.ones(3, 2)
+    random.seed(0)
+    got = [g(x) for _ in range(CALLS)]
+    random.seed(0)
+    want = [x * random.random() for _ in range(CALLS)]
+    for a, b in zip(got, want):
+        torch.testing.assert_close(a, b)
+
+
+def test_tolist_read_is_not_frozen():
+    threshold = torch.tensor(0.0)
+
+    def f(x):
+        return x * 2 if threshold.tolist() > 0 else x * 3
+
+    g = engine.vmap(f)
+    x = torch.randn(3, 2)
+    for value in (1.0, 1.0, 1.0, -1.0, -1.0, 1.0):
+        threshold.fill_(value)
+        torch.testing.assert_close(g(x), x * (2 if value > 0 else 3))
+
+
+def test_value_dependent_branch_follows_the_values():
+    def loss(x):
+        return (x * x).sum() if x.sum() > 0 else x.sin().sum()
+
+    g = engine.grad(loss)
+    ref = torch.func.grad(loss)
+    for sign in (1, 1, 1, -1, -1, 1, -1):
+        x = sign * (torch.rand(5) + 0.1)
+        torch.testing.assert_close(g(x), ref(x))
+
+
+def test_in_place_write_into_an_input_happens_once_per_call():
+    def f(x):
+        x.add_(1)
+        return x * 2
+
+    g = engine.vmap(f)
+    x = torch.zeros(3, 2)
+    for n in range(1, CALLS + 1):
+        torch.testing.assert_close(g(x), torch.full((3, 2), 2.0 * n))
+        torch.testing.assert_close(x, torch.full((3, 2), float(n)))
+
+
+def test_in_place_write_into_a_captured_tensor_happens_once_per_call():
+    acc = torch.zeros(2)
+
+    def f(x):
+        acc.add_(1)
+        return x + acc
+
+    g = engine.vmap(f)
+    x = torch.zeros(3, 2)
+    for n in range(1, CALLS + 1):
+        torch.testing.assert_close(g(x), torch.full((3, 2), float(n)))
+    torch.testing.assert_close(acc, torch.full((2,), float(CALLS)))
+
+
+# ------------------------------------------------------------------------------------------------
+# state changed between calls: the change is seen
+
+
+class _Mode(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.lin = nn.Linear(4, 3)
+        self.scale = 2.0
+
+    def forward(self, x):
+        y = self.lin(x) * self.scale
+        return y if self.training else y + 100.0
+
+
+def _functional(model):
+    params = {k: v.detach() for k, v in model.named_parameters()}
+    return params, engine.vmap(lambda x: torch.func.functional_call(model, params, (x,)))
+
+
+def test_train_eval_toggle_between_calls_is_seen():
+    model = _Mode()
+    params, g = _functional(model)
+    x = torch.randn(5, 4)
+    for training in (True, True, True, False, False, False, True, True):
+        model.train(training)
+        want = torch.func.functional_call(model, params, (x,))
+        torch.testing.assert_close(g(x), want)
+
+
+def test_module_attribute_and_hook_changes_between_calls_are_seen():
+    model = _Mode()
+    params, g = _functional(model)
+    x = torch.randn(5, 4)
+    for _ in range(3):
+        torch.testing.assert_close(g(x), torch.func.functional_call(model, params, (x,)))
+    assert _replayed(g)
+    model.scale = 5.0
+    for _ in range(3):
+        torch.testing.assert_close(g(x), torch.func.functional_call(model, params, (x,)))
+    handle = model.lin.register_forward_hook(lambda mod, inp, out: out * 0 + 7.0)
+    for _ in range(3):
+        torch.testing.assert_close(g(x), torch.full((5, 3), 7.0 * 5.0))
+    handle.remove()
+    for _ in range(3):
+        torch.testing.assert_close(g(x), torch.func.functional_call(model, params, (x,)))
+
+
+def test_closure_rebinding_and_captured_list_item_change_are_seen():
+    scale = 2.0
+    weights = [torch.ones(2)]
+
+    def f(x):
+        return x * scale + weights[0]
+
+    g = engine.vmap(f)
+    x = torch.randn(3, 2)
+    for s, w in ((2.0, 1.0), (2.0, 1.0), (2.0, 1.0), (3.0, 1.0), (3.0, 1.0), (3.0, 4.0), (3.0, 4.0)):
+        scale = s
+        if weights[0][0] != w:
+            weights[0] = torch.full((2,), w)
+        torch.testing.assert_close(g(x), x * s + w)
+
+
+def test_randomness_different_draws_fresh_values_equal_to_eager():
+    g = engine.vmap(lambda x: x + torch.rand_like(x), randomness="different")
+    x = torch.zeros(4, 3)
+    draws = []
+    for seed in range(CALLS + 1):
+        torch.manual_seed(seed)
+        got = g(x)
+        torch.manual_seed(seed)
+        torch.testing.assert_close(got, _eager_twin(g, x), rtol=0, atol=0)
+        draws.append(got)
+    assert _replayed(g)
+    assert len({tuple(d.flatten().tolist()) for d in draws}) == len(draws)
+
+
+def test_result_that_requires_grad_stays_eager_and_differentiable():
+    g = engine.vmap(torch.sin)
+    for _ in range(CALLS):
+        x = torch.randn(3, 2, requires_grad=True)
+        y = g(x)
+        (gx,) = torch.autograd.grad(y.sum(), x)
+        torch.testing.assert_close(gx, x.cos())
+    assert not _replayed(g)
+
+
+# ------------------------------------------------------------------------------------------------
+# pure functions get traced
+
+
+def test_per_sample_grads_of_an_mlp_replay_with_torch_func_results():
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(8, 16), nn.Tanh(), nn.Linear(16, 3))
+    params = {k: v.detach() for k, v in model.named_parameters()}
+
+    def loss(p, x, y):
+        out = torch.func.functional_call(model, p, (x.unsqueeze(0),))
+        return nn.functional.cross_entropy(out, y.unsqueeze(0))
+
+    g = engine.vmap(engine.grad(loss), in_dims=(None, 0, 0))
+    ref = torch.func.vmap(torch.func.grad(loss), in_dims=(None, 0, 0))
+    for _ in range(CALLS):
+        x, y = torch.randn(6, 8), torch.randint(0, 3, (6,))
+        got, want = g(params, x, y), ref(params, x, y)
+        for k in want:
+            torch.testing.assert_close(got[k], want[k])
+    state = autotraced_state(g)
+    assert state.impure is None and state.eager_calls == 1
+    assert state.traced.cache_info().traces == 1 and state.traced.cache_info().hits == CALLS - 2
+
+
+def test_logreg_hessian_replays():
+    torch.manual_seed(0)
+    X, t = torch.randn(40, 5), torch.randint(0, 2, (40,)).float()
+
+    def log_post(w):
+        return -nn.functional.binary_cross_entropy_with_logits(X @ w, t, reduction="sum") - 0.5 * (w * w).sum()
+
+    h = engine.hessian(log_post)
+    for _ in range(CALLS):
+        w = torch.randn(5)
+        torch.testing.assert_close(h(w), torch.func.hessian(log_post)(w))
+    assert _replayed(h)
+
+
+def test_switch_off_runs_eagerly():
+    g = engine.vmap(torch.cos)
+    x = torch.randn(3, 2)
+    with engine.auto_tracing(False):
+        for _ in range(CALLS):
+            torch.testing.assert_close(g(x), x.cos())
+    assert autotraced_state(g) is None
+    with pytest.raises(TypeError, match="must be a bool"):
+        with engine.auto_tracing(1):
+            pass
+
+
+def test_environment_variable_turns_it_off():
+    code = "import engine, engine.autoswitch as s; print(s.auto_tracing_enabled())"
+    env = dict(os.environ, VMAPBENCH_AUTO_TRACE="0")
+    out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == "False"
+
+
+def test_inner_transforms_of_a_replayed_call_do_not_trace_on_their_own():
+    inner = engine.vmap(torch.sin)  # called at top level and inside another transform
+    outer = engine.vmap(lambda x: inner(x) * 2)
+    x = torch.randn(3, 4, 2)
+    for _ in range(CALLS):
+        torch.testing.assert_close(outer(x), x.sin() * 2)
+        torch.testing.assert_close(inner(x[0]), x[0].sin())
+    assert _replayed(outer) and _replayed(inner)
