@@ -9,8 +9,10 @@ another transform, a trace, a TorchDispatchMode/TorchFunctionMode, torch.func, t
 inference mode), hands the call to an `AutoTraced`. `engine.auto_trace(fn)` wraps any function
 the same way.
 
-Per input signature (engine.trace's: shapes, dtypes, ..., non-tensor values, grad mode):
-1. the first call runs eagerly, watched by engine.purity (sys.setprofile): every user frame's
+Per input signature (engine.trace's: shapes, dtypes, ..., non-tensor values, grad mode), the
+first call runs eagerly and unwatched (a callable made and called once, `engine.vmap(f)(x)` in a
+loop, pays nothing), then:
+1. the second call runs eagerly, watched by engine.purity (sys.setprofile): every user frame's
    bytecode and every C call from user code is checked for effects other than the result
    (stores into globals, attributes, captured containers or nonlocals; print/I/O, Python `random`,
    `time`, list.append...; stateful torch calls such as manual_seed, backward, Module.train). A
@@ -23,7 +25,7 @@ Per input signature (engine.trace's: shapes, dtypes, ..., non-tensor values, gra
    tensor metadata) and checked by identity before every later call: any change (a closure or
    global rebound, `model.eval()`, a hook added, `model.scale = 2.0`, a captured list changed)
    drops the recorded graphs and starts over at 1.;
-3. the second call records the graph (engine.trace: the recording is a real run, its results are
+3. the third call records the graph (engine.trace: the recording is a real run, its results are
    this call's) and later calls replay it, under no_grad (1. showed the result needs none). A
    graph that writes into its inputs or captured tensors is not replayed: that signature stays
    eager. Value-dependent Python (`.item()`, data-dependent shapes) makes the trace refuse and
@@ -49,7 +51,7 @@ from engine.trace import TracedFunction, _fast_signature, _signature
 
 __all__ = ["AutoTraced", "auto_trace", "autotraced_state", "transform_entry"]
 
-_REPLAY, _EAGER = "replay", "eager"
+_SEEN, _REPLAY, _EAGER = "seen", "replay", "eager"
 _MAX_SIGNATURES = 256
 _PLAIN_TENSORS = (torch.Tensor, torch.nn.Parameter)
 _ATOM_OUTPUTS = (int, float, bool, complex, str, type(None), torch.dtype, torch.device)
@@ -87,15 +89,18 @@ class AutoTraced:
             if key is None:
                 return self._eager(args, kwargs)
         guard = self._guard
-        if guard is not None:
-            if guard.holds():
-                mode = self._signatures.get(key)
-                if mode is _REPLAY:
-                    return running(self.traced._call, args, kwargs, fast)
-                if mode is _EAGER:
-                    return self._eager(args, kwargs)
-            else:
-                self._reset()
+        if guard is not None and not guard.holds():
+            self._reset()
+        mode = self._signatures.get(key)
+        if mode is _REPLAY:
+            return running(self.traced._call, args, kwargs, fast)
+        if mode is _EAGER:
+            return self._eager(args, kwargs)
+        if mode is None:  # a first call: a function called once pays nothing for being watched
+            if len(self._signatures) >= _MAX_SIGNATURES:
+                self._signatures.clear()
+            self._signatures[key] = _SEEN
+            return self._eager(args, kwargs)
         return self._verify(args, kwargs, key)
 
     def _eager(self, args: tuple, kwargs: dict) -> Any:
@@ -133,8 +138,6 @@ class AutoTraced:
             self._mark_impure("the state it reads changed while it ran")
         if self.impure is not None:
             return out
-        if len(self._signatures) >= _MAX_SIGNATURES:
-            self._signatures.clear()
         if not _replayable_output(out):
             self._signatures[key] = _EAGER
             return out
