@@ -138,9 +138,6 @@ class AutoTraced:
             self._mark_impure("the state it reads changed while it ran")
         if self.impure is not None:
             return out
-        if not _replayable_output(out):
-            self._signatures[key] = _EAGER
-            return out
         self._modules.update(seen.modules)
         self._slots.update(seen.global_slots)
         guard = StateGuard([self.fn, *self._modules.values()], self._slots.values())
@@ -148,6 +145,9 @@ class AutoTraced:
             self._mark_impure(guard.unprovable)
             return out
         self._guard = guard
+        if not _replayable_output(out, tree_flatten((args, kwargs))[0] + guard.tensors):
+            self._signatures[key] = _EAGER
+            return out
         self._signatures[key] = _REPLAY
         return out
 
@@ -165,15 +165,24 @@ def _full_key(args: tuple, kwargs: dict) -> Any:
     return ("full", key)
 
 
-def _replayable_output(out: Any) -> bool:
-    """Outputs a replay reproduces: plain tensors that need no grad, and immutable atoms."""
+def _replayable_output(out: Any, reachable: list) -> bool:
+    """Outputs a replay reproduces: plain tensors that need no grad and share no memory with an
+    argument or a captured tensor (an eager view of an input aliases it; whether the graph's
+    output does too is not proven), and immutable atoms."""
+    storages = {_storage(t) for t in reachable if isinstance(t, torch.Tensor)} - {None}
     for o in tree_flatten(out)[0]:
         if isinstance(o, torch.Tensor):
-            if type(o) not in _PLAIN_TENSORS or o.requires_grad:
+            if type(o) not in _PLAIN_TENSORS or o.requires_grad or o.layout != torch.strided or _storage(o) in storages:
                 return False
         elif not isinstance(o, _ATOM_OUTPUTS):
             return False
     return True
+
+
+def _storage(t: torch.Tensor) -> int | None:
+    if t.layout != torch.strided or type(t) not in _PLAIN_TENSORS:
+        return None
+    return t.untyped_storage().data_ptr() or None
 
 
 _engine_state: tuple | None = None
@@ -196,6 +205,7 @@ def _outermost() -> bool:
         and torch._C._len_torch_function_stack() == 0
         and torch._C._functorch.peek_interpreter_stack() is None
         and not torch.is_inference_mode_enabled()
+        and not torch._C._is_any_autocast_enabled()
         and not torch.compiler.is_compiling()
     )
 

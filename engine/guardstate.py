@@ -55,6 +55,15 @@ def _tensor_meta(t: torch.Tensor) -> tuple:
     return (t.shape, t.stride(), t.dtype, t.device, t.requires_grad)
 
 
+def _torch_globals() -> tuple:
+    """Process-wide torch settings that change what the same Python computes (the default dtype of
+    factories, matmul precision, torch.distributions' argument checks); the default device and
+    autocast are modes the caller refuses outright."""
+    from torch.distributions import Distribution
+
+    return (torch.get_default_dtype(), torch.get_float32_matmul_precision(), Distribution._validate_args)
+
+
 def _global_hook_dicts() -> list[dict]:
     from torch.nn.modules import module as nn_module
 
@@ -195,7 +204,7 @@ class StateGuard:
         for s in self.seqs:
             sizes.append(len(s))
             idents.extend(s)
-        return idents, sizes + [_tensor_meta(t) for t in self.tensors]
+        return idents, [_torch_globals(), *sizes, *[_tensor_meta(t) for t in self.tensors]]
 
     def holds(self) -> bool:
         """Whether the state is as recorded (identity of every guarded value, tensor metadata)."""

@@ -261,6 +261,27 @@ def test_result_that_requires_grad_stays_eager_and_differentiable():
     assert not _replayed(g)
 
 
+def test_result_that_views_its_input_keeps_aliasing_it():
+    g = engine.vmap(lambda x: x[:2])
+    x, twin = torch.zeros(3, 4), torch.zeros(3, 4)
+    for _ in range(CALLS):
+        g(x).add_(1)
+        _eager_twin(g, twin).add_(1)
+        torch.testing.assert_close(x, twin)
+    assert not _replayed(g)
+
+
+def test_default_dtype_change_between_calls_is_seen():
+    g = engine.vmap(lambda x: x + torch.ones(2))
+    x = torch.zeros(3, 2, dtype=torch.float32)
+    try:
+        for dtype in (torch.float32,) * CALLS + (torch.float64,) * 2:
+            torch.set_default_dtype(dtype)
+            assert g(x).dtype == dtype  # the factory's dtype, promoted with the float32 input
+    finally:
+        torch.set_default_dtype(torch.float32)
+
+
 # ------------------------------------------------------------------------------------------------
 # pure functions get traced
 

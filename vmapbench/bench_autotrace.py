@@ -3,10 +3,11 @@ engine.trace and the eager engine, on workloads of the registry (python -m vmapb
 
 Every method's measured call is the registry's own (`Workload.setup(...).fn(method)`), prepared
 (the first call, and for `engine` the two calls before an automatic replay), checked against the
-workload's float64 reference, and then timed in rounds that alternate the methods (rotating
-their order), all in this one process. Reported per workload: the median per-call time of each
-method and the ratio to torch.func per round (median [min-max] over rounds), and what automatic
-tracing decided for the workload's transforms (replayed, or eager and why).
+workload's float64 reference, and then timed call by call, the methods alternating (their order
+rotating each repeat), all in this one process, so that load on a shared machine hits all alike.
+Reported per workload: the median per-call time of each method, the median [quartiles] of the
+ratio of each call to the torch.func call next to it, and what automatic tracing decided for the
+workload's transforms (replayed, or eager and why).
 """
 from __future__ import annotations
 
@@ -22,13 +23,15 @@ METHODS = ("engine", "engine_eager", "engine_traced", "torch_func")
 DEFAULT_WORKLOADS = ("psg_mlp", "logreg_hessian", "mlp_jacobian", "nn_mnist_cnn")
 
 
-def _per_call(fn: Callable[[], Any], seconds: float) -> float:
-    """Seconds per call, over as many calls as fit in about `seconds` (at least 3)."""
-    start, n = time.perf_counter(), 0
-    while n < 3 or time.perf_counter() - start < seconds:
-        fn()
-        n += 1
-    return (time.perf_counter() - start) / n
+def _timed(fn: Callable[[], Any]) -> float:
+    start = time.perf_counter()
+    fn()
+    return time.perf_counter() - start
+
+
+def _quartiles(values: list[float]) -> tuple[float, float, float]:
+    q = statistics.quantiles(values, n=4) if len(values) > 1 else values * 3
+    return q[0], statistics.median(values), q[-1]
 
 
 def _autotraced(fn: Any, depth: int = 3) -> list[engine.autotrace.AutoTraced]:
@@ -60,7 +63,7 @@ def _decisions(created: list[engine.autotrace.AutoTraced]) -> str:
     return "; ".join(parts) or "no automatic trace made"
 
 
-def bench(name: str, size: str | None, rounds: int, seconds: float) -> None:
+def bench(name: str, size: str | None, repeats: int) -> None:
     workload = workloads.get(name)
     size = size or workload.quick[0]
     state = workload.setup(workload.params(size), "cpu")
@@ -68,16 +71,16 @@ def bench(name: str, size: str | None, rounds: int, seconds: float) -> None:
     first = {m: workload.prepare(m, state) for m in methods}
     workload.check(state, [m for m in methods if m in workload.methods])
     times: dict[str, list[float]] = {m: [] for m in methods}
-    for r in range(rounds):
-        order = methods[r % len(methods):] + methods[:r % len(methods)]
-        for m in order:
-            times[m].append(_per_call(state.fn(m), seconds))
-    print(f"== {name} [{size}] ({rounds} rounds, ~{seconds:.2f} s per method per round)")
+    fns = {m: state.fn(m) for m in methods}
+    for r in range(repeats):
+        for m in methods[r % len(methods):] + methods[:r % len(methods)]:
+            times[m].append(_timed(fns[m]))
+    print(f"== {name} [{size}] ({repeats} calls per method, alternating)")
     for m in methods:
-        ratios = [t / ref for t, ref in zip(times[m], times["torch_func"])]
+        low, mid, high = _quartiles([t / ref for t, ref in zip(times[m], times["torch_func"])])
         print(
-            f"  {m:<14} {statistics.median(times[m]) * 1e3:9.3f} ms/call   /torch_func {statistics.median(ratios):5.2f} "
-            f"[{min(ratios):.2f}-{max(ratios):.2f}]   first call {first[m]:.3f} s"
+            f"  {m:<14} {statistics.median(times[m]) * 1e3:9.3f} ms/call   /torch_func {mid:5.2f} "
+            f"[{low:.2f}-{high:.2f}]   first call {first[m]:.3f} s"
         )
     print(f"  automatic tracing: {_decisions(_autotraced(state.fn('engine')))}")
 
@@ -86,14 +89,13 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("workloads", nargs="*", default=list(DEFAULT_WORKLOADS))
     parser.add_argument("--size", default=None, help="grid point (default: the workload's quick size)")
-    parser.add_argument("--rounds", type=int, default=7)
-    parser.add_argument("--seconds", type=float, default=0.3, help="time per method per round")
+    parser.add_argument("--repeats", type=int, default=40, help="timed calls per method")
     args = parser.parse_args()
     from suite.probes import pin_threads
 
     pin_threads()
     for name in args.workloads:
-        bench(name, args.size, args.rounds, args.seconds)
+        bench(name, args.size, args.repeats)
 
 
 if __name__ == "__main__":
