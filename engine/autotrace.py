@@ -218,7 +218,7 @@ def transform_entry(impl: Callable) -> Callable:
     @functools.wraps(impl)
     def entry(*args: Any, **kwargs: Any) -> Any:
         nonlocal auto
-        if not autoswitch.auto_tracing_enabled() or autoswitch.inside_traced_run() or not _outermost():
+        if not autoswitch.auto_tracing_enabled() or autoswitch.inside_traced_run():
             return impl(*args, **kwargs)
         if auto is None:
             auto = AutoTraced(impl)

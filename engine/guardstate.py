@@ -25,6 +25,7 @@ import types
 from typing import Any, Iterable
 
 import torch
+from torch.distributions import Distribution as _Distribution
 
 __all__ = ["StateGuard"]
 
@@ -59,10 +60,11 @@ def _torch_globals() -> tuple:
     """Process-wide torch settings that change what the same Python computes (the default dtype of
     factories, matmul precision, torch.distributions' argument checks); the default device and
     autocast are modes the caller refuses outright."""
-    from torch.distributions import Distribution
+    return (_default_dtype(), _matmul_precision(), _Distribution._validate_args)
 
-    return (torch.get_default_dtype(), torch.get_float32_matmul_precision(), Distribution._validate_args)
 
+_default_dtype = torch._C.get_default_dtype
+_matmul_precision = torch._C._get_float32_matmul_precision
 
 def _global_hook_dicts() -> list[dict]:
     from torch.nn.modules import module as nn_module
