@@ -153,14 +153,18 @@ class AutoTraced:
 
 
 def _full_key(args: tuple, kwargs: dict) -> Any:
-    """The full signature key, or None when an argument makes the call ineligible (an unhashable
-    non-tensor value, a tensor subclass or functorch-wrapped tensor)."""
+    """The full signature key, or None when an argument makes the call ineligible: a tensor
+    subclass or functorch-wrapped tensor, or a non-tensor leaf other than an immutable atom (an
+    object keys by identity, so a change of its attributes between calls would go unseen)."""
     try:
         key, flat, _ = _signature(args, kwargs)
     except TypeError:
         return None
     for x in flat:
-        if isinstance(x, torch.Tensor) and (type(x) not in _PLAIN_TENSORS or torch._C._functorch.is_functorch_wrapped_tensor(x)):
+        if isinstance(x, torch.Tensor):
+            if type(x) not in _PLAIN_TENSORS or torch._C._functorch.is_functorch_wrapped_tensor(x):
+                return None
+        elif not isinstance(x, _ATOM_OUTPUTS):
             return None
     return ("full", key)
 

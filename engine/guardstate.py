@@ -9,7 +9,8 @@ the way, the identity of what it holds: closure cells, global names, `__dict__` 
 dict entries, a Module's parameters, buffers, submodules and hook tables; for tensors reached, the
 metadata a graph depends on (shape, strides, dtype, device, requires_grad: a tensor's *values* are
 read live by the replay). `holds()` compares the current state with the recorded one by identity
-(container sizes and tensor metadata by equality). Class attributes are not walked.
+(container sizes and tensor metadata by equality). User classes (not torch's or the engine's)
+are walked too: their attributes and methods.
 
 What it cannot see is refused rather than trusted: an iterator or generator reachable from the
 function (a replay would not advance it), or more reachable state than `MAX_ITEMS` (guarding it
@@ -80,7 +81,7 @@ class StateGuard:
     def __init__(self, roots: Iterable[Any], slots: Iterable[tuple[dict, str]] = ()) -> None:
         self.cells: list[types.CellType] = []
         self.names: list[tuple[dict, str]] = []  # (namespace dict, name)
-        self.dicts: list[dict] = []  # whose keys and values are guarded
+        self.dicts: list[Any] = []  # dicts (and user classes' mappingproxies) whose keys and values are guarded
         self.seqs: list[Any] = []  # lists/tuples/sets whose items are guarded
         self.tensors: list[torch.Tensor] = []
         self.unprovable: str | None = None
@@ -125,7 +126,13 @@ class StateGuard:
         if isinstance(obj, torch.Tensor):
             self.tensors.append(obj)
             return
-        if isinstance(obj, (type, types.ModuleType, types.BuiltinFunctionType, types.CodeType)):
+        if isinstance(obj, type):
+            if not _is_library(obj):  # a user class: its attributes and methods (`Config.scale`)
+                self.dicts.append(obj.__dict__)
+                stack.extend(obj.__dict__.values())
+                stack.extend(b for b in obj.__bases__ if b is not object)
+            return
+        if isinstance(obj, (types.ModuleType, types.BuiltinFunctionType, types.CodeType)):
             return
         if isinstance(obj, types.FunctionType):
             self._function(obj, stack)
@@ -161,6 +168,7 @@ class StateGuard:
         attrs = getattr(obj, "__dict__", None)
         if isinstance(attrs, dict):
             self._dict(attrs, stack)
+        stack.append(type(obj))
         call = getattr(type(obj), "__call__", None)
         if isinstance(call, types.FunctionType) and not _is_library(call):
             stack.append(call)

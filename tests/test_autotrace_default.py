@@ -271,6 +271,30 @@ def test_result_that_views_its_input_keeps_aliasing_it():
     assert not _replayed(g)
 
 
+def test_object_argument_changed_between_calls_is_seen():
+    class Config:
+        scale = 2.0
+
+    cfg = Config()
+    g = engine.vmap(lambda x, c: x * c.scale, in_dims=(0, None))
+    x = torch.randn(3, 2)
+    for scale in (2.0,) * CALLS + (5.0,) * 2:
+        cfg.scale = scale
+        torch.testing.assert_close(g(x, cfg), x * scale)
+
+
+def test_class_attribute_changed_between_calls_is_seen():
+    class Config:
+        scale = 2.0
+
+    g = engine.vmap(lambda x: x * Config.scale)
+    x = torch.randn(3, 2)
+    for scale in (2.0,) * CALLS + (5.0,) * 2:
+        Config.scale = scale
+        torch.testing.assert_close(g(x), x * scale)
+    assert _replayed(g)
+
+
 def test_default_dtype_change_between_calls_is_seen():
     g = engine.vmap(lambda x: x + torch.ones(2))
     x = torch.zeros(3, 2, dtype=torch.float32)
