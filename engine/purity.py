@@ -112,16 +112,85 @@ def _is_helper(code: types.CodeType) -> bool:
     return path.startswith(_STDLIB_DIRS) and not any(m in path for m in _SITE_MARKERS)
 
 
+_FRESH, _OTHER, _COMPREHENSION = "fresh", "other", "comprehension"
+_BUILDS = frozenset({"BUILD_LIST", "BUILD_MAP", "BUILD_SET", "BUILD_CONST_KEY_MAP"})
+_SIMPLE_LOADS = frozenset({"LOAD_CONST", "LOAD_FAST", "LOAD_GLOBAL", "LOAD_DEREF", "LOAD_NAME"})
+_MUTATORS = frozenset({
+    "append", "extend", "insert", "pop", "remove", "clear", "update", "setdefault", "add", "discard", "sort",
+    "reverse", "popitem", "__setitem__", "__delitem__",
+})
+_fresh_cache: dict[types.CodeType, frozenset[str]] = {}
+
+
+def fresh_locals(code: types.CodeType) -> frozenset[str]:
+    """Local variables that only ever hold a list/dict/set the frame built itself (`out = []`,
+    `d = {}`, `xs = [f(v) for v in vs]`): mutating them is local to the frame. Found by a small
+    stack simulation per line that tags values built by BUILD_LIST/MAP/SET or a comprehension and
+    forgets every tag at any other instruction that is not a plain load, store or swap; a local
+    qualifies when every store into it stores a tagged value (arguments and closure cells never)."""
+    cached = _fresh_cache.get(code)
+    if cached is not None:
+        return cached
+    stores: dict[str, bool] = {}
+    stack: list[str] = []
+    for ins in dis.get_instructions(code):
+        op = ins.opname
+        if ins.starts_line is not None:
+            stack = []
+        if op in ("RESUME", "NOP", "PRECALL", "CACHE", "EXTENDED_ARG"):
+            continue
+        if op in _BUILDS:
+            _resize(stack, len(stack) + dis.stack_effect(ins.opcode, ins.arg) - 1)
+            stack.append(_FRESH)
+        elif op == "LOAD_CONST" and isinstance(ins.argval, types.CodeType) and ins.argval.co_name in ("<listcomp>", "<setcomp>", "<dictcomp>"):
+            stack.append(_COMPREHENSION)
+        elif op == "MAKE_FUNCTION" and ins.arg == 0 and stack and stack[-1] == _COMPREHENSION:
+            pass
+        elif op == "CALL" and ins.arg == 0 and len(stack) >= 2 and stack[-2] == _COMPREHENSION:
+            del stack[-2:]
+            stack.append(_FRESH)
+        elif op in _SIMPLE_LOADS:
+            stack.append(_OTHER)
+        elif op == "GET_ITER" and stack:
+            stack[-1] = _OTHER
+        elif op == "SWAP" and ins.arg <= len(stack):
+            stack[-1], stack[-ins.arg] = stack[-ins.arg], stack[-1]
+        elif op == "COPY" and ins.arg <= len(stack):
+            stack.append(stack[-ins.arg])
+        elif op == "STORE_FAST":
+            value = stack.pop() if stack else _OTHER
+            stores[ins.argval] = stores.get(ins.argval, True) and value == _FRESH
+        else:  # anything else: forget what the stack holds
+            effect = dis.stack_effect(ins.opcode, ins.arg if ins.opcode >= dis.HAVE_ARGUMENT else None)
+            stack = [_OTHER] * max(0, len(stack) + effect)
+    n_args = code.co_argcount + code.co_kwonlyargcount + bool(code.co_flags & 0x04) + bool(code.co_flags & 0x08)
+    excluded = set(code.co_varnames[:n_args]) | set(code.co_cellvars)
+    fresh = frozenset(name for name, ok in stores.items() if ok and name not in excluded)
+    _fresh_cache[code] = fresh
+    return fresh
+
+
+def _resize(stack: list, n: int) -> None:
+    del stack[max(0, n):]
+
+
 _code_verdicts: dict[types.CodeType, str | None] = {}
 
 
 def code_effect(code: types.CodeType) -> str | None:
-    """Why this code object may write outside its own locals (None: it cannot). Cached."""
+    """Why this code object may write outside its own locals (None: it cannot). Cached.
+
+    A subscript store into a fresh local (`d[k] = v` right after `d = {}`) is local."""
     verdict = _code_verdicts.get(code, False)
     if verdict is not False:
         return verdict
     verdict = None
-    for ins in dis.get_instructions(code):
+    instructions = list(dis.get_instructions(code))
+    for i, ins in enumerate(instructions):
+        if ins.opname in ("STORE_SUBSCR", "DELETE_SUBSCR") and i >= 2:
+            container, key = instructions[i - 2], instructions[i - 1]
+            if container.opname == "LOAD_FAST" and container.argval in fresh_locals(code) and key.opname in _SIMPLE_LOADS:
+                continue
         if ins.opname in _EFFECT_OPS:
             verdict = f"{ins.opname} {ins.argval}"
         elif ins.opname in ("STORE_DEREF", "DELETE_DEREF") and ins.argval in code.co_freevars:
@@ -206,6 +275,18 @@ class _Profiler:
         self.frames[id(frame)] = trusted
         return trusted
 
+    @staticmethod
+    def _fresh_mutation(frame: types.FrameType, fn: Any) -> bool:
+        """A list/dict/set method that mutates an object the calling frame built itself."""
+        owner = getattr(fn, "__self__", None)
+        if type(owner) not in (list, dict, set) or getattr(fn, "__name__", "") not in _MUTATORS:
+            return False
+        names = fresh_locals(frame.f_code)
+        if not names:
+            return False
+        local = frame.f_locals
+        return any(local.get(name) is owner for name in names)
+
     def __call__(self, frame: types.FrameType, event: str, arg: Any) -> None:
         if event == "call":
             self.frames.pop(id(frame), None)  # a new frame may reuse a dead one's id
@@ -232,7 +313,7 @@ class _Profiler:
             if self._trusted(frame):
                 return
             why = c_call_effect(arg)
-            if why is not None:
+            if why is not None and not self._fresh_mutation(frame, arg):
                 self.obs.effects.append(f"{frame.f_code.co_name} calls {why}")
         elif event == "return":
             self.frames.pop(id(frame), None)

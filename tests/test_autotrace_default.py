@@ -331,6 +331,26 @@ def test_per_sample_grads_of_an_mlp_replay_with_torch_func_results():
     assert state.traced.cache_info().traces == 1 and state.traced.cache_info().hits == CALLS - 3
 
 
+def _split(theta):
+    parts, named = [], {}
+    for i in range(2):
+        parts.append(theta[2 * i:2 * i + 2])
+    named["w"] = parts[0]
+    return named["w"], parts[1]
+
+
+def test_lists_and_dicts_the_function_builds_itself_do_not_stop_tracing():
+    def loss(theta):
+        w, b = _split(theta)
+        return (w * w).sum() + b.sin().sum()
+
+    g = engine.grad(loss)
+    for _ in range(CALLS):
+        theta = torch.randn(4)
+        torch.testing.assert_close(g(theta), torch.func.grad(loss)(theta))
+    assert _replayed(g)
+
+
 def test_logreg_hessian_replays():
     torch.manual_seed(0)
     X, t = torch.randn(40, 5), torch.randint(0, 2, (40,)).float()
