@@ -9,13 +9,14 @@ piece of code that ran outside torch and the engine:
   no STORE_GLOBAL/DELETE_GLOBAL, no STORE_ATTR/DELETE_ATTR (`self.x = ...`), no STORE_SUBSCR/
   DELETE_SUBSCR (`captured[k] = ...`), no stores to `nonlocal` variables, no STORE_NAME. The
   check is static and per code object (cached), so it refuses a store on a path the run did not
-  take as well: conservative, never wrong the other way;
+  take as well: conservative, never wrong the other way. The one exception: a list/dict/set the
+  frame built itself (`fresh_locals`) may be filled (`d[k] = v`, `out.append(t)`);
 - every C function such code calls must be on a whitelist: pure builtins (len, isinstance, min,
   ...), math/operator functions, read-only methods of the builtin containers and strings, torch
   ops (torch.*, torch._C._nn/_linalg/_special/_fft functions and Tensor methods) except those that
   change global state or hand tensor data to Python (manual_seed, set_*, Tensor.tolist/numpy/
   item/data_ptr, requires_grad_, ...). print, file/stream writes, Python `random`, `time`,
-  numpy, list.append and every other C call are refused;
+  numpy, list.append on a list the frame did not build, and every other C call are refused;
 - a stateful torch entry point (Tensor.backward, Module.train/eval/register_*/to/apply,
   torch.manual_seed, optimizer steps, ...) called from such code is refused.
 
