@@ -173,6 +173,23 @@ def test_in_place_write_into_a_captured_tensor_happens_once_per_call():
     torch.testing.assert_close(acc, torch.full((2,), float(CALLS)))
 
 
+def test_a_function_that_used_the_for_loop_fallback_stays_eager():
+    from engine._dispatch import _note_fallback  # what the dispatcher calls when an op has no rule
+
+    def f(x):
+        _note_fallback(torch.ops.aten.sin.default)
+        return x.sin()
+
+    g = engine.vmap(f)
+    x = torch.randn(3, 2)
+    with engine.fallback_policy("silent"):
+        for n in range(1, CALLS + 1):
+            with engine.record_fallbacks() as seen:
+                torch.testing.assert_close(g(x), x.sin())
+            assert seen.total == 1  # every call reaches the fallback, as an eager call does
+    assert "fallback" in autotraced_state(g).impure
+
+
 # ------------------------------------------------------------------------------------------------
 # state changed between calls: the change is seen
 
