@@ -57,10 +57,11 @@ _EFFECT_OPS = frozenset({
     "STORE_NAME", "DELETE_NAME", "IMPORT_STAR",
 })
 
+# Not id/hash (identity differs per call while the signature does not) nor repr/format (a tensor's
+# text reads its values outside the dispatcher).
 _PURE_BUILTINS = frozenset({
-    "abs", "all", "any", "ascii", "bin", "callable", "chr", "divmod", "format", "getattr", "hasattr", "hash",
-    "hex", "id", "isinstance", "issubclass", "iter", "len", "max", "min", "oct", "ord", "pow", "repr", "round",
-    "sorted", "sum", "__build_class__",
+    "abs", "all", "any", "bin", "callable", "chr", "divmod", "getattr", "hasattr", "hex", "isinstance",
+    "issubclass", "iter", "len", "max", "min", "oct", "ord", "pow", "round", "sorted", "sum", "__build_class__",
 })
 _PURE_MODULES = frozenset({"math", "cmath", "operator", "_operator", "_functools"})
 _READ_METHODS = {
@@ -85,8 +86,10 @@ _TORCH_REFUSED = frozenset({
     "_set_grad_enabled", "set_grad_enabled", "__array__", "__index__", "__int__", "__float__", "__bool__",
 })
 _TORCH_C_MODULES = frozenset({"torch._C._nn", "torch._C._linalg", "torch._C._special", "torch._C._fft", "torch._C._nested"})
-# Torch Python entry points that change state when user code calls them.
+# Torch Python entry points that change state, or read tensor values outside the dispatcher (a
+# tensor's text), when user code calls them.
 _STATEFUL_TORCH_NAMES = frozenset({
+    "__repr__", "__str__", "__format__", "__array__", "tolist", "numpy",
     "backward", "manual_seed", "seed", "set_rng_state", "fork_rng", "train", "eval", "requires_grad_",
     "zero_grad", "step", "apply", "_apply", "to", "cuda", "cpu", "half", "float", "double", "bfloat16", "type",
     "share_memory", "load_state_dict", "add_module", "register_module", "register_buffer", "register_parameter",
@@ -299,7 +302,7 @@ class _Profiler:
             if self._trusted(frame):
                 back = frame.f_back
                 if back is not None and code.co_name in _STATEFUL_TORCH_NAMES and not self._trusted(back):
-                    self.obs.effects.append(f"{code.co_qualname} (a stateful torch call) from {back.f_code.co_name}")
+                    self.obs.effects.append(f"{code.co_qualname} (a torch call a replay would not repeat) from {back.f_code.co_name}")
                 return
             if code not in self.obs.user_codes:
                 self.obs.user_codes.add(code)
