@@ -39,25 +39,6 @@ def test_value_dependent_branch_keeps_eager_semantics():
             torch.testing.assert_close(f(x), ref(x))
 
 
-COUNT = 0
-
-
-def _counting(x):
-    global COUNT
-    COUNT += 1
-    return x * COUNT
-
-
-def test_global_counter_side_effect_runs_eagerly_every_call():
-    global COUNT
-    COUNT = 0
-    f = engine.auto_trace(engine.vmap(_counting))
-    x = torch.randn(3, 2)
-    for n in range(1, 5):
-        torch.testing.assert_close(f(x), x * n)
-    assert COUNT == 4 and f.impure and f.eager_calls == 4
-
-
 def test_closure_rebinding_is_seen():
     scale = 2.0
 

@@ -12,6 +12,7 @@ import torch
 import torch.nn as nn
 
 import engine
+import engine.autotrace
 from engine.autotrace import autotraced_state
 
 CALLS = 5
@@ -25,6 +26,14 @@ def _eager_twin(f, *args, **kwargs):
 def _replayed(f) -> bool:
     state = autotraced_state(f)
     return state is not None and state.impure is None and state.traced.cache_info().hits > 0
+
+
+def _check_replays(g, ref, make_inputs):
+    """`g` (an engine transform) equals `ref` (torch.func's) call after call, and replays."""
+    for _ in range(CALLS):
+        args = make_inputs()
+        torch.testing.assert_close(g(*args), ref(*args))
+    assert _replayed(g)
 
 
 # ------------------------------------------------------------------------------------------------
@@ -55,14 +64,17 @@ def _count(x):
     return x * COUNTER
 
 
-def test_global_counter_increments_every_call():
+@pytest.mark.parametrize("wrap", [lambda f: f, engine.auto_trace], ids=["default", "auto_trace"])
+def test_global_counter_increments_every_call(wrap):
     global COUNTER
     COUNTER = 0
-    g = engine.vmap(_count)
+    g = wrap(engine.vmap(_count))
     x = torch.randn(3, 2)
     for n in range(1, CALLS + 1):
         torch.testing.assert_close(g(x), x * n)
-    assert COUNTER == CALLS and not _replayed(g)
+    assert COUNTER == CALLS
+    state = g if isinstance(g, engine.autotrace.AutoTraced) else autotraced_state(g)
+    assert "COUNTER" in state.impure and state.eager_calls == CALLS
 
 
 def test_print_prints_every_call(capsys):
@@ -361,11 +373,7 @@ def test_lists_and_dicts_the_function_builds_itself_do_not_stop_tracing():
         w, b = _split(theta)
         return (w * w).sum() + b.sin().sum()
 
-    g = engine.grad(loss)
-    for _ in range(CALLS):
-        theta = torch.randn(4)
-        torch.testing.assert_close(g(theta), torch.func.grad(loss)(theta))
-    assert _replayed(g)
+    _check_replays(engine.grad(loss), torch.func.grad(loss), lambda: (torch.randn(4),))
 
 
 def test_logreg_hessian_replays():
@@ -375,11 +383,7 @@ def test_logreg_hessian_replays():
     def log_post(w):
         return -nn.functional.binary_cross_entropy_with_logits(X @ w, t, reduction="sum") - 0.5 * (w * w).sum()
 
-    h = engine.hessian(log_post)
-    for _ in range(CALLS):
-        w = torch.randn(5)
-        torch.testing.assert_close(h(w), torch.func.hessian(log_post)(w))
-    assert _replayed(h)
+    _check_replays(engine.hessian(log_post), torch.func.hessian(log_post), lambda: (torch.randn(5),))
 
 
 def test_switch_off_runs_eagerly():
