@@ -84,6 +84,7 @@ class StateGuard:
         self.dicts: list[Any] = []  # dicts (and user classes' mappingproxies) whose keys and values are guarded
         self.seqs: list[Any] = []  # lists/tuples/sets whose items are guarded
         self.tensors: list[torch.Tensor] = []
+        self.objects: list[Any] = []  # whose class is guarded (a parametrization swaps a Module's class)
         self.unprovable: str | None = None
         self._seen: set[int] = set()
         self._names_seen: set[tuple[int, str]] = set()
@@ -168,6 +169,7 @@ class StateGuard:
         attrs = getattr(obj, "__dict__", None)
         if isinstance(attrs, dict):
             self._dict(attrs, stack)
+            self.objects.append(obj)
         stack.append(type(obj))
         call = getattr(type(obj), "__call__", None)
         if isinstance(call, types.FunctionType) and not _is_library(call):
@@ -214,6 +216,7 @@ class StateGuard:
         for s in self.seqs:
             sizes.append(len(s))
             idents.extend(s)
+        idents.extend([type(o) for o in self.objects])
         return idents, [_torch_globals(), *sizes, *[_tensor_meta(t) for t in self.tensors]]
 
     def holds(self) -> bool:
