@@ -67,9 +67,9 @@ def bench(name: str, size: str | None, repeats: int) -> None:
     workload = workloads.get(name)
     size = size or workload.quick[0]
     state = workload.setup(workload.params(size), "cpu")
-    methods = [m for m in METHODS if m in workload.methods or m == "engine_eager"]
+    methods = [m for m in METHODS if workload.supports(m)]
     first = {m: workload.prepare(m, state) for m in methods}
-    workload.check(state, [m for m in methods if m in workload.methods])
+    workload.check(state, methods)
     times: dict[str, list[float]] = {m: [] for m in methods}
     fns = {m: state.fn(m) for m in methods}
     for r in range(repeats):

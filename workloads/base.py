@@ -93,6 +93,12 @@ class Workload:
         if bad:
             raise ValueError(f"workload {self.name!r}: quick sizes {sorted(bad)} are not in its grid {self.sizes}")
 
+    def supports(self, method: str) -> bool:
+        """Whether `method` can run: one of `methods`, or `engine_eager` wherever `engine` is (the
+        same function with automatic tracing off; listed by no workload, so that the profiles
+        keep their size, but runnable by every tool that names it)."""
+        return method in self.methods or (method == "engine_eager" and "engine" in self.methods)
+
     @property
     def sizes(self) -> list[str]:
         keys = list(self.grid)
