@@ -189,6 +189,7 @@ def _storage(t: torch.Tensor) -> int | None:
     return t.untyped_storage().data_ptr() or None
 
 
+_switch = autoswitch._local
 _engine_state: tuple | None = None
 
 
@@ -222,7 +223,7 @@ def transform_entry(impl: Callable) -> Callable:
     @functools.wraps(impl)
     def entry(*args: Any, **kwargs: Any) -> Any:
         nonlocal auto
-        if not autoswitch.auto_tracing_enabled() or autoswitch.inside_traced_run():
+        if not _switch.enabled or _switch.depth:  # off, or part of a traced run: the eager transform
             return impl(*args, **kwargs)
         if auto is None:
             auto = AutoTraced(impl)
