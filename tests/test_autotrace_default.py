@@ -185,6 +185,50 @@ def test_in_place_write_into_a_captured_tensor_happens_once_per_call():
     torch.testing.assert_close(acc, torch.full((2,), float(CALLS)))
 
 
+def test_nonlocal_counter_increments_every_call():
+    calls = 0
+
+    def f(x):
+        nonlocal calls
+        calls += 1
+        return x * 2
+
+    g = engine.vmap(f)
+    x = torch.randn(3, 2)
+    for n in range(1, CALLS + 1):
+        torch.testing.assert_close(g(x), x * 2)
+        assert calls == n
+
+
+def test_reseeding_inside_the_function_happens_every_call():
+    def f(x):
+        torch.manual_seed(7)
+        return x + torch.rand(2)
+
+    g = engine.vmap(f, randomness="same")
+    x = torch.zeros(3, 2)
+    for _ in range(CALLS):
+        torch.manual_seed(0)
+        got = g(x)
+        after = torch.rand(1)  # the generator's state after the call: reseeded by every eager call
+        torch.manual_seed(7)
+        torch.testing.assert_close(got, x + torch.rand(2))
+        torch.testing.assert_close(after, torch.rand(1))
+
+
+def test_numpy_read_of_a_captured_tensor_is_not_frozen():
+    gain = torch.tensor([2.0])
+
+    def f(x):
+        return x * float(gain.numpy()[0])
+
+    g = engine.vmap(f)
+    x = torch.randn(3, 2)
+    for value in (2.0,) * CALLS + (3.0,):
+        gain.fill_(value)
+        torch.testing.assert_close(g(x), x * value)
+
+
 def test_a_function_that_used_the_for_loop_fallback_stays_eager():
     from engine._dispatch import _note_fallback  # what the dispatcher calls when an op has no rule
 
@@ -248,6 +292,27 @@ def test_module_attribute_and_hook_changes_between_calls_are_seen():
     handle.remove()
     for _ in range(3):
         torch.testing.assert_close(g(x), torch.func.functional_call(model, params, (x,)))
+
+
+def test_parameter_replaced_and_global_hook_added_between_calls_are_seen():
+    model = nn.Linear(4, 3)
+    for p in model.parameters():
+        p.requires_grad_(False)
+    g = engine.vmap(model)
+    x = torch.randn(5, 4)
+    for _ in range(CALLS):
+        torch.testing.assert_close(g(x), model(x))
+    assert _replayed(g)
+    model.weight = nn.Parameter(torch.ones(3, 4), requires_grad=False)
+    for _ in range(3):
+        torch.testing.assert_close(g(x), model(x))
+    handle = nn.modules.module.register_module_forward_hook(lambda mod, inp, out: out + 1.0)
+    try:
+        for _ in range(3):
+            torch.testing.assert_close(g(x), x @ model.weight.T + model.bias + 1.0)
+    finally:
+        handle.remove()
+    torch.testing.assert_close(g(x), model(x))
 
 
 def test_closure_rebinding_and_captured_list_item_change_are_seen():
@@ -325,12 +390,12 @@ def test_class_attribute_changed_between_calls_is_seen():
 
 
 def test_default_dtype_change_between_calls_is_seen():
-    g = engine.vmap(lambda x: x + torch.ones(2))
+    g = engine.vmap(lambda x: x + torch.tensor([1.0, 2.0]))  # a constant a graph would bake in
     x = torch.zeros(3, 2, dtype=torch.float32)
     try:
         for dtype in (torch.float32,) * CALLS + (torch.float64,) * 2:
             torch.set_default_dtype(dtype)
-            assert g(x).dtype == dtype  # the factory's dtype, promoted with the float32 input
+            assert g(x).dtype == dtype  # the constant's dtype, promoted with the float32 input
     finally:
         torch.set_default_dtype(torch.float32)
 
