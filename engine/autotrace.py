@@ -46,7 +46,7 @@ from torch.utils._pytree import tree_flatten
 
 from engine import autoswitch, purity
 from engine.autoswitch import running
-from engine.guardstate import StateGuard
+from engine.guardstate import StateGuard, torch_globals
 from engine.trace import TracedFunction, _fast_signature, _signature
 
 __all__ = ["AutoTraced", "auto_trace", "autotraced_state", "transform_entry"]
@@ -128,14 +128,15 @@ class AutoTraced:
         from engine._dispatch import record_fallbacks
 
         self.eager_calls += 1
+        settings = _settings()
         with record_fallbacks() as fallbacks, purity.watch() as seen:
             out = running(self.fn, *args, **kwargs)
         if not seen.pure:
             self._mark_impure(f"it has an effect besides its result: {seen.effects[0]}")
         elif fallbacks.total:
             self._mark_impure(f"its eager run used the for-loop fallback ({', '.join(fallbacks.counts)})")
-        elif not before.holds():
-            self._mark_impure("the state it reads changed while it ran")
+        elif not before.holds() or _settings() != settings:
+            self._mark_impure("the state it reads (or a torch setting) changed while it ran")
         if self.impure is not None:
             return out
         self._modules.update(seen.modules)
@@ -150,6 +151,11 @@ class AutoTraced:
             return out
         self._signatures[key] = _REPLAY
         return out
+
+
+def _settings() -> tuple:
+    """Torch's process settings a function could leave changed (`torch.set_grad_enabled(False)`)."""
+    return torch.is_grad_enabled(), torch.is_inference_mode_enabled(), torch_globals()
 
 
 def _full_key(args: tuple, kwargs: dict) -> Any:

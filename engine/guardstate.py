@@ -57,7 +57,7 @@ def _tensor_meta(t: torch.Tensor) -> tuple:
     return (t.shape, t.stride(), t.dtype, t.device, t.requires_grad)
 
 
-def _torch_globals() -> tuple:
+def torch_globals() -> tuple:
     """Process-wide torch settings that change what the same Python computes (the default dtype of
     factories, matmul precision, torch.distributions' argument checks); the default device and
     autocast are modes the caller refuses outright."""
@@ -217,7 +217,7 @@ class StateGuard:
             sizes.append(len(s))
             idents.extend(s)
         idents.extend([type(o) for o in self.objects])
-        return idents, [_torch_globals(), *sizes, *[_tensor_meta(t) for t in self.tensors]]
+        return idents, [torch_globals(), *sizes, *[_tensor_meta(t) for t in self.tensors]]
 
     def holds(self) -> bool:
         """Whether the state is as recorded (identity of every guarded value, tensor metadata)."""

@@ -85,6 +85,11 @@ _TORCH_REFUSED = frozenset({
     "set_default_device", "set_num_threads", "set_printoptions", "save", "load", "__setstate__",
     "_set_grad_enabled", "set_grad_enabled", "__array__", "__index__", "__int__", "__float__", "__bool__",
 })
+# Torch's decorator modules: the wrappers they put around API functions (torch.manual_seed is
+# wrapped by `_disable_dynamo` once dynamo is loaded) are looked through to find the real caller.
+_WRAPPER_FILES = frozenset(
+    os.path.join(_TORCH_DIR, *parts) for parts in (("_compile.py",), ("_dynamo", "eval_frame.py"), ("utils", "_contextlib.py"))
+)
 _TORCH_C_MODULES = frozenset({"torch._C._nn", "torch._C._linalg", "torch._C._special", "torch._C._fft", "torch._C._nested"})
 # Torch Python entry points that change state, or read tensor values outside the dispatcher (a
 # tensor's text), when user code calls them.
@@ -301,6 +306,8 @@ class _Profiler:
                     self.obs.modules[id(module)] = module
             if self._trusted(frame):
                 back = frame.f_back
+                while back is not None and back.f_code.co_filename in _WRAPPER_FILES:
+                    back = back.f_back
                 if back is not None and code.co_name in _STATEFUL_TORCH_NAMES and not self._trusted(back):
                     self.obs.effects.append(f"{code.co_qualname} (a torch call a replay would not repeat) from {back.f_code.co_name}")
                 return

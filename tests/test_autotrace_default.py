@@ -216,6 +216,20 @@ def test_reseeding_inside_the_function_happens_every_call():
         torch.testing.assert_close(after, torch.rand(1))
 
 
+def test_grad_mode_switched_off_inside_stays_off_every_call():
+    def f(x):
+        torch.set_grad_enabled(False)
+        return x * 2
+
+    g = engine.vmap(f)
+    x = torch.randn(3, 2)
+    for _ in range(CALLS):
+        torch.set_grad_enabled(True)
+        torch.testing.assert_close(g(x), x * 2)
+        assert not torch.is_grad_enabled()
+    torch.set_grad_enabled(True)
+
+
 def test_numpy_read_of_a_captured_tensor_is_not_frozen():
     gain = torch.tensor([2.0])
 
