@@ -365,6 +365,8 @@ def _rule_plan(func: Any, meta: _OpMeta, rule: Any) -> Callable[[tuple, dict], A
         return _unary_plan(plan, call, returns_self)
     if direct and meta.n_positional == 2:
         return _binary_plan(plan, call, returns_self)
+    if rule is not None and not direct and not lists and not random and not mutated:
+        return _one_tensor_plan(plan, rule)
     return plan
 
 
@@ -431,6 +433,40 @@ def _binary_plan(general: Callable[[tuple, dict], Any], call: Any, returns_self:
                 and (a.requires_grad or b.requires_grad) and is_grad_enabled()):
             note(args, kwargs, result, level)
         return result
+
+    return plan
+
+
+def _one_tensor_plan(general: Callable[[tuple, dict], Any], rule: Any) -> Callable[[tuple, dict], Any]:
+    """The plan of an out-of-place op with a rule (views, reductions, shape ops: transpose, view,
+    unsqueeze, sum.dim_IntList, ...) for its most frequent call: one batched tensor first, no other
+    tensor, no keyword arguments. The rule runs on the physical tensor with in_dims [0, None, ...];
+    one tensor input has the same levels as itself, so engine._gradsum is not asked. Other calls take
+    the general plan."""
+    last, urgent, flush = _gradsum._last, _gradsum._urgent, _gradsum.flush_urgent
+
+    def plan(args: tuple, kwargs: dict) -> Any:
+        if kwargs or not args:
+            return general(args, kwargs)
+        a = args[0]
+        if type(a) is not BatchedTensor:
+            return general(args, kwargs)
+        for i in range(1, len(args)):
+            if isinstance(args[i], torch.Tensor):
+                return general(args, kwargs)
+        level = a._level
+        if last or urgent:
+            flush()
+        info = _active.get(level)
+        if info is None:  # autograd's backward running after the vmap returned
+            info = LevelInfo(level, a._elem.shape[0], "error")
+        out, out_dims = rule(info, [0] + [None] * (len(args) - 1), a._elem, *args[1:])
+        if type(out) is torch.Tensor and out_dims == 0:
+            result = _make_wrapper(BatchedTensor, out.shape[1:], out.stride()[1:], None, None, out.dtype, out.layout, out.device, False, False)
+            result._elem = out
+            result._level = level
+            return result
+        return wrap_outputs(out, out_dims, level)
 
     return plan
 

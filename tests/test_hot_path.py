@@ -133,3 +133,15 @@ def test_bench_ratios_report_runs_one_workload(capsys) -> None:
     medians = bench_ratios.report(bench_ratios.candidates(None, ["nn_logreg"]), rounds=1, min_batch_s=0.001)
     assert list(medians) == ["nn_logreg"] and medians["nn_logreg"] > 0
     assert "geomean" in capsys.readouterr().out
+
+
+def test_one_tensor_plan_matches_loop_nested_and_under_grad() -> None:
+    x = torch.randn(3, 4, 5, 6)
+
+    def shape_ops(t):  # t: [5, 6]
+        return t.transpose(0, 1).reshape(-1).unsqueeze(0).expand(2, -1).sum(0).view(6, 5)
+
+    inner = torch.stack([torch.stack([shape_ops(b) for b in a]) for a in x])
+    torch.testing.assert_close(engine.vmap(engine.vmap(shape_ops))(x), inner)
+    grads = engine.vmap(engine.grad(lambda t: (shape_ops(t) ** 2).sum()))(x[0])
+    torch.testing.assert_close(grads, torch.stack([torch.func.grad(lambda t: (shape_ops(t) ** 2).sum())(t) for t in x[0]]))
