@@ -28,6 +28,8 @@ from typing import Any, Iterable
 import torch
 from torch.distributions import Distribution as _Distribution
 
+from engine.purity import _is_torch_or_engine
+
 __all__ = ["StateGuard"]
 
 MAX_ITEMS = 20000
@@ -184,8 +186,10 @@ class StateGuard:
                 pass
         stack.extend(fn.__defaults__ or ())
         stack.extend((fn.__kwdefaults__ or {}).values())
-        if _is_library(fn):
-            return  # library globals are not rebound by user code; its closures were followed
+        if _is_library(fn) or _is_torch_or_engine(fn.__code__.co_filename):
+            # Library globals are not rebound by user code; its closures were followed. (The
+            # file, not __module__: functools.wraps gives the engine's wrappers the user's.)
+            return
         namespace = fn.__globals__
         names = _code_names(fn.__code__)
         for name in sorted(names):
