@@ -95,10 +95,9 @@ def parse_bytes(text: str) -> int:
     return int(value)
 
 
-# The prediction aims a probe this far under the predicted time limit (probe times are noisy here),
-# jumps at most this factor past the largest fitting batch (two small batches say little about a
-# batch 100x larger), and places at most this many probes per search (then plain bisection).
-TIME_HEADROOM = 0.8
+# The prediction jumps at most this factor past the largest fitting batch (two small batches say
+# little about a batch 100x larger) and places at most this many probes per search (then plain
+# growth and bisection).
 MAX_JUMP = 16
 GUIDED_PROBES = 4
 
@@ -113,7 +112,7 @@ def _trend_limit(points: list[tuple[int, float]], ceiling: float) -> float | Non
 
 def predict_limit(fits: Sequence[Probe], budget: int | None, timeout: float | None) -> float | None:
     """The batch where the two largest fitting probes' linear trends of peak memory and probe time
-    reach the budget and (with headroom) the time limit, whichever comes first; math.inf when
+    reach the budget and the time limit, whichever comes first; math.inf when
     neither grows; None with fewer than two fitting batches or no measurements. Only used to
     choose where to probe next: no row is ever recorded from it."""
     pair = sorted(fits, key=lambda p: p.batch)[-2:]
@@ -126,7 +125,7 @@ def predict_limit(fits: Sequence[Probe], budget: int | None, timeout: float | No
         limits.append(_trend_limit([(p.batch, float(p.peak_bytes)) for p in pair], float(budget)) or math.inf)
     if timeout is not None and all(p.wall_s is not None for p in pair):
         measured = True
-        limits.append(_trend_limit([(p.batch, p.wall_s) for p in pair], timeout * TIME_HEADROOM) or math.inf)
+        limits.append(_trend_limit([(p.batch, p.wall_s) for p in pair], timeout) or math.inf)
     return min(limits) if measured else None
 
 
@@ -204,9 +203,9 @@ def _plain_next(lo: int, hi: int | None, cap: int, growth: int) -> int:
 def _aimed_next(lo: int, hi: int | None, cap: int, precision: float, predicted: float | None) -> int | None:
     """The probe the prediction asks for, or None where it has nothing to say: just under the
     predicted limit, or just above the largest fit when the prediction is within the precision
-    of it (the probe that should fail and close the bracket). A prediction at or below a fitting
-    batch, or at or above a failing one, has been contradicted by a real probe: None."""
-    if predicted is None or lo == 0 or predicted <= lo or (hi is not None and predicted >= hi):
+    of it or below it (the probe that should fail and close the bracket). A prediction at or
+    above a failing batch has been contradicted by a real probe: None."""
+    if predicted is None or lo == 0 or (hi is not None and predicted >= hi):
         return None
     if predicted <= lo * (1 + precision):
         aim = lo * (1 + precision)
@@ -510,8 +509,10 @@ def run_experiment(
         return {"machine": None, "commit": None, "torch": torch.__version__, "device": device, "budget_bytes": budget,
                 "threads": threads, "probe_timeout_s": probe_timeout,
                 "search": {"start": start, "cap": cap, "growth": growth, "precision": precision,
-                           "guided_probes": GUIDED_PROBES, "max_jump": MAX_JUMP, "time_headroom": TIME_HEADROOM},
+                           "guided_probes": GUIDED_PROBES, "max_jump": MAX_JUMP},
                 "elapsed_s": round(time.perf_counter() - started, 1), "complete": searched == len(todo), "rows": rows}
+    if not todo:
+        return document()
     with ProbeServer() as server:
         for i, (w, method) in enumerate(todo, 1):
             fixed, key = fixed_size(w), batch_key(w)
@@ -621,7 +622,7 @@ def main(args: argparse.Namespace) -> int:
         settings = {"device": args.device, "budget_bytes": budget, "threads": threads,
                     "probe_timeout_s": args.probe_timeout,
                     "search": {"start": args.start, "cap": args.cap, "growth": args.growth, "precision": args.precision,
-                               "guided_probes": GUIDED_PROBES, "max_jump": MAX_JUMP, "time_headroom": TIME_HEADROOM}}
+                               "guided_probes": GUIDED_PROBES, "max_jump": MAX_JUMP}}
         try:
             done = resumable_rows(path, settings)
         except ValueError as exc:
