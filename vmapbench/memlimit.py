@@ -567,7 +567,8 @@ def resumable_rows(path: Path, expected: dict[str, Any]) -> list[dict[str, Any]]
 def write_result(result: dict[str, Any], root: Path, machine: str, commit: str) -> Path:
     path = result_path(root, machine, commit)
     path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(json.dumps({**result, "machine": machine, "commit": commit}, indent=1) + "\n")
+    written_at = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())  # the dashboard shows a machine's newest file
+    path.write_text(json.dumps({**result, "machine": machine, "commit": commit, "written_at": written_at}, indent=1) + "\n")
     return path
 
 
