@@ -21,10 +21,12 @@ probe per candidate batch, each in a fresh process under the budget:
 A probe builds the workload at that batch, calls the method once (trace/compile happen here)
 and once more, timed. Probes are forked from a server process that only imports (torch, the
 registry, jax), so each starts in milliseconds instead of the ~3 s of a fresh interpreter, and a
-probe's memory, threads and failures end with it. The search grows the batch geometrically from
-`--start` until a probe fails or reaches `--cap`, then bisects (geometrically) until the bracket
-is within `--precision`; a probe slower than `--probe-timeout` counts as a failure whose cause is
-time, not memory, and the row says so.
+probe's memory, threads and failures end with it. A fitting probe also reports its peak memory
+growth and the parent its wall time; after two fitting batches the search extrapolates both to
+the budget and the probe time limit and aims its next probes just under and just over that point
+(`search`), so a limit takes ~5 probes instead of growing by 4x to it and bisecting. Only real
+probes decide a row. A probe slower than `--probe-timeout` is killed and counts as a failure whose
+cause is time, not memory, and the row says so. A rerun at the same commit resumes.
 
 Results: results/memlimit/<machine>/<commit8>.json (schema in the README's Memory-limit section).
 """
