@@ -127,13 +127,14 @@ def _memlimit_section(page: Page, ctx: Context) -> None:
             f" · probe time limit {esc(format_value(first['probe_timeout_s'], 'seconds'))}"
             if _num(first["probe_timeout_s"]) else "",
             f" · precision {float(first['precision']):.0%}" if _num(first["precision"]) else ""])
-        headers = ["workload · size"] + [method_label(m) for m in methods]
+        # The device first, as in the distance table: vb-compact sizes the first two columns.
+        headers = ["device", "workload · size"] + [method_label(m) for m in methods]
         body = []
         for (workload, size), group in rep.groupby(["workload", "size"], dropna=False, sort=True):
             by = {r["method"]: r for r in group.to_dict("records")}
             best = max((r["max_batch"] for r in by.values() if r["status"] == "ok" and _num(r["max_batch"])),
                        default=None)
-            cells = [(f"<b>{esc(workload)}</b><br><small>{esc(size)}</small>", workload)]
+            cells = [(esc(device), device), (f"<b>{esc(workload)}</b><br><small>{esc(size)}</small>", workload)]
             cells += [_memlimit_cell(by.get(m), best) for m in methods]
             body.append((cells, {"machine": machine, "device": device, "workload": workload}))
         page.add(f'<h3 class="vb-f" data-machine="{esc(machine)}">{esc(machine)} · {esc(device)} · budget '
