@@ -199,3 +199,34 @@ def test_run_experiment_skips_the_pairs_already_done() -> None:
                                      log=lines.append)
     assert result["rows"] == done and result["complete"]
     assert any("2 of 2 searches are already in the results file" in line for line in lines)
+
+
+def test_an_unrecognized_failure_that_passes_with_more_memory_counts_as_memory() -> None:
+    """In a forked child capped at its use + 64 MiB: a 128 MiB allocation fails, and passes once the
+    cap is raised to RETRY_BUDGET_FACTOR x the budget; an error that is not memory still fails."""
+    import os
+    import resource
+
+    pid = os.fork()
+    if pid == 0:
+        code = 1
+        try:
+            budget = 64 * 2**20
+            memlimit._limit_memory("cpu", budget)
+
+            def allocate() -> None:
+                block = bytearray(128 * 2**20)
+                block[::4096] = b"x" * len(block[::4096])
+
+            try:
+                allocate()
+                code = 2  # the cap did not hold
+            except MemoryError:
+                bug = lambda: (_ for _ in ()).throw(ValueError("a bug"))  # noqa: E731
+                code = 0 if memlimit._passes_with_more_memory(allocate, budget) and not \
+                    memlimit._passes_with_more_memory(bug, budget) else 3
+            assert resource.getrlimit(resource.RLIMIT_DATA)[0] != resource.RLIM_INFINITY
+        finally:
+            os._exit(code)
+    _, status = os.waitpid(pid, 0)
+    assert os.WIFEXITED(status) and os.WEXITSTATUS(status) == 0, f"child exit status {status}"
