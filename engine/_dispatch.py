@@ -19,6 +19,7 @@ from engine import _gradsum
 from engine._batched import BatchedTensor, LevelInfo, _active, _make_wrapper, add_batch_dim, install_dispatch, wrap
 from engine.custom_ops import custom_vmap_rule, run_custom_op
 from engine.errors import DataDependentError, FallbackError, FallbackWarning, RandomnessError, VmapError
+from engine.rules._helpers import python_binding
 from engine.rules._table import PLANS, lookup
 
 aten = torch.ops.aten
@@ -98,7 +99,7 @@ def _note_fallback(func: Any) -> None:
 
 
 class _OpMeta:
-    __slots__ = ("mutated", "returns_tensors", "random", "returns_self", "has_lists", "n_returns")
+    __slots__ = ("mutated", "returns_tensors", "random", "returns_self", "has_lists", "n_returns", "n_positional")
 
     def __init__(self, func: Any):
         schema = func._schema
@@ -116,6 +117,7 @@ class _OpMeta:
         # Whether a positional argument can be a list of tensors (the level scan then looks inside lists).
         self.has_lists = any(isinstance(a.type, torch.ListType) and "Tensor" in str(a.type) for a in schema.arguments)
         self.n_returns = len(schema.returns)
+        self.n_positional = sum(not a.kwarg_only for a in schema.arguments)
 
 
 @lru_cache(maxsize=None)
@@ -245,6 +247,7 @@ def _rule_plan(func: Any, meta: _OpMeta, rule: Any) -> Callable[[tuple, dict], A
     # 0-dim tensors and Python scalars alone, promotion is the same physically and logically.
     direct = (getattr(rule, "same_rank_direct", False) and meta.n_returns == 1 and not lists and not random
               and mutated in ((), (0,)))
+    call = (python_binding(func) or op) if direct else op  # the op on the physical arguments
     gradsum = _gradsum
     # `grad_seen`: an input requires grad (else autograd records no node); `mixed`: some tensor input
     # is not batched at exactly this one level (else every input has the same levels). _gradsum.note
@@ -299,7 +302,7 @@ def _rule_plan(func: Any, meta: _OpMeta, rule: Any) -> Callable[[tuple, dict], A
                     uargs.append(a)
                 else:
                     if not mutated or uargs[0] is not args[0]:
-                        out = op(*uargs)
+                        out = call(*uargs)
                         if returns_self:
                             result = args[0]
                         else:  # engine._batched.wrap, inlined: this is the hottest line of the engine
@@ -350,13 +353,120 @@ def _rule_plan(func: Any, meta: _OpMeta, rule: Any) -> Callable[[tuple, dict], A
             mixed = True
             if not grad_seen:
                 grad_seen = any(isinstance(v, torch.Tensor) and v.requires_grad for v in kwargs.values())
-        if mutated:
+        if mutated and not getattr(rule, "writes_shared", False):  # a rule may do the loop's shared writes itself
             _check_inplace(func, meta, dims)
         out, out_dims = rule(info, dims, *uargs, **kwargs)
         result = args[mutated[0]] if returns_self else wrap_outputs(out, out_dims, level)
         if grad_seen and mixed and torch.is_grad_enabled():
             gradsum.note(args, kwargs, result, level)
         return result
+
+    if direct and meta.n_positional == 1:
+        return _unary_plan(plan, call, returns_self)
+    if direct and meta.n_positional == 2:
+        return _binary_plan(plan, call, returns_self)
+    if rule is not None and not direct and not lists and not random and not mutated:
+        return _one_tensor_plan(plan, rule)
+    return plan
+
+
+def _unary_plan(general: Callable[[tuple, dict], Any], call: Any, returns_self: bool) -> Callable[[tuple, dict], Any]:
+    """The plan of a pointwise op with one tensor argument (sin, tanh, relu_, ...), the most frequent
+    ops of a model: called with one batched tensor and no keyword arguments, it is `call` on the
+    physical tensor, rewrapped. One input has the same levels as itself, so engine._gradsum never
+    records such a node and is not asked; other calls take the general plan."""
+    last, urgent, flush = _gradsum._last, _gradsum._urgent, _gradsum.flush_urgent
+
+    def plan(args: tuple, kwargs: dict) -> Any:
+        if kwargs or len(args) != 1:
+            return general(args, kwargs)
+        a = args[0]
+        if type(a) is not BatchedTensor:
+            return general(args, kwargs)
+        if last or urgent:
+            flush()
+        out = call(a._elem)
+        if returns_self:
+            return a
+        result = _make_wrapper(BatchedTensor, out.shape[1:], out.stride()[1:], None, None, out.dtype, out.layout, out.device, False, False)
+        result._elem = out
+        result._level = a._level
+        return result
+
+    return plan
+
+
+def _binary_plan(general: Callable[[tuple, dict], Any], call: Any, returns_self: bool) -> Callable[[tuple, dict], Any]:
+    """The plan of a pointwise op with two operands (mul, add, sub_, ...) for its two most frequent
+    calls, without keyword arguments: a batched tensor with a Python scalar (one tensor: nothing for
+    engine._gradsum), and two tensors batched at the same level with the same rank (engine._gradsum
+    asked only when their inner levels differ). Other calls take the general plan."""
+    last, urgent, flush, note = _gradsum._last, _gradsum._urgent, _gradsum.flush_urgent, _gradsum.note
+    is_grad_enabled = torch.is_grad_enabled
+
+    def plan(args: tuple, kwargs: dict) -> Any:
+        if kwargs or len(args) != 2:
+            return general(args, kwargs)
+        a, b = args
+        if type(a) is not BatchedTensor:
+            return general(args, kwargs)
+        level = a._level
+        ea = a._elem
+        if type(b) is BatchedTensor:
+            eb = b._elem
+            if b._level != level or eb.dim() != ea.dim():
+                return general(args, kwargs)
+        elif isinstance(b, torch.Tensor):
+            return general(args, kwargs)
+        else:
+            eb = None
+        if last or urgent:
+            flush()
+        out = call(ea, b if eb is None else eb)
+        if returns_self:
+            result = a
+        else:
+            result = _make_wrapper(BatchedTensor, out.shape[1:], out.stride()[1:], None, None, out.dtype, out.layout, out.device, False, False)
+            result._elem = out
+            result._level = level
+        if (eb is not None and (type(ea) is BatchedTensor or type(eb) is BatchedTensor)
+                and (a.requires_grad or b.requires_grad) and is_grad_enabled()):
+            note(args, kwargs, result, level)
+        return result
+
+    return plan
+
+
+def _one_tensor_plan(general: Callable[[tuple, dict], Any], rule: Any) -> Callable[[tuple, dict], Any]:
+    """The plan of an out-of-place op with a rule (views, reductions, shape ops: transpose, view,
+    unsqueeze, sum.dim_IntList, ...) for its most frequent call: one batched tensor first, no other
+    tensor, no keyword arguments. The rule runs on the physical tensor with in_dims [0, None, ...];
+    one tensor input has the same levels as itself, so engine._gradsum is not asked. Other calls take
+    the general plan."""
+    last, urgent, flush = _gradsum._last, _gradsum._urgent, _gradsum.flush_urgent
+
+    def plan(args: tuple, kwargs: dict) -> Any:
+        if kwargs or not args:
+            return general(args, kwargs)
+        a = args[0]
+        if type(a) is not BatchedTensor:
+            return general(args, kwargs)
+        for i in range(1, len(args)):
+            if isinstance(args[i], torch.Tensor):
+                return general(args, kwargs)
+        level = a._level
+        if last or urgent:
+            flush()
+        info = _active.get(level)
+        if info is None:  # autograd's backward running after the vmap returned
+            info = LevelInfo(level, a._elem.shape[0], "error")
+        out, out_dims = rule(info, [0] + [None] * (len(args) - 1), a._elem, *args[1:])
+        if type(out) is torch.Tensor and out_dims == 0:
+            result = _make_wrapper(BatchedTensor, out.shape[1:], out.stride()[1:], None, None, out.dtype, out.layout, out.device, False, False)
+            result._elem = out
+            result._level = level
+            return result
+        return wrap_outputs(out, out_dims, level)
 
     return plan
 
@@ -569,6 +679,11 @@ class _RngReplay:
 # the mode: ops that see no batched argument (random factories) inside vmap
 
 
+# Uninitialized tensors made inside the vmapped function: per element under randomness='different'
+# (engine.rules.random_ops.fresh_per_element).
+_FRESH = {aten.empty_like.default, aten.empty.memory_format, aten.new_empty.default}
+
+
 class VmapMode(TorchDispatchMode):
     """Active while a vmapped function runs; decides what random ops without batched inputs do."""
 
@@ -589,6 +704,10 @@ class VmapMode(TorchDispatchMode):
             if plan is None:
                 plan = _build_plan(func)
             return plan(args, kwargs)
+        if func in _FRESH and self.info.randomness == "different":
+            from engine.rules.random_ops import fresh_per_element
+
+            return fresh_per_element(func, self.info, args, kwargs)
         if torch.Tag.nondeterministic_seeded in func.tags and _draws(lookup(func), args, kwargs):
             randomness = self.info.randomness
             if randomness == "error":

@@ -3,9 +3,12 @@
 torch.func checks these in C++ while its transform stack is non-empty: `Tensor.requires_grad_()`
 (which is also how `torch.autograd.functional.*` fails inside a transform), `Tensor.retain_grad()`,
 and `autograd.Function.apply` of a Function without functorch support. The engine has no C++ hook,
-so while a transformed function runs (and only then) it puts checking wrappers around those three
-entry points; the outermost transform puts them in place and takes them out again. Engine code that
-must mark its own leaves calls `requires_grad(t)`, which bypasses the check.
+so it puts checking wrappers around those three entry points, once per process (the first transform
+installs them), and the wrappers are inert while no transformed function runs: they check a depth
+counter and call the original. Installing and removing them around every transform call cost ~66 us
+per patch, four patches per call (issue #18); an inert wrapper costs one Python call outside
+transforms. Engine code that must mark its own leaves calls `requires_grad(t)`, which bypasses the
+check.
 
 One deliberate difference: under `vmap` alone (no grad transform running) the engine allows
 `requires_grad_()`/`retain_grad()`, because `torch.autograd.grad` inside `engine.vmap` gives exact
@@ -14,9 +17,8 @@ new leaf would silently cut the transform's own graph, they raise as in torch.fu
 """
 from __future__ import annotations
 
-import contextlib
 import threading
-from typing import Any, Iterator
+from typing import Any
 
 import torch
 
@@ -39,7 +41,7 @@ def requires_grad(t: torch.Tensor, flag: bool = True) -> torch.Tensor:
 
 
 def _requires_grad_(self: torch.Tensor, requires_grad: bool = True) -> torch.Tensor:
-    if _State.depth == _State.vmap:  # only vmaps are running: allowed (see the module docstring)
+    if _State.depth == _State.vmap:  # no transform, or only vmaps  # only vmaps are running: allowed (see the module docstring)
         return _ORIGINAL_REQUIRES_GRAD(self, requires_grad)
     raise UnsupportedInTransformError(
         "You are attempting to call Tensor.requires_grad_() (or perhaps using torch.autograd.functional.* "
@@ -66,7 +68,7 @@ def _is_engine_function(cls: type) -> bool:
 
 
 def _apply(cls: Any, *args: Any, **kwargs: Any) -> Any:
-    if not _is_engine_function(cls):
+    if _State.depth and not _is_engine_function(cls):
         name = cls.__name__
         if cls.setup_context is torch.autograd.function._SingleLevelFunction.setup_context:
             raise UnsupportedInTransformError(
@@ -83,27 +85,40 @@ def _apply(cls: Any, *args: Any, **kwargs: Any) -> Any:
     return _ORIGINAL_APPLY.__func__(cls, *args, **kwargs)
 
 
-@contextlib.contextmanager
-def transform_scope(is_vmap: bool = False) -> Iterator[None]:
-    """Active while a transform runs the user's function: the checks above are in force."""
+class _Installed:
+    done = False
+
+
+def _install() -> None:
+    """Put the checking wrappers in place for the rest of the process (they are inert at depth 0)."""
     with _lock:
-        if _State.depth == 0:
+        if not _Installed.done:
             torch.Tensor.requires_grad_ = _requires_grad_  # type: ignore[method-assign]
             torch.Tensor.retain_grad = _retain_grad  # type: ignore[method-assign]
             torch.autograd.Function.apply = classmethod(_apply)  # type: ignore[method-assign,assignment]
-        _State.depth += 1
-        _State.vmap += is_vmap
-    try:
-        yield
-    finally:
+            _Installed.done = True
+
+
+class transform_scope:  # noqa: N801 - used as `with transform_scope(...)`, like a function
+    """Active while a transform runs the user's function: the checks above are in force. A class
+    rather than a generator context manager: it is entered on every transform call."""
+
+    __slots__ = ("is_vmap",)
+
+    def __init__(self, is_vmap: bool = False) -> None:
+        self.is_vmap = is_vmap
+
+    def __enter__(self) -> None:
+        if not _Installed.done:
+            _install()
+        with _lock:  # threads share the counters: no lost update may leave the checks on for good
+            _State.depth += 1
+            _State.vmap += self.is_vmap
+
+    def __exit__(self, *exc: object) -> None:
         with _lock:
             _State.depth -= 1
-            _State.vmap -= is_vmap
-            if _State.depth == 0:
-                torch.Tensor.requires_grad_ = _ORIGINAL_REQUIRES_GRAD  # type: ignore[method-assign]
-                torch.Tensor.retain_grad = _ORIGINAL_RETAIN_GRAD  # type: ignore[method-assign]
-                torch.autograd.Function.apply = _ORIGINAL_APPLY  # type: ignore[method-assign]
-
+            _State.vmap -= self.is_vmap
 
 
 def checked(func: Any) -> Any:

@@ -40,8 +40,12 @@ def vmap(
 
     @functools.wraps(func)
     def wrapped(*args, **kwargs):
-        flat_args, spec = tree_flatten(args)
-        flat_dims = _flat_in_dims(func, in_dims, args, spec)
+        flat_dims = _tensor_in_dims(in_dims, args)
+        if flat_dims is not None:  # every argument a tensor: args is its own flat list (no pytree walk)
+            flat_args, spec = list(args), None
+        else:
+            flat_args, spec = tree_flatten(args)
+            flat_dims = _flat_in_dims(func, in_dims, args, spec)
         size = _batch_size(func, flat_args, flat_dims)
         if chunk_size is None or chunk_size >= size:
             return _vmap_call(func, flat_args, flat_dims, spec, size, out_dims, randomness, kwargs)
@@ -52,6 +56,19 @@ def vmap(
 
 def _fname(func: Callable) -> str:
     return getattr(func, "__name__", repr(func))
+
+
+def _tensor_in_dims(in_dims: Any, args: tuple) -> list | None:
+    """The flat in_dims when every positional argument is a tensor and in_dims is an int, None or a
+    flat tuple of those of matching length (the common call: no pytree to walk); else None."""
+    for a in args:
+        if not isinstance(a, torch.Tensor):
+            return None
+    if in_dims is None or type(in_dims) is int:
+        return [in_dims] * len(args)
+    if type(in_dims) is tuple and len(in_dims) == len(args) and all(d is None or type(d) is int for d in in_dims):
+        return list(in_dims)
+    return None
 
 
 def _flat_in_dims(func: Callable, in_dims: Any, args: tuple, spec: Any) -> list:
@@ -117,13 +134,16 @@ def _vmap_call(func, flat_args, flat_dims, spec, size, out_dims, randomness, kwa
             for a, d in zip(flat_args, flat_dims)
         ]
         with VmapMode(info), transform_scope(is_vmap=True), batched_initial_state():
-            out = checked(func)(*tree_unflatten(batched, spec), **kwargs)
-        return _unwrap_outputs(func, out, out_dims, info.level, size)
+            out = checked(func)(*(batched if spec is None else tree_unflatten(batched, spec)), **kwargs)
+        entries = {id(b): a for b, a in zip(batched, flat_args) if b is not a}
+        return _unwrap_outputs(func, out, out_dims, info.level, size, entries)
     finally:
         pop_level(info)
 
 
-def _unwrap_outputs(func, out, out_dims, level, size):
+def _unwrap_outputs(func, out, out_dims, level, size, entries=None):
+    if type(out_dims) is int and isinstance(out, torch.Tensor):  # one tensor out: no pytree walk
+        return _unwrap_one(func, 0, out, out_dims, level, size, entries)
     flat_out, out_spec = tree_flatten(out)
     if isinstance(out_dims, list):
         out_dims = tuple(out_dims)
@@ -133,35 +153,68 @@ def _unwrap_outputs(func, out, out_dims, level, size):
             f"vmap({_fname(func)}, ..., out_dims={out_dims!r})(<inputs>): out_dims is not compatible with the "
             f"structure of `outputs`. out_dims has structure {tree_flatten(out_dims)[1]} but outputs has structure {out_spec}."
         )
-    result = []
-    for i, (o, d) in enumerate(zip(flat_out, flat_dims)):
-        if not isinstance(o, torch.Tensor):
-            if d is not None:
-                raise VmapError(
-                    f"vmap({_fname(func)}, ...): `{_fname(func)}` returned a {type(o).__name__} at output {i}; only "
-                    f"tensors can be batched. Return a tensor, or pass out_dims=None for that output."
-                )
-            result.append(o)
-            continue
-        if d is None:
-            if is_batched_at(o, level):
-                raise VmapError(
-                    f"vmap({_fname(func)}, ..., out_dims=None)(<inputs>): output {i} is batched (it depends on a "
-                    f"mapped input), so it has no single value to return with out_dims=None. Use an int out_dim."
-                )
-            result.append(o)
-            continue
-        if not isinstance(d, int):
-            raise VmapError(f"vmap({_fname(func)}, ...): out_dims entries must be int or None, got {d!r}.")
-        t = leave(o, level, size)
-        nd = t.dim()
-        if not -nd <= d < nd:
-            raise VmapError(
-                f"vmap({_fname(func)}, ..., out_dims={d}): output {i} has {nd} dims (batch dim included), so out_dim "
-                f"must satisfy -{nd} <= out_dim < {nd}."
-            )
-        result.append(t if d % nd == 0 else t.movedim(0, d))
+    result = [_unwrap_one(func, i, o, d, level, size, entries) for i, (o, d) in enumerate(zip(flat_out, flat_dims))]
     return tree_unflatten(result, out_spec)
+
+
+def _unwrap_one(func, i, o, d, level, size, entries=None):
+    """Output `i` of the vmapped function with its batch moved to out_dim `d` (None: unbatched);
+    `entries` maps id(batched entry) -> the input it entered as (for view identity)."""
+    if not isinstance(o, torch.Tensor):
+        if d is not None:
+            raise VmapError(
+                f"vmap({_fname(func)}, ...): `{_fname(func)}` returned a {type(o).__name__} at output {i}; only "
+                f"tensors can be batched. Return a tensor, or pass out_dims=None for that output."
+            )
+        return o
+    if d is None:
+        if is_batched_at(o, level):
+            raise VmapError(
+                f"vmap({_fname(func)}, ..., out_dims=None)(<inputs>): output {i} is batched (it depends on a "
+                f"mapped input), so it has no single value to return with out_dims=None. Use an int out_dim."
+            )
+        return o
+    if not isinstance(d, int):
+        raise VmapError(f"vmap({_fname(func)}, ...): out_dims entries must be int or None, got {d!r}.")
+    base = o._base if entries and type(o) is BatchedTensor else None
+    if base is None and entries and id(o) in entries and o._elem is entries[id(o)] and o._version == 0 and d % (o.dim() + 1) == 0:
+        return o._elem  # the input itself, returned untouched: torch.func returns that tensor too
+    t = leave(o, level, size)
+    if base is not None and id(base) in entries:
+        t = _as_view_of_input(t, entries[id(base)], base)
+    nd = t.dim()
+    if not -nd <= d < nd:
+        raise VmapError(
+            f"vmap({_fname(func)}, ..., out_dims={d}): output {i} has {nd} dims (batch dim included), so out_dim "
+            f"must satisfy -{nd} <= out_dim < {nd}."
+        )
+    return t if d % nd == 0 else t.movedim(0, d)
+
+
+def _as_view_of_input(t: torch.Tensor, a: torch.Tensor, entry: torch.Tensor) -> torch.Tensor:
+    """`t`, an output whose logical tensor is a view of input `a` (made by view ops from `entry`, the
+    batched tensor `a` entered as), as a view of `a` itself: `result._base is a` (or `a`'s own base)
+    as under torch.func.
+
+    Rules run inside __torch_dispatch__, where PyTorch records no views (ADInplaceOrView is above
+    it): the physical result shares `a`'s memory but has no `_base` and its own version counter,
+    so an in-place write through it would escape autograd's checks on `a`. The same memory is
+    re-viewed here, outside dispatch, with the result's sizes, strides and offset (no copy). When
+    gradients flow, the fresh view's graph (as_strided of `a`) is the output's exact derivative as
+    long as nothing was written in place into `entry` or its views (its version is still 0); else,
+    and for other dtypes or conj/neg bits, the result is left as is.
+    """
+    if type(t) is not torch.Tensor or type(a) is not torch.Tensor or t is a:
+        return t
+    if torch.is_grad_enabled() and (t.requires_grad or a.requires_grad):
+        if entry._version != 0:
+            return t
+    elif t._base is not None:  # already a recorded view (of the entry's movedim, or an expansion)
+        return t
+    if (torch._C._is_alias_of(t, a) and a.dtype == t.dtype and a.is_conj() == t.is_conj()
+            and a.is_neg() == t.is_neg() and a.device == t.device):
+        return a.as_strided(t.shape, t.stride(), t.storage_offset())
+    return t
 
 
 def _chunked(func, flat_args, flat_dims, spec, size, out_dims, randomness, kwargs, chunk_size):
@@ -183,7 +236,7 @@ def _chunked(func, flat_args, flat_dims, spec, size, out_dims, randomness, kwarg
 def _call_single(func, flat_args, flat_dims, spec, i, kwargs):
     args = [a if d is None else a.select(d, i) for a, d in zip(flat_args, flat_dims)]
     with transform_scope(is_vmap=True):
-        return func(*tree_unflatten(args, spec), **kwargs)
+        return func(*(args if spec is None else tree_unflatten(args, spec)), **kwargs)
 
 
 def _out_dims_for(func, out, out_dims):

@@ -415,9 +415,14 @@ def _linearize(func: Callable, primals: tuple, api: str, has_aux: bool = False, 
         flat_t, t_spec = tree_flatten(tangents)
         if len(flat_t) != len(flat):
             raise TransformError(f"{api}: expected tangents with the structure of the primals ({spec}), got {t_spec}.")
-        for p, t in zip(flat, flat_t):
+        for i, (p, t) in enumerate(zip(flat, flat_t)):
             if not isinstance(t, torch.Tensor):
                 raise TransformError(f"{api}: Expected tangents to only contain Tensors, got {type(t)}")
+            if t.dtype != p.dtype:  # torch.func.linearize's check and wording
+                raise TransformError(
+                    f"{api}: tangent:{i} with dtype {t.dtype} in flattened pytree doesn't match the dtype {p.dtype} "
+                    f"of the corresponding primal. Cast the tangent with `tangent.to(primal.dtype)`."
+                )
             if p.shape != t.shape:
                 raise TransformError(
                     f"{api}: Trying to set a forward gradient that has a different size than that of the original "
@@ -458,9 +463,27 @@ def jvp(func: Callable, primals: Any, tangents: Any, *, strict: bool = False, ha
         for leaf in leaves:
             if not isinstance(leaf, torch.Tensor):
                 raise TransformError(f"{api}: Expected {name} to only contain Tensors, got {type(leaf)}")
+    _check_tangent_dtypes(flat_p, flat_t, api)
     out, fn, aux = _linearize(func, primals, api, has_aux=has_aux, strict=strict)
     jv = fn(*tangents)
     return (out, jv, aux) if has_aux else (out, jv)
+
+
+def _check_tangent_dtypes(flat_p: list, flat_t: list, api: str) -> None:
+    """torch.func.jvp refuses integer tangents (ValueError) and otherwise carries each tangent in its
+    own dtype, so the output tangent's dtype follows each op's type promotion (float64 through sin of
+    a float32 primal, float16 through a reshape). This jvp runs reverse mode over the primal's dtype
+    and cannot reproduce that, so a tangent whose dtype differs from its primal's is refused."""
+    for i, (p, t) in enumerate(zip(flat_p, flat_t)):
+        if not (t.is_floating_point() or t.is_complex()):
+            raise TransformError(f"{api}: Expected tangent to be floating point or complex, but got: {t.dtype}")
+        if t.dtype != p.dtype:
+            raise TransformError(
+                f"{api}: tangent {i} has dtype {t.dtype} but its primal has dtype {p.dtype}. torch.func.jvp would carry "
+                f"the tangent in {t.dtype} through the computation (the output tangent's dtype then follows each op's "
+                f"type promotion); this engine computes the tangent in the primal's dtype, so it refuses rather than "
+                f"return a different dtype. Cast the tangent with `tangent.to(primal.dtype)`."
+            )
 
 
 def jacfwd(func: Callable, argnums: Any = 0, has_aux: bool = False, *, randomness: str = "error") -> Callable:

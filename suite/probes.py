@@ -5,6 +5,7 @@
 - `interleaved_seconds`: per-call medians of several callables timed in one process, alternating
   between them round by round. Ratios of these medians are the stable figures on a noisy machine:
   a slow phase of the machine slows every method alike instead of whichever ran at that moment.
+  `interleaved_samples` gives every round's figures, for ratios taken round by round.
 - `nvml_peak_bytes`: device memory in use (as nvidia-smi reports it: all allocations, the CUDA
   context and PyTorch's cached blocks) sampled by a thread while a call runs; its maximum.
 - `fallback_count`: how many times the engine fell back to a per-example loop during a call.
@@ -85,7 +86,7 @@ def setup_case(workload: Any, size: str, method: str, device: str) -> Any:
     from . import selection
 
     pin_threads()
-    reason = selection.outside_profile(workload, size, device)
+    reason = selection.outside_profile(workload, size, device, method)
     if reason is not None:
         raise NotImplementedError(reason)
     require_method(method)
@@ -119,15 +120,17 @@ def _batch_seconds(fn: Callable[[], Any], number: int, device: str,
     return clock() - start
 
 
-def interleaved_seconds(
+def interleaved_samples(
     calls: Mapping[str, Callable[[], Any]],
     device: str = "cpu",
     rounds: int = 9,
     min_batch_s: float = 0.02,
     budget_s: float = 3.0,
     clock: Callable[[], float] = time.perf_counter,
-) -> dict[str, float]:
-    """Median seconds per call of each callable, measured alternately in rounds.
+) -> dict[str, list[float]]:
+    """Seconds per call of each callable in every round, measured alternately (lists aligned by
+    round, so a ratio of two callables can be taken round by round: the calls of one round ran
+    moments apart).
 
     Each callable is first called once (warm-up, and a first estimate of its cost); then every
     round times a batch of calls of each one (batches last at least `min_batch_s`), in forward
@@ -137,7 +140,7 @@ def interleaved_seconds(
     does not inflate.
     """
     if not calls:
-        raise ValueError("interleaved_seconds needs at least one callable")
+        raise ValueError("interleaved_samples needs at least one callable")
     estimate = {name: max(_batch_seconds(fn, 1, device, clock), 1e-7) for name, fn in calls.items()}
     number = {name: max(1, min(100_000, math.ceil(min_batch_s / t))) for name, t in estimate.items()}
     round_cost = sum(number[name] * estimate[name] for name in calls)
@@ -147,6 +150,14 @@ def interleaved_seconds(
     for r in range(rounds):
         for name in order if r % 2 == 0 else reversed(order):
             samples[name].append(_batch_seconds(calls[name], number[name], device, clock) / number[name])
+    return samples
+
+
+def interleaved_seconds(calls: Mapping[str, Callable[[], Any]], device: str = "cpu",
+                        **options: Any) -> dict[str, float]:
+    """Median seconds per call of each callable, measured alternately in rounds: `interleaved_samples`
+    with the same options (rounds, min_batch_s, budget_s, clock)."""
+    samples = interleaved_samples(calls, device, **options)
     return {name: statistics.median(values) for name, values in samples.items()}
 
 

@@ -6,7 +6,8 @@ names, parameters and versions are therefore the same on every machine and in ev
 results of a quick CPU run and a full GPU run live side by side in results/. A profile only picks
 which (size, device) points are measured:
 
-- ``quick`` (what ``make bench`` and ``make continuous`` run): the registry's quick sizes, on cpu;
+- ``quick`` (what ``make bench`` and ``make continuous`` run): the registry's quick sizes, on cpu,
+  with each workload's `quick_methods` (its methods less those it marks `not_in_quick`);
 - ``full`` (nightly and GPU machines): every size, including the heavy ones, on cpu and cuda.
 
 The profile comes from ``VMAPBENCH_PROFILE`` (default ``full``, like a plain ``asv run``) and the
@@ -46,6 +47,11 @@ SUITE_FAMILY = "suite"
 
 # Methods whose first call traces or compiles (Workload.prepare): their first-call time is a metric.
 FIRST_CALL_METHODS = frozenset(COMPILED_METHODS | {"engine_traced"})
+# jax.jit compiles on the first call too. Its compile time is a metric in the compiled family,
+# beside torch.compile's and engine.compile's; elsewhere `vmapbench run` shows it as the first call
+# (a metric there would cost each jax case another process for it). A literal, not
+# workloads.compiled.FAMILY: the suite must import against older commits' workloads.
+JAX_FIRST_CALL_FAMILY = "compiled"
 
 
 def _always(workload: Workload, method: str, device: str) -> bool:
@@ -61,7 +67,7 @@ def _engine_only(workload: Workload, method: str, device: str) -> bool:
 
 
 def _first_call_only(workload: Workload, method: str, device: str) -> bool:
-    return method in FIRST_CALL_METHODS
+    return method in FIRST_CALL_METHODS or (method == "jax" and workload.family == JAX_FIRST_CALL_FAMILY)
 
 
 def _against_loop(workload: Workload, method: str, device: str) -> bool:
@@ -151,11 +157,20 @@ def profile_sizes(workload: Workload, profile: str) -> list[str]:
     return list(workload.sizes)
 
 
-def outside_profile(workload: Workload, size: str, device: str) -> str | None:
-    """Why (workload, size, device) is not measured by the active profile, or None if it is."""
+def profile_methods(workload: Workload, profile: str) -> tuple[str, ...]:
+    """The methods of `workload` that `profile` measures (quick: all but those marked not_in_quick).
+    Workloads of commits from before not_in_quick have no quick_methods: all their methods count."""
+    return getattr(workload, "quick_methods", workload.methods) if profile == "quick" else workload.methods
+
+
+def outside_profile(workload: Workload, size: str, device: str, method: str | None = None) -> str | None:
+    """Why (workload, size, device[, method]) is not measured by the active profile, or None if it is."""
     profile = active_profile()
     if size not in profile_sizes(workload, profile):
         return f"size {size} of {workload.name} is not in the {profile} profile ({PROFILE_ENV}={profile})"
+    if method is not None and method not in profile_methods(workload, profile):
+        return (f"method {method} of {workload.name} is not in the {profile} profile "
+                "(the workload marks it not_in_quick)")
     devices = active_devices(profile)
     if device not in devices:
         return f"device {device} is not in this run's devices {','.join(devices)} ({DEVICES_ENV})"
@@ -217,7 +232,7 @@ def bench_regexes(
             for device in devices:
                 if device not in w.devices:
                     continue
-                methods = [m for m in w.methods if metric.applies(w, m, device)]
+                methods = [m for m in profile_methods(w, profile) if metric.applies(w, m, device)]
                 if methods:
                     regexes.append(
                         rf"^{metric.module}\.{cls}\.{metric.name}\({_alternation(sizes)}, "

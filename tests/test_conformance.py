@@ -381,6 +381,66 @@ def jvp_through_inplace_on_view(m):
     return m.jvp(f, (torch.randn(3),), (torch.ones(3),))
 
 
+@case
+def jvp_integer_tangent_refused(m):
+    return m.jvp(torch.sin, (torch.randn(3),), (torch.ones(3, dtype=torch.int64),))
+
+
+@case
+def linearize_tangent_of_another_dtype_refused(m):
+    _, jvp_fn = m.linearize(torch.sin, torch.randn(3))
+    return jvp_fn(torch.randn(3, dtype=torch.float64))
+
+
+# ---- view identity: a view op's result is a view of the input (`_base is x`) ---------------------
+
+_VIEWS = {
+    "diagonal": (lambda t: t.diagonal(), 0, 0),
+    "transpose_in_dim_1": (lambda t: t.t(), 1, 0),
+    "select_out_dim_1": (lambda t: t[0], 0, 1),
+    "unbind": (lambda t: t.unbind(0), 0, 0),
+    "split": (lambda t: t.split(2, 0), 0, 0),
+    "chunk": (lambda t: t.chunk(2, 1), 2, 0),
+    "view": (lambda t: t.view(-1), 0, 0),
+    "reshape": (lambda t: t.reshape(2, 2, 4), 0, 0),
+    "select": (lambda t: t.select(1, 1), 0, 0),
+    "narrow": (lambda t: t.narrow(1, 1, 2), 0, 0),
+    "getitem": (lambda t: t[1:3, ::2], 0, 0),
+    "expand": (lambda t: t.expand(2, 4, 4), 0, 0),
+    "permute_movedim": (lambda t: t.permute(1, 0).movedim(0, 1), 1, 1),
+    "unflatten": (lambda t: t.unflatten(0, (2, 2)), 0, 0),
+    "as_strided": (lambda t: t.as_strided((2, 2), (1, 2)), 0, 0),
+    "unfold": (lambda t: t.unfold(0, 2, 1), 0, 0),
+    "alias": (lambda t: torch.ops.aten.alias(t), 0, 0),
+    "detach_is_not_a_view": (lambda t: t.detach(), 0, 0),
+    "identity": (lambda t: t, 0, 0),
+}
+
+
+def _view_case(name: str, fn: Callable, in_dim: int, out_dim: int, requires_grad: bool) -> None:
+    def run(m):
+        x = torch.randn(3, 4, 4, requires_grad=requires_grad)
+        out = m.vmap(fn, in_dims=in_dim, out_dims=out_dim)(x)
+        outs = out if isinstance(out, tuple) else (out,)
+        return [o._base is x for o in outs], [o is x for o in outs], out
+
+    CASES[f"view_identity_{name}{'_requires_grad' if requires_grad else ''}"] = run
+
+
+for _name, (_fn, _in, _out) in _VIEWS.items():
+    _view_case(_name, _fn, _in, _out, False)
+    _view_case(_name, _fn, _in, _out, True)
+
+
+@case
+def view_identity_write_through_view_bumps_the_input_version(m):
+    x = torch.randn(3, 4)
+    d = m.vmap(lambda t: t[1:])(x)
+    before = x._version
+    d.mul_(2)
+    return x._version > before, x
+
+
 # ---- in-place patterns torch.func accepts -------------------------------------------------------
 
 @case
@@ -433,6 +493,18 @@ for _r in ("different", "same"):
     _rand_case(f"dropout_{_r}", lambda m, r=_r: m.vmap(lambda x: torch.nn.functional.dropout(x + 1, 0.5), randomness=r)(_Z))
     _rand_case(f"nested_randn_{_r}", lambda m, r=_r: m.vmap(m.vmap(lambda x: torch.randn(2) + x, randomness=r),
                                                             randomness=r)(torch.zeros(3, 4, 2)))
+    # an UNBATCHED input: torch.func still draws a mask per element under 'different'
+    _rand_case(f"dropout_unbatched_{_r}", lambda m, r=_r: m.vmap(lambda x: torch.nn.functional.dropout(torch.ones(3), 0.5) + x,
+                                                              randomness=r)(_Z))
+    _rand_case(f"dropout1d_unbatched_{_r}", lambda m, r=_r: m.vmap(
+        lambda x: torch.nn.functional.dropout1d(torch.ones(2, 3), 0.5) + x[:2], randomness=r)(_Z))
+    _rand_case(f"alpha_dropout_unbatched_{_r}", lambda m, r=_r: m.vmap(
+        lambda x: torch.nn.functional.alpha_dropout(torch.ones(3), 0.5, training=True) + x, randomness=r)(_Z))
+    _rand_case(f"feature_alpha_dropout_unbatched_{_r}", lambda m, r=_r: m.vmap(
+        lambda x: torch.nn.functional.feature_alpha_dropout(torch.ones(2, 3), 0.5, training=True) + x[:2], randomness=r)(_Z))
+    _rand_case(f"dropout_module_unbatched_{_r}", lambda m, r=_r: m.vmap(lambda x: torch.nn.Dropout(0.3)(torch.ones(3)) + x,
+                                                                     randomness=r)(_Z))
+_rand_case("dropout_unbatched_error_mode", lambda m: m.vmap(lambda x: torch.nn.functional.dropout(torch.ones(3), 0.5) + x)(_Z))
 _rand_case("nested_different_over_same", lambda m: m.vmap(m.vmap(lambda x: torch.randn(2) + x, randomness="same"),
                                                            randomness="different")(torch.zeros(3, 4, 2)))
 _rand_case("randomness_error_mode", lambda m: m.vmap(lambda x: torch.randn(3) + x)(_Z))
@@ -483,6 +555,80 @@ def test_transform_errors_are_runtime_errors() -> None:
     assert issubclass(engine.TransformError, ValueError) and issubclass(engine.VmapError, ValueError)
 
 
+_aten = torch.ops.aten
+_SHARED_STATS_CALLS = {
+    "native_batch_norm": lambda x, rm, rv, m: _aten.native_batch_norm(x, None, None, rm, rv, True, m, 1e-5),
+    "_native_batch_norm_legit": lambda x, rm, rv, m: _aten._native_batch_norm_legit(x, None, None, rm, rv, True, m, 1e-5),
+    "_batch_norm_with_update": lambda x, rm, rv, m: _aten._batch_norm_with_update(x, torch.ones(3, dtype=x.dtype), None, rm, rv, m, 1e-5),
+    "F.batch_norm": lambda x, rm, rv, m: torch.nn.functional.batch_norm(x, rm, rv, training=True, momentum=m),
+    "F.instance_norm": lambda x, rm, rv, m: torch.nn.functional.instance_norm(x, rm, rv, use_input_stats=True, momentum=m),
+}
+
+
+@pytest.mark.parametrize("momentum", [0.1, 0.0, 1.0])
+@pytest.mark.parametrize("name", sorted(_SHARED_STATS_CALLS))
+def test_batch_norm_training_with_shared_running_stats_matches_the_loop(name: str, momentum: float) -> None:
+    """torch.func refuses a batched input with unbatched running statistics in training mode; the
+    loop updates them once per example in turn, and the engine gives exactly that (outputs and
+    buffers; with momentum 0.1 a second write of the closed form would show in the buffers)."""
+    fn = _SHARED_STATS_CALLS[name]
+    x = torch.randn(4, 5, 3, 6, dtype=torch.float64)
+    rm0, rv0 = torch.randn(3, dtype=torch.float64), torch.rand(3, dtype=torch.float64) + 0.5
+    rm_loop, rv_loop = rm0.clone(), rv0.clone()
+    want = [fn(xi, rm_loop, rv_loop, momentum) for xi in x]
+    rm, rv = rm0.clone(), rv0.clone()
+    with engine.fallback_policy("error"):
+        got = engine.vmap(lambda xi: fn(xi, rm, rv, momentum))(x)
+    for j, g in enumerate(got if isinstance(got, tuple) else (got,)):
+        w = torch.stack([(o if isinstance(o, tuple) else (o,))[j] for o in want])
+        torch.testing.assert_close(g, w, msg=f"{name}: output {j}")
+    torch.testing.assert_close(rm, rm_loop, msg=f"{name}: running_mean")
+    torch.testing.assert_close(rv, rv_loop, msg=f"{name}: running_var (unbiased variance per example)")
+
+
+def test_batch_norm_module_in_training_under_vmap_updates_its_buffers_as_the_loop() -> None:
+    bn, loop_bn = torch.nn.BatchNorm2d(3), torch.nn.BatchNorm2d(3)
+    x = torch.randn(4, 2, 3, 5, 5)
+    want = torch.stack([loop_bn(xi) for xi in x])
+    with engine.fallback_policy("error"):
+        got = engine.vmap(bn)(x)
+    torch.testing.assert_close(got, want)
+    torch.testing.assert_close(bn.running_mean, loop_bn.running_mean)
+    torch.testing.assert_close(bn.running_var, loop_bn.running_var)
+
+
+def test_narrow_with_a_tensor_start_reads_it_when_every_element_agrees() -> None:
+    x = torch.randn(3, 6, 4)
+    same = torch.tensor([2, 2, 2])
+    want = torch.stack([xi.narrow(0, s, 3) for xi, s in zip(x, same)])
+    torch.testing.assert_close(engine.vmap(lambda xi, s: xi.narrow(0, s, 3))(x, same), want)
+    with pytest.raises(RuntimeError, match="differs per batch element"):
+        engine.vmap(lambda xi, s: xi.narrow(0, s, 3))(x, torch.tensor([0, 1, 2]))
+
+
+def test_inplace_draw_into_a_fresh_empty_tensor_draws_per_element_under_different() -> None:
+    """torch.func refuses `torch.empty_like(x).uniform_()` on an unbatched x under 'different'; in the
+    loop each iteration fills its own fresh tensor, which the engine does (one draw over [B, ...])."""
+    x = torch.zeros(5)
+    torch.manual_seed(3)
+    got = engine.vmap(lambda z: torch.empty_like(x).uniform_() + z, randomness="different")(torch.zeros(4, 1))
+    torch.manual_seed(3)
+    torch.testing.assert_close(got, torch.empty(4, 5).uniform_())
+    with pytest.raises(RuntimeError, match="inplace randomness on an unbatched tensor"):
+        engine.vmap(lambda z: torch.ones(5).uniform_() + z, randomness="different")(torch.zeros(4, 1))
+
+
+@pytest.mark.parametrize("dtype", [torch.float64, torch.float16, torch.complex64])
+def test_jvp_tangent_of_another_dtype_is_refused(dtype: torch.dtype) -> None:
+    """torch.func.jvp carries such a tangent in its own dtype (float64 through sin of a float32 primal,
+    float16 through a reshape but float32 through sin); the engine's reverse-mode jvp cannot, so it
+    refuses with an error that is both a RuntimeError and a ValueError."""
+    with pytest.raises(RuntimeError, match="tangent 0 has dtype"):
+        engine.jvp(torch.sin, (torch.randn(3),), (torch.randn(3).to(dtype),))
+    with pytest.raises(ValueError):
+        engine.jvp(torch.sin, (torch.randn(3),), (torch.randn(3).to(dtype),))
+
+
 # ---- OpInfo ops torch.func batches natively ------------------------------------------------------
 
 TORCH_FUNC_NATIVE = [
@@ -495,7 +641,10 @@ TORCH_FUNC_NATIVE = [
 # where torch.func falls back to its loop and the engine batches natively
 BEYOND_TORCH_FUNC = [
     "nn.functional.bilinear", "nonzero_static", "index_reduce.amax", "put", "masked_scatter", "ormqr",
-    "nn.functional.pdist", "linalg.ldl_solve", "hash_tensor", "as_strided_scatter",
+    "nn.functional.pdist", "linalg.ldl_solve", "hash_tensor", "as_strided_scatter", "nn.functional.embedding_bag",
+    # where torch.func raises: training-mode batch norm with unbatched running statistics, narrow's tensor start
+    "native_batch_norm", "_native_batch_norm_legit", "_batch_norm_with_update", "nn.functional.batch_norm",
+    "nn.functional.instance_norm", "narrow",
 ]
 
 

@@ -52,7 +52,7 @@ def test_registry_lists_what_the_suite_runs() -> None:
     listed = {(w.name, m, s, d) for w, m, s, d in workloads.iter_cases(devices=("cpu", "cuda"))}
     assert listed == expected
     quick = {(w.name, m, s) for w, m, s, _ in workloads.iter_cases(quick=True)}
-    assert quick == {(w.name, m, s) for w in ALL for s in w.quick for m in w.methods}
+    assert quick == {(w.name, m, s) for w in ALL for s in w.quick for m in w.quick_methods}
     assert len({w.name for w in ALL}) == len(ALL)
     assert set(workloads.families()) == {
         "bayes_logreg", "hessians", "per_sample_grads", "bayes_models", "torch_func_tutorials", "compiled"

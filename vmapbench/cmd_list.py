@@ -1,8 +1,8 @@
 """`vmapbench list`: every registered workload with its family, methods and parameter grid.
 
 The grid column gives each parameter's values (the sizes are their product); the quick column
-names the sizes the quick profile (`make bench`) runs, the heavy column the memory-heavy sizes it
-must skip. `--describe` adds each workload's one-line description.
+names the sizes the quick profile (`make bench`) runs (and the methods it leaves out there, if
+any), the heavy column the memory-heavy sizes it must skip. `--describe` adds each workload's one-line description.
 """
 from __future__ import annotations
 
@@ -30,6 +30,13 @@ def grid_cell(workload: workloads.Workload) -> str:
     return "\n".join(f"{key}: {', '.join(map(str, values))}" for key, values in workload.grid.items())
 
 
+def quick_cell(workload: workloads.Workload) -> str:
+    if not workload.quick:
+        return "-"
+    left_out = f"\n(without {', '.join(workload.not_in_quick)})" if workload.not_in_quick else ""
+    return "\n".join(workload.quick) + left_out
+
+
 def main(args: argparse.Namespace) -> int:
     console = make_console()
     if args.family is not None and args.family not in workloads.families():
@@ -43,7 +50,7 @@ def main(args: argparse.Namespace) -> int:
     for w in workloads.all_workloads(args.family):
         if args.quick and not w.quick:
             continue
-        row = [w.name, w.family, ", ".join(w.methods), grid_cell(w), "\n".join(w.quick) or "-", "\n".join(w.heavy) or "-"]
+        row = [w.name, w.family, ", ".join(w.methods), grid_cell(w), quick_cell(w), "\n".join(w.heavy) or "-"]
         table.add_row(*row, *([w.description] if args.describe else []))
         shown += 1
     console.print(table)

@@ -62,11 +62,14 @@ class Workload:
 
     `grid` maps parameter names to value lists (their product is the full grid); `quick` is the
     subset of size labels the quick profile (`make bench`) runs; `heavy` names memory-heavy sizes
-    the quick profile must skip. `setup(params, device)` builds seeded float32 data and returns a
-    state object (NotImplementedError when the device is unavailable: ASV reports a skip);
-    `run(method, state)` is the measured call; `check(state, methods=None)` raises AssertionError
-    when any method (or each of `methods`) disagrees with a float64 loop reference. Workload
-    modules build all of this with `workloads.define.define()`.
+    the quick profile must skip; `not_in_quick` names methods the quick profile leaves out at its
+    quick sizes (`quick_methods` are the rest), e.g. a peer whose start-up and compile would cost
+    the quick profile seconds per benchmark process for a figure the full profile has.
+    `setup(params, device)` builds seeded float32 data and returns a state object
+    (NotImplementedError when the device is unavailable: ASV reports a skip); `run(method, state)`
+    is the measured call; `check(state, methods=None)` raises AssertionError when any method (or
+    each of `methods`) disagrees with a float64 loop reference. Workload modules build all of this
+    with `workloads.define.define()`.
     """
 
     name: str
@@ -80,6 +83,7 @@ class Workload:
     devices: tuple[str, ...] = ("cpu", "cuda")
     quick: tuple[str, ...] = ()
     heavy: tuple[str, ...] = ()
+    not_in_quick: tuple[str, ...] = ()
     extra: dict[str, Any] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
@@ -89,6 +93,15 @@ class Workload:
         bad = set(self.quick) - set(self.sizes)
         if bad:
             raise ValueError(f"workload {self.name!r}: quick sizes {sorted(bad)} are not in its grid {self.sizes}")
+        stray = set(self.not_in_quick) - set(self.methods)
+        if stray:
+            raise ValueError(f"workload {self.name!r}: not_in_quick names {sorted(stray)}, which are not among its "
+                             f"methods {self.methods}")
+
+    @property
+    def quick_methods(self) -> tuple[str, ...]:
+        """The methods the quick profile runs at the quick sizes: all but `not_in_quick`."""
+        return tuple(m for m in self.methods if m not in self.not_in_quick)
 
     @property
     def sizes(self) -> list[str]:
@@ -146,5 +159,5 @@ def iter_cases(quick: bool = False, devices: Iterable[str] = ("cpu",)) -> Iterab
         for size in sizes:
             for device in devices:
                 if device in w.devices:
-                    for method in w.methods:
+                    for method in w.quick_methods if quick else w.methods:
                         yield w, method, size, device

@@ -1,10 +1,12 @@
 """Compiled variants of representative cases: engine.compile vs torch.compile(torch.func) vs the loop.
 
 Each reuses another family's data and method builders, so it measures the same computation as
-its eager counterpart; the eager loop and torch_func stay in for the side-by-side ratios. The
-compile happens on the first call (`Workload.prepare`, kept apart from the timed runs) and costs
-about 30 s on 2 cores, hence few cases, small sizes, and only `compiled_logreg_hessian` in the
-quick profile (2 compiled methods).
+its eager counterpart; the eager loop and torch_func stay in for the side-by-side ratios. `jax`
+is jax.jit of the same transform on the eager workload's jax.numpy twin: the natural peer of
+torch.compile, XLA compiling the whole batched program. The compile happens on the first call
+(`Workload.prepare`, kept apart from the timed runs) and costs about 30 s on 2 cores for
+torch.compile, hence few cases, small sizes, and only `compiled_logreg_hessian` in the quick
+profile (2 compiled methods; not its jax, which logreg_hessian's quick case already times).
 
 `loop_compiled` (torch.compile of the per-example loss, the loop staying in Python) appears only
 for per-sample gradients: AOTAutograd does not support the double backward a Hessian loop needs.
@@ -13,6 +15,7 @@ from __future__ import annotations
 
 from workloads import bayes_logreg, hessians, per_sample_grads
 from workloads.define import define
+from workloads.peers.jax_methods import with_jax
 
 FAMILY = "compiled"
 
@@ -21,10 +24,11 @@ define(
     family=FAMILY,
     description="logreg_hessian compiled: engine.compile vs torch.compile(torch.func.hessian)",
     grid={"n": [1000], "d": [16, 64]},
-    methods=("loop", "torch_func", "closed_form", "engine_compiled", "torch_func_compiled"),
+    methods=("loop", "torch_func", "closed_form", "engine_compiled", "torch_func_compiled", "jax"),
     make_inputs=bayes_logreg.logreg_data,
-    make_method=bayes_logreg.logreg_hessian_method,
+    make_method=with_jax(bayes_logreg.logreg_hessian_method, "logreg_hessian"),
     quick=("n=1000,d=64",),
+    not_in_quick=("jax",),  # logreg_hessian's quick case times the same jax program
 )
 
 define(
@@ -32,9 +36,9 @@ define(
     family=FAMILY,
     description="psg_mlp compiled: engine.compile vs torch.compile(vmap(grad)) vs a loop over a compiled loss",
     grid={"batch": [64]},
-    methods=("loop", "torch_func", "closed_form", "loop_compiled", "engine_compiled", "torch_func_compiled"),
+    methods=("loop", "torch_func", "closed_form", "loop_compiled", "engine_compiled", "torch_func_compiled", "jax"),
     make_inputs=per_sample_grads.mlp_data,
-    make_method=per_sample_grads.mlp_method,
+    make_method=with_jax(per_sample_grads.mlp_method, "psg_mlp"),
 )
 
 define(
@@ -42,7 +46,7 @@ define(
     family=FAMILY,
     description="mlp_jacobian compiled: engine.compile vs torch.compile(torch.func.jacrev)",
     grid={"hidden": [32]},
-    methods=("loop", "torch_func", "closed_form", "engine_compiled", "torch_func_compiled"),
+    methods=("loop", "torch_func", "closed_form", "engine_compiled", "torch_func_compiled", "jax"),
     make_inputs=hessians.jacobian_data,
-    make_method=hessians.jacobian_mlp_method,
+    make_method=with_jax(hessians.jacobian_mlp_method, "mlp_jacobian"),
 )

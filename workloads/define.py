@@ -114,6 +114,7 @@ def define(
     make_method: MakeMethod,
     quick: Iterable[str] = (),
     heavy: Iterable[str] = (),
+    not_in_quick: Iterable[str] = (),
     tolerance: float = DEFAULT_TOLERANCE,
     devices: Sequence[str] = ("cpu", "cuda"),
     extra: Mapping[str, Any] | None = None,
@@ -156,6 +157,7 @@ def define(
         devices=tuple(devices),
         quick=tuple(quick),
         heavy=tuple(heavy),
+        not_in_quick=tuple(not_in_quick),
         extra=dict(extra or {}),
     )
     return register(workload)

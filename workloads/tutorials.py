@@ -10,6 +10,9 @@ called through `torch.func.functional_call` with their parameters passed as a di
 - `tutorial_maml`: MAML on sine-wave regression: the meta-gradient through one inner gradient
   step, vmapped over tasks (grad of vmap of a function that calls grad).
 
+The `jax` method runs the same nets written in jax.numpy (`workloads.peers.jax_models`) under
+jax.jit, on the same weights and data.
+
 Modules are built on the meta device (no storage, no global RNG); their parameters are drawn from
 the workload's seeded generator, so every method sees the same weights.
 """
@@ -25,9 +28,13 @@ from torch.func import functional_call, stack_module_state
 
 from workloads.define import define
 from workloads.methods import NTK_FORMULATIONS, ensemble_method, meta_grad_method, ntk_method
+from workloads.peers.jax_methods import with_jax
 
 FAMILY = "torch_func_tutorials"
-METHODS = ("loop", "engine", "engine_traced", "torch_func")
+METHODS = ("loop", "engine", "engine_traced", "torch_func", "jax")
+# jax's import and jit compile cost ~1-2 s in each of a quick case's benchmark processes (~30 s for
+# the family); the full profile measures it, `python -m vmapbench.peer_ratios` side by side.
+NOT_IN_QUICK = ("jax",)
 
 Params = dict[str, torch.Tensor]
 
@@ -84,8 +91,9 @@ define(
     grid={"formulation": list(NTK_FORMULATIONS), "examples": [2, 8, 16]},
     methods=METHODS,
     make_inputs=ntk_data,
-    make_method=ntk_method_of,
+    make_method=with_jax(ntk_method_of, "tutorial_ntk"),
     quick=("formulation=jacobian,examples=8",),
+    not_in_quick=NOT_IN_QUICK,
     # jvp_vjp pushes examples^2 x 10 parameter-sized vectors at once (~0.5 GB at 16 examples).
     heavy=("formulation=jvp_vjp,examples=16",),
 )
@@ -145,8 +153,9 @@ define(
     grid={"task": ["predict", "train_grad"], "models": [4, 16, 64]},
     methods=METHODS,
     make_inputs=ensemble_data,
-    make_method=ensemble_method_of,
+    make_method=with_jax(ensemble_method_of, "tutorial_ensemble"),
     quick=("task=train_grad,models=16",),
+    not_in_quick=NOT_IN_QUICK,
 )
 
 
@@ -194,6 +203,7 @@ define(
     grid={"tasks": [8, 32, 512]},
     methods=METHODS,
     make_inputs=maml_data,
-    make_method=maml_method_of,
+    make_method=with_jax(maml_method_of, "tutorial_maml"),
     quick=("tasks=32",),
+    not_in_quick=NOT_IN_QUICK,
 )

@@ -34,11 +34,15 @@ def _branch_rule(op):
     `if not sym_check.all():` in torch.distributions' positive-definite constraint) each element
     would take the same branch in a loop, so that answer is returned; when they disagree no single
     Python value is right and the call raises. Numbers read off a batched tensor (`.item()` of
-    a float or int) stay refused: their values differ per element.
+    a float or int) follow the same reasoning: when every element holds the same number (an index
+    tensor passed to `narrow` or `tensor_split` that only looks batched), each loop iteration
+    reads that number, so it is returned; when they differ the call raises.
     """
 
     def rule(info, in_dims, x):
         if op is aten._local_scalar_dense.default and x.dtype != torch.bool:
+            if bool(aten._is_all_true.default(aten.eq.Tensor(x, x[:1]))):
+                return op(x[0]), None
             raise DataDependentError(_MESSAGE.format(name=op.name(), what="a number"))
         truth = x if x.dtype == torch.bool else x != 0
         if bool(aten._is_all_true.default(truth)):

@@ -10,6 +10,8 @@ rule folds them again the same way.
 """
 from __future__ import annotations
 
+import functools
+
 import torch
 
 from engine.errors import VmapError
@@ -41,8 +43,10 @@ def _fold_offsets(offsets: torch.Tensor, B: int, n: int, include_last_offset: bo
     return _shift(offsets, B, n)
 
 
-def embedding_bag_rule(info, in_dims, weight, indices, offsets, scale_grad_by_freq=False, mode=0, sparse=False,
-                       per_sample_weights=None, include_last_offset=False, padding_idx=-1):
+def _forward(kernel, info, in_dims, weight, indices, offsets, scale_grad_by_freq=False, mode=0, sparse=False,
+             per_sample_weights=None, include_last_offset=False, padding_idx=-1):
+    """`kernel` is `_embedding_bag` or `_embedding_bag_forward_only` (no grad needed): same
+    arguments and outputs, so one rule folds the batch for both."""
     B = info.batch_size
     wd = in_dims[0]
     idx = materialize(indices, in_dims[1], B)
@@ -61,7 +65,7 @@ def embedding_bag_rule(info, in_dims, weight, indices, offsets, scale_grad_by_fr
     nb = offs.shape[1] - (1 if include_last_offset else 0)
     psw_d = in_dims[6] if len(in_dims) > 6 else None
     psw = None if per_sample_weights is None else materialize(per_sample_weights, psw_d, B).flatten()
-    out, offset2bag, bag_size, max_idx = aten._embedding_bag.default(
+    out, offset2bag, bag_size, max_idx = kernel(
         table, flat_idx, _fold_offsets(offs, B, n, include_last_offset), scale_grad_by_freq, mode, sparse, psw,
         include_last_offset, padding_idx)
     offset2bag = _unshift(offset2bag, B, nb) if offset2bag.numel() else offset2bag
@@ -127,6 +131,7 @@ def per_sample_weights_backward_rule(info, in_dims, grad, weight, indices, offse
     return out.unflatten(0, (B, n)), 0
 
 
-RULES[aten._embedding_bag.default] = embedding_bag_rule
+RULES[aten._embedding_bag.default] = functools.partial(_forward, aten._embedding_bag.default)
+RULES[aten._embedding_bag_forward_only.default] = functools.partial(_forward, aten._embedding_bag_forward_only.default)
 RULES[aten._embedding_bag_backward.default] = embedding_bag_backward_rule
 RULES[aten._embedding_bag_per_sample_weights_backward.default] = per_sample_weights_backward_rule

@@ -1,4 +1,6 @@
-"""Group normalization (nn.GroupNorm): `native_group_norm` and its backward.
+"""Group normalization (nn.GroupNorm) and batch norm's running statistics under a batched input.
+
+`native_group_norm` and its backward:
 
 Statistics are per (sample, group), so the vmap batch joins the kernel's N: one call for the
 whole batch (PyTorch's decomposition would reach `as_strided`, which has no general rule). The
@@ -6,6 +8,14 @@ affine weight and bias are per channel and shared across N, so in the backward t
 are summed over N by the kernel; per batch element they must not be summed over the batch, so
 they are computed here from the normalized input (grad_weight = sum(grad * x_hat), grad_bias =
 sum(grad)) per element, while the input gradient comes from the kernel.
+
+Batch norm in training mode with a batched input and UNBATCHED running statistics (torch.func
+refuses this case): the per-example loop updates the shared buffers once per example, in order,
+r <- (1 - m) r + m s_k, so after B examples r_B = (1 - m)^B r_0 + sum_k m (1 - m)^(B-1-k) s_k. The
+kernel computes every m s_k at once (per-example buffers that start at zero hold exactly m s_k after
+the call, with the kernel's own unbiased-variance correction), and the closed form is then written
+into each shared buffer with one in-place copy per call. The `_native_batch_norm_legit` and
+`_batch_norm_with_update` variants are the same computation.
 """
 from __future__ import annotations
 
@@ -13,6 +23,7 @@ import torch
 
 from engine.rules._helpers import materialize
 from engine.rules._table import RULES
+from engine.rules.norms_fast import native_batch_norm_rule
 
 aten = torch.ops.aten
 
@@ -63,5 +74,55 @@ def native_group_norm_backward_rule(info, in_dims, grad_out, x, mean, rstd, weig
     return outs, tuple(None if o is None else 0 for o in outs)
 
 
+def shared_running_stats_rule(info, in_dims, x, weight, bias, running_mean, running_var, training, momentum, eps):
+    """`native_batch_norm` in training mode where a running statistic is not batched (see the module
+    docstring): per-example statistics from one kernel call, then the loop's sequential update in
+    closed form, written once into each shared buffer."""
+    B = info.batch_size
+    stats, dims, shared = [], [], []
+    for t, d in ((running_mean, in_dims[3]), (running_var, in_dims[4])):
+        if t is not None and d is None:
+            per_example = torch.zeros((B,) + tuple(t.shape), dtype=t.dtype, device=t.device)
+            stats.append(per_example)
+            dims.append(0)
+            shared.append((t, per_example))
+        else:
+            stats.append(t)
+            dims.append(d)
+    outs, out_dims = native_batch_norm_rule(info, (*in_dims[:3], *dims, *in_dims[5:]), x, weight, bias, *stats,
+                                            training, momentum, eps)
+    decay = 1.0 - momentum
+    # weight of example k's contribution m s_k after the B - 1 - k updates that follow it
+    weights = [decay ** (B - 1 - k) for k in range(B)]
+    with torch.no_grad():
+        for t, contributions in shared:
+            w = torch.tensor(weights, dtype=contributions.dtype, device=t.device).reshape((B,) + (1,) * t.dim())
+            t.copy_(t * (decay ** B) + (contributions * w).sum(0))
+    return outs, out_dims
+
+
+def native_batch_norm_legit_no_stats_rule(info, in_dims, x, weight, bias, training, momentum, eps):
+    return native_batch_norm_rule(info, (*in_dims[:3], None, None), x, weight, bias, None, None, training, momentum, eps)
+
+
+def batch_norm_with_update_rule(info, in_dims, x, weight, bias, running_mean, running_var, momentum, eps):
+    """`_batch_norm_with_update`: training-mode batch norm plus the kernel's reserve tensor, which is
+    empty on CPU and the same for every example."""
+    outs, dims = native_batch_norm_rule(info, in_dims, x, weight, bias, running_mean, running_var, True, momentum, eps)
+    reserve = torch.empty(0, dtype=torch.uint8, device=x.device)
+    return (*outs, reserve), (*dims, None)
+
+
 RULES[aten.native_group_norm.default] = native_group_norm_rule
 RULES[aten.native_group_norm_backward.default] = native_group_norm_backward_rule
+def native_batch_norm_legit_rule(info, in_dims, x, weight, bias, running_mean, running_var, training, momentum, eps):
+    """`_native_batch_norm_legit`: the same outputs and updates as `native_batch_norm`."""
+    return native_batch_norm_rule(info, in_dims, x, weight, bias, running_mean, running_var, training, momentum, eps)
+
+
+# Both declare their writes to running_mean/var: the rules write shared buffers as the loop does.
+native_batch_norm_legit_rule.writes_shared = True
+batch_norm_with_update_rule.writes_shared = True
+RULES[aten._native_batch_norm_legit.default] = native_batch_norm_legit_rule
+RULES[aten._native_batch_norm_legit.no_stats] = native_batch_norm_legit_no_stats_rule
+RULES[aten._batch_norm_with_update.default] = batch_norm_with_update_rule

@@ -10,8 +10,8 @@ per-element statistics, output, and per-element weight/bias gradients exactly, w
 vectors (weight, bias, running stats, saved stats) repeated or flattened to B*C. instance_norm
 reaches this op as a batch norm over [1, N*C, *s], so it is covered too. In training mode the
 kernel writes the running statistics: batched ones are updated per element; unbatched ones with a
-batched input are updated by each element in turn in the loop, which the per-element fallback
-does (torch.func refuses this case).
+batched input are updated by each element in turn in the loop, which engine.rules.norms reproduces
+in closed form (torch.func refuses this case).
 
 `native_layer_norm_backward`: normalization is over trailing dims, so the batch is one more
 leading dim for the input gradient; the kernel's weight/bias gradients would sum over the batch,
@@ -41,11 +41,13 @@ def _per_channel(t, d, B: int):
 
 
 def native_batch_norm_rule(info, in_dims, x, weight, bias, running_mean, running_var, training, momentum, eps):
+    if training and any(t is not None and d is None for t, d in ((running_mean, in_dims[3]), (running_var, in_dims[4]))):
+        from engine.rules.norms import shared_running_stats_rule
+
+        return shared_running_stats_rule(info, in_dims, x, weight, bias, running_mean, running_var, training, momentum, eps)
     B = info.batch_size
     xf = _fold_channels(x, in_dims[0], B)
     C = xf.shape[1] // B
-    if training and any(t is not None and d is None for t, d in ((running_mean, in_dims[3]), (running_var, in_dims[4]))):
-        return _sequential_updates(info, in_dims, x, weight, bias, running_mean, running_var, training, momentum, eps)
     stats = [_per_channel(running_mean, in_dims[3], B), _per_channel(running_var, in_dims[4], B)]
     rmf, rvf = stats
     out, save_mean, save_invstd = aten.native_batch_norm.default(
@@ -56,17 +58,6 @@ def native_batch_norm_rule(info, in_dims, x, weight, bias, running_mean, running
                 t.copy_(tf.view(t.shape))
     saved = [(s.unflatten(0, (B, C)), 0) if s.numel() else (s, None) for s in (save_mean, save_invstd)]
     return (out.unflatten(1, (B, C)), saved[0][0], saved[1][0]), (1, saved[0][1], saved[1][1])
-
-
-def _sequential_updates(info, in_dims, *args):
-    """Unbatched running statistics updated by a batched input: each element updates them in turn,
-    as the loop does, which only the engine's per-element fallback reproduces (it warns as such)."""
-    from engine._batched import wrap
-    from engine._dispatch import fallback
-
-    wrapped = tuple(wrap(a, info.level) if d is not None else a for a, d in zip(args, in_dims))
-    outs = fallback(aten.native_batch_norm.default, info, wrapped, {})
-    return tuple(o._elem for o in outs), (0, 0, 0)
 
 
 def native_batch_norm_backward_rule(info, in_dims, grad_out, x, weight, running_mean, running_var, save_mean,

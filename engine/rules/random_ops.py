@@ -187,3 +187,25 @@ def draw_unbatched(func, info, args: tuple, kwargs: dict):
             return type(out)(add_batch_dim(o, info.level) for o in out)
         return add_batch_dim(out, info.level)
     return add_batch_dim(torch.stack([func(*args, **kwargs) for _ in range(B)]), info.level)
+
+
+def fresh_per_element(func, info, args: tuple, kwargs: dict):
+    """`empty_like` / `new_empty` / `empty` of unbatched arguments under randomness='different' (VmapMode calls this).
+
+    In the loop each iteration makes its own uninitialized tensor, so a batched one is the same
+    thing; it lets an in-place draw into it (F.dropout's noise: `empty_like(x).bernoulli_(1 - p)`,
+    feature dropout's `new_empty(...)`) draw per element as torch.func's dropout does for an unbatched
+    input, in the same order from the random stream (one draw over [B, *shape]), instead of being
+    refused as an in-place draw into an unbatched tensor.
+    """
+    from engine._batched import add_batch_dim
+
+    B = info.batch_size
+    if func is aten.empty_like.default:
+        x = args[0]
+        out = func(x.unsqueeze(0).expand(B, *x.shape), *args[1:], **kwargs)
+    elif func is aten.new_empty.default:
+        out = func(args[0], [B, *args[1]], *args[2:], **kwargs)
+    else:
+        out = func([B, *args[0]], *args[1:], **kwargs)
+    return add_batch_dim(out, info.level)

@@ -31,8 +31,20 @@ def dim_rule(func: Any, dim_pos: int, n_tensors: int = 1, all_when_none: bool = 
     default = schema_arg.default_value if schema_arg.has_default_value() else None
     is_list = "List" in str(schema_arg.type) or "[]" in str(schema_arg.type)
     kw_only = schema_arg.kwarg_only
+    op = func._op  # OpOverload.__call__ is exactly ._op
 
     def rule(info, in_dims, *args, **kwargs):
+        if len(args) > dim_pos and in_dims[0] == 0 and (n_tensors == 1 or in_dims[1] == 0):
+            # The common call (every tensor batched, dim given, logical rank >= 1): shift dim, run the op.
+            rank = args[0].dim() - 1
+            dim = args[dim_pos]
+            if rank and (type(dim) is int or (is_list and dim and all(type(d) is int for d in dim))):
+                if type(dim) is int:
+                    new_dim: Any = [_shift(dim, rank, False)] if is_list else _shift(dim, rank, False)
+                else:
+                    new_dim = [_shift(d, rank, False) for d in dim]
+                out = op(*args[:dim_pos], new_dim, *args[dim_pos + 1:], **kwargs)
+                return (out, tuple(0 for _ in out)) if isinstance(out, (tuple, list)) else (out, 0)
         args = list(args)
         size = batch_size(args, in_dims)
         for i in range(n_tensors):

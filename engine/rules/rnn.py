@@ -6,8 +6,8 @@ Two things stand in the way, and both are handled here:
   projection (`linear_hh(h).add_(...)`). With the initial hidden state unbatched (nn.RNNBase
   makes it with `torch.zeros` when none is given, or the user passes one shared by every batch
   element) the first step writes batched values into an unbatched tensor, which no rule can do
-  (torch.func fails there too). `batched_initial_state` is active while a vmap runs: a global
-  module pre-hook that hands an RNN module called on a batched input an initial state batched
+  (torch.func fails there too). `batched_initial_state` is active while a vmap runs: a hook on
+  nn.RNNBase's call that hands an RNN module called on a batched input an initial state batched
   like that input (the same zeros, or the given state repeated per element). Every step then
   writes into batched tensors; the values are those of the loop exactly.
 - On CPU in float32, nn.LSTM runs each layer as one oneDNN kernel, `mkldnn_rnn_layer`, with its
@@ -18,8 +18,7 @@ Two things stand in the way, and both are handled here:
 """
 from __future__ import annotations
 
-import contextlib
-from typing import Any, Iterator
+from typing import Any
 
 import torch
 from torch import nn
@@ -85,24 +84,39 @@ def _rnn_pre_hook(module: nn.Module, args: tuple) -> tuple | None:
 
 class _HookState:
     depth = 0
-    handle: Any = None
+    installed = False
 
 
-@contextlib.contextmanager
-def batched_initial_state() -> Iterator[None]:
+_MODULE_CALL = nn.Module.__call__
+
+
+def _rnn_call(self: nn.Module, *args: Any, **kwargs: Any) -> Any:
+    """`RNNBase.__call__`: inside vmap, the pre-hook's batched initial state first (see
+    `batched_initial_state`); elsewhere exactly Module.__call__."""
+    if _HookState.depth and args and type(args[0]) is BatchedTensor:
+        new = _rnn_pre_hook(self, args)
+        if new is not None:
+            args = new
+    return _MODULE_CALL(self, *args, **kwargs)
+
+
+class batched_initial_state:  # noqa: N801 - used as `with batched_initial_state():`, like a function
     """While active (engine.vmap enters it), RNN modules called on batched inputs get a batched
-    initial state. The global hook is registered only inside vmap, so module calls elsewhere
-    (torch.func, loops) keep PyTorch's fast path."""
-    if _HookState.depth == 0:
-        _HookState.handle = nn.modules.module.register_module_forward_pre_hook(_rnn_pre_hook)
-    _HookState.depth += 1
-    try:
-        yield
-    finally:
+    initial state. Its hook sits on nn.RNNBase alone (installed on first use, inert outside vmap):
+    a global module pre-hook, registered and removed around every vmap call as before, cost that
+    registration per call and sent every module call inside vmap down nn.Module's slow hook path
+    (issue #18); a class-level `__call__` costs RNN modules one Python call outside vmap."""
+
+    __slots__ = ()
+
+    def __enter__(self) -> None:
+        if not _HookState.installed:
+            nn.RNNBase.__call__ = _rnn_call  # type: ignore[method-assign]
+            _HookState.installed = True
+        _HookState.depth += 1
+
+    def __exit__(self, *exc: object) -> None:
         _HookState.depth -= 1
-        if _HookState.depth == 0:
-            _HookState.handle.remove()
-            _HookState.handle = None
 
 
 # ---------------------------------------------------------------------------------------------

@@ -2,9 +2,10 @@
 
 The builders mirror `workloads.methods` task by task (per-sample gradients, Hessian, batched
 Hessian, Hessian-vector products, Jacobian, Jacobian-vector products, batched gradients, HMC
-leapfrog trajectories, gradients of particle averages), so the JAX program does what
-the torch.func one does. The models themselves are in `workloads.peers.jax_models`; a workload adds
-the method with `with_jax(make_method, "<builder name>")`.
+leapfrog trajectories, gradients of particle averages, the empirical NTK, ensembles, MAML's
+meta-gradient), so the JAX program does what the torch.func one does. The models themselves are
+in `workloads.peers.jax_models`; a workload adds the method with
+`with_jax(make_method, "<builder name>")`.
 
 Equal footing with the torch methods:
 - Same data: the workload's torch tensors are converted once, when the method is built (not timed),
@@ -145,12 +146,14 @@ def _to_jax(jax: ModuleType, value: Any, x64: bool, jax_device: Any) -> Any:
 
 
 def _to_torch(value: Any) -> Any:
-    """Jax arrays (recursively through tuples/lists) as torch tensors, zero-copy: through NumPy on
+    """Jax arrays (recursively through tuples/lists/dicts) as torch tensors, zero-copy: through NumPy on
     CPU (~15 us an array, DLPack takes ~60-130 us here), through DLPack on GPUs. The tensors share
     the result's fresh buffers, which nothing else holds (NumPy calls them read-only, hence the
     warning filter in `compiled`)."""
     if isinstance(value, (tuple, list)):
         return type(value)(_to_torch(v) for v in value)
+    if isinstance(value, dict):
+        return {k: _to_torch(v) for k, v in value.items()}
     if value.device.platform == "cpu":
         return torch.from_numpy(numpy.asarray(value))
     return torch.from_dlpack(value)
@@ -264,6 +267,65 @@ def particle_grad(f: Fn, phi: torch.Tensor, particles: torch.Tensor, *data: Any)
             return jax.vmap(f, in_axes=(None, 0, *(None for _ in data)))(phi, particles, *data).mean()
         return jax.grad(average)
     return compiled(build, (phi, particles, *data))
+
+
+def ntk(f: Fn, params: dict[str, torch.Tensor], x1: torch.Tensor, x2: torch.Tensor, formulation: str) -> Thunk:
+    """Empirical NTK [N, M, O, O] of `f(params, x) -> [O]` (one example) between the rows of x1
+    and x2, by either of `workloads.methods.ntk_method`'s formulations: "jacobian" contracts the
+    per-example Jacobians of vmap(jacrev(f)) parameter by parameter; "jvp_vjp" pushes each output
+    basis vector through a vjp at x1[n] and a jvp at x2[m], never building a Jacobian."""
+    from workloads.methods import NTK_FORMULATIONS
+
+    if formulation not in NTK_FORMULATIONS:
+        raise ValueError(f"unknown NTK formulation {formulation!r}; expected one of {NTK_FORMULATIONS}")
+
+    def build(jax: ModuleType) -> Fn:
+        jnp = jax.numpy
+
+        def by_jacobians(params: Any, x1: Any, x2: Any) -> Any:
+            per_example = jax.vmap(jax.jacrev(f), (None, 0))
+            jac1, jac2 = per_example(params, x1), per_example(params, x2)
+            blocks = [jnp.einsum("Naf,Mbf->NMab", jac1[k].reshape(*jac1[k].shape[:2], -1),
+                                 jac2[k].reshape(*jac2[k].shape[:2], -1)) for k in params]
+            return jnp.stack(blocks).sum(0)
+
+        def by_products(params: Any, x1: Any, x2: Any) -> Any:
+            def ntk_pair(a: Any, b: Any) -> Any:
+                out, vjp_fn = jax.vjp(lambda p: f(p, a), params)
+
+                def column(vec: Any) -> Any:
+                    return jax.jvp(lambda p: f(p, b), (params,), vjp_fn(vec))[1]
+                basis = jnp.eye(out.size, dtype=out.dtype).reshape(out.size, *out.shape)
+                return jax.vmap(column)(basis)
+            return jax.vmap(jax.vmap(ntk_pair, (None, 0)), (0, None))(x1, x2)
+        return by_jacobians if formulation == "jacobian" else by_products
+    return compiled(build, (params, x1, x2))
+
+
+def ensemble(f: Fn, params: dict[str, torch.Tensor], x: torch.Tensor, y: torch.Tensor | None = None) -> Thunk:
+    """An ensemble with stacked parameters (`params[k][i]`: model i's) on its own inputs x[i]:
+    jit(vmap(f)) of the predictions f(params_i, x_i) without `y`, jit(vmap(grad(f))) of each
+    model's loss gradients (a dict of [M, *shape]) with it, like `workloads.methods.ensemble_method`."""
+    if y is None:
+        return compiled(lambda jax: jax.vmap(f), (params, x))
+    return compiled(lambda jax: jax.vmap(jax.grad(f)), (params, x, y))
+
+
+def meta_grad(loss: Fn, params: dict[str, torch.Tensor], support: tuple[torch.Tensor, torch.Tensor],
+              query: tuple[torch.Tensor, torch.Tensor], inner_lr: float) -> Thunk:
+    """MAML's meta-gradient, as `workloads.methods.meta_grad_method`: grad w.r.t. `params` of the
+    mean over tasks (a vmap) of loss(params - inner_lr * grad loss(params, support_t), query_t)."""
+    (xs, ys), (xq, yq) = support, query
+
+    def build(jax: ModuleType) -> Fn:
+        def task_loss(params: Any, xs: Any, ys: Any, xq: Any, yq: Any) -> Any:
+            grads = jax.grad(loss)(params, xs, ys)
+            return loss(jax.tree.map(lambda p, g: p - inner_lr * g, params, grads), xq, yq)
+
+        def meta_loss(params: Any, xs: Any, ys: Any, xq: Any, yq: Any) -> Any:
+            return jax.vmap(task_loss, in_axes=(None, 0, 0, 0, 0))(params, xs, ys, xq, yq).mean()
+        return jax.grad(meta_loss)
+    return compiled(build, (params, xs, ys, xq, yq))
 
 
 def with_jax(make_method: MakeMethod, model: str) -> MakeMethod:

@@ -13,7 +13,7 @@ from typing import Any, Callable
 import jax
 import jax.numpy as jnp
 
-from workloads import bayes_logreg, hessians, per_sample_grads
+from workloads import bayes_logreg, hessians, per_sample_grads, tutorials
 from workloads.peers import jax_methods
 
 Thunk = Callable[[], Any]
@@ -421,3 +421,51 @@ def bayes_elbo_grad(inputs: dict[str, Any]) -> Thunk:
         z = loc + scale * noise
         return log_joint(z, data) - normal_log_prob(z, loc, scale).sum()
     return jax_methods.particle_grad(elbo_term, inputs["variational"], inputs["noise"], inputs["data"])
+
+
+# ---- workloads/tutorials.py (the nn.Sequential nets written out; parameters by their state-dict names) ----
+
+def ntk_net(p: dict[str, Any], x: Any) -> Any:
+    """tutorials.ntk_net on one [3, H, W] image: conv-ReLU-conv-ReLU, flattened, linear -> [classes]."""
+    h = jax.nn.relu(_conv(x, p["0.weight"], p["0.bias"]))
+    h = jax.nn.relu(_conv(h, p["2.weight"], p["2.bias"]))
+    return _linear(p, "5", h.reshape(-1))
+
+
+def tutorial_ntk(inputs: dict[str, Any]) -> Thunk:
+    return jax_methods.ntk(ntk_net, inputs["params"], inputs["x1"], inputs["x2"], inputs["formulation"])
+
+
+def ensemble_net(p: dict[str, Any], x: Any) -> Any:
+    """tutorials.ensemble_net on a minibatch [B, 1, 28, 28]: flattened, 784-128-128-10 with ReLUs."""
+    h = jax.nn.relu(_linear(p, "1", x.reshape(x.shape[0], -1)))
+    return _linear(p, "5", jax.nn.relu(_linear(p, "3", h)))
+
+
+def ensemble_loss(p: dict[str, Any], x: Any, y: Any) -> Any:
+    """F.cross_entropy (mean over the minibatch) of ensemble_net."""
+    return cross_entropy(ensemble_net(p, x), y).mean()
+
+
+def tutorial_ensemble(inputs: dict[str, Any]) -> Thunk:
+    if inputs["task"] == "predict":
+        return jax_methods.ensemble(ensemble_net, inputs["params"], inputs["x"])
+    if inputs["task"] == "train_grad":
+        return jax_methods.ensemble(ensemble_loss, inputs["params"], inputs["x"], inputs["y"])
+    raise ValueError(f"unknown ensemble task {inputs['task']!r}; expected predict or train_grad")
+
+
+def maml_net(p: dict[str, Any], x: Any) -> Any:
+    """tutorials.maml_net on [K, 1] inputs: 1-40-40-1 with ReLUs."""
+    h = jax.nn.relu(_linear(p, "0", x))
+    return _linear(p, "4", jax.nn.relu(_linear(p, "2", h)))
+
+
+def maml_loss(p: dict[str, Any], x: Any, y: Any) -> Any:
+    """F.mse_loss (mean) of maml_net."""
+    return ((maml_net(p, x) - y) ** 2).mean()
+
+
+def tutorial_maml(inputs: dict[str, Any]) -> Thunk:
+    return jax_methods.meta_grad(maml_loss, inputs["params"], inputs["support"], inputs["query"],
+                                 tutorials.MAML_INNER_LR)

@@ -1,0 +1,147 @@
+"""The engine's eager hot path (issue #18): the shortcuts it takes give the general path's results.
+
+Speed itself is measured by benchmarks (suite/bench_overhead.py, vmapbench/bench_ratios.py), never
+asserted here: these tests pin down that each shortcut is taken only where it is exact.
+"""
+from __future__ import annotations
+
+import pytest
+import torch
+
+import engine
+from engine.rules._helpers import python_binding
+from vmapbench import bench_ratios
+
+aten = torch.ops.aten
+
+
+@pytest.mark.parametrize("op, args", [
+    (aten.sin.default, (torch.randn(3, 4),)),
+    (aten.mul.Tensor, (torch.randn(3, 4), torch.randn(4))),
+    (aten.mul.Tensor, (torch.randn(3, 4), 1.5)),
+    (aten.sub.Tensor, (torch.randn(3, 4), torch.randn(3, 1))),
+    (aten.where.self, (torch.randn(3, 4) > 0, torch.randn(3, 4), torch.randn(4))),
+    (aten.pow.Tensor_Scalar, (torch.rand(3, 4), 3)),
+    (aten.atan2.default, (torch.randn(3, 4), torch.rand(3, 4))),
+])
+def test_python_binding_computes_the_op(op, args) -> None:
+    binding = python_binding(op)
+    assert binding is not None, f"{op} should have a binding"
+    torch.testing.assert_close(binding(*args), op(*args), rtol=0, atol=0)
+
+
+def test_python_binding_of_an_inplace_op_is_the_tensor_method() -> None:
+    binding = python_binding(aten.mul_.Tensor)
+    x = torch.randn(3)
+    expected = x * 2
+    assert binding(x, 2.0) is x
+    torch.testing.assert_close(x, expected)
+
+
+def test_python_binding_refuses_ops_whose_positional_arguments_have_defaults() -> None:
+    # leaky_relu(self, negative_slope=0.01): a call may omit the slope; the binding is not used.
+    assert python_binding(aten.leaky_relu.default) is None
+    assert python_binding(aten.copy_.default) is None  # copy_(self, src, non_blocking=False)
+
+
+@pytest.mark.parametrize("fn", [
+    lambda x, y: torch.sin(x),
+    lambda x, y: x * 1.5 + 0.25,
+    lambda x, y: x * y - y,
+    lambda x, y: x.clone().mul_(y).add_(2.0),
+    lambda x, y: torch.tanh(x).sum() * y,  # 0-dim batched times a vector
+    lambda x, y: x * y.sum(),  # a vector times a 0-dim batched tensor
+])
+def test_unary_and_binary_plans_match_the_loop(fn) -> None:
+    x, y = torch.randn(5, 4), torch.randn(5, 4)
+    expected = torch.stack([fn(a, b) for a, b in zip(x, y)])
+    torch.testing.assert_close(engine.vmap(fn)(x, y), expected)
+
+
+def test_binary_plan_across_nested_levels_sums_gradients_into_the_outer_input() -> None:
+    """Two operands at one level whose inner levels differ: engine._gradsum must still be told, so a
+    per-example gradient w.r.t. the outer-only operand sums over the inner batch."""
+    w, x = torch.randn(3, 4), torch.randn(3, 5, 4)
+
+    def loss(wi, xi):  # wi: [4] at the outer level; xi: [5, 4] mapped again inside
+        return engine.vmap(lambda r: (torch.sin(r) * wi).sum())(xi).sum()
+
+    got = engine.vmap(engine.grad(loss))(w, x)
+    expected = torch.stack([torch.func.grad(lambda wi: torch.func.vmap(lambda r: (torch.sin(r) * wi).sum())(xi).sum())(wi)
+                            for wi, xi in zip(w, x)])
+    torch.testing.assert_close(got, expected)
+
+
+def test_binary_plan_refuses_writing_batched_values_into_an_unbatched_tensor() -> None:
+    out = torch.zeros(4)
+    with pytest.raises(engine.VmapError, match="in place"):
+        engine.vmap(lambda x: out.mul_(x))(torch.randn(3, 4))
+
+
+def test_direct_ops_called_with_keywords_take_the_general_plan() -> None:
+    a, b = torch.randn(3, 4), torch.randn(3, 4)
+    torch.testing.assert_close(engine.vmap(lambda p, q: torch.add(p, q, alpha=2))(a, b), a + 2 * b)
+    torch.testing.assert_close(engine.vmap(lambda p: torch.nn.functional.leaky_relu(p, 0.2))(a),
+                               torch.nn.functional.leaky_relu(a, 0.2))
+
+
+def test_reduction_shortcut_matches_loop() -> None:
+    x = torch.randn(4, 3, 5)
+    for fn in (lambda t: t.mean(-1, keepdim=True), lambda t: t.sum([0, 1]), lambda t: torch.softmax(t, 0),
+               lambda t: t.max(1).values, lambda t: t.sum(0).mean(0)):
+        torch.testing.assert_close(engine.vmap(fn)(x), torch.stack([fn(t) for t in x]))
+
+
+def test_rnn_hook_is_class_level_and_no_global_module_hook_is_registered() -> None:
+    from torch.nn.modules import module as nn_module
+
+    seen = []
+
+    def f(x):
+        seen.append(len(nn_module._global_forward_pre_hooks))
+        return torch.nn.functional.linear(x, torch.ones(2, 3))
+
+    engine.vmap(f)(torch.randn(4, 3))
+    assert seen == [0]
+    torch.manual_seed(0)
+    lstm = torch.nn.LSTM(3, 2)
+    x = torch.randn(4, 5, 1, 3)
+    expected = torch.stack([lstm(xi)[0] for xi in x])
+    torch.testing.assert_close(engine.vmap(lambda xi: lstm(xi)[0])(x), expected)
+
+
+def test_guards_stay_installed_and_inert_outside_transforms() -> None:
+    engine.vmap(torch.sin)(torch.randn(2, 3))
+    installed = torch.Tensor.requires_grad_
+    engine.grad(lambda x: x.sum())(torch.randn(3))
+    assert torch.Tensor.requires_grad_ is installed  # not patched again per call
+    t = torch.randn(2).requires_grad_()
+    assert t.requires_grad
+    with pytest.raises(RuntimeError, match="requires_grad_"):
+        engine.grad(lambda x: (x.detach().requires_grad_() * x).sum())(torch.randn(3))
+
+
+def test_bench_ratios_selects_registry_workloads_with_both_methods() -> None:
+    chosen = bench_ratios.candidates("per_sample_grads", None)
+    assert chosen and all(bench_ratios.eager_method(w) and "torch_func" in w.methods for w in chosen)
+    assert {w.name for w in chosen} >= {"nn_logreg", "psg_mlp"}
+    ratios = bench_ratios.round_ratios(lambda: sum(range(200)), lambda: sum(range(100)), rounds=3, min_batch_s=0.001)
+    assert len(ratios) == 3 and all(r > 0 for r in ratios)
+
+
+def test_bench_ratios_report_runs_one_workload(capsys) -> None:
+    medians = bench_ratios.report(bench_ratios.candidates(None, ["nn_logreg"]), rounds=1, min_batch_s=0.001)
+    assert list(medians) == ["nn_logreg"] and medians["nn_logreg"] > 0
+    assert "geomean" in capsys.readouterr().out
+
+
+def test_one_tensor_plan_matches_loop_nested_and_under_grad() -> None:
+    x = torch.randn(3, 4, 5, 6)
+
+    def shape_ops(t):  # t: [5, 6]
+        return t.transpose(0, 1).reshape(-1).unsqueeze(0).expand(2, -1).sum(0).view(6, 5)
+
+    inner = torch.stack([torch.stack([shape_ops(b) for b in a]) for a in x])
+    torch.testing.assert_close(engine.vmap(engine.vmap(shape_ops))(x), inner)
+    grads = engine.vmap(engine.grad(lambda t: (shape_ops(t) ** 2).sum()))(x[0])
+    torch.testing.assert_close(grads, torch.stack([torch.func.grad(lambda t: (shape_ops(t) ** 2).sum())(t) for t in x[0]]))

@@ -1,0 +1,102 @@
+"""`python -m vmapbench.peer_ratios`: which workloads it measures, that it times only methods that
+passed their check, and how it reports ratios, skips and failures."""
+from __future__ import annotations
+
+import argparse
+import json
+import math
+
+import pytest
+
+import workloads
+from vmapbench import peer_ratios
+from vmapbench.peer_ratios import Row
+
+pytest.importorskip("jax")
+
+
+def test_default_selection_is_every_workload_with_jax_and_our_replayed_path() -> None:
+    names = {w.name for w in peer_ratios.selected_workloads(None, None)}
+    assert names == {w.name for w in workloads.all_workloads() if "jax" in w.methods}
+    assert {"tutorial_ntk", "tutorial_maml", "compiled_psg_mlp", "nn_lstm"} <= names
+    assert {w.name for w in peer_ratios.selected_workloads(None, "compiled")} == {
+        "compiled_logreg_hessian", "compiled_psg_mlp", "compiled_mlp_jacobian"}
+
+
+def test_a_named_workload_without_a_peer_is_refused(monkeypatch: pytest.MonkeyPatch) -> None:
+    w = workloads.get("mlp_hvp")
+    monkeypatch.setattr(w, "methods", tuple(m for m in w.methods if m != "jax"))
+    with pytest.raises(SystemExit, match="needs one of .* and a peer method"):
+        peer_ratios.selected_workloads(["mlp_hvp"], None)
+
+
+def test_measures_checked_methods_side_by_side() -> None:
+    w = workloads.get("rosenbrock_hessian")
+    row = peer_ratios.measure_workload(w, "d=8", rounds=3, budget_s=0.2)
+    assert row.ours == "engine_traced"
+    assert set(row.samples) == {"engine_traced", "torch_func", "jax"} and not row.failed and not row.skipped
+    assert len({len(s) for s in row.samples.values()}) == 1 and len(row.samples["jax"]) >= 3  # one per round
+    assert all(s > 0 for s in row.seconds.values())
+    assert row.best_peer == "jax"
+    q1, q3 = row.quartiles("engine_traced", "jax")
+    assert q1 <= row.ratio("engine_traced", "jax") <= q3
+
+
+def test_the_compiled_family_is_measured_by_engine_compiled() -> None:
+    assert peer_ratios.ours_of(workloads.get("compiled_psg_mlp")) == "engine_compiled"
+    assert peer_ratios.ours_of(workloads.get("tutorial_ntk")) == "engine_traced"
+    with pytest.raises(ValueError, match="has none of"):
+        peer_ratios.ours_of(workloads.Workload(name="w", family="f", description="d", grid={"n": [1]},
+                                               methods=("loop", "jax"), setup=None, run=None, check=None))
+
+
+def test_a_method_failing_its_check_is_reported_and_not_timed(monkeypatch: pytest.MonkeyPatch) -> None:
+    w = workloads.get("rosenbrock_hessian")
+    real_check = w.check
+
+    def check(state, methods=None):  # the jax twin disagreeing with the loop
+        if methods == ["jax"]:
+            raise AssertionError("rosenbrock_hessian jax: output 0 differs from the float64 loop")
+        return real_check(state, methods)
+    monkeypatch.setattr(w, "check", check)
+    row = peer_ratios.measure_workload(w, "d=8", rounds=3, budget_s=0.2, jax_reason=None)
+    assert "jax" not in row.samples and "differs from the float64 loop" in row.failed["jax"]
+    assert row.best_peer is None and math.isnan(row.ratio("engine_traced", row.best_peer))
+    assert any("jax FAILED" in line for line in peer_ratios.notes([row]))
+    skipped = peer_ratios.measure_workload(w, "d=8", rounds=3, budget_s=0.2, jax_reason="no jax here")
+    assert skipped.skipped == {"jax": "no jax here"}
+
+
+def test_markdown_table_shows_the_ratios() -> None:
+    # Three rounds; the second was slowed for everyone by a load burst, the third for ours alone.
+    row = Row("psg_mlp", "batch=64", "engine_traced", samples={
+        "engine_traced": [0.004, 0.008, 0.006], "torch_func": [0.012, 0.024, 0.012],
+        "jax": [0.008, 0.016, 0.008], "opacus_ew": [0.005, 0.010, 0.005]})
+    assert row.best_peer == "opacus_ew" and row.seconds["jax"] == 0.008
+    assert row.round_ratios("engine_traced", "jax") == [0.5, 0.5, 0.75]
+    assert row.quartiles("engine_traced", "jax") == (0.5, 0.625)
+    line = peer_ratios.markdown([row]).splitlines()[2]
+    assert line == ("| psg_mlp | batch=64 | engine_traced | 6 ms | 12 ms | 8 ms | 0.50 (0.50-0.62) | opacus_ew "
+                    "| 0.80 (0.80-1.00) | 0.33 | 0.42 |")
+    empty = peer_ratios.markdown([Row("w", "n=1", "engine_traced", samples={"engine_traced": [0.001]})]).splitlines()[2]
+    assert empty == "| w | n=1 | engine_traced | 1 ms | - | - | - | (none ran) | - | - | - |"
+
+
+def test_main_prints_the_table_and_writes_results(tmp_path, monkeypatch, capsys) -> None:
+    import vmapbench.bench as bench
+
+    monkeypatch.setattr(bench, "repo_root", lambda: tmp_path)
+    monkeypatch.setattr(bench, "git", lambda root, *args: "0123456789abcdef")
+    monkeypatch.setenv(bench.MACHINE_ENV, "test-box")
+    parser = argparse.ArgumentParser()
+    peer_ratios.configure(parser)
+    args = parser.parse_args(["-w", "rosenbrock_hessian", "--size", "d=8", "--rounds", "3", "--budget-s", "0.2",
+                              "--write", "--threads", str(__import__("torch").get_num_threads())])
+    assert peer_ratios.main(args) == 0
+    out = capsys.readouterr().out
+    assert "| rosenbrock_hessian | d=8 | engine_traced |" in out
+    document = json.loads((tmp_path / "results" / "peer_ratios" / "test-box" / "01234567.json").read_text())
+    assert document["rows"][0]["best_peer"] == "jax" and set(document["rows"][0]["seconds"]) >= {"jax"}
+    assert len(document["rows"][0]["samples"]["jax"]) >= 3
+    with pytest.raises(SystemExit, match="--size needs exactly one"):
+        peer_ratios.main(parser.parse_args(["--size", "d=8"]))

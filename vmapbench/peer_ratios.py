@@ -1,0 +1,261 @@
+"""Our engine against the peers, per workload, side by side in one process.
+
+    python -m vmapbench.peer_ratios                       # every workload with a jax method
+    python -m vmapbench.peer_ratios -w psg_mlp -w nn_lstm --rounds 25
+    python -m vmapbench.peer_ratios --family per_sample_grads --write
+
+For each workload that lists `jax` (or those named with `-w`), at its first quick size (else its
+smallest; `--size` with one workload), the engine's replayed path (`engine_traced`, or
+`engine_compiled` where the workload has no traced method: the compiled family), torch.func and
+every peer the workload lists (jax, opacus_*, backpack) are built, called once (trace, compile or
+jit happens there, untimed), checked against the float64 loop, and then timed interleaved: each
+round times a batch of calls of every method in turn, alternating the order
+(`suite.probes.interleaved_samples`), so a load burst on a shared machine hits all of them alike.
+The table gives each method's median per call and the ratios the closing note of issue #17 asks
+for: ours / jax and ours / the best (fastest by median) peer, plus both against torch.func. A
+ratio is the median over the rounds of the ratio within each round (whose calls ran moments
+apart); against the peers its interquartile range follows, the noise of that figure.
+
+Equal footing is the methods' own (workloads.peers.jax_methods): same data and dtype (float32),
+the same thread count for torch and XLA (`--threads`, default 1, set before jax is imported).
+A peer whose package is missing is reported as skipped with the reason; a method that fails its
+check or raises is reported as failed and left out of the ratios, never timed.
+`--write` stores the rows as results/peer_ratios/<machine>/<commit8>.json.
+"""
+from __future__ import annotations
+
+import argparse
+import functools
+import json
+import math
+import statistics
+import sys
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any, Callable, Sequence
+
+import torch
+
+PEERS: tuple[str, ...] = ("jax", "opacus_hooks", "opacus_ew", "opacus_functorch", "backpack")
+# The engine's replayed path: the first of these the workload lists.
+OURS: tuple[str, ...] = ("engine_traced", "engine_compiled")
+REFERENCE = "torch_func"
+DEFAULT_ROUNDS = 15
+DEFAULT_BUDGET_S = 4.0
+
+
+@dataclass
+class Row:
+    """One workload at one size: seconds per call of each timed method in every interleaved round
+    (lists aligned by round), and why the others were not timed."""
+
+    workload: str
+    size: str
+    ours: str
+    samples: dict[str, list[float]] = field(default_factory=dict)
+    skipped: dict[str, str] = field(default_factory=dict)
+    failed: dict[str, str] = field(default_factory=dict)
+
+    @property
+    def seconds(self) -> dict[str, float]:
+        """Median seconds per call of each timed method."""
+        return {m: statistics.median(s) for m, s in self.samples.items()}
+
+    @property
+    def best_peer(self) -> str | None:
+        seconds = self.seconds
+        timed = [p for p in PEERS if p in seconds]
+        return min(timed, key=seconds.__getitem__) if timed else None
+
+    def round_ratios(self, method: str | None, over: str | None) -> list[float]:
+        """method's time / over's time in each round (the two ran moments apart); [] when either
+        was not timed."""
+        if method not in self.samples or over not in self.samples:
+            return []
+        return [a / b for a, b in zip(self.samples[method], self.samples[over], strict=True)]
+
+    def ratio(self, method: str | None, over: str | None) -> float:
+        """Median over the rounds of method / over; NaN when either was not timed."""
+        ratios = self.round_ratios(method, over)
+        return statistics.median(ratios) if ratios else math.nan
+
+    def quartiles(self, method: str | None, over: str | None) -> tuple[float, float]:
+        """The first and third quartiles of the per-round ratios (their spread: the noise)."""
+        ratios = self.round_ratios(method, over)
+        if not ratios:
+            return math.nan, math.nan
+        if len(ratios) == 1:
+            return ratios[0], ratios[0]
+        q1, _, q3 = statistics.quantiles(ratios, n=4, method="inclusive")
+        return q1, q3
+
+
+def ours_of(workload: Any) -> str:
+    """The engine's replayed method of `workload`: engine_traced, else engine_compiled."""
+    for method in OURS:
+        if method in workload.methods:
+            return method
+    raise ValueError(f"workload {workload.name!r} has none of {OURS}; it has {', '.join(workload.methods)}")
+
+
+def default_size(workload: Any) -> str:
+    return workload.quick[0] if workload.quick else workload.sizes[0]
+
+
+def selected_workloads(names: Sequence[str] | None, family: str | None) -> list[Any]:
+    """The named workloads (each must have our replayed path and a peer), else every one with `jax`."""
+    import workloads
+
+    if names:
+        chosen = [workloads.get(n) for n in names]
+        for w in chosen:
+            if not any(m in w.methods for m in OURS) or not any(p in w.methods for p in PEERS):
+                raise SystemExit(f"peer_ratios: workload {w.name!r} needs one of {OURS} and a peer method "
+                                 f"({', '.join(PEERS)}); it has {', '.join(w.methods)}")
+    else:
+        chosen = [w for w in workloads.all_workloads() if "jax" in w.methods and any(m in w.methods for m in OURS)]
+    return [w for w in chosen if family is None or w.family == family]
+
+
+def jax_unavailable() -> str | None:
+    """Why the jax method cannot run in this process (None when it can)."""
+    from workloads.peers.jax_methods import load_jax
+
+    try:
+        load_jax("cpu")
+    except NotImplementedError as exc:
+        return str(exc)
+    return None
+
+
+def measure_workload(workload: Any, size: str, rounds: int, budget_s: float,
+                     jax_reason: str | None = None) -> Row:
+    """Build, first-call and check every contender of `workload` at `size`, then time them interleaved."""
+    from suite import probes
+    from workloads.peers import PeerUnavailable
+
+    ours = ours_of(workload)
+    row = Row(workload.name, size, ours)
+    state = workload.setup(workload.params(size), "cpu")
+    calls: dict[str, Callable[[], Any]] = {}
+    for method in (ours, REFERENCE, *PEERS):
+        if method not in workload.methods:
+            continue
+        if method == "jax" and jax_reason is not None:
+            row.skipped[method] = jax_reason
+            continue
+        try:
+            workload.check(state, [method])  # builds it, first call (trace/compile/jit), float64 loop check
+        except PeerUnavailable as exc:
+            row.skipped[method] = str(exc)
+            continue
+        except Exception as exc:  # noqa: BLE001 - reported in the row, never timed
+            row.failed[method] = f"{type(exc).__name__}: {exc}".splitlines()[0][:300]
+            continue
+        calls[method] = functools.partial(workload.run, method, state)
+    if calls:
+        row.samples = probes.interleaved_samples(calls, "cpu", rounds=rounds, budget_s=budget_s)
+    return row
+
+
+def _ms(seconds: float | None) -> str:
+    return "-" if seconds is None else f"{seconds * 1e3:.3g} ms"
+
+
+def _x(value: float) -> str:
+    return "-" if math.isnan(value) else f"{value:.2f}"
+
+
+def _x_spread(row: Row, method: str | None, over: str | None) -> str:
+    """The median ratio with its interquartile range over the rounds, e.g. '0.64 (0.58-0.71)'."""
+    ratio = row.ratio(method, over)
+    if math.isnan(ratio):
+        return "-"
+    q1, q3 = row.quartiles(method, over)
+    return f"{ratio:.2f} ({q1:.2f}-{q3:.2f})"
+
+
+def markdown(rows: Sequence[Row]) -> str:
+    """The rows as a Markdown table (what the README's peers section and the closing note show).
+    Ratios are medians over the rounds of the per-round ratio; against the peers, with their
+    interquartile range in parentheses."""
+    lines = [
+        "| workload | size | ours | ours ms | torch.func ms | jax ms | ours / jax | best peer | ours / best peer "
+        "| ours / torch.func | best peer / torch.func |",
+        "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |",
+    ]
+    for r in rows:
+        best = r.best_peer
+        lines.append(
+            f"| {r.workload} | {r.size} | {r.ours} | {_ms(r.seconds.get(r.ours))} | {_ms(r.seconds.get(REFERENCE))} "
+            f"| {_ms(r.seconds.get('jax'))} | {_x_spread(r, r.ours, 'jax')} | {best or '(none ran)'} "
+            f"| {_x_spread(r, r.ours, best)} | {_x(r.ratio(r.ours, REFERENCE))} | {_x(r.ratio(best, REFERENCE))} |"
+        )
+    return "\n".join(lines)
+
+
+def notes(rows: Sequence[Row]) -> list[str]:
+    """One line per method that was skipped or failed."""
+    out = []
+    for r in rows:
+        out += [f"{r.workload} [{r.size}] {m} skipped: {why}" for m, why in r.skipped.items()]
+        out += [f"{r.workload} [{r.size}] {m} FAILED: {why}" for m, why in r.failed.items()]
+    return out
+
+
+def write(rows: Sequence[Row], threads: int) -> Path:
+    """results/peer_ratios/<machine>/<commit8>.json under the repository root."""
+    from vmapbench.bench import git, machine_name, repo_root
+
+    root = repo_root()
+    machine, commit = machine_name(), git(root, "rev-parse", "HEAD")
+    path = root / "results" / "peer_ratios" / machine / f"{commit[:8]}.json"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    document = {"machine": machine, "commit": commit, "torch": torch.__version__, "threads": threads,
+                "rows": [{**asdict(r), "seconds": r.seconds, "best_peer": r.best_peer} for r in rows]}
+    path.write_text(json.dumps(document, indent=1) + "\n")
+    return path
+
+
+def configure(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("-w", "--workload", action="append", dest="workloads", metavar="W",
+                        help="workload (repeatable); default: every workload with a jax method")
+    parser.add_argument("--family", help="only workloads of this family")
+    parser.add_argument("--size", help="size label (with exactly one -w); default: first quick size, else smallest")
+    parser.add_argument("--threads", type=int, default=1, help="torch and XLA intra-op threads (default 1)")
+    parser.add_argument("--rounds", type=int, default=DEFAULT_ROUNDS,
+                        help=f"interleaved rounds (default {DEFAULT_ROUNDS})")
+    parser.add_argument("--budget-s", type=float, default=DEFAULT_BUDGET_S,
+                        help=f"timing budget per workload in seconds; rounds shrink to fit, never below 3 "
+                             f"(default {DEFAULT_BUDGET_S})")
+    parser.add_argument("--write", action="store_true", help="store the rows under results/peer_ratios/")
+
+
+def main(args: argparse.Namespace) -> int:
+    if args.size is not None and len(args.workloads or ()) != 1:
+        raise SystemExit("peer_ratios: --size needs exactly one -w WORKLOAD")
+    torch.set_num_threads(args.threads)  # before jax is imported: load_jax matches XLA's threads to it
+    chosen = selected_workloads(args.workloads, args.family)
+    if not chosen:
+        raise SystemExit("peer_ratios: no workload selected")
+    jax_reason = jax_unavailable()
+    rows = []
+    for w in chosen:
+        size = args.size or default_size(w)
+        print(f"{w.name} [{size}] ...", file=sys.stderr, flush=True)
+        rows.append(measure_workload(w, size, args.rounds, args.budget_s, jax_reason))
+    print(f"torch {torch.__version__}, {args.threads} thread(s), float32, cpu; interleaved rounds (up to "
+          f"{args.rounds}, {args.budget_s:g} s per workload): median per call, ratios median of the per-round "
+          "ratios (interquartile range); every method checked against the float64 loop first")
+    print(markdown(rows))
+    for line in notes(rows):
+        print(line)
+    if args.write:
+        print(f"wrote {write(rows, args.threads)}")
+    return 1 if any(r.failed for r in rows) else 0
+
+
+if __name__ == "__main__":
+    parser = argparse.ArgumentParser(prog="python -m vmapbench.peer_ratios", description=__doc__.splitlines()[0])
+    configure(parser)
+    sys.exit(main(parser.parse_args()))
