@@ -14,6 +14,7 @@ from workloads.base import BASELINE, METHODS, REFERENCE
 METHOD_COLORS: dict[str, str] = {
     "loop": "#7f7f7f",
     "engine": "#1f77b4",
+    "engine_eager": "#aec7e8",
     "engine_traced": "#17becf",
     "engine_compiled": "#0b3d91",
     "torch_func": "#ff7f0e",
@@ -32,6 +33,7 @@ METHOD_COLORS: dict[str, str] = {
 METHOD_LABELS: dict[str, str] = {
     "loop": "for-loop",
     "engine": "engine",
+    "engine_eager": "engine (eager)",
     "engine_traced": "engine (traced)",
     "engine_compiled": "engine (compiled)",
     "torch_func": "torch.func",

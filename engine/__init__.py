@@ -13,6 +13,7 @@ from engine._vmap import vmap
 from engine.transforms import TransformError, grad, grad_and_value, hessian, jacfwd, jacrev, jvp, linearize, vjp
 from engine.trace import TraceFallbackWarning, UntraceableError, compile, trace  # noqa: A004  (engine.compile mirrors torch.compile)
 from engine.autotrace import auto_trace
+from engine.autoswitch import auto_tracing
 from engine.errors import (
     DataDependentError,
     FallbackError,
@@ -25,6 +26,7 @@ from engine.rules._table import register_rule
 
 __all__ = [
     "auto_trace",
+    "auto_tracing",
     "BatchedTensor",
     "check_compliance",
     "compile",

@@ -48,6 +48,7 @@ from torch.fx.experimental.proxy_tensor import make_fx
 from torch.utils._python_dispatch import TorchDispatchMode, _disable_current_modes
 from torch.utils._pytree import tree_flatten, tree_unflatten
 
+from engine.autoswitch import running
 from engine.errors import DataDependentError
 from engine.graph_passes import clean_up
 
@@ -187,6 +188,9 @@ def _fast_signature(args: tuple, kwargs: dict, strides: bool) -> tuple[Hashable,
 # the data-dependence guard used while tracing
 
 
+_PLAIN = (torch.Tensor, torch.nn.Parameter)
+
+
 class _DataGuard(TorchDispatchMode):
     """Watches the ops that hand tensor data to Python or give data-dependent shapes while tracing.
 
@@ -206,9 +210,43 @@ class _DataGuard(TorchDispatchMode):
         super().__init__()
         self.conditions: list[torch.Tensor] = []  # 0-dim bool tensors (graph values) that must hold
         self.places: list[str] = []  # where each condition was read, for error messages
+        # The undo log: (storage, its contents before the trace's first write into it) for every
+        # storage that existed before the trace (an input, a captured tensor) and was written to.
+        self.saved: dict[int, tuple[torch.UntypedStorage, torch.UntypedStorage]] = {}
+        self.fresh: set[int] = set()  # data pointers of the storages the trace's ops created
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}
+        if func._schema.is_mutable:
+            self._save_before_write(func, args, kwargs)
+        out = self._dispatch(func, args, kwargs)
+        for t in (out if isinstance(out, (tuple, list)) else (out,)):
+            if type(t) in _PLAIN and t.layout == torch.strided and t.numel():
+                self.fresh.add(t.untyped_storage().data_ptr())
+        return out
+
+    def _save_before_write(self, func: Any, args: tuple, kwargs: dict) -> None:
+        for i, arg in enumerate(func._schema.arguments):
+            if arg.alias_info is None or not arg.alias_info.is_write:
+                continue
+            t = args[i] if i < len(args) and not arg.kwarg_only else kwargs.get(arg.name)
+            if type(t) not in _PLAIN or t.layout != torch.strided or not t.numel():
+                continue
+            storage = t.untyped_storage()
+            ptr = storage.data_ptr()
+            if ptr in self.fresh or ptr in self.saved:
+                continue
+            with _disable_current_modes():
+                self.saved[ptr] = (storage, storage.clone())
+
+    def undo_writes(self) -> None:
+        """Put back what the trace wrote into tensors that existed before it (after a refusal)."""
+        with _disable_current_modes(), torch.no_grad():
+            for storage, before in self.saved.values():
+                storage.copy_(before)
+        self.saved.clear()
+
+    def _dispatch(self, func, args, kwargs):
         if func is aten.is_nonzero.default or (func is aten._local_scalar_dense.default and args[0].dtype == torch.bool):
             return self._guard(func, args[0])
         if (func in self._REFUSED or any(t in func.tags for t in self._REFUSED_TAGS)) and not _shape_is_static(func, args, kwargs):
@@ -396,7 +434,7 @@ def _compile_with_inductor(gm: torch.fx.GraphModule, inputs: list, kwargs: dict)
 class TracedFunction:
     """Callable returned by `engine.trace`: replays one recorded aten graph per input signature."""
 
-    def __init__(self, fn: Callable, fallback: str, cache_size: int, compile_kwargs: dict | None = None):
+    def __init__(self, fn: Callable, fallback: str, cache_size: int, compile_kwargs: dict | None = None, auto: bool = False):
         if fallback not in ("error", "eager"):
             raise ValueError(f"engine.trace: fallback must be 'error' or 'eager', got {fallback!r}")
         if not isinstance(cache_size, int) or cache_size < 1:
@@ -415,12 +453,22 @@ class TracedFunction:
         self._mru: _Entry | None = None  # the most recently used entry: the end of self._cache
         self._strides = compile_kwargs is not None  # compiled code asserts input strides
         self._hits = self._misses = self._traces = self._evictions = 0
-        self._warned = False
+        # auto: for engine.autotrace, which has proven the result needs no grad and wants eager
+        # semantics silently: no warnings, replays under no_grad, no replay of graphs that write
+        # into their inputs or captured tensors.
+        self._auto = auto
+        self._warned = auto
 
     # -- public -------------------------------------------------------------------------------
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
-        fast = _fast_signature(args, kwargs, self._strides)
+        return self._call(args, kwargs, _fast_signature(args, kwargs, self._strides))
+
+    def _guard_roots(self) -> tuple:
+        """What engine.guardstate walks for this wrapper: its function, not its caches."""
+        return (self.fn,)
+
+    def _call(self, args: tuple, kwargs: dict, fast: tuple[Hashable, list] | None) -> Any:
         if fast is not None:
             entry = self._fast.get(fast[0])
             if entry is not None:
@@ -429,10 +477,23 @@ class TracedFunction:
                     self._cache.move_to_end(entry.key)
                     self._mru = entry
                 try:
-                    return entry.call(fast[1])
+                    return self._replay(entry, fast[1])
                 except _GuardFailed:
                     return self._guard_failed(entry, args, kwargs)
         return self._call_slow(args, kwargs, fast)
+
+    def _replay(self, entry: _Entry, flat: list) -> Any:
+        if not self._auto:
+            return entry.call(flat)
+        grad_mode = torch.is_grad_enabled()
+        torch._C._set_grad_enabled(False)
+        try:
+            return entry.call(flat)
+        finally:
+            torch._C._set_grad_enabled(grad_mode)
+
+    def _eager(self, args: tuple, kwargs: dict) -> Any:
+        return running(self.fn, *args, **kwargs)
 
     def cache_info(self) -> CacheInfo:
         return CacheInfo(self._hits, self._misses, self._traces, self._evictions, len(self._cache), self.cache_size)
@@ -470,7 +531,7 @@ class TracedFunction:
             if entry.first is not None:  # refused after a complete trace: that run was this call
                 first, entry.first = entry.first, None
                 return entry.build(first)
-            return self.fn(*args, **kwargs)
+            return self._eager(args, kwargs)
         if self.compile_kwargs is not None and entry.compiled is None:
             self._compile(entry, flat)
         if fast is not None:
@@ -482,7 +543,7 @@ class TracedFunction:
             first, entry.first = entry.first, None
             return entry.build(first)
         try:
-            return entry.call(flat)
+            return self._replay(entry, flat)
         except _GuardFailed:
             return self._guard_failed(entry, args, kwargs)
 
@@ -492,7 +553,7 @@ class TracedFunction:
         distribution's ValueError naming the invalid parameter). A function that instead takes the
         other branch of its control flow cannot be replayed from this graph: UntraceableError, or
         with fallback='eager' its eager result (warned once)."""
-        out = self.fn(*args, **kwargs)
+        out = self._eager(args, kwargs)
         places = ", ".join(dict.fromkeys(entry.guards))
         message = (
             f"engine.trace: {_name(self.fn)} branches on tensor values ({places}) and these inputs take another "
@@ -526,15 +587,15 @@ class TracedFunction:
         entry.select = None if len(entry.tensor_pos) == len(flat) else entry.tensor_pos
         fn = self.fn
         out_info: dict[str, Any] = {}
+        guard = _DataGuard()
 
         def flat_fn(*tensors: torch.Tensor) -> list:
             leaves = list(flat)
             for i, t in zip(entry.tensor_pos, tensors):
                 leaves[i] = t
             a, kw = tree_unflatten(leaves, spec)
-            guard = _DataGuard()
             with guard:
-                out = fn(*a, **kw)
+                out = running(fn, *a, **kw)
             flat_out, out_spec = tree_flatten(out)
             out_info["spec"] = out_spec
             out_info["consts"] = [(i, o) for i, o in enumerate(flat_out) if not isinstance(o, torch.Tensor)]
@@ -548,8 +609,18 @@ class TracedFunction:
         try:
             gm = make_fx(flat_fn, tracing_mode="real")(*[flat[i] for i in entry.tensor_pos])
         except DataDependentError as err:
+            # The eager rerun that follows must not see the writes the aborted run already made.
+            guard.undo_writes()
             return self._refuse(entry, err)
         entry.constants = tuple(clean_up(gm))
+        if self._auto and _writes_into_inputs(gm):
+            # Automatic tracing replays only graphs without writes into inputs or captured tensors
+            # (whose effects on aliases and version counters it does not prove); this call was the
+            # real run, the signature runs eagerly from now on.
+            entry.eager = True
+            entry.build = _output_builder(out_info["spec"], out_info["consts"])
+            entry.first = out_info["values"]
+            return entry
         if entry.guards and _writes_into_inputs(gm):
             # The guard is a graph output, known only after the graph's writes: a replay whose guard
             # fails would write once, then the eager rerun again. Refuse rather than write twice.

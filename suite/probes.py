@@ -57,7 +57,7 @@ def pin_threads() -> int:
 
 # What an engine method needs from the engine package. At a commit without it the method is skipped
 # (asv: n/a), which keeps a backfill over old commits meaningful.
-ENGINE_API: dict[str, str] = {"engine": "vmap", "engine_traced": "trace", "engine_compiled": "compile"}
+ENGINE_API: dict[str, str] = {"engine": "vmap", "engine_eager": "auto_tracing", "engine_traced": "trace", "engine_compiled": "compile"}
 
 
 def require_method(method: str) -> None:

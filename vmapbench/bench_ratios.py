@@ -8,8 +8,8 @@ timed alternately, round by round; a round's ratio is engine time / torch.func t
 calls lasting at least `--min-batch` seconds each. Printed per workload: the median ratio over the
 rounds and its 10-90% spread; at the end the geometric mean and the worst median.
 
-The engine's eager method is `engine_eager` where the workload has it (automatic tracing off) and
-`engine` otherwise (at commits where the engine did not trace by default). `--profile` prints a
+The engine's eager method is `engine_eager` where the workload supports it (automatic tracing off:
+every workload with `engine`) and `engine` otherwise (at commits where the engine did not trace by default). `--profile` prints a
 cProfile of the engine's calls of each selected workload (slowest first).
 """
 from __future__ import annotations
@@ -31,7 +31,7 @@ from workloads.base import Workload, all_workloads, get
 def eager_method(workload: Workload) -> str | None:
     """The engine's eager method of `workload` ('engine_eager', else 'engine'), None if it has neither."""
     for method in ("engine_eager", "engine"):
-        if method in workload.methods:
+        if workload.supports(method):
             return method
     return None
 

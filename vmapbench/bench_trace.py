@@ -98,7 +98,8 @@ def bench_replay(repeats: int, warmup: int) -> None:
         traced(*args)
         _check(traced(*args), ref(*args))
         t_eng, t_ref = _median_times([lambda: traced(*args), lambda: ref(*args)], repeats, warmup)
-        (t_eager,) = _median_times([lambda: eng(*args)], max(5, repeats // 4), 1)  # apart: context only
+        with engine.auto_tracing(False):  # the eager path, not the engine's automatic replay
+            (t_eager,) = _median_times([lambda: eng(*args)], max(5, repeats // 4), 1)  # apart: context only
         print(_row(name, t_eng, t_ref, "torch.func eager"), f"  (trace {traced.trace_seconds:.2f} s, untraced engine {t_eager * 1e6:.0f} us)")
 
 

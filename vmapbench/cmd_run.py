@@ -58,7 +58,7 @@ def _resolve(args: argparse.Namespace, console: Console) -> tuple[workloads.Work
         console.print(f"[red]error:[/] {e.args[0]}")
         return None
     methods = [m for item in args.methods or w.methods for m in item.split(",") if m]
-    unknown = [m for m in methods if m not in w.methods]
+    unknown = [m for m in methods if not w.supports(m)]
     if unknown:
         console.print(f"[red]error:[/] workload {w.name!r} has no method {', '.join(map(repr, unknown))}; "
                       f"valid methods: {', '.join(w.methods)}")

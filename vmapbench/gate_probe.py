@@ -66,7 +66,10 @@ def measure_workloads(names: list[str], budget_s: float, rounds: int, skip_metho
                 errors[f"{name} {size}"] = f"setup: {type(exc).__name__}: {exc}"
                 continue
             calls: dict[str, Callable[[], Any]] = {}
-            for method in workload.methods:
+            # engine_eager (automatic tracing off) is gated too: every first call, and every function
+            # the automatic trace cannot prove identical, runs the eager path.
+            extra = ("engine_eager",) if getattr(workload, "supports", None) and workload.supports("engine_eager") else ()
+            for method in (*workload.methods, *(m for m in extra if m not in workload.methods)):
                 if method in skip_methods:
                     continue
                 try:

@@ -137,7 +137,7 @@ def define(
             ref_state = setup(state.params, state.device, dtype=torch.float64)
             state._reference = ref_state.fn(BASELINE)()
         for method in workload.methods if methods is None else methods:
-            if method not in workload.methods:
+            if not workload.supports(method):
                 raise ValueError(f"workload {name!r} has no method {method!r}; it has {', '.join(workload.methods)}")
             # A traced or compiled method records on its first call and replays afterwards: check both.
             calls = ("first call", "second call") if method == "engine_traced" or method in COMPILED_METHODS else ("",)

@@ -5,7 +5,9 @@ the measured call. The `engine*` and `torch_func*` versions are the same code wi
 module swapped (`engine` mirrors `torch.func`: `vmap`, `grad`, `hessian`, `vjp` ...), so a gap
 between them is the engine's, never the workload's. `*_traced` / `*_compiled` wrap that same
 function in `engine.trace`, `engine.compile` or `torch.compile`; the trace or compile happens on
-the first call (`Workload.prepare` times it apart from the runs).
+the first call (`Workload.prepare` times it apart from the runs). `engine` is the engine as a user
+gets it (automatic tracing on: repeated calls replay where proven identical); `engine_eager` runs
+the same function inside `engine.auto_tracing(False)`: the eager path on every call.
 
 Task kinds:
 - `jacobian_method`: Jacobian of a vector function of one flat tensor (reverse mode).
@@ -40,7 +42,7 @@ Fn = Callable[..., Any]
 Thunk = Callable[[], Any]
 
 # Methods served by a transform module (torch.func or engine), possibly wrapped.
-TRANSFORM_METHODS = ("engine", "engine_traced", "engine_compiled", "torch_func", "torch_func_compiled")
+TRANSFORM_METHODS = ("engine", "engine_eager", "engine_traced", "engine_compiled", "torch_func", "torch_func_compiled")
 # Examples per chunk of the `engine_chunked` per-sample-gradient method (engine.vmap's chunk_size).
 CHUNK_SIZE = 32
 
@@ -59,7 +61,19 @@ def transforms(method: str) -> types.ModuleType:
 
 
 def wrap(method: str, fn: Fn) -> Fn:
-    """Apply the method's trace/compile step to `fn` (identity for eager methods)."""
+    """Apply the method's trace/compile step to `fn` (identity for `engine`, the engine as a user
+    gets it, automatic tracing included; `engine_eager` runs `fn` with automatic tracing off)."""
+    if method == "engine_eager":
+        import engine
+
+        if not hasattr(engine, "auto_tracing"):
+            raise NotImplementedError("engine.auto_tracing does not exist at this commit; engine_eager cannot run")
+
+        def eager(*args: Any, **kwargs: Any) -> Any:
+            with engine.auto_tracing(False):
+                return fn(*args, **kwargs)
+
+        return eager
     if method == "engine_traced":
         import engine
 
