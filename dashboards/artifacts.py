@@ -147,8 +147,8 @@ def coverage_staleness(report: CoverageReport, repo: Path) -> Staleness | None:
 
 
 MEMLIMIT_DIR = "memlimit"
-MEMLIMIT_COLUMNS = ["machine", "commit", "torch", "device", "budget_bytes", "workload", "method", "size",
-                    "max_batch", "time_at_max_s", "status", "reason", "file"]
+MEMLIMIT_COLUMNS = ["machine", "commit", "torch", "device", "budget_bytes", "probe_timeout_s", "precision", "workload",
+                    "method", "size", "max_batch", "time_at_max_s", "status", "reason", "limited_by", "file"]
 
 
 def load_memlimit(results_dir: str | Path) -> pd.DataFrame:
@@ -156,29 +156,35 @@ def load_memlimit(results_dir: str | Path) -> pd.DataFrame:
     vmapbench/memlimit.py): one row per (workload, method, size) of each machine's newest file.
 
     An absent folder gives an empty frame; a file that is not such a report is skipped with a
-    CorruptResultWarning naming it. 'Newest' is the file with the latest modification time."""
+    CorruptResultWarning naming it. 'Newest' is the latest `written_at` the files record, then the
+    latest modification time (a fresh clone gives every file about the same one, in name order)."""
     root = Path(results_dir) / MEMLIMIT_DIR
     frames = []
     for machine_dir in sorted(p for p in root.glob("*") if p.is_dir()):
-        files = sorted(machine_dir.glob("*.json"), key=lambda p: (p.stat().st_mtime, p.name), reverse=True)
-        for path in files:
+        reports = []
+        for path in sorted(machine_dir.glob("*.json")):
             try:
                 data = json.loads(path.read_text(encoding="utf-8"))
                 rows = data["rows"]
                 if not isinstance(rows, list) or not all(isinstance(r, dict) for r in rows):
                     raise ValueError("'rows' must be a list of objects")
-                head = {k: data.get(k) for k in ("machine", "commit", "torch", "device", "budget_bytes")}
-            except (OSError, ValueError, KeyError, TypeError) as exc:
+                head = {k: data.get(k) for k in ("machine", "commit", "torch", "device", "budget_bytes",
+                                                 "probe_timeout_s")}
+                head["precision"] = (data.get("search") or {}).get("precision")
+            except (OSError, ValueError, KeyError, TypeError, AttributeError) as exc:
                 warnings.warn(f"skipping {path}: not a memory-limit report ({exc})", CorruptResultWarning,
                               stacklevel=2)
                 continue
-            head["machine"] = head["machine"] or machine_dir.name
-            frame = pd.DataFrame(rows)
-            for key, value in head.items():
-                frame[key] = value
-            frame["file"] = str(path)
-            frames.append(frame.reindex(columns=MEMLIMIT_COLUMNS))
-            break  # the newest readable report of this machine
+            reports.append(((str(data.get("written_at") or ""), path.stat().st_mtime, path.name), path, head, rows))
+        if not reports:
+            continue
+        _, path, head, rows = max(reports, key=lambda r: r[0])
+        head["machine"] = head["machine"] or machine_dir.name
+        frame = pd.DataFrame(rows)
+        for key, value in head.items():
+            frame[key] = value
+        frame["file"] = str(path)
+        frames.append(frame.reindex(columns=MEMLIMIT_COLUMNS))
     if not frames:
         return pd.DataFrame(columns=MEMLIMIT_COLUMNS)
     return pd.concat(frames, ignore_index=True)

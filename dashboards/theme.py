@@ -93,11 +93,13 @@ def format_value(value: Any, unit: str | None) -> str:
     v = float(value)
     scales = _SCALES.get(unit or "")
     if scales:
-        # Round first, so 0.9996 ms reads '1 ms', not '1e+03 µs'.
-        v = float(f"{v:.3g}")
+        # The largest unit in which the rounded reading is >= 1: 0.9996 ms reads '1 ms', not
+        # '1e+03 µs', and 2**30 bytes '1 GiB', not '1.02e+03 MiB' (rounding v itself to 3 digits
+        # would drop it below 2**30).
         for scale, suffix in scales:
-            if abs(v) >= scale or scale == scales[-1][0]:
-                return f"{v / scale:.3g} {suffix}"
+            reading = float(f"{v / scale:.3g}")
+            if abs(reading) >= 1 or scale == scales[-1][0]:
+                return f"{reading:g} {suffix}"
     if unit in ("x", "ratio"):
         return f"{float(f'{v:.3g}'):g}×"  # as assets/dashboard.js writes it: 4840×, not 4.84e+03×
     text = f"{v:.3g}"

@@ -111,17 +111,34 @@ def test_memlimit_view_reads_the_newest_report(tmp_path: Path) -> None:
     folder = results / "memlimit" / "cpu-box"
     folder.mkdir(parents=True)
     rows = [{"workload": "psg_peers", "method": "engine", "size": "", "max_batch": 4096, "time_at_max_s": 0.25,
-             "status": "ok", "reason": None},
+             "status": "ok", "reason": "fits at batch 4096; batch 5120 ran out of memory", "limited_by": "memory"},
+            {"workload": "psg_peers", "method": "loop", "size": "", "max_batch": 181, "time_at_max_s": 21.0,
+             "status": "ok", "reason": "fits at batch 181; batch 226 exceeded the probe time limit",
+             "limited_by": "time"},
+            {"workload": "psg_peers", "method": "closed_form", "size": "", "max_batch": 16384, "time_at_max_s": 0.01,
+             "status": "ok", "reason": "fits at the search cap (batch 16384)", "limited_by": "cap"},
+            {"workload": "psg_peers", "method": "backpack", "size": "", "max_batch": None, "time_at_max_s": None,
+             "status": "ok", "reason": "not even batch 1 fits: batch 2 ran out of memory", "limited_by": "memory"},
+            {"workload": "psg_peers", "method": "engine_chunked", "size": "", "max_batch": 2048,
+             "time_at_max_s": 1.5, "status": "ok", "reason": "fits at batch 2048", "limited_by": "memory"},
             {"workload": "psg_peers", "method": "opacus_ew", "size": "", "max_batch": None, "time_at_max_s": None,
              "status": "skip", "reason": "opacus is not installed"}]
-    (folder / "0a1b2c3d.json").write_text(json.dumps({
-        "machine": "cpu-box", "commit": "0a1b2c3d", "torch": "2.13.0", "device": "cpu",
-        "budget_bytes": 2 ** 31, "rows": rows}))
+    head = {"machine": "cpu-box", "torch": "2.13.0", "device": "cpu", "budget_bytes": 2 ** 31,
+            "probe_timeout_s": 30.0, "search": {"precision": 0.25}}
+    (folder / "0a1b2c3d.json").write_text(json.dumps({**head, "commit": "0a1b2c3d", "rows": rows,
+                                                      "written_at": "2026-11-23T12:00:00Z"}))
+    # An older report whose name sorts last and whose file is touched last (as a fresh clone may
+    # leave it): the recorded time still says which is newest.
+    (folder / "ffff0000.json").write_text(json.dumps({**head, "commit": "ffff0000", "rows": rows[:1]}))
     frame = load_memlimit(results)
-    assert set(frame["method"]) == {"engine", "opacus_ew"} and frame["budget_bytes"].iloc[0] == 2 ** 31
+    assert set(frame["commit"]) == {"0a1b2c3d"} and frame["budget_bytes"].iloc[0] == 2 ** 31
+    assert set(frame["method"]) == {r["method"] for r in rows}
     build_dashboard(results, tmp_path / "out")
     page = (tmp_path / "out" / "peers.html").read_text(encoding="utf-8")
-    assert "budget 2 GiB" in page and ">4096<" in page and "opacus is not installed" in page
+    assert "budget 2 GiB" in page and "probe time limit 30 s" in page and "precision 25%" in page
+    assert ">4096<" in page and "opacus is not installed" in page and "engine (chunked)" in page and ">2048<" in page
+    assert re.search(r">181<br><small>21 s per call</small><br><small><b>time limit</b>", page)
+    assert ">≥16384<" in page and "none fits (over budget)" in page
 
 
 @pytest.mark.parametrize("command", ["dashboard", "export"])

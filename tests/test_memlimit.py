@@ -2,7 +2,9 @@
 entry, and one real run of probes forked under RLIMIT_DATA."""
 from __future__ import annotations
 
+import json
 import math
+from typing import Callable
 
 import pytest
 
@@ -95,3 +97,136 @@ def test_real_probes_fit_and_run_out_of_memory(tmp_path) -> None:
     assert rows["closed_form"]["max_batch"] >= 8
     path = memlimit.write_result(result, tmp_path, "testbox", "0123456789abcdef")
     assert path == tmp_path / "results" / "memlimit" / "testbox" / "01234567.json"
+
+
+# --- the aimed search: a prediction from measured memory and time chooses where to probe ---------
+
+def measured_probe(fits: Callable[[int], bool], peak: Callable[[int], float], wall: Callable[[int], float],
+                   failure: str = "over", calls: list[int] | None = None):
+    """A probe whose truth is `fits(batch)` and which reports `peak(batch)` bytes and `wall(batch)`
+    seconds for the batches that fit (what the real probe measures), whatever their accuracy."""
+    def probe(batch: int) -> Probe:
+        if calls is not None:
+            calls.append(batch)
+        if fits(batch):
+            return Probe(batch, "fits", time_s=batch * 1e-3, peak_bytes=int(peak(batch)), wall_s=wall(batch))
+        return Probe(batch, failure, message="x", wall_s=30.0)
+    return probe
+
+
+def assert_true_bracket(result, limit: int, precision: float, calls: list[int], fits: Callable[[int], bool]) -> None:
+    """The row is read off real probes: the answer fit, a probed batch within the precision above it
+    failed (or the answer is the largest that fits), and no batch was probed twice."""
+    assert result.status == "ok" and result.max_batch == max(b for b in calls if fits(b))
+    assert result.max_batch <= limit <= max(result.max_batch * (1 + precision), result.max_batch + 1)
+    assert len(calls) == len(set(calls)), "a batch was probed twice"
+
+
+@pytest.mark.parametrize("limit", [20, 700, 2900, 9000])
+def test_aimed_search_finds_a_linear_memory_limit_in_few_probes(limit: int) -> None:
+    budget, base = 2**30, 50e6
+    per_example = (budget - base) / (limit + 0.5)
+    calls: list[int] = []
+    result = search(measured_probe(lambda b: b <= limit, lambda b: base + per_example * b, lambda b: 1.0, calls=calls),
+                    start=16, cap=16384, precision=0.25, budget=budget, timeout=30.0)
+    assert_true_bracket(result, limit, 0.25, calls, lambda b: b <= limit)
+    assert result.limited_by == "memory" and (result.guided >= 1 or limit < 64)  # aimed once two batches fit
+    # two small batches, at most two 16x jumps, then one probe under the prediction and one that closes it
+    assert len(calls) <= 6, calls
+
+
+def test_aimed_search_probes_the_time_limit_once_or_twice() -> None:
+    """A slow method: the probe time grows 0.05 s per example, the limit is 30 s; memory is no limit."""
+    def wall(b: int) -> float:
+        return 1.0 + 0.05 * b
+    calls: list[int] = []
+    result = search(measured_probe(lambda b: wall(b) <= 30.0, lambda b: 1e6, wall, failure="timeout", calls=calls),
+                    start=16, cap=16384, precision=0.25, budget=2**30, timeout=30.0)
+    limit = int((30.0 - 1.0) / 0.05)
+    assert_true_bracket(result, limit, 0.25, calls, lambda b: wall(b) <= 30.0)
+    assert result.limited_by == "time" and "time limit" in result.reason
+    assert sum(1 for b in calls if wall(b) > 30.0) <= 2, "each probe past the time limit costs the whole limit"
+
+
+@pytest.mark.parametrize("seed", range(40))
+def test_a_wrong_prediction_only_costs_probes_never_truth(seed: int) -> None:
+    """Memory that grows faster than linearly, and measurements that are noise: the prediction is
+    wrong, the answer is still a bracket of real probes within the precision."""
+    import random
+
+    rng = random.Random(seed)
+    limit = rng.randint(1, 16000)
+    precision = rng.choice([0.1, 0.25, 0.5])
+    peak = rng.choice([lambda b: 1e3 * b * b, lambda b: rng.uniform(0, 2**31), lambda b: 5e8, lambda b: 2**30 - b])
+    calls: list[int] = []
+    result = search(measured_probe(lambda b: b <= limit, peak, lambda b: rng.uniform(0.1, 40.0), calls=calls),
+                    start=16, cap=16384, precision=precision, budget=2**30, timeout=30.0)
+    assert_true_bracket(result, limit, precision, calls, lambda b: b <= limit)
+    # the aimed probes are bounded, the rest is the plain growth and bisection
+    plain = math.ceil(math.log(16384 / 16, 4)) + 1 + math.ceil(math.log2(math.log(16) / math.log1p(precision))) + 3
+    assert len(calls) <= plain + memlimit.GUIDED_PROBES
+
+
+def test_predict_limit_extrapolates_the_two_largest_fits() -> None:
+    fits = [Probe(16, "fits", peak_bytes=10, wall_s=1.0), Probe(64, "fits", peak_bytes=100, wall_s=1.2),
+            Probe(128, "fits", peak_bytes=200, wall_s=1.4)]
+    # memory: 200 + (b - 128) * 100/64 reaches 1000 at b = 640; time: 1.4 + (b - 128) * 0.2/64 reaches 10 at 2880
+    assert memlimit.predict_limit(fits, budget=1000, timeout=10.0) == pytest.approx(640)
+    assert memlimit.predict_limit(fits, budget=None, timeout=10.0) == pytest.approx(128 + (10 - 1.4) * 64 / 0.2)
+    flat = [Probe(16, "fits", peak_bytes=100, wall_s=1.0), Probe(64, "fits", peak_bytes=100, wall_s=0.9)]
+    assert memlimit.predict_limit(flat, budget=1000, timeout=10.0) == math.inf
+    assert memlimit.predict_limit(fits[:1], budget=1000, timeout=10.0) is None
+    assert memlimit.predict_limit([Probe(16, "fits"), Probe(64, "fits")], budget=1000, timeout=10.0) is None
+
+
+# --- resuming a run -----------------------------------------------------------------------------------
+
+def test_resumable_rows_refuse_another_experiments_file(tmp_path) -> None:
+    path = tmp_path / "abc.json"
+    assert memlimit.resumable_rows(path, {"budget_bytes": 1}) == []
+    row = {"workload": "psg_mlp", "method": "engine", "size": "", "max_batch": 10}
+    path.write_text(json.dumps({"budget_bytes": 2**30, "search": {"precision": 0.25}, "rows": [row]}))
+    assert memlimit.resumable_rows(path, {"budget_bytes": 2**30, "search": {"precision": 0.25}}) == [row]
+    with pytest.raises(ValueError, match=r"budget_bytes.*--force"):
+        memlimit.resumable_rows(path, {"budget_bytes": 2**29, "search": {"precision": 0.25}})
+
+
+def test_run_experiment_skips_the_pairs_already_done() -> None:
+    done = [{"workload": "psg_mlp", "method": m, "size": "", "max_batch": 7, "status": "ok"}
+            for m in ("torch_func", "closed_form")]
+    lines: list[str] = []
+    result = memlimit.run_experiment(2**20, names=["psg_mlp"], methods=["torch_func", "closed_form"], done=done,
+                                     log=lines.append)
+    assert result["rows"] == done and result["complete"]
+    assert any("2 of 2 searches are already in the results file" in line for line in lines)
+
+
+def test_an_unrecognized_failure_that_passes_with_more_memory_counts_as_memory() -> None:
+    """In a forked child capped at its use + 64 MiB: a 128 MiB allocation fails, and passes once the
+    cap is raised to RETRY_BUDGET_FACTOR x the budget; an error that is not memory still fails."""
+    import os
+    import resource
+
+    pid = os.fork()
+    if pid == 0:
+        code = 1
+        try:
+            budget = 64 * 2**20
+            memlimit._limit_memory("cpu", budget)
+
+            def allocate() -> None:
+                block = bytearray(128 * 2**20)
+                block[::4096] = b"x" * len(block[::4096])
+
+            try:
+                allocate()
+                code = 2  # the cap did not hold
+            except MemoryError:
+                bug = lambda: (_ for _ in ()).throw(ValueError("a bug"))  # noqa: E731
+                code = 0 if memlimit._passes_with_more_memory(allocate, budget) and not \
+                    memlimit._passes_with_more_memory(bug, budget) else 3
+            assert resource.getrlimit(resource.RLIMIT_DATA)[0] != resource.RLIM_INFINITY
+        finally:
+            os._exit(code)
+    _, status = os.waitpid(pid, 0)
+    assert os.WIFEXITED(status) and os.WEXITSTATUS(status) == 0, f"child exit status {status}"

@@ -21,10 +21,12 @@ probe per candidate batch, each in a fresh process under the budget:
 A probe builds the workload at that batch, calls the method once (trace/compile happen here)
 and once more, timed. Probes are forked from a server process that only imports (torch, the
 registry, jax), so each starts in milliseconds instead of the ~3 s of a fresh interpreter, and a
-probe's memory, threads and failures end with it. The search grows the batch geometrically from
-`--start` until a probe fails or reaches `--cap`, then bisects (geometrically) until the bracket
-is within `--precision`; a probe slower than `--probe-timeout` counts as a failure whose cause is
-time, not memory, and the row says so.
+probe's memory, threads and failures end with it. A fitting probe also reports its peak memory
+growth and the parent its wall time; after two fitting batches the search extrapolates both to
+the budget and the probe time limit and aims its next probes just under and just over that point
+(`search`), so a limit takes ~5 probes instead of growing by 4x to it and bisecting. Only real
+probes decide a row. A probe slower than `--probe-timeout` is killed and counts as a failure whose
+cause is time, not memory, and the row says so. A rerun at the same commit resumes.
 
 Results: results/memlimit/<machine>/<commit8>.json (schema in the README's Memory-limit section).
 """
@@ -61,8 +63,10 @@ OUTCOMES = ("fits", "over", "timeout", "error", "skip")
 class Probe:
     batch: int
     outcome: str
-    time_s: float | None = None
+    time_s: float | None = None  # the timed (second) call
     message: str | None = None
+    peak_bytes: int | None = None  # peak memory growth while the probe ran at its batch (after the warm-up)
+    wall_s: float | None = None  # the whole probe, as the probe time limit counts it (set by the parent)
 
 
 @dataclass
@@ -75,6 +79,7 @@ class Search:
     reason: str | None
     limited_by: str | None  # "memory" | "time" | "cap" (the search cap was reached) | None
     probes: list[Probe] = field(default_factory=list)
+    guided: int = 0  # how many probes were placed by the prediction
 
 
 def parse_bytes(text: str) -> int:
@@ -92,61 +97,124 @@ def parse_bytes(text: str) -> int:
     return int(value)
 
 
+# The prediction jumps at most this factor past the largest fitting batch (two small batches say
+# little about a batch 100x larger) and places at most this many probes per search (then plain
+# growth and bisection).
+MAX_JUMP = 16
+GUIDED_PROBES = 4
+
+
+def _trend_limit(points: list[tuple[int, float]], ceiling: float) -> float | None:
+    """Batch at which the straight line through the two points reaches `ceiling`; None when the
+    line does not grow (noise, or a cost that does not depend on the batch)."""
+    (b0, y0), (b1, y1) = points
+    slope = (y1 - y0) / (b1 - b0)
+    return b1 + (ceiling - y1) / slope if slope > 0 else None
+
+
+def predict_limit(fits: Sequence[Probe], budget: int | None, timeout: float | None) -> float | None:
+    """The batch where the two largest fitting probes' linear trends of peak memory and probe time
+    reach the budget and the time limit, whichever comes first; math.inf when
+    neither grows; None with fewer than two fitting batches or no measurements. Only used to
+    choose where to probe next: no row is ever recorded from it."""
+    pair = sorted(fits, key=lambda p: p.batch)[-2:]
+    if len(pair) < 2:
+        return None
+    limits: list[float] = []
+    measured = False
+    if budget is not None and all(p.peak_bytes is not None for p in pair):
+        measured = True
+        limits.append(_trend_limit([(p.batch, float(p.peak_bytes)) for p in pair], float(budget)) or math.inf)
+    if timeout is not None and all(p.wall_s is not None for p in pair):
+        measured = True
+        limits.append(_trend_limit([(p.batch, p.wall_s) for p in pair], timeout) or math.inf)
+    return min(limits) if measured else None
+
+
 def search(probe: Callable[[int], Probe], start: int = 16, cap: int = 16384, growth: int = 4,
-           precision: float = 0.25, on_probe: Callable[[Probe], None] | None = None) -> Search:
+           precision: float = 0.25, on_probe: Callable[[Probe], None] | None = None,
+           budget: int | None = None, timeout: float | None = None) -> Search:
     """Largest batch in [1, cap] for which `probe` fits, assuming fitting is monotone in the batch.
 
-    Grows from `start` by `growth` while probes fit, then bisects geometrically until the largest
-    fitting batch and the smallest failing one are within a factor 1 + `precision` (or adjacent).
-    An "error" or "skip" probe ends the search with that status.
+    The answer is always a bracket of real probes: the largest fitting batch and the smallest
+    failing one within a factor 1 + `precision` (or adjacent), or a fit at `cap`. Where the next
+    probe goes: after two fits, `predict_limit` extrapolates their peak memory (against `budget`)
+    and probe time (against `timeout`) and the next probe lands just under the prediction, then
+    one just above the largest fit closes the bracket; without a usable prediction (too few fits,
+    a prediction contradicted by a probe, or GUIDED_PROBES used up) the batch grows by `growth`
+    from `start` while probes fit and then bisects geometrically. An "error" or "skip" probe ends
+    the search with that status.
     """
     if not (1 <= start <= cap) or growth < 2 or precision <= 0:
         raise ValueError(f"search needs 1 <= start <= cap, growth >= 2, precision > 0; got {start}, {cap}, {growth}, {precision}")
     probes: list[Probe] = []
+    fits: list[Probe] = []
+    failed: Probe | None = None
+    guided = 0
 
-    def run(batch: int) -> Probe:
+    def closed(lo: int) -> bool:
+        if failed is None:
+            return lo == cap
+        return failed.batch - lo <= 1 or failed.batch <= lo * (1 + precision)
+
+    batch = start
+    while True:
         p = probe(batch)
         if p.outcome not in OUTCOMES:
             raise ValueError(f"probe returned outcome {p.outcome!r}; expected one of {OUTCOMES}")
+        if p.batch != batch:
+            raise ValueError(f"probe for batch {batch} answered for batch {p.batch}")
         probes.append(p)
         if on_probe is not None:
             on_probe(p)
-        return p
-
-    best: Probe | None = None
-    failed: Probe | None = None
-    batch = start
-    while failed is None:
-        p = run(batch)
         if p.outcome in ("error", "skip"):
-            return Search(None, None, "error" if p.outcome == "error" else "skip", p.message, None, probes)
-        if p.outcome != "fits":
-            failed = p
-        else:
-            best = p
-            if batch == cap:
-                break
-            batch = min(cap, batch * growth)
-    lo = best.batch if best else 0
-    while failed is not None and failed.batch - lo > 1 and failed.batch > lo * (1 + precision):
-        mid = int(math.sqrt(lo * failed.batch)) if lo else failed.batch // 2
-        mid = min(max(mid, lo + 1), failed.batch - 1)
-        p = run(mid)
-        if p.outcome in ("error", "skip"):
-            return Search(None, None, "error" if p.outcome == "error" else "skip", p.message, None, probes)
+            return Search(None, None, p.outcome, p.message, None, probes, guided)
         if p.outcome == "fits":
-            best, lo = p, mid
-        else:
+            fits.append(p)
+        elif failed is None or p.batch < failed.batch:
             failed = p
+        lo = max((f.batch for f in fits), default=0)
+        if closed(lo):
+            break
+        hi = failed.batch if failed is not None else None
+        batch = _plain_next(lo, hi, cap, growth)
+        if guided < GUIDED_PROBES:
+            aimed = _aimed_next(lo, hi, cap, precision, predict_limit(fits, budget, timeout))
+            if aimed is not None:
+                batch, guided = aimed, guided + 1
+    best = max(fits, key=lambda f: f.batch) if fits else None
     if failed is None:
         assert best is not None
-        return Search(best.batch, best.time_s, "ok", f"fits at the search cap (batch {cap})", "cap", probes)
+        return Search(best.batch, best.time_s, "ok", f"fits at the search cap (batch {cap})", "cap", probes, guided)
     cause = "time" if failed.outcome == "timeout" else "memory"
     what = f"batch {failed.batch} " + ("exceeded the probe time limit" if cause == "time" else
                                          f"ran out of memory ({failed.message})")
     if best is None:
-        return Search(None, None, "ok", f"not even batch {failed.batch - 1 or 1} fits: {what}", cause, probes)
-    return Search(best.batch, best.time_s, "ok", f"fits at batch {best.batch}; {what}", cause, probes)
+        return Search(None, None, "ok", f"not even batch {failed.batch - 1 or 1} fits: {what}", cause, probes, guided)
+    return Search(best.batch, best.time_s, "ok", f"fits at batch {best.batch}; {what}", cause, probes, guided)
+
+
+def _plain_next(lo: int, hi: int | None, cap: int, growth: int) -> int:
+    """Grow by `growth` while nothing failed, else the geometric middle of the bracket."""
+    if hi is None:
+        return min(cap, lo * growth)
+    mid = int(math.sqrt(lo * hi)) if lo else hi // 2
+    return min(max(mid, lo + 1), hi - 1)
+
+
+def _aimed_next(lo: int, hi: int | None, cap: int, precision: float, predicted: float | None) -> int | None:
+    """The probe the prediction asks for, or None where it has nothing to say: just under the
+    predicted limit, or just above the largest fit when the prediction is within the precision
+    of it or below it (the probe that should fail and close the bracket). A prediction at or
+    above a failing batch has been contradicted by a real probe: None."""
+    if predicted is None or lo == 0 or (hi is not None and predicted >= hi):
+        return None
+    if predicted <= lo * (1 + precision):
+        aim = lo * (1 + precision)
+    else:
+        aim = predicted / math.sqrt(1 + precision)
+    top = hi - 1 if hi is not None else cap
+    return int(min(max(aim, lo + 1), lo * MAX_JUMP, top))
 
 
 # --- the probe (runs in a process forked from the server) -----------------------------------------
@@ -202,12 +270,15 @@ def _limit_memory(device: str, budget: int) -> None:
 
 def run_probe(workload: str, method: str, size: str, device: str, budget: int, threads: int) -> Probe:
     """Warm up at a small batch, cap memory at the current use + `budget`, then run `method` at the
-    batch in `size` twice (the second call timed). Meant to run in a process of its own."""
+    batch in `size` twice (the second call timed), measuring the peak memory growth of the two
+    (RSS high-water mark on CPU, allocated bytes on CUDA) for the search's prediction. Meant to
+    run in a process of its own."""
     if device == "cuda":  # before jax is imported: no preallocation, and the budget as JAX's share
         _cap_jax_on_cuda(budget)
     import torch
 
     import workloads
+    from workloads.measure import peak_bytes
 
     torch.set_num_threads(threads)
     w = workloads.get(workload)
@@ -224,7 +295,9 @@ def run_probe(workload: str, method: str, size: str, device: str, budget: int, t
         return Probe(batch, "skip", message=str(exc))
     except Exception as exc:  # noqa: BLE001 - reported, the parent decides
         return Probe(batch, "error", message=f"warm-up failed: {type(exc).__name__}: {exc}")
-    try:
+    timed: list[float] = []
+
+    def at_batch() -> None:
         state = w.setup(params, device)
         w.run(method, state)
         if device == "cuda":
@@ -233,13 +306,42 @@ def run_probe(workload: str, method: str, size: str, device: str, budget: int, t
         w.run(method, state)
         if device == "cuda":
             torch.cuda.synchronize()
-        return Probe(batch, "fits", time_s=time.perf_counter() - start)
+        timed.append(time.perf_counter() - start)
+
+    try:
+        peak = peak_bytes(at_batch, device)
+        return Probe(batch, "fits", time_s=timed[0], peak_bytes=peak)
     except NotImplementedError as exc:
         return Probe(batch, "skip", message=str(exc))
     except BaseException as exc:  # noqa: BLE001 - MemoryError included
         first_line = re.sub(r"^\[enforce fail at [^\]]*\] (err == 0\. )?", "", str(exc).splitlines()[0] if str(exc) else "")
         message = f"{type(exc).__name__}: {first_line[:160]}"
-        return Probe(batch, "over" if _is_out_of_memory(exc) else "error", message=message)
+        if _is_out_of_memory(exc):
+            return Probe(batch, "over", message=message)
+        del exc  # its traceback holds the failed run's tensors
+        if device == "cpu" and _passes_with_more_memory(at_batch, budget):
+            return Probe(batch, "over", message=f"{message} (runs with {RETRY_BUDGET_FACTOR}x the budget: an "
+                                                 "allocation failure the library did not report as one)")
+        return Probe(batch, "error", message=message)
+
+
+# Some libraries report a failed allocation as a generic error (XLA:CPU's YNNPACK: "INTERNAL:
+# YNNPACK operation failed", with "allocate of <7> failed" only on stderr). Such a probe runs once
+# more with this many times the budget: passing then means memory was the cause.
+RETRY_BUDGET_FACTOR = 4
+
+
+def _passes_with_more_memory(run: Callable[[], None], budget: int) -> bool:
+    _release_memory()
+    soft, hard = resource.getrlimit(resource.RLIMIT_DATA)
+    if soft != resource.RLIM_INFINITY:
+        raised = soft + (RETRY_BUDGET_FACTOR - 1) * budget
+        resource.setrlimit(resource.RLIMIT_DATA, (raised if hard == resource.RLIM_INFINITY else min(raised, hard), hard))
+    try:
+        run()
+        return True
+    except BaseException:  # noqa: BLE001 - any failure: not (only) memory
+        return False
 
 
 def _parse(size: str) -> dict[str, Any]:
@@ -353,12 +455,13 @@ class ProbeServer:
 
     def probe(self, **request: Any) -> Probe:
         assert self.process.stdin is not None and self.process.stdout is not None
+        started = time.monotonic()
         self.process.stdin.write(json.dumps(request) + "\n")
         self.process.stdin.flush()
         line = self.process.stdout.readline()
         if not line:
             raise RuntimeError(f"the memlimit probe server exited (code {self.process.poll()}); see its stderr above")
-        return Probe(**json.loads(line))
+        return Probe(**{**json.loads(line), "wall_s": round(time.monotonic() - started, 3)})
 
     def close(self) -> None:
         if self.process.stdin is not None:
@@ -406,30 +509,42 @@ def run_experiment(
     threads: int | None = None,
     log: Callable[[str], None] = print,
     on_row: Callable[[dict[str, Any]], None] | None = None,
+    done: Sequence[dict[str, Any]] = (),
+    growth: int = 4,
 ) -> dict[str, Any]:
     """Search every (workload, method) pair and return the result document (see the module docstring);
-    `on_row` gets the document so far after each pair (so an interrupted run still leaves a file)."""
+    `on_row` gets the document so far after each pair (so an interrupted run still leaves a file).
+    Pairs with a row in `done` (an earlier, interrupted run of the same experiment) are not searched
+    again; their rows are kept."""
     import torch
 
     import workloads
     from workloads.base import size_label
 
     chosen = per_sample_workloads() if not names else [workloads.get(n) for n in names]
-    threads = threads or int(os.environ.get("OMP_NUM_THREADS", torch.get_num_threads()))
+    threads = threads or default_threads()
     pairs = [(w, m) for w in chosen for m in w.methods if not methods or m in methods]
-    rows: list[dict[str, Any]] = []
+    rows: list[dict[str, Any]] = [dict(r) for r in done]
+    have = {(r["workload"], r["method"], r["size"]) for r in rows}
+    todo = [(w, m) for w, m in pairs if (w.name, m, size_label(fixed_size(w))) not in have]
+    if len(todo) < len(pairs):
+        log(f"resuming: {len(pairs) - len(todo)} of {len(pairs)} searches are already in the results file")
     started = time.perf_counter()
+    searched = 0
 
     def document() -> dict[str, Any]:
         return {"machine": None, "commit": None, "torch": torch.__version__, "device": device, "budget_bytes": budget,
                 "threads": threads, "probe_timeout_s": probe_timeout,
-                "search": {"start": start, "cap": cap, "precision": precision},
-                "elapsed_s": round(time.perf_counter() - started, 1), "complete": len(rows) == len(pairs), "rows": rows}
+                "search": {"start": start, "cap": cap, "growth": growth, "precision": precision,
+                           "guided_probes": GUIDED_PROBES, "max_jump": MAX_JUMP},
+                "elapsed_s": round(time.perf_counter() - started, 1), "complete": searched == len(todo), "rows": rows}
+    if not todo:
+        return document()
     with ProbeServer() as server:
-        for i, (w, method) in enumerate(pairs, 1):
+        for i, (w, method) in enumerate(todo, 1):
             fixed, key = fixed_size(w), batch_key(w)
             t0 = time.perf_counter()
-            log(f"[{i}/{len(pairs)}] {w.name} {method} ({size_label(fixed) or 'no other parameter'})")
+            log(f"[{i}/{len(todo)}] {w.name} {method} ({size_label(fixed) or 'no other parameter'})")
 
             def probe(batch: int) -> Probe:
                 size = size_label({**fixed, key: batch})
@@ -437,25 +552,50 @@ def run_experiment(
                                     threads=threads, timeout=probe_timeout, batch_key=key)
 
             def show(p: Probe) -> None:
-                detail = f"{p.time_s:.3f} s" if p.time_s is not None else (p.message or "")
-                log(f"    {key}={p.batch}: {p.outcome} {detail[:160]}")
+                detail = f"{p.time_s:.3f} s per call" if p.time_s is not None else (p.message or "")
+                peak = f", peak +{p.peak_bytes / 2**20:.0f} MiB" if p.peak_bytes is not None else ""
+                log(f"    {key}={p.batch}: {p.outcome} {detail[:160]}{peak} ({p.wall_s or 0:.1f} s probe)")
 
-            result = search(probe, start=start, cap=cap, precision=precision, on_probe=show)
+            result = search(probe, start=start, cap=cap, growth=growth, precision=precision, on_probe=show,
+                            budget=budget, timeout=probe_timeout)
+            searched += 1
+            spent = time.perf_counter() - started
             log(f"    -> max {key} {result.max_batch} ({result.status}; {result.reason}) "
-                f"in {time.perf_counter() - t0:.1f} s, {len(result.probes)} probes")
+                f"in {time.perf_counter() - t0:.1f} s, {len(result.probes)} probes ({result.guided} aimed); "
+                f"{spent / 60:.1f} min so far, ETA {spent / searched * (len(todo) - searched) / 60:.0f} min")
             rows.append({"workload": w.name, "method": method, "size": size_label(fixed),
                          "max_batch": result.max_batch, "time_at_max_s": result.time_at_max_s,
                          "status": result.status, "reason": result.reason, "limited_by": result.limited_by,
-                         "probes": len(result.probes)})
+                         "probes": len(result.probes), "aimed_probes": result.guided,
+                         "search_s": round(time.perf_counter() - t0, 1)})
             if on_row is not None:
                 on_row(document())
     return document()
 
 
+def result_path(root: Path, machine: str, commit: str) -> Path:
+    return root / "results" / "memlimit" / machine / f"{commit[:8]}.json"
+
+
+def resumable_rows(path: Path, expected: dict[str, Any]) -> list[dict[str, Any]]:
+    """The rows of an earlier run's results file at `path` (none if it does not exist), provided it
+    ran the same experiment: every key of `expected` (budget, device, probe time limit, search
+    settings, threads) must match, else the rows would mix two experiments."""
+    if not path.exists():
+        return []
+    data = json.loads(path.read_text())
+    differ = [f"{k}: {data.get(k)!r} there, {v!r} now" for k, v in expected.items() if data.get(k) != v]
+    if differ:
+        raise ValueError(f"{path} holds a run with other settings ({'; '.join(differ)}); rerun with the same "
+                         "settings to resume it, or pass --force to search every pair again")
+    return list(data["rows"])
+
+
 def write_result(result: dict[str, Any], root: Path, machine: str, commit: str) -> Path:
-    path = root / "results" / "memlimit" / machine / f"{commit[:8]}.json"
+    path = result_path(root, machine, commit)
     path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(json.dumps({**result, "machine": machine, "commit": commit}, indent=1) + "\n")
+    written_at = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())  # the dashboard shows a machine's newest file
+    path.write_text(json.dumps({**result, "machine": machine, "commit": commit, "written_at": written_at}, indent=1) + "\n")
     return path
 
 
@@ -468,15 +608,26 @@ def configure(parser: argparse.ArgumentParser) -> None:
                         help="method (repeatable or comma-separated); default: each workload's all")
     parser.add_argument("--start", type=int, default=16, help="first batch probed (default 16)")
     parser.add_argument("--cap", type=int, default=16384, help="largest batch probed (default 16384)")
+    parser.add_argument("--growth", type=int, default=4,
+                        help="factor the batch grows by while probes fit and no prediction applies (default 4)")
     parser.add_argument("--precision", type=float, default=0.25,
                         help="stop bisecting when the bracket is within this relative width (default 0.25)")
     parser.add_argument("--probe-timeout", type=float, default=60.0, help="seconds before a probe counts as too slow")
     parser.add_argument("--machine", default=None, help="machine name (default: as `make bench` names it)")
     parser.add_argument("--no-write", dest="write", action="store_false", help="print only; write no result file")
+    parser.add_argument("--force", action="store_true",
+                        help="search every pair again (default: resume, skipping pairs already in this commit's file)")
 
 
 def _split(items: Iterable[str] | None) -> list[str]:
     return [x for item in items or () for x in item.split(",") if x]
+
+
+def default_threads() -> int:
+    """The probes' torch thread count: OMP_NUM_THREADS when set, else torch's default."""
+    import torch
+
+    return int(os.environ.get("OMP_NUM_THREADS", torch.get_num_threads()))
 
 
 def main(args: argparse.Namespace) -> int:
@@ -491,15 +642,34 @@ def main(args: argparse.Namespace) -> int:
             return 2
     root = repo_root()
     machine, commit = args.machine or machine_name(), git(root, "rev-parse", "HEAD")
+    threads = default_threads()
+    path = result_path(root, machine, commit)
+    done: list[dict[str, Any]] = []
+    earlier_s = 0.0
+    if args.write and not args.force:
+        settings = {"device": args.device, "budget_bytes": budget, "threads": threads,
+                    "probe_timeout_s": args.probe_timeout,
+                    "search": {"start": args.start, "cap": args.cap, "growth": args.growth, "precision": args.precision,
+                               "guided_probes": GUIDED_PROBES, "max_jump": MAX_JUMP}}
+        try:
+            done = resumable_rows(path, settings)
+        except ValueError as exc:
+            print(f"error: {exc}", file=sys.stderr)
+            return 2
+        earlier_s = json.loads(path.read_text()).get("elapsed_s", 0.0) if done else 0.0
+
+    def with_earlier(document: dict[str, Any]) -> dict[str, Any]:
+        return {**document, "elapsed_s": round(document["elapsed_s"] + earlier_s, 1)}
 
     def save(document: dict[str, Any]) -> None:
         if args.write:
-            write_result(document, root, machine, commit)
+            write_result(with_earlier(document), root, machine, commit)
     result = run_experiment(budget, args.device, _split(args.workloads), _split(args.methods), args.start, args.cap,
-                            args.precision, args.probe_timeout, log=lambda s: print(s, flush=True), on_row=save)
-    print(f"memlimit: {len(result['rows'])} searches in {result['elapsed_s']:.0f} s (budget {budget / 2**30:.2f} GiB)")
+                            args.precision, args.probe_timeout, threads=threads, log=lambda s: print(s, flush=True),
+                            on_row=save, done=done, growth=args.growth)
+    print(f"memlimit: {len(result['rows'])} rows, {result['elapsed_s']:.0f} s in this run (budget {budget / 2**30:.2f} GiB)")
     if args.write:
-        print(f"wrote {write_result(result, root, machine, commit)}")
+        print(f"wrote {write_result(with_earlier(result), root, machine, commit)}")
     return 0
 
 

@@ -82,6 +82,30 @@ def _distance_table(rows: pd.DataFrame) -> str:
     return table(headers, body, css="vb-compact")
 
 
+def _memlimit_cell(r: dict | None, best: float | None) -> tuple[str, int | None]:
+    """One method's search: the largest batch that fit and its time per call, marked when a limit
+    other than memory stopped the search (the probe time limit, or the search cap: '≥'); a search
+    where nothing fit, failed or was skipped says so, with the reason."""
+    if r is None:
+        return "—", None
+    reason = r["reason"] if isinstance(r["reason"], str) else ""
+    limited_by = r.get("limited_by") if isinstance(r.get("limited_by"), str) else None
+    if r["status"] == "ok" and _num(r["max_batch"]):
+        batch = int(r["max_batch"])
+        t = format_value(r["time_at_max_s"], "seconds") if _num(r["time_at_max_s"]) else "n/a"
+        mark = ' class="vb-best"' if batch == best else ""
+        shown = f"≥{batch}" if limited_by == "cap" else str(batch)
+        note = {"time": "<br><small><b>time limit</b></small>", "cap": "<br><small>search cap</small>"}.get(
+            limited_by or "", "")
+        return (f'<div{mark} title="{esc(reason)}">{shown}<br><small>{esc(t)} per call</small>{note}</div>',
+                batch)
+    if r["status"] == "ok":  # the search ran, and not even the smallest batch fit
+        what = {"time": "too slow", "memory": "over budget"}.get(limited_by or "", "none fits")
+        return (f'<span title="{esc(reason)}">none fits ({what})</span><br><small>{esc(reason[:60])}</small>', 0)
+    return (f'<span title="{esc(reason)}">{esc(r["status"])}</span>'
+            + (f"<br><small>{esc(reason[:60])}</small>" if reason else ""), None)
+
+
 def _memlimit_section(page: Page, ctx: Context) -> None:
     page.add("<h2>Largest batch within a memory budget</h2>")
     report = load_memlimit(ctx.results.results_dir) if ctx.results.results_dir else pd.DataFrame()
@@ -90,32 +114,31 @@ def _memlimit_section(page: Page, ctx: Context) -> None:
                     "the experiment with <code>vmapbench memlimit</code> (it binary-searches, in a "
                     "child process with a memory limit, the largest batch each method fits).")
         return
+    page.add("<p>Each cell: the largest batch that ran within the budget, found by real probes "
+             "under the memory limit, and its time per call there. <b>time limit</b>: the next "
+             "batch probed was slower than the probe time limit, so the batch that fits in memory "
+             "may be larger; ≥ with <i>search cap</i>: the largest batch searched fit. Hover a cell "
+             "for what stopped the search.</p>")
     for (machine, device, budget), rep in report.groupby(["machine", "device", "budget_bytes"], dropna=False):
         methods = method_order(rep["method"].unique())
-        commit = str(rep["commit"].iloc[0] or "")[:8]
-        headers = ["workload · size"] + [method_label(m) for m in methods]
+        first = rep.iloc[0]
+        commit = str(first["commit"] or "")[:8]
+        settings = "".join([
+            f" · probe time limit {esc(format_value(first['probe_timeout_s'], 'seconds'))}"
+            if _num(first["probe_timeout_s"]) else "",
+            f" · precision {float(first['precision']):.0%}" if _num(first["precision"]) else ""])
+        # The device first, as in the distance table: vb-compact sizes the first two columns.
+        headers = ["device", "workload · size"] + [method_label(m) for m in methods]
         body = []
         for (workload, size), group in rep.groupby(["workload", "size"], dropna=False, sort=True):
             by = {r["method"]: r for r in group.to_dict("records")}
             best = max((r["max_batch"] for r in by.values() if r["status"] == "ok" and _num(r["max_batch"])),
                        default=None)
-            cells = [(f"<b>{esc(workload)}</b><br><small>{esc(size)}</small>", workload)]
-            for m in methods:
-                r = by.get(m)
-                if r is None:
-                    cells.append(("—", None))
-                elif r["status"] == "ok" and _num(r["max_batch"]):
-                    t = format_value(r["time_at_max_s"], "seconds") if _num(r["time_at_max_s"]) else "n/a"
-                    mark = ' class="vb-best" title="largest batch in this row"' if r["max_batch"] == best else ""
-                    cells.append((f"<div{mark}>{int(r['max_batch'])}<br><small>{esc(t)} per call</small></div>",
-                                  int(r["max_batch"])))
-                else:
-                    reason = r["reason"] if isinstance(r["reason"], str) else ""
-                    cells.append((f'<span title="{esc(reason)}">{esc(r["status"])}</span>'
-                                  + (f"<br><small>{esc(reason[:60])}</small>" if reason else ""), None))
+            cells = [(esc(device), device), (f"<b>{esc(workload)}</b><br><small>{esc(size)}</small>", workload)]
+            cells += [_memlimit_cell(by.get(m), best) for m in methods]
             body.append((cells, {"machine": machine, "device": device, "workload": workload}))
         page.add(f'<h3 class="vb-f" data-machine="{esc(machine)}">{esc(machine)} · {esc(device)} · budget '
-                 f'{esc(format_value(budget, "bytes"))} · commit <code>{esc(commit)}</code></h3>'
+                 f'{esc(format_value(budget, "bytes"))}{settings} · commit <code>{esc(commit)}</code></h3>'
                  + table(headers, body, css="vb-compact"))
 
 
