@@ -247,11 +247,11 @@ def _define(name: str, description: str, model: type[nn.Module], criterion: Crit
             make_x: Callable[[dict[str, Any], torch.Generator], torch.Tensor],
             make_y: Callable[[int, torch.Generator], torch.Tensor], peer_methods: tuple[str, ...],
             closed_form: Callable[..., Params] | None = None, quick: tuple[str, ...] = (),
-            heavy: tuple[str, ...] = ()) -> None:
+            heavy: tuple[str, ...] = (), not_in_quick: tuple[str, ...] = ()) -> None:
     methods = BASE + (("closed_form",) if closed_form is not None else ()) + peer_methods + ("jax", "engine_chunked")
     define(name=name, family=FAMILY, description=description, grid=grid, methods=methods,
            make_inputs=_data(model, make_x, make_y), make_method=with_jax(_psg(model, criterion, closed_form), name),
-           quick=quick, heavy=heavy, extra={"model": model})
+           quick=quick, heavy=heavy, not_in_quick=not_in_quick, extra={"model": model})
 
 
 _define("nn_logreg", f"Per-sample gradients of nn.Linear({FEATURES}, 1) logistic regression (fast-dpsgd set)",
@@ -262,7 +262,7 @@ _define("nn_ffnn", f"Per-sample gradients of an nn FFNN {FEATURES}-50-2 (fast-dp
         OPACUS_ALL + ("backpack",), closed_form=per_sample_grads.mlp_grads_closed_form)
 _define("nn_mnist_cnn", "Per-sample gradients of the fast-dpsgd MNIST CNN (2 conv + max-pool, 2 linear)",
         MNISTNet, F.cross_entropy, {"batch": [16, 64]}, _images(1, 28, 28), _labels(10),
-        OPACUS_ALL + ("backpack",), quick=("batch=16",))
+        OPACUS_ALL + ("backpack",), quick=("batch=16",), not_in_quick=per_sample_grads.QUICK_LEAVES_OUT)
 _define("nn_embedding", f"Per-sample gradients of an embedding text classifier (vocab {VOCAB}, dim 16, mean, linear)",
         EmbeddingNet, F.cross_entropy, {"batch": [16, 64], "tokens": [64]}, _tokens, _labels(2),
         OPACUS_ALL + ("backpack",))

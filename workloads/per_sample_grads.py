@@ -81,6 +81,9 @@ def _method(loss: Callable[..., torch.Tensor], closed_form: Callable[..., Params
 mlp_method = _method(mlp_loss, mlp_grads_closed_form, mlp_module)
 # Every Opacus mode and BackPACK express the MLP, the CNN and (but BackPACK: no LayerNorm) the attention block.
 OPACUS = ("opacus_hooks", "opacus_ew", "opacus_functorch")
+# Opacus' hooks and functorch modes are timed in the full profile; the quick one keeps its best mode
+# (ew) for the conv and attention models, whose six extra benchmark processes cost ~20 s of make bench.
+QUICK_LEAVES_OUT = ("opacus_hooks", "opacus_functorch")
 
 define(
     name="psg_mlp",
@@ -137,6 +140,7 @@ define(
     make_inputs=cnn_data,
     make_method=with_jax(_method(cnn_loss, module=cnn_module), "psg_cnn"),
     quick=("batch=8",),
+    not_in_quick=QUICK_LEAVES_OUT,
 )
 
 TOKENS, WIDTH, HEADS, FF = 16, 32, 2, 64
@@ -204,6 +208,7 @@ define(
     make_inputs=attention_data,
     make_method=with_jax(_method(attention_loss, module=AttentionBlock), "psg_attention"),
     quick=("batch=64",),
+    not_in_quick=QUICK_LEAVES_OUT,
     # functional_vectorize backpropagates B one-hot vectors through the whole batch: ~0.8 GB at B=256.
     heavy=("batch=256",),
 )
