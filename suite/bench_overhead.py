@@ -109,6 +109,10 @@ def chain_call(method: str, x: torch.Tensor, mode: str = "vmap") -> Callable[[],
     raise ValueError(f"unknown method {method!r}; valid: {', '.join(METHODS)}")
 
 
+# The overhead-bound size `make bench` times (the gate times it too: vmapbench/gate_probe.py).
+QUICK_SIZE = "small"
+
+
 class PerOpOverhead:
     params = [list(METHODS), list(SIZES), list(MODES), list(selection.ALL_DEVICES)]
     param_names = ["method", "size", "mode", "device"]
@@ -128,6 +132,9 @@ class PerOpOverhead:
         if device == "cuda" and not torch.cuda.is_available():
             raise NotImplementedError("cuda is not available on this machine (torch.cuda.is_available() is False)")
         self.device = device
+        if self.quick and size != QUICK_SIZE:
+            raise NotImplementedError(f"the quick profile times the {QUICK_SIZE} chain only (10 min budget); "
+                                      f"the full profile and `python -m suite.bench_overhead` time {size}")
         x = make_input(size, device)
         self.calls = {m: chain_call(m, x, mode) for m in dict.fromkeys(("native", "torch_func", method))}
         for name, call in self.calls.items():
