@@ -57,3 +57,16 @@ def test_compliance_names_what_is_wrong_with_a_target():
         main(["compliance", "mlp_jvp"])
     with pytest.raises(SystemExit, match="unknown target 'nosuch'"):
         main(["compliance", "nosuch"])
+
+
+def test_run_method_opacus_means_every_opacus_mode_the_workload_has() -> None:
+    import workloads
+    from vmapbench.cmd_run import expand_method
+
+    psg = workloads.get("psg_mlp")
+    assert expand_method(psg, "opacus") == ["opacus_hooks", "opacus_ew", "opacus_functorch"]
+    assert expand_method(psg, "opacus_ew") == ["opacus_ew"]
+    lstm = workloads.get("nn_lstm")  # Opacus' hooks and functorch modes fail on nn.LSTM: only ew is listed
+    assert expand_method(lstm, "opacus") == ["opacus_ew"]
+    hessian = workloads.get("logreg_hessian")  # no Opacus method: the name stays, and is refused as unknown
+    assert expand_method(hessian, "opacus") == ["opacus"]

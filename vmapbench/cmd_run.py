@@ -29,7 +29,7 @@ SKIPPED = "skipped: "
 def configure(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("workload", help="workload name (see `vmapbench list`)")
     parser.add_argument("--method", "-m", action="append", dest="methods", metavar="M",
-                        help="method to run (repeatable, or comma-separated); default: all of the workload's")
+                        help="method to run (repeatable, or comma-separated; `opacus` means every Opacus mode the workload has); default: all of the workload's")
     parser.add_argument("--device", default="cpu", choices=("cpu", "cuda"), help="device (default cpu)")
     parser.add_argument("--size", help="size label, e.g. 'n=1000,d=64'; default: the first quick size")
     parser.add_argument("--repeat", type=int, default=5, help="timed calls per method (default 5)")
@@ -57,7 +57,8 @@ def _resolve(args: argparse.Namespace, console: Console) -> tuple[workloads.Work
     except KeyError as e:
         console.print(f"[red]error:[/] {e.args[0]}")
         return None
-    methods = [m for item in args.methods or w.methods for m in item.split(",") if m]
+    methods = [m for item in args.methods or w.methods for name in item.split(",") if name
+               for m in expand_method(w, name)]
     unknown = [m for m in methods if not w.supports(m)]
     if unknown:
         console.print(f"[red]error:[/] workload {w.name!r} has no method {', '.join(map(repr, unknown))}; "
@@ -101,6 +102,18 @@ def main(args: argparse.Namespace) -> int:
     if args.check and not failures:
         console.print("check: every method matches the float64 loop within the workload's tolerance")
     return 1 if failures else 0
+
+
+# A tool's name stands for all its methods the workload offers (`-m opacus`: every Opacus mode).
+METHOD_GROUPS: dict[str, str] = {"opacus": "opacus_"}
+
+
+def expand_method(w: workloads.Workload, name: str) -> list[str]:
+    """`name` as the methods it means on `w`: itself, or a tool's methods (`opacus` -> opacus_*)."""
+    prefix = METHOD_GROUPS.get(name)
+    if prefix is None or w.supports(name):
+        return [name]
+    return [m for m in w.methods if m.startswith(prefix)] or [name]
 
 
 def run_methods(w: workloads.Workload, methods: list[str], size: str, state: object, args: argparse.Namespace,
