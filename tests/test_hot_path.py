@@ -135,6 +135,16 @@ def test_bench_ratios_report_runs_one_workload(capsys) -> None:
     assert "geomean" in capsys.readouterr().out
 
 
+def test_bench_ratios_default_engine_is_the_auto_traced_method(capsys) -> None:
+    w = bench_ratios.candidates(None, ["nn_logreg"], engine="default")[0]
+    assert bench_ratios.engine_method(w, "default") == "engine"
+    assert bench_ratios.engine_method(w, "eager") == "engine_eager"
+    with pytest.raises(ValueError, match="eager"):
+        bench_ratios.engine_method(w, "traced")
+    medians = bench_ratios.report([w], rounds=1, min_batch_s=0.001, engine="default")
+    assert medians["nn_logreg"] > 0 and "engine/torch_func" in capsys.readouterr().out
+
+
 def test_one_tensor_plan_matches_loop_nested_and_under_grad() -> None:
     x = torch.randn(3, 4, 5, 6)
 

@@ -9,8 +9,10 @@ calls lasting at least `--min-batch` seconds each. Printed per workload: the med
 rounds and its 10-90% spread; at the end the geometric mean and the worst median.
 
 The engine's eager method is `engine_eager` where the workload supports it (automatic tracing off:
-every workload with `engine`) and `engine` otherwise (at commits where the engine did not trace by default). `--profile` prints a
-cProfile of the engine's calls of each selected workload (slowest first).
+every workload with `engine`) and `engine` otherwise (at commits where the engine did not trace by
+default). `--engine default` measures `engine` as users get it instead (automatic tracing on, its
+eager, watched and recording calls made before timing). `--profile` prints a cProfile of the
+engine's calls of each selected workload (slowest first).
 """
 from __future__ import annotations
 
@@ -41,10 +43,19 @@ def measured_size(workload: Workload) -> str:
     return workload.quick[0] if workload.quick else workload.sizes[0]
 
 
-def candidates(family: str | None, names: list[str] | None) -> list[Workload]:
-    """Workloads with an engine eager method and torch_func: `names`, else every one of `family`."""
+def engine_method(workload: Workload, engine: str) -> str | None:
+    """The engine method measured: the eager one (`engine` = 'eager'), or `engine` ('default')."""
+    if engine == "eager":
+        return eager_method(workload)
+    if engine == "default":
+        return "engine" if workload.supports("engine") else None
+    raise ValueError(f"engine must be 'eager' or 'default', got {engine!r}")
+
+
+def candidates(family: str | None, names: list[str] | None, engine: str = "eager") -> list[Workload]:
+    """Workloads with the engine method and torch_func: `names`, else every one of `family`."""
     chosen = [get(n) for n in names] if names else all_workloads(family)
-    return [w for w in chosen if eager_method(w) is not None and "torch_func" in w.methods]
+    return [w for w in chosen if engine_method(w, engine) is not None and "torch_func" in w.methods]
 
 
 def _batch(fn: Callable[[], Any], number: int) -> float:
@@ -73,14 +84,16 @@ def _calls(workload: Workload, method: str) -> tuple[Callable[[], Any], Callable
     size = measured_size(workload)
     state = workload.setup(workload.params(size), "cpu")
     workload.check(state, methods=[method, "torch_func"])
+    workload.prepare(method, state)  # the default engine's calls before its replays
     return (lambda: workload.run(method, state)), (lambda: workload.run("torch_func", state)), size
 
 
-def report(workloads: list[Workload], rounds: int, min_batch_s: float, profile: bool = False) -> dict[str, float]:
+def report(workloads: list[Workload], rounds: int, min_batch_s: float, profile: bool = False,
+           engine: str = "eager") -> dict[str, float]:
     """Print and return the median engine/torch.func ratio of each workload."""
     medians: dict[str, float] = {}
     for w in workloads:
-        method = eager_method(w)
+        method = engine_method(w, engine)
         engine_call, reference_call, size = _calls(w, method)
         ratios = sorted(round_ratios(engine_call, reference_call, rounds, min_batch_s))
         med = statistics.median(ratios)
@@ -104,13 +117,15 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--workloads", default="", help="comma list of workload names (overrides --family)")
     parser.add_argument("--rounds", type=int, default=30, help="interleaved rounds per workload (default 30)")
     parser.add_argument("--min-batch", type=float, default=0.02, help="seconds per timed batch of calls (default 0.02)")
+    parser.add_argument("--engine", choices=("eager", "default"), default="eager",
+                        help="the engine measured: eager (automatic tracing off, default) or as users get it")
     parser.add_argument("--profile", action="store_true", help="cProfile the engine's calls of each workload")
     args = parser.parse_args(argv)
     threads = probes.pin_threads()
     family = None if args.family == "all" else args.family
     names = [n for n in args.workloads.split(",") if n] or None
     print(f"torch {torch.__version__}, {threads} threads, {args.rounds} rounds, median ratio [10%-90%]", flush=True)
-    report(candidates(family, names), max(1, args.rounds), args.min_batch, args.profile)
+    report(candidates(family, names, args.engine), max(1, args.rounds), args.min_batch, args.profile, args.engine)
 
 
 if __name__ == "__main__":
