@@ -94,8 +94,12 @@ class BatchedTensor(torch.Tensor):
     def __torch_dispatch__(cls, func, types, args=(), kwargs=None):  # replaced by install_dispatch
         raise RuntimeError("engine._batched: no dispatch installed; import engine (engine._dispatch installs it).")
 
-    def __repr__(self) -> str:  # the elem's repr, so printing inside vmap is readable
-        return f"BatchedTensor(level={self._level}, bdim=0, value=\n{self._elem!r})"
+    def __repr__(self) -> str:
+        """torch.func's format: `BatchedTensor(lvl=L, bdim=0, value=` then the physical tensor's repr
+        indented, where L counts the vmaps from the outermost (1) in, not the engine's level id."""
+        depth = sum(1 for level in _active if level <= self._level) or 1
+        value = "\n".join("    " + line if line else line for line in repr(self._elem).split("\n"))
+        return f"BatchedTensor(lvl={depth}, bdim=0, value=\n{value}\n)"
 
     # Tensor.tolist()/numpy() on a batched tensor are data-dependent: say so, do not segfault.
     def tolist(self):  # type: ignore[override]

@@ -53,6 +53,20 @@ def _same(a: Any, b: Any) -> bool:
 # ---- silently wrong results ---------------------------------------------------------------------
 
 @case
+def repr_of_batched_tensors_nested(m):  # printing inside vmap: torch.func's format and depths
+    seen = []
+
+    def show(t):
+        seen.append(repr(t))
+        return t
+
+    m.vmap(m.vmap(show))(torch.arange(8.).reshape(2, 2, 2, 1))
+    m.vmap(show, randomness="same")(torch.arange(6.).reshape(2, 3))
+    # not in_dims=1: the engine keeps every batch dim at 0, so it shows bdim=0 and the moved tensor
+    return seen
+
+
+@case
 def no_grad_around_inner_grad(m):
     def h(x):
         with torch.no_grad():
