@@ -150,9 +150,13 @@ def test_planted_slowdown_keeps_the_engine_exact(tmp_path):
     tree = gate.extract(ROOT, gate.resolve(ROOT, "HEAD"), tmp_path / "tree")
     gate.plant_slowdown(tree, 1.3)
     assert gate.PLANT_MARK in (tree / "engine" / "_dispatch.py").read_text()
-    code = ("import torch, engine, engine._dispatch as d; assert d.VmapMode.__torch_dispatch__.__name__ == '_plant_slow';"
-            "x = torch.randn(4, 3); f = lambda v: (v.sin() * v).sum();"
-            "torch.testing.assert_close(engine.vmap(engine.grad(f))(x), torch.func.vmap(torch.func.grad(f))(x)); print('ok')")
+    assert gate.PLANT_MARK in (tree / "engine" / "trace.py").read_text()
+    code = ("import torch, engine, engine._dispatch as d; from engine.trace import TracedFunction;"
+            "assert d.VmapMode.__torch_dispatch__.__name__ == '_plant_slow' == TracedFunction._replay.__name__;"
+            "x = torch.randn(4, 3); f = lambda v: (v.sin() * v).sum(); g = engine.vmap(engine.grad(f));"
+            "want = torch.func.vmap(torch.func.grad(f))(x);"
+            "[torch.testing.assert_close(g(x), want) for _ in range(5)];"  # eager, watched, recorded, replays
+            "torch.testing.assert_close(engine.trace(g)(x), want); print('ok')")
     proc = subprocess.run([sys.executable, "-c", code], cwd=tree, env={**os.environ, "PYTHONPATH": str(tree)},
                           capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0 and proc.stdout.strip() == "ok", proc.stderr[-2000:]
