@@ -7,7 +7,8 @@ results of a quick CPU run and a full GPU run live side by side in results/. A p
 which (size, device) points are measured:
 
 - ``quick`` (what ``make bench`` and ``make continuous`` run): the registry's quick sizes, on cpu,
-  with each workload's `quick_methods` (its methods less those it marks `not_in_quick`);
+  with each workload's `quick_methods` (its methods less those it marks `not_in_quick`), and every
+  metric but `PROFILE_EXCLUDED_METRICS` (asv's whole-process peakmem_run);
 - ``full`` (nightly and GPU machines): every size, including the heavy ones, on cpu and cuda.
 
 The profile comes from ``VMAPBENCH_PROFILE`` (default ``full``, like a plain ``asv run``) and the
@@ -98,6 +99,18 @@ METRICS: tuple[Metric, ...] = (
     Metric("bench_first_call", "track_compile_seconds", _first_call_only),
     Metric("bench_first_call", "track_fallbacks", _engine_only),
 )
+
+# Metrics a profile leaves out. The quick profile keeps the per-call RSS growth
+# (track_rss_delta_bytes, the dashboard's CPU memory metric) and leaves out asv's whole-process
+# peakmem_run, which counts the torch import in every case (the dashboard falls back to it only
+# where no per-call figure exists) and cost ~50 s of make bench's 10 minutes; `full` runs both.
+PROFILE_EXCLUDED_METRICS: dict[str, frozenset[str]] = {"quick": frozenset({"peakmem_run"}), "full": frozenset()}
+
+
+def profile_metrics(profile: str) -> tuple[Metric, ...]:
+    """The METRICS `profile` measures."""
+    return tuple(m for m in METRICS if m.name not in PROFILE_EXCLUDED_METRICS[profile])
+
 
 # asv ranks every benchmark "lower is better"; these are "higher is better". The gate's policy is
 # vmapbench.stats.HIGHER_IS_BETTER; this copy exists because the suite must import in asv's
@@ -226,7 +239,7 @@ def bench_regexes(
         sizes = profile_sizes(w, profile)
         if not sizes:
             continue
-        for metric in METRICS:
+        for metric in profile_metrics(profile):
             if metric.name in excluded:
                 continue
             for device in devices:

@@ -96,7 +96,8 @@ def test_bench_regexes_select_exactly_the_profile(profile):
     devices = selection.PROFILE_DEVICES[profile]
     for point, w, metric, size, method, device in _all_points():
         expected = (size in selection.profile_sizes(w, profile) and device in devices and device in w.devices
-                    and method in selection.profile_methods(w, profile) and metrics[metric].applies(w, method, device))
+                    and method in selection.profile_methods(w, profile) and metrics[metric].applies(w, method, device)
+                    and metric not in selection.PROFILE_EXCLUDED_METRICS[profile])
         assert any(r.search(point) for r in regexes) == expected, point
 
 
@@ -111,6 +112,12 @@ def test_bench_regexes_shard_by_family():
     assert not any(r.search(p) for r in suite_only for p, *_ in _all_points()[:50])
     with pytest.raises(ValueError, match="unknown families"):
         selection.bench_regexes("quick", ["no-such-family"])
+
+
+def test_quick_profile_keeps_the_per_call_memory_and_leaves_out_asvs_process_peak():
+    quick, full = selection.bench_regexes("quick"), selection.bench_regexes("full")
+    assert not any("peakmem_run" in r for r in quick) and any("peakmem_run" in r for r in full)
+    assert any("track_rss_delta_bytes" in r for r in quick)
 
 
 def test_continuous_leaves_out_higher_is_better_metrics():
