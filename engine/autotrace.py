@@ -47,13 +47,12 @@ from torch.utils._pytree import tree_flatten
 from engine import autoswitch, purity
 from engine.autoswitch import running
 from engine.guardstate import StateGuard, torch_globals
-from engine.trace import TracedFunction, _fast_signature, _signature
+from engine.trace import _PLAIN, TracedFunction, _fast_signature, _signature
 
 __all__ = ["AutoTraced", "auto_trace", "autotraced_state", "transform_entry"]
 
 _SEEN, _REPLAY, _EAGER = "seen", "replay", "eager"
 _MAX_SIGNATURES = 256
-_PLAIN_TENSORS = (torch.Tensor, torch.nn.Parameter)
 _ATOM_OUTPUTS = (int, float, bool, complex, str, type(None), torch.dtype, torch.device)
 
 
@@ -168,7 +167,7 @@ def _full_key(args: tuple, kwargs: dict) -> Any:
         return None
     for x in flat:
         if isinstance(x, torch.Tensor):
-            if type(x) not in _PLAIN_TENSORS or torch._C._functorch.is_functorch_wrapped_tensor(x):
+            if type(x) not in _PLAIN or torch._C._functorch.is_functorch_wrapped_tensor(x):
                 return None
         elif not isinstance(x, _ATOM_OUTPUTS):
             return None
@@ -182,7 +181,7 @@ def _replayable_output(out: Any, reachable: list) -> bool:
     storages = {_storage(t) for t in reachable if isinstance(t, torch.Tensor)} - {None}
     for o in tree_flatten(out)[0]:
         if isinstance(o, torch.Tensor):
-            if type(o) not in _PLAIN_TENSORS or o.requires_grad or o.layout != torch.strided or _storage(o) in storages:
+            if type(o) not in _PLAIN or o.requires_grad or o.layout != torch.strided or _storage(o) in storages:
                 return False
         elif not isinstance(o, _ATOM_OUTPUTS):
             return False
@@ -190,7 +189,7 @@ def _replayable_output(out: Any, reachable: list) -> bool:
 
 
 def _storage(t: torch.Tensor) -> int | None:
-    if t.layout != torch.strided or type(t) not in _PLAIN_TENSORS:
+    if t.layout != torch.strided or type(t) not in _PLAIN:
         return None
     return t.untyped_storage().data_ptr() or None
 

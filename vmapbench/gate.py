@@ -102,29 +102,6 @@ def extract(root: Path, commit: str, dest: Path) -> Path:
     return dest
 
 
-def _busy_wait_wrapper(factor: float, inner: str, name: str) -> str:
-    """Source of `name`, a wrapper of `inner` (a function of the appended-to module) that takes
-    `factor` x its CPU time: a busy-wait proportional to the time the call itself took, counted once
-    for the outermost of nested calls (a plain function: bound as a method where it replaces one)."""
-    return f"""
-_plant_state_{name} = _plant_threading.local()
-
-
-def {name}(*args, **kwargs):
-    if getattr(_plant_state_{name}, "depth", 0):
-        return {inner}(*args, **kwargs)
-    _plant_state_{name}.depth = 1
-    start = _plant_time.process_time()
-    try:
-        return {inner}(*args, **kwargs)
-    finally:
-        _plant_state_{name}.depth = 0
-        until = _plant_time.process_time() + (_plant_time.process_time() - start) * ({factor} - 1)
-        while _plant_time.process_time() < until:
-            pass
-"""
-
-
 # Where the engine spends a call, as users get it: the eager dispatch of every op on a batched
 # tensor, and the replay of a recorded graph (automatic tracing's steady state, engine.trace and
 # engine.compile). (module path, class, method) of each.
@@ -134,12 +111,13 @@ PLANT_SITES = (("engine/_dispatch.py", "VmapMode", "__torch_dispatch__"),
 
 def plant_slowdown(tree: Path, factor: float) -> None:
     """Make the engine's per-call paths (PLANT_SITES: every outermost eager dispatch, every replay)
-    take `factor` x their CPU time: a known, engine-only slowdown for the calibration, appended to
-    the extracted tree's modules (never committed)."""
+    take `factor` x their CPU time: a busy-wait proportional to the time the call itself took,
+    counted once for the outermost of nested calls, appended to the extracted tree's modules: a
+    known, engine-only slowdown for the calibration (never committed)."""
     for relpath, cls, method in PLANT_SITES:
         path = tree / relpath
         source = path.read_text()
-        if f"class {cls}(" not in source and f"class {cls}:" not in source or f"def {method}(" not in source:
+        if (f"class {cls}(" not in source and f"class {cls}:" not in source) or f"def {method}(" not in source:
             raise GateError(f"gate: cannot plant a slowdown: {path} has no {cls}.{method} any more; "
                             f"update vmapbench.gate.PLANT_SITES to the engine's per-call entry points")
         path.write_text(source + f"""
@@ -148,8 +126,23 @@ def plant_slowdown(tree: Path, factor: float) -> None:
 import threading as _plant_threading
 import time as _plant_time
 
+_plant_state = _plant_threading.local()
 _plant_inner = {cls}.{method}
-{_busy_wait_wrapper(factor, "_plant_inner", "_plant_slow")}
+
+
+def _plant_slow(*args, **kwargs):  # a plain function: bound as a method where it replaces one
+    if getattr(_plant_state, "depth", 0):
+        return _plant_inner(*args, **kwargs)
+    _plant_state.depth = 1
+    start = _plant_time.process_time()
+    try:
+        return _plant_inner(*args, **kwargs)
+    finally:
+        _plant_state.depth = 0
+        until = _plant_time.process_time() + (_plant_time.process_time() - start) * ({factor} - 1)
+        while _plant_time.process_time() < until:
+            pass
+
 
 {cls}.{method} = _plant_slow
 """)
