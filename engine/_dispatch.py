@@ -366,7 +366,9 @@ def _rule_plan(func: Any, meta: _OpMeta, rule: Any) -> Callable[[tuple, dict], A
     if direct and meta.n_positional == 2:
         return _binary_plan(plan, call, returns_self)
     if rule is not None and not direct and not lists and not random and not mutated:
-        return _one_tensor_plan(plan, rule)
+        args = func._schema.arguments
+        others = tuple(i for i in range(1, len(args)) if not args[i].kwarg_only and "Tensor" in str(args[i].type))
+        return _one_tensor_plan(plan, rule, others)
     return plan
 
 
@@ -437,13 +439,15 @@ def _binary_plan(general: Callable[[tuple, dict], Any], call: Any, returns_self:
     return plan
 
 
-def _one_tensor_plan(general: Callable[[tuple, dict], Any], rule: Any) -> Callable[[tuple, dict], Any]:
+def _one_tensor_plan(general: Callable[[tuple, dict], Any], rule: Any, others: tuple[int, ...]) -> Callable[[tuple, dict], Any]:
     """The plan of an out-of-place op with a rule (views, reductions, shape ops: transpose, view,
     unsqueeze, sum.dim_IntList, ...) for its most frequent call: one batched tensor first, no other
-    tensor, no keyword arguments. The rule runs on the physical tensor with in_dims [0, None, ...];
-    one tensor input has the same levels as itself, so engine._gradsum is not asked. Other calls take
-    the general plan."""
+    tensor (`others`: the positions where the schema allows one), no keyword arguments. A rule with
+    a `physical` (engine.rules._helpers.physical_rule, reductions' dim shortcut) is called on the
+    physical tensor directly; else the rule runs with in_dims [0, None, ...]. One tensor input has
+    the same levels as itself, so engine._gradsum is not asked. Other calls take the general plan."""
     last, urgent, flush = _gradsum._last, _gradsum._urgent, _gradsum.flush_urgent
+    physical = getattr(rule, "physical", None)
 
     def plan(args: tuple, kwargs: dict) -> Any:
         if kwargs or not args:
@@ -451,16 +455,24 @@ def _one_tensor_plan(general: Callable[[tuple, dict], Any], rule: Any) -> Callab
         a = args[0]
         if type(a) is not BatchedTensor:
             return general(args, kwargs)
-        for i in range(1, len(args)):
-            if isinstance(args[i], torch.Tensor):
+        n = len(args)
+        for i in others:
+            if i < n and isinstance(args[i], torch.Tensor):
                 return general(args, kwargs)
-        level = a._level
         if last or urgent:
             flush()
+        level = a._level
+        if physical is not None:
+            out = physical(a._elem, *args[1:])
+            if out is not NotImplemented:
+                result = _make_wrapper(BatchedTensor, out.shape[1:], None if out.is_contiguous() else out.stride()[1:], None, None, out.dtype, out.layout, out.device, False, False)
+                result._elem = out
+                result._level = level
+                return result
         info = _active.get(level)
         if info is None:  # autograd's backward running after the vmap returned
             info = LevelInfo(level, a._elem.shape[0], "error")
-        out, out_dims = rule(info, [0] + [None] * (len(args) - 1), a._elem, *args[1:])
+        out, out_dims = rule(info, [0] + [None] * (n - 1), a._elem, *args[1:])
         if type(out) is torch.Tensor and out_dims == 0:
             result = _make_wrapper(BatchedTensor, out.shape[1:], None if out.is_contiguous() else out.stride()[1:], None, None, out.dtype, out.layout, out.device, False, False)
             result._elem = out

@@ -155,3 +155,78 @@ def test_one_tensor_plan_matches_loop_nested_and_under_grad() -> None:
     torch.testing.assert_close(engine.vmap(engine.vmap(shape_ops))(x), inner)
     grads = engine.vmap(engine.grad(lambda t: (shape_ops(t) ** 2).sum()))(x[0])
     torch.testing.assert_close(grads, torch.stack([torch.func.grad(lambda t: (shape_ops(t) ** 2).sum())(t) for t in x[0]]))
+
+
+def _dim_shortcuts() -> list:
+    """Every dim op whose plan shortcut calls a Python binding (engine.rules.reductions)."""
+    from engine.rules._table import RULES
+
+    found = []
+    for op, rule in RULES.items():
+        physical = getattr(rule, "physical", None)
+        if getattr(physical, "binding", None) is not None:
+            found.append(pytest.param(op, physical, id=str(op)))
+    return found
+
+
+class _Record(torch.utils._python_dispatch.TorchDispatchMode):
+    def __init__(self) -> None:
+        super().__init__()
+        self.ops: list = []
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        self.ops.append(func)
+        return func(*args, **(kwargs or {}))
+
+
+def test_dim_shortcuts_cover_the_common_reductions() -> None:
+    ops = {p.values[0] for p in _dim_shortcuts()}
+    assert {aten.sum.dim_IntList, aten.mean.dim, aten.amax.default, aten._softmax.default, aten.cumsum.default} <= ops
+
+
+@pytest.mark.parametrize("op, physical", _dim_shortcuts())
+def test_dim_shortcut_binding_dispatches_the_op_itself(op, physical) -> None:
+    """The binding a dim shortcut calls must resolve to the op, not a sibling overload, for every
+    argument pattern the dispatcher can hand it: dim an int or a list, each trailing positional
+    argument left out (its default) or given, both ways for a bool."""
+    import itertools
+
+    trailing = [a for a in op._schema.arguments if not a.kwarg_only][2:]
+    choices = [[True, False] if str(a.type) == "bool" else [a.default_value] for a in trailing]
+    required = sum(not a.has_default_value() for a in trailing)
+    rests = {combo[:k] for combo in itertools.product(*choices) for k in range(required, len(combo) + 1)}
+    checked = 0
+    for dim in (1, -1, [1], [0, 2]):
+        for rest in sorted(rests, key=len):
+            x = torch.randn(2, 3, 4, 5)
+            with _Record() as rec:
+                try:
+                    out = physical(x, dim, *rest)
+                except RuntimeError:  # the op's own refusal (half_to_float on CPU): it still ran
+                    out = None
+            if out is NotImplemented:
+                continue
+            assert rec.ops and rec.ops[0] is op, f"{op} called as ({dim}, {rest}) dispatched {rec.ops}"
+            checked += 1
+    assert checked
+
+
+@pytest.mark.parametrize("fn", [
+    lambda x: x.mean(-1, keepdim=True),
+    lambda x: x.sum([0, 1]),
+    lambda x: x.amax(0),
+    lambda x: torch.softmax(x, -1),
+    lambda x: x.cumsum(1),
+    lambda x: x.sum(-1).sum(0),  # down to a 0-dim example: the rule, not the shortcut
+    lambda x: x.transpose(0, 1).unsqueeze(-1).expand(4, 3, 2).permute(2, 0, 1).select(1, 2),
+    lambda x: x.view(-1).narrow(0, 1, 5).unsqueeze(0).t(),
+])
+def test_shortcut_plans_match_the_loop(fn) -> None:
+    x = torch.randn(5, 3, 4)
+    expected = torch.stack([fn(a) for a in x])
+    torch.testing.assert_close(engine.vmap(fn)(x), expected)
+
+
+def test_dim_shortcut_leaves_bad_dims_to_the_rule() -> None:
+    with pytest.raises(IndexError, match="Dimension out of range"):
+        engine.vmap(lambda x: x.sum(3))(torch.randn(5, 3, 4))

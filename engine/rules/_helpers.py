@@ -102,3 +102,57 @@ def python_binding(func: Any) -> Any:
                 binding = None
     _BINDINGS[func] = binding
     return binding
+
+
+_DIM_BINDINGS: dict[Any, Any] = {}
+
+
+def dim_binding(func: Any) -> Any:
+    """The Python binding (`torch.mean`, `torch.cumsum`) that runs the aten op `func` when called as
+    `binding(x, dim, *rest)`: `func`'s first argument a tensor, `dim` (an int or an int list) its
+    second, `rest` the other positional arguments the dispatcher passed, none a tensor, and no
+    keyword arguments; None when the op has no such binding or returns anything but one tensor.
+
+    Unlike `python_binding` it allows positional arguments with defaults (a reduction's `keepdim`):
+    the dispatcher then leaves a trailing default out, and the binding fills in the same one. That
+    the binding resolves to `func` itself and not a sibling overload is checked for every op that
+    gets one by tests/test_hot_path.py, which records the op the binding dispatches. Inside
+    `__torch_dispatch__` the binding is ~2 us cheaper than `OpOverload._op` (issue #18).
+    """
+    found = _DIM_BINDINGS.get(func, _NO_BINDING)
+    if found is not _NO_BINDING:
+        return found
+    binding = None
+    schema = func._schema
+    positional = [a for a in schema.arguments if not a.kwarg_only]
+    if (func.namespace == "aten" and len(positional) >= 2 and positional[1].name in ("dim", "dims")
+            and len(schema.returns) == 1 and str(schema.returns[0].type) == "Tensor"
+            and not schema.is_mutable and all("Tensor" not in str(a.type) for a in positional[1:])
+            # a composite op (var.dim, argsort) decomposes inside its binding: the binding would
+            # run a sibling (var.correction, sort), not the op
+            and not torch._C._dispatch_has_kernel_for_dispatch_key(func.name(), "CompositeImplicitAutograd")):
+        name = schema.name.partition("::")[2]
+        binding = getattr(torch._C._VariableFunctions, name, None)
+        if binding is not None and not callable(binding):
+            binding = None
+    _DIM_BINDINGS[func] = binding
+    return binding
+
+
+def physical_rule(fn: Any) -> Any:
+    """The rule of an op whose one tensor argument is its first, batched at dim 0 whenever the rule
+    runs (view and shape ops): `fn(x, *args, **kwargs)` is the physical result, batched at 0.
+
+    The rule keeps `fn` as its `physical`: the dispatch plan (engine._dispatch) calls it directly
+    for a call without keyword arguments, skipping the level info, the in_dims list and the
+    (output, out_dims) pair a rule builds and returns. A rule built otherwise may carry a
+    `physical` of its own that answers NotImplemented for the calls it does not handle, which the
+    plan then gives to the rule (engine.rules.reductions)."""
+
+    def rule(info: Any, in_dims: Any, x: torch.Tensor, *args: Any, **kwargs: Any) -> tuple[Any, int]:
+        return fn(x, *args, **kwargs), 0
+
+    rule.physical = fn  # type: ignore[attr-defined]
+    rule.__name__ = getattr(fn, "__name__", "rule")
+    rule.__doc__ = fn.__doc__
+    return rule

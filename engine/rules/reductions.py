@@ -10,7 +10,7 @@ from typing import Any
 
 import torch
 
-from engine.rules._helpers import materialize, ops_of, batch_size
+from engine.rules._helpers import batch_size, dim_binding, materialize, ops_of
 from engine.rules._table import RULES
 
 aten = torch.ops.aten
@@ -90,7 +90,36 @@ def dim_rule(func: Any, dim_pos: int, n_tensors: int = 1, all_when_none: bool = 
             return out, tuple(0 for _ in out)
         return out, 0
 
+    binding = dim_binding(func) if dim_pos == 1 and n_tensors == 1 else None
+    if binding is not None:
+        rule.physical = _physical_dim_call(binding, is_list)  # type: ignore[attr-defined]
+        rule.physical.binding = binding  # type: ignore[attr-defined]  (tests/test_hot_path.py checks it)
     return rule
+
+
+def _physical_dim_call(binding: Any, is_list: bool) -> Any:
+    """The dispatch plan's shortcut for the common call of a dim op through its Python binding:
+    `dim` an int (or an int list for list-dim ops) within the logical rank >= 1, shifted past the
+    batch dim. NotImplemented for anything else (dim None or out of range, a 0-dim example), which
+    the rule then handles, errors included."""
+
+    def physical(x: torch.Tensor, dim: Any = None, *rest: Any) -> Any:
+        rank = x.dim() - 1
+        if type(dim) is int:
+            if not rank or not -rank <= dim < rank:
+                return NotImplemented
+            d = dim + rank + 1 if dim < 0 else dim + 1
+            return binding(x, [d] if is_list else d, *rest)
+        if not rank or not is_list or type(dim) not in (list, tuple) or not dim:
+            return NotImplemented
+        shifted = []
+        for d in dim:
+            if type(d) is not int or not -rank <= d < rank:
+                return NotImplemented
+            shifted.append(d + rank + 1 if d < 0 else d + 1)
+        return binding(x, shifted, *rest)
+
+    return physical
 
 
 def _shift(dim: int, rank: int, scalar: bool) -> int:

@@ -3,10 +3,11 @@ from __future__ import annotations
 
 import torch
 
-from engine.rules._helpers import batch_size, materialize, norm_dim, ops_of, pad_batched, phys_dim, python_binding
+from engine.rules._helpers import batch_size, materialize, norm_dim, ops_of, pad_batched, phys_dim, physical_rule, python_binding
 from engine.rules._table import RULES, register_rule
 
 aten = torch.ops.aten
+_SLICE = aten.slice.Tensor._op  # no Python binding takes slice's (dim, start, end, step)
 
 
 def _shape_rule(func):
@@ -18,10 +19,10 @@ def _shape_rule(func):
     (issue #18: view ops are pure dispatch cost)."""
     call = torch._C.TensorBase.view if func is aten.view.default else (python_binding(func) or func._op)
 
-    def rule(info, in_dims, x, size, *args, **kwargs):
-        return call(x, [x.shape[0], *size], *args, **kwargs), 0
+    def physical(x, size, *args, **kwargs):
+        return call(x, [x.shape[0], *size], *args, **kwargs)
 
-    return rule
+    return physical_rule(physical)
 
 
 for op in ops_of("view.default", "_unsafe_view.default", "reshape.default", "_reshape_alias.default"):
@@ -31,69 +32,80 @@ for op in ops_of("view.default", "_unsafe_view.default", "reshape.default", "_re
 
 
 @register_rule(aten.expand.default)
-def _expand(info, in_dims, x, size, implicit=False):
+@physical_rule
+def _expand(x, size, implicit=False):
     size = list(size)
     x = pad_batched(x, len(size))
     for i in range(len(size)):
         if size[i] == -1:
             size[i] = x.shape[i + 1]
-    return x.expand([x.shape[0], *size]), 0
+    return x.expand([x.shape[0], *size])
 
 
 @register_rule(aten.permute.default)
-def _permute(info, in_dims, x, dims):
+@physical_rule
+def _permute(x, dims):
     r = x.dim() - 1
-    return x.permute([0] + [phys_dim(d, r) for d in dims]), 0
+    return x.permute([0] + [phys_dim(d, r) for d in dims])
 
 
 @register_rule(aten.transpose.int)
-def _transpose(info, in_dims, x, d0, d1):
+@physical_rule
+def _transpose(x, d0, d1):
     r = x.dim() - 1
     if r == 0:
-        return x, 0
-    return x.transpose(phys_dim(d0, r), phys_dim(d1, r)), 0
+        return x
+    return x.transpose(phys_dim(d0, r), phys_dim(d1, r))
 
 
 @register_rule(aten.t.default)
-def _t(info, in_dims, x):
-    return (x.transpose(1, 2) if x.dim() == 3 else x), 0
+@physical_rule
+def _t(x):
+    return x.transpose(1, 2) if x.dim() == 3 else x
 
 
 @register_rule(aten.unsqueeze.default)
-def _unsqueeze(info, in_dims, x, dim):
-    return x.unsqueeze(norm_dim(dim, x.dim()) + 1), 0
+@physical_rule
+def _unsqueeze(x, dim):
+    return x.unsqueeze(norm_dim(dim, x.dim()) + 1)
 
 
 @register_rule(aten.squeeze.default)
-def _squeeze(info, in_dims, x):
+@physical_rule
+def _squeeze(x):
     dims = [i for i in range(1, x.dim()) if x.shape[i] == 1]
-    return (x.squeeze(dims) if dims else x), 0
+    return x.squeeze(dims) if dims else x
 
 
 @register_rule(aten.select.int)
-def _select(info, in_dims, x, dim, index):
-    return x.select(phys_dim(dim, x.dim() - 1), index), 0
+@physical_rule
+def _select(x, dim, index):
+    return x.select(phys_dim(dim, x.dim() - 1), index)
 
 
 @register_rule(aten.slice.Tensor)
-def _slice(info, in_dims, x, dim=0, start=None, end=None, step=1):
-    return aten.slice.Tensor(x, phys_dim(dim, x.dim() - 1), start, end, step), 0
+@physical_rule
+def _slice(x, dim=0, start=None, end=None, step=1):
+    return _SLICE(x, phys_dim(dim, x.dim() - 1), start, end, step)
 
 
 @register_rule(aten.narrow.default)
-def _narrow(info, in_dims, x, dim, start, length):
-    return x.narrow(phys_dim(dim, x.dim() - 1), start, length), 0
+@physical_rule
+def _narrow(x, dim, start, length):
+    return x.narrow(phys_dim(dim, x.dim() - 1), start, length)
 
 
 @register_rule(aten.diagonal.default)
-def _diagonal(info, in_dims, x, offset=0, dim1=0, dim2=1):
+@physical_rule
+def _diagonal(x, offset=0, dim1=0, dim2=1):
     r = x.dim() - 1
-    return x.diagonal(offset, phys_dim(dim1, r), phys_dim(dim2, r)), 0
+    return x.diagonal(offset, phys_dim(dim1, r), phys_dim(dim2, r))
 
 
 @register_rule(aten.unfold.default)
-def _unfold(info, in_dims, x, dim, size, step):
-    return x.unfold(phys_dim(dim, x.dim() - 1), size, step), 0
+@physical_rule
+def _unfold(x, dim, size, step):
+    return x.unfold(phys_dim(dim, x.dim() - 1), size, step)
 
 
 def _split_rule(func):
