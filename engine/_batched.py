@@ -79,6 +79,9 @@ def level_info(level: int, batch_size: int) -> LevelInfo:
 class BatchedTensor(torch.Tensor):
     """Logical view of `_elem` without its dim 0, belonging to vmap level `_level`."""
 
+    # Slots, not the instance dict: every op makes one of these, and a slot is set and read
+    # without a dict (issue #18). Other attributes still go to the dict torch.Tensor provides.
+    __slots__ = ("_elem", "_level")
     _elem: torch.Tensor
     _level: int
 
