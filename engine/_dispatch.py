@@ -462,17 +462,14 @@ def _one_tensor_plan(general: Callable[[tuple, dict], Any], rule: Any, others: t
         if last or urgent:
             flush()
         level = a._level
+        out, out_dims = NotImplemented, 0
         if physical is not None:
             out = physical(a._elem, *args[1:])
-            if out is not NotImplemented:
-                result = _make_wrapper(BatchedTensor, out.shape[1:], None if out.is_contiguous() else out.stride()[1:], None, None, out.dtype, out.layout, out.device, False, False)
-                result._elem = out
-                result._level = level
-                return result
-        info = _active.get(level)
-        if info is None:  # autograd's backward running after the vmap returned
-            info = LevelInfo(level, a._elem.shape[0], "error")
-        out, out_dims = rule(info, [0] + [None] * (n - 1), a._elem, *args[1:])
+        if out is NotImplemented:
+            info = _active.get(level)
+            if info is None:  # autograd's backward running after the vmap returned
+                info = LevelInfo(level, a._elem.shape[0], "error")
+            out, out_dims = rule(info, [0] + [None] * (n - 1), a._elem, *args[1:])
         if type(out) is torch.Tensor and out_dims == 0:
             result = _make_wrapper(BatchedTensor, out.shape[1:], None if out.is_contiguous() else out.stride()[1:], None, None, out.dtype, out.layout, out.device, False, False)
             result._elem = out
