@@ -364,7 +364,7 @@ def _rule_plan(func: Any, meta: _OpMeta, rule: Any) -> Callable[[tuple, dict], A
     if direct and meta.n_positional == 1:
         return _unary_plan(plan, call, returns_self)
     if direct and meta.n_positional == 2:
-        return _binary_plan(plan, call, returns_self)
+        return _binary_plan(plan, call, returns_self, str(func._schema.arguments[1].type) == "Tensor")
     if rule is not None and not direct and not lists and not random and not mutated:
         args = func._schema.arguments
         others = tuple(i for i in range(1, len(args)) if not args[i].kwarg_only and "Tensor" in str(args[i].type))
@@ -398,11 +398,50 @@ def _unary_plan(general: Callable[[tuple, dict], Any], call: Any, returns_self: 
     return plan
 
 
-def _binary_plan(general: Callable[[tuple, dict], Any], call: Any, returns_self: bool) -> Callable[[tuple, dict], Any]:
+# Python numbers as the second operand of a Tensor-Tensor op (`x * 1.5` reaches the engine as
+# mul.Tensor(x, 1.5): torch wrapped the number in a tensor and unwrapped it for Python). Handing the
+# number back to the op's binding makes torch wrap it again, ~2.5 us per op (issue #18); a cached
+# 0-dim tensor of the other operand's dtype computes the same thing, bit for bit, where:
+# - that dtype is float32 or float64: the result dtype is that dtype either way, and the kernel reads
+#   the wrapped number cast to it, which is the cached tensor's value (half and bfloat16 read a
+#   wrapped number in float: not the same);
+# - the number is a float other than 0.0/-0.0 (equal keys with different signs) and NaN (a key that
+#   never matches), or an int that the dtype holds exactly; never a bool;
+# - the other operand is a plain strided CPU tensor that does not require grad (the cached tensor
+#   is never saved for a backward pass, which an inference-mode tensor could not be).
+# tests/test_hot_path.py checks the results against torch.func bit for bit.
+_SCALAR_EXACT = {torch.float32: 2 ** 24, torch.float64: 2 ** 53}
+_SCALARS: dict[Any, dict] = {dtype: {} for dtype in _SCALAR_EXACT}
+_SCALARS_KEPT = 256  # per dtype; the cache starts over when full
+
+
+def _scalar_operand(b: Any, e: torch.Tensor) -> Any:
+    """The cached 0-dim tensor that stands for the Python number `b` beside `e`, or None."""
+    cache = _SCALARS.get(e.dtype)
+    if cache is None or type(e) is not torch.Tensor or not e.is_cpu or e.layout is not torch.strided or e.requires_grad:
+        return None
+    kind = type(b)
+    if kind is float:
+        if b == 0.0 or b != b:
+            return None
+    elif kind is not int or not -_SCALAR_EXACT[e.dtype] <= b <= _SCALAR_EXACT[e.dtype]:
+        return None
+    t = cache.get(b)
+    if t is None:
+        if len(cache) >= _SCALARS_KEPT:
+            cache.clear()
+        with torch.inference_mode(False), torch.no_grad():
+            t = cache[b] = torch.tensor(b, dtype=e.dtype)
+    return t
+
+
+def _binary_plan(general: Callable[[tuple, dict], Any], call: Any, returns_self: bool, tensor_other: bool) -> Callable[[tuple, dict], Any]:
     """The plan of a pointwise op with two operands (mul, add, sub_, ...) for its two most frequent
     calls, without keyword arguments: a batched tensor with a Python scalar (one tensor: nothing for
-    engine._gradsum), and two tensors batched at the same level with the same rank (engine._gradsum
-    asked only when their inner levels differ). Other calls take the general plan."""
+    engine._gradsum; passed as a cached 0-dim tensor where `tensor_other`, the op taking a Tensor
+    there, and `_scalar_operand` has one), and two tensors batched at the same level with the same
+    rank (engine._gradsum asked only when their inner levels differ). Other calls take the general
+    plan."""
     last, urgent, flush, note = _gradsum._last, _gradsum._urgent, _gradsum.flush_urgent, _gradsum.note
     is_grad_enabled = torch.is_grad_enabled
 
@@ -424,7 +463,11 @@ def _binary_plan(general: Callable[[tuple, dict], Any], call: Any, returns_self:
             eb = None
         if last or urgent:
             flush()
-        out = call(ea, b if eb is None else eb)
+        if eb is not None:
+            out = call(ea, eb)
+        else:
+            other = _scalar_operand(b, ea) if tensor_other else None
+            out = call(ea, b if other is None else other)
         if returns_self:
             result = a
         else:

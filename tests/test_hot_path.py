@@ -230,3 +230,55 @@ def test_shortcut_plans_match_the_loop(fn) -> None:
 def test_dim_shortcut_leaves_bad_dims_to_the_rule() -> None:
     with pytest.raises(IndexError, match="Dimension out of range"):
         engine.vmap(lambda x: x.sum(3))(torch.randn(5, 3, 4))
+
+
+_SCALARS = [1.5, 1.1, -2.25, 1e-40, 1e39, -0.0, 0.0, float("nan"), float("inf"), 3, -7, 2 ** 24 + 1, 2 ** 60, True]
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64, torch.float16, torch.bfloat16, torch.int32])
+@pytest.mark.parametrize("op", ["mul", "add", "sub", "div", "rsub", "true_divide", "pow", "mul_", "add_"])
+def test_python_number_operands_match_torch_func_bit_for_bit(op, dtype) -> None:
+    """A Python number beside a batched tensor (`x * 1.5`) may be passed to the op as a cached 0-dim
+    tensor (engine._dispatch._scalar_operand): the result must be torch.func's, bit for bit and in
+    dtype, for every kind of number, including signed zeros, NaN, ints past float precision and bools.
+    (torch.func, not the loop, is the reference: a kernel may round differently on a whole batch
+    than on one row, as pow does with an int exponent; both vmaps run it on the batch.)"""
+    x = (torch.randn(4, 3) * 3).to(dtype)
+    fns = {
+        "mul": lambda r, b: r * b, "add": lambda r, b: r + b, "sub": lambda r, b: r - b, "div": lambda r, b: r / b,
+        "rsub": lambda r, b: b - r, "true_divide": lambda r, b: torch.true_divide(r, b),
+        "pow": lambda r, b: r ** b,  # pow.Tensor_Scalar: a Scalar in the schema, never a cached tensor
+        "mul_": lambda r, b: r.clone().mul_(b), "add_": lambda r, b: r.clone().add_(b),
+    }
+    fn = fns[op]
+    for b in _SCALARS:
+        try:
+            expected = torch.func.vmap(lambda r: fn(r, b))(x)
+        except RuntimeError as exc:
+            with pytest.raises(type(exc)):
+                engine.vmap(lambda r: fn(r, b))(x)
+            continue
+        got = engine.vmap(lambda r: fn(r, b))(x)
+        assert got.dtype == expected.dtype, (op, b)
+        assert torch.equal(got.isnan(), expected.isnan()), (op, b)
+        same = torch.where(expected.isnan(), torch.zeros_like(expected), expected)
+        gotz = torch.where(got.isnan(), torch.zeros_like(got), got)
+        assert torch.equal(gotz, same) and torch.equal(torch.signbit(gotz), torch.signbit(same)), (op, b, got, expected)
+
+
+def test_scalar_operand_is_cached_only_where_exact() -> None:
+    from engine._dispatch import _SCALARS_KEPT, _scalar_operand
+
+    f32 = torch.randn(3)
+    assert _scalar_operand(1.5, f32) is _scalar_operand(1.5, f32)  # cached
+    assert _scalar_operand(1.5, f32).dtype == torch.float32
+    for b in (0.0, -0.0, float("nan"), True, 2 ** 24 + 1, 1 + 2j):
+        assert _scalar_operand(b, f32) is None, b
+    assert _scalar_operand(1.5, f32.half()) is None  # reads a wrapped number in float
+    assert _scalar_operand(1.5, torch.arange(3)) is None  # an int tensor: the result would not be float
+    assert _scalar_operand(1.5, f32.clone().requires_grad_()) is None
+    for i in range(_SCALARS_KEPT + 5):  # many distinct numbers: the cache stays bounded
+        _scalar_operand(i + 0.5, f32)
+    from engine._dispatch import _SCALARS
+
+    assert len(_SCALARS[torch.float32]) <= _SCALARS_KEPT
