@@ -424,7 +424,7 @@ def _scalar_operand(b: Any, e: torch.Tensor) -> Any:
     if kind is float:
         if b == 0.0 or b != b:
             return None
-    elif kind is not int or not -_SCALAR_EXACT[e.dtype] <= b <= _SCALAR_EXACT[e.dtype]:
+    elif kind is not int or abs(b) > _SCALAR_EXACT[e.dtype]:
         return None
     t = cache.get(b)
     if t is None:
@@ -444,6 +444,7 @@ def _binary_plan(general: Callable[[tuple, dict], Any], call: Any, returns_self:
     plan."""
     last, urgent, flush, note = _gradsum._last, _gradsum._urgent, _gradsum.flush_urgent, _gradsum.note
     is_grad_enabled = torch.is_grad_enabled
+    scalar = _scalar_operand if tensor_other else None
 
     def plan(args: tuple, kwargs: dict) -> Any:
         if kwargs or len(args) != 2:
@@ -466,7 +467,7 @@ def _binary_plan(general: Callable[[tuple, dict], Any], call: Any, returns_self:
         if eb is not None:
             out = call(ea, eb)
         else:
-            other = _scalar_operand(b, ea) if tensor_other else None
+            other = scalar(b, ea) if scalar is not None else None
             out = call(ea, b if other is None else other)
         if returns_self:
             result = a

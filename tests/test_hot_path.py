@@ -227,7 +227,7 @@ def test_shortcut_plans_match_the_loop(fn) -> None:
     torch.testing.assert_close(engine.vmap(fn)(x), expected)
 
 
-def test_dim_shortcut_leaves_bad_dims_to_the_rule() -> None:
+def test_dim_shortcut_raises_on_bad_dims_as_the_rule_does() -> None:
     with pytest.raises(IndexError, match="Dimension out of range"):
         engine.vmap(lambda x: x.sum(3))(torch.randn(5, 3, 4))
 

@@ -1,6 +1,7 @@
 """Shared helpers of the rule families: batch dims always live at 0 (see engine._batched)."""
 from __future__ import annotations
 
+from functools import lru_cache
 from typing import Any, Sequence
 
 import torch
@@ -104,9 +105,7 @@ def python_binding(func: Any) -> Any:
     return binding
 
 
-_DIM_BINDINGS: dict[Any, Any] = {}
-
-
+@lru_cache(maxsize=None)
 def dim_binding(func: Any) -> Any:
     """The Python binding (`torch.mean`, `torch.cumsum`) that runs the aten op `func` when called as
     `binding(x, dim, *rest)`: `func`'s first argument a tensor, `dim` (an int or an int list) its
@@ -119,9 +118,6 @@ def dim_binding(func: Any) -> Any:
     gets one by tests/test_hot_path.py, which records the op the binding dispatches. Inside
     `__torch_dispatch__` the binding is ~2 us cheaper than `OpOverload._op` (issue #18).
     """
-    found = _DIM_BINDINGS.get(func, _NO_BINDING)
-    if found is not _NO_BINDING:
-        return found
     binding = None
     schema = func._schema
     positional = [a for a in schema.arguments if not a.kwarg_only]
@@ -135,7 +131,6 @@ def dim_binding(func: Any) -> Any:
         binding = getattr(torch._C._VariableFunctions, name, None)
         if binding is not None and not callable(binding):
             binding = None
-    _DIM_BINDINGS[func] = binding
     return binding
 
 

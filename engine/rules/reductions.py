@@ -36,13 +36,8 @@ def dim_rule(func: Any, dim_pos: int, n_tensors: int = 1, all_when_none: bool = 
     def rule(info, in_dims, *args, **kwargs):
         if len(args) > dim_pos and in_dims[0] == 0 and (n_tensors == 1 or in_dims[1] == 0):
             # The common call (every tensor batched, dim given, logical rank >= 1): shift dim, run the op.
-            rank = args[0].dim() - 1
-            dim = args[dim_pos]
-            if rank and (type(dim) is int or (is_list and dim and all(type(d) is int for d in dim))):
-                if type(dim) is int:
-                    new_dim: Any = [_shift(dim, rank, False)] if is_list else _shift(dim, rank, False)
-                else:
-                    new_dim = [_shift(d, rank, False) for d in dim]
+            new_dim = _common_dim(args[dim_pos], args[0].dim() - 1, is_list)
+            if new_dim is not None:
                 out = op(*args[:dim_pos], new_dim, *args[dim_pos + 1:], **kwargs)
                 return (out, tuple(0 for _ in out)) if isinstance(out, (tuple, list)) else (out, 0)
         args = list(args)
@@ -97,27 +92,28 @@ def dim_rule(func: Any, dim_pos: int, n_tensors: int = 1, all_when_none: bool = 
     return rule
 
 
+def _common_dim(dim: Any, rank: int, is_list: bool) -> Any:
+    """`dim` shifted past the batch dim for a dim op's common call (an int, or a non-empty int list
+    for a list-dim op, on examples of logical rank >= 1), as the op takes it; None for any other
+    call. A dim out of range raises the op's IndexError."""
+    if not rank:
+        return None
+    if type(dim) is int:
+        d = _shift(dim, rank, False)
+        return [d] if is_list else d
+    if is_list and dim and all(type(d) is int for d in dim):
+        return [_shift(d, rank, False) for d in dim]
+    return None
+
+
 def _physical_dim_call(binding: Any, is_list: bool) -> Any:
-    """The dispatch plan's shortcut for the common call of a dim op through its Python binding:
-    `dim` an int (or an int list for list-dim ops) within the logical rank >= 1, shifted past the
-    batch dim. NotImplemented for anything else (dim None or out of range, a 0-dim example), which
-    the rule then handles, errors included."""
+    """The dispatch plan's shortcut for the common call of a dim op (`_common_dim`) through its
+    Python binding; NotImplemented for any other call (dim None, a 0-dim example), which the rule
+    then handles."""
 
     def physical(x: torch.Tensor, dim: Any = None, *rest: Any) -> Any:
-        rank = x.dim() - 1
-        if type(dim) is int:
-            if not rank or not -rank <= dim < rank:
-                return NotImplemented
-            d = dim + rank + 1 if dim < 0 else dim + 1
-            return binding(x, [d] if is_list else d, *rest)
-        if not rank or not is_list or type(dim) not in (list, tuple) or not dim:
-            return NotImplemented
-        shifted = []
-        for d in dim:
-            if type(d) is not int or not -rank <= d < rank:
-                return NotImplemented
-            shifted.append(d + rank + 1 if d < 0 else d + 1)
-        return binding(x, shifted, *rest)
+        new_dim = _common_dim(dim, x.dim() - 1, is_list)
+        return NotImplemented if new_dim is None else binding(x, new_dim, *rest)
 
     return physical
 
