@@ -283,7 +283,7 @@ def _jax_psg(loss: Callable[..., Any]) -> Callable[[dict[str, Any]], Callable[[]
     def build(inputs: dict[str, Any]) -> Callable[[], Any]:
         names = list(inputs["params"])
 
-        def by_name(params: Params, x: Any, y: Any) -> Any:
+        def by_name(params: tuple[Any, ...], x: Any, y: Any) -> Any:
             return loss(dict(zip(names, params)), x, y)
         return jax_methods.per_sample_grads(by_name, tuple(inputs["params"].values()), inputs["x"], inputs["y"])
     return build

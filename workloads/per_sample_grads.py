@@ -44,7 +44,7 @@ def mlp_logits(params: Params, x: torch.Tensor) -> torch.Tensor:
     return torch.relu(x @ W1.T + b1) @ W2.T + b2
 
 
-def mlp_logits_jax(params: Params, x: Any) -> Any:
+def mlp_logits_jax(params: tuple[Any, ...], x: Any) -> Any:
     W1, b1, W2, b2 = params
     return jax.nn.relu(x @ W1.T + b1) @ W2.T + b2
 
@@ -53,7 +53,7 @@ def mlp_loss(params: Params, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
     return F.cross_entropy(mlp_logits(params, x), y, reduction="none")
 
 
-def mlp_loss_jax(params: Params, x: Any, y: Any) -> Any:
+def mlp_loss_jax(params: tuple[Any, ...], x: Any, y: Any) -> Any:
     return cross_entropy(mlp_logits_jax(params, x), y)
 
 
@@ -127,7 +127,7 @@ def cnn_logits(params: Params, x: torch.Tensor) -> torch.Tensor:
     return h.flatten(-3) @ W.T + b
 
 
-def cnn_logits_jax(params: Params, x: Any) -> Any:
+def cnn_logits_jax(params: tuple[Any, ...], x: Any) -> Any:
     c1, cb1, c2, cb2, W, b = params
     h = pool2d(jax.nn.relu(conv2d(x, c1, cb1, padding=1)), 2, 2, "max")
     h = pool2d(jax.nn.relu(conv2d(h, c2, cb2, padding=1)), 2, 2, "max")
@@ -138,7 +138,7 @@ def cnn_loss(params: Params, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
     return F.cross_entropy(cnn_logits(params, x), y, reduction="none")
 
 
-def cnn_loss_jax(params: Params, x: Any, y: Any) -> Any:
+def cnn_loss_jax(params: tuple[Any, ...], x: Any, y: Any) -> Any:
     return cross_entropy(cnn_logits_jax(params, x), y)
 
 
@@ -194,7 +194,7 @@ def attention_logits(params: Params, x: torch.Tensor) -> torch.Tensor:
     return h.mean(-2) @ Wc.T + bc
 
 
-def attention_logits_jax(params: Params, x: Any) -> Any:
+def attention_logits_jax(params: tuple[Any, ...], x: Any) -> Any:
     """One example x: [TOKENS, WIDTH] -> [CLASSES]."""
     Wq, Wk, Wv, Wo, ln_w, ln_b, W1, b1, W2, b2, Wc, bc = params
 
@@ -213,7 +213,7 @@ def attention_loss(params: Params, x: torch.Tensor, y: torch.Tensor) -> torch.Te
     return F.cross_entropy(attention_logits(params, x), y, reduction="none")
 
 
-def attention_loss_jax(params: Params, x: Any, y: Any) -> Any:
+def attention_loss_jax(params: tuple[Any, ...], x: Any, y: Any) -> Any:
     return cross_entropy(attention_logits_jax(params, x), y)
 
 
