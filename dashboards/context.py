@@ -1,6 +1,6 @@
 """What the views share: the loaded results and the slices of them that several views use.
 
-The bottom of the dashboard's own layers: it imports the loaders and the figure helpers below it
+The bottom of the dashboard's own layers: it imports the loaders, numbers.py and page.py below it
 and no module that reads a Context (dashboards.regressions, the views, the builder). A table that
 such a module derives and several views read (the step detector's regressions) is computed by its
 module and kept here with `Context.shared`, once per build.
