@@ -162,6 +162,8 @@ class AutoTraced:
         """Shadow verification: the replay, then the eager call from the same random state, compared
         (exactly; within the dtype's default tolerance where the result came from a fused program).
         The replay's result is returned; the eager call is not counted in `eager_calls`."""
+        if not self._will_replay(args, kwargs, fast):  # the recording run or an eager run: nothing to compare
+            return running(self.traced._call, args, kwargs, fast)
         rng = torch.get_rng_state()
         out = running(self.traced._call, args, kwargs, fast)
         fused = bool(getattr(self.traced, "last_call_fused", False))
@@ -176,6 +178,18 @@ class AutoTraced:
                 f"run with engine.auto_tracing(False) (VMAPBENCH_AUTO_TRACE=0) to get eager results meanwhile."
             )
         return out
+
+
+    def _will_replay(self, args: tuple, kwargs: dict, fast: Any) -> bool:
+        """Whether the traced call will replay a recorded graph (not record one, nor run eagerly
+        because its graph writes into its inputs: running such a function twice would not be a
+        shadow, it would write twice)."""
+        traced = self.traced
+        if fast is not None:
+            entry = traced._fast.get(fast[0])
+        else:
+            entry = traced._cache.get(_signature(args, kwargs, traced._strides)[0])
+        return entry is not None and not entry.eager and entry.first is None
 
 
 def _describe(key: Any) -> str:
