@@ -47,13 +47,19 @@ def repo_root() -> Path:
     return Path(__file__).resolve().parents[1]
 
 
-def load_selection(root: Path) -> ModuleType:
-    """suite.selection from this checkout (the suite is not an installed package; asv imports it too)."""
+def suite_module(name: str, root: Path | None = None) -> ModuleType:
+    """suite.<name> from this checkout (the suite is not an installed package; asv imports it too).
+
+    ImportError when there is no suite/ beside asv.conf.json (an install without its checkout)."""
+    root = repo_root() if root is None else root
     if str(root) not in sys.path:
         sys.path.insert(0, str(root))
-    from suite import selection
+    return importlib.import_module(f"suite.{name}")
 
-    return selection
+
+def load_selection(root: Path) -> ModuleType:
+    """suite.selection from this checkout."""
+    return suite_module("selection", root)
 
 
 # --- machine -----------------------------------------------------------------------------------
