@@ -80,9 +80,9 @@ def require_method(method: str) -> None:
         raise NotImplementedError(f"{method} needs engine.{attr}, which this commit does not have")
 
 
-def setup_case(workload: Any, size: str, method: str, device: str) -> Any:
-    """Common setup of a generated benchmark: pin threads, skip cases outside the active profile or
-    methods the installed engine lacks (NotImplementedError: asv reports a skip), build the state."""
+def check_case(workload: Any, size: str, method: str, device: str) -> None:
+    """Pin threads; skip cases outside the active profile or methods the installed engine or peers
+    lack (NotImplementedError: asv reports a skip)."""
     from . import selection
 
     pin_threads()
@@ -90,6 +90,11 @@ def setup_case(workload: Any, size: str, method: str, device: str) -> Any:
     if reason is not None:
         raise NotImplementedError(reason)
     require_method(method)
+
+
+def setup_case(workload: Any, size: str, method: str, device: str) -> Any:
+    """Common setup of a generated benchmark: `check_case`, then build the state."""
+    check_case(workload, size, method, device)
     return workload.setup(workload.params(size), device)
 
 
