@@ -40,7 +40,6 @@ class _FirstCall:
     version = selection.SUITE_VERSION
     timeout = 600.0  # a cold torch.compile takes ~30 s on 2 cores, several minutes for big graphs
     rounds = 1
-    setup_cache = workload_pass.setup_cache
 
     def setup(self, size: str, method: str, device: str) -> None:
         probes.check_case(self.workload, size, method, device)
@@ -54,7 +53,7 @@ class _FirstCall:
     track_compile_seconds.case_setup = _built  # type: ignore[attr-defined]
 
     def track_fallbacks(self, size: str, method: str, device: str) -> int:
-        case = workload_pass.case_pass(self.workload, size, device)
+        case = workload_pass.case_pass(self.workload, size, device, (method,))
         if method in case.fallbacks_skipped:
             raise probes.SkipNotImplemented(case.fallbacks_skipped[method])
         return case.figure(method, case.fallbacks)

@@ -78,7 +78,6 @@ class _SteadyState:
     workload: Workload
     version = selection.SUITE_VERSION
     timeout = 300.0  # a pass makes every method's first call; *_compiled ones compile (~30 s cold on 2 cores)
-    setup_cache = workload_pass.setup_cache
     if QUICK:
         warmup_time, repeat, rounds = 0.05, (3, 8, 0.6), 1
     else:
@@ -91,8 +90,8 @@ class _SteadyState:
         self.key = (self.workload.name, size, method, device)
         self.device = device
 
-    def _pass(self, size: str, device: str) -> workload_pass.CasePass:
-        return workload_pass.case_pass(self.workload, size, device)
+    def _pass(self, size: str, device: str, *methods: str) -> workload_pass.CasePass:
+        return workload_pass.case_pass(self.workload, size, device, methods)
 
     @_own_case
     def time_run(self, size: str, method: str, device: str) -> None:
@@ -104,7 +103,7 @@ class _SteadyState:
 
     @_once("bytes")
     def track_rss_delta_bytes(self, size: str, method: str, device: str) -> int:
-        case = self._pass(size, device)
+        case = self._pass(size, device, method)
         return case.figure(method, case.rss_bytes)
 
     @_own_case
@@ -119,11 +118,11 @@ class _SteadyState:
 
     @_once("ratio")
     def track_speedup_vs_loop(self, size: str, method: str, device: str) -> dict[str, Any]:
-        return _round_figures(self._pass(size, device).round_ratios(BASELINE, method))
+        return _round_figures(self._pass(size, device, BASELINE, method).round_ratios(BASELINE, method))
 
     @_once("ratio")
     def track_ratio_vs_torch_func(self, size: str, method: str, device: str) -> dict[str, Any]:
-        return _round_figures(self._pass(size, device).round_ratios(method, REFERENCE))
+        return _round_figures(self._pass(size, device, method, REFERENCE).round_ratios(method, REFERENCE))
 
 
 globals().update(workload_classes(_SteadyState, "bench_workloads"))

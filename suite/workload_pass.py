@@ -9,11 +9,11 @@ steady call), measures each method's RSS growth over one call, and then times al
 interleaved, round by round (probes.interleaved_samples). A ratio then comes with one figure per
 round, whose spread is the interval the dashboard shows (vmapbench.stats).
 
-Where a pass is kept: asv runs every benchmark that shares a `setup_cache` with the cache's
-folder as its working directory. bench_workloads and bench_first_call share `setup_cache` below
-(one function, so one asv cache key), which marks that folder: the first track process of a case
-measures its pass and writes it there, the others of the run read it. Elsewhere (a test, a
-script) a pass is kept in this process only.
+Where a pass is kept: `make bench` (vmapbench/bench.py) gives the run a folder in
+VMAPBENCH_PASS_DIR; the first track process of a case measures every method of it there, the
+others of the run read it. Without that folder (a plain `asv run`, a backfill of past commits,
+a test) a process measures only the methods its figure needs: the point and the method it is
+compared with, as every track process did before passes.
 """
 from __future__ import annotations
 
@@ -23,21 +23,21 @@ import os
 import re
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any, Callable, Sequence
 
 from workloads import measure
 
 from . import probes, selection
 
-MARKER = "vmapbench-workload-passes"
-"""File that `setup_cache` writes into asv's cache folder: passes are kept beside it."""
+PASS_DIR_ENV = "VMAPBENCH_PASS_DIR"
+"""The folder where the passes of one run are kept (set by vmapbench/bench.py for its run)."""
 
 # Interleaved timing of all of a case's methods. The quick profile (`make bench`) gives each case
 # ~2 s (17 cases); the full one and `python -m vmapbench.peer_ratios` measure for longer.
 QUICK_TIMING = {"rounds": 7, "budget_s": 2.0}
 FULL_TIMING = {"rounds": 15, "budget_s": 20.0}
 
-_PASSES: dict[tuple[str, str, str], "CasePass"] = {}
+_PASSES: dict[tuple[str, str, str, tuple[str, ...] | None], "CasePass"] = {}
 
 
 @dataclass
@@ -67,30 +67,26 @@ class CasePass:
         return [a / b for a, b in zip(top, bottom)]
 
 
-def setup_cache(self: Any) -> None:
-    """asv's setup_cache of bench_workloads and bench_first_call: marks asv's cache folder (the
-    working directory of every benchmark sharing it) as the place where passes are kept.
-    Returns None, so the benchmarks get no cache argument."""
-    Path(MARKER).write_text("passes of workload cases are kept in this folder for one asv run\n")
-
-
 def _file(workload: Any, size: str, device: str) -> Path | None:
-    if not Path(MARKER).is_file():
+    folder = os.environ.get(PASS_DIR_ENV, "").strip()
+    if not folder:
         return None
     name = re.sub(r"[^\w.=,-]+", "_", f"{workload.name}-{size}-{device}")
-    return Path(f"pass-{name}.json")
+    return Path(folder) / f"pass-{name}.json"
 
 
-def case_pass(workload: Any, size: str, device: str) -> CasePass:
-    """The pass of (workload, size, device): read back if this run has one, else measured now."""
-    key = (workload.name, size, device)
+def case_pass(workload: Any, size: str, device: str, needed: Sequence[str]) -> CasePass:
+    """The pass of (workload, size, device): read back if this run has one, else measured now (all
+    the profile's methods when the run keeps passes, else only the `needed` ones)."""
+    path = _file(workload, size, device)
+    methods = None if path is not None else tuple(dict.fromkeys(needed))
+    key = (workload.name, size, device, methods)
     if key in _PASSES:
         return _PASSES[key]
-    path = _file(workload, size, device)
     if path is not None and path.is_file():
         result = CasePass(**json.loads(path.read_text()))
     else:
-        result = measure_case(workload, size, device)
+        result = measure_case(workload, size, device, None if methods is None else list(methods))
         if path is not None:
             tmp = path.with_suffix(f".{os.getpid()}.tmp")
             tmp.write_text(json.dumps(asdict(result)))

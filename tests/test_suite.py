@@ -164,9 +164,8 @@ def test_steady_state_metrics_on_a_throwaway_workload(quick_profile):
     asv_setup(case, "track_ratio_vs_torch_func", "n=4", "closed_form", "cpu")
     ratio = case.track_ratio_vs_torch_func("n=4", "closed_form", "cpu")["samples"]
     assert all(math.isfinite(r) and r > 0 for r in ratio)
-    # One pass measured every method of the case; the tracks read it.
-    (passed,) = [p for (name, *_), p in workload_pass._PASSES.items() if name == "tiny-cubic"]
-    assert set(passed.seconds) == {"loop", "torch_func", "closed_form"}
+    # The figures of the pass (one per round) are the track's samples.
+    passed = workload_pass._PASSES[("tiny-cubic", "n=4", "cpu", ("closed_form", "torch_func"))]
     assert ratio == [c / t for c, t in zip(passed.seconds["closed_form"], passed.seconds["torch_func"])]
     # skip_params: where a metric does not apply, asv never calls it.
     assert ("n=4", "loop", "cpu") in cls.track_speedup_vs_loop.skip_params
@@ -188,23 +187,22 @@ def test_only_the_metrics_that_time_the_case_build_it_in_their_process(quick_pro
     assert own == {"time_run", "peakmem_run", "track_cuda_peak_bytes", "track_nvml_peak_bytes"}
     (first,) = generate.workload_classes(bench_first_call._FirstCall, "bench_first_call", [_tiny_workload()]).values()
     assert own_setups(first) == {"track_compile_seconds"}
-    # One asv setup_cache key for both modules: their benchmarks share one folder, where passes are kept.
-    assert cls.setup_cache is first.setup_cache
 
 
-def test_a_pass_is_kept_in_the_folder_setup_cache_marks(quick_profile, tmp_path, monkeypatch):
+def test_a_pass_is_kept_in_the_runs_folder_and_measures_every_method_once(quick_profile, tmp_path, monkeypatch):
     from suite import workload_pass
 
-    monkeypatch.chdir(tmp_path)
     monkeypatch.setattr(workload_pass, "_PASSES", {})
-    workload_pass.setup_cache(None)
     w = _tiny_workload("tiny-kept")
-    first = workload_pass.case_pass(w, "n=4", "cpu")
+    alone = workload_pass.case_pass(w, "n=4", "cpu", ("closed_form", "torch_func"))
+    assert set(alone.seconds) == {"closed_form", "torch_func"}  # no run folder: only what is needed
+    monkeypatch.setenv(workload_pass.PASS_DIR_ENV, str(tmp_path))
+    first = workload_pass.case_pass(w, "n=4", "cpu", ("loop",))
     (kept,) = tmp_path.glob("pass-*.json")
-    monkeypatch.setattr(workload_pass, "_PASSES", {})  # another process of the same asv run
+    monkeypatch.setattr(workload_pass, "_PASSES", {})  # another process of the same run
     monkeypatch.setattr(workload_pass, "measure_case", lambda *a: pytest.fail("measured again"))
-    assert workload_pass.case_pass(w, "n=4", "cpu") == first
-    assert "functional_vectorize" in first.errors and "loop" in first.seconds and kept.is_file()
+    assert workload_pass.case_pass(w, "n=4", "cpu", ("closed_form",)) == first
+    assert set(first.seconds) == {"loop", "torch_func", "closed_form"} and "functional_vectorize" in first.errors
 
 
 def test_setup_skips_cases_outside_the_profile(quick_profile, monkeypatch):
