@@ -394,10 +394,12 @@ def test_asv_run_smoke_records_a_result_we_read_back(tmp_path):
     subprocess.run([*asv, "machine", "--yes", "--machine", "smoke", "--config", str(tmp_path / "asv.conf.json")],
                    cwd=tmp_path, env=env, check=True, capture_output=True)
     name, point = _cheapest_quick_point()
+    ratio_name = name.replace(".time_run", ".track_ratio_vs_torch_func")
     proc = subprocess.run(
         [*asv, "run", "--config", str(tmp_path / "asv.conf.json"), "--environment", f"existing:{sys.executable}",
-         "--set-commit-hash", commit, "--machine", "smoke", "--quick", "--show-stderr",
-         "--bench", r"^bench_runtime\.track_torch_num_threads$", "--bench", point],
+         "--set-commit-hash", commit, "--machine", "smoke", "--quick", "--show-stderr", "--record-samples",
+         "--bench", r"^bench_runtime\.track_torch_num_threads$", "--bench", point,
+         "--bench", point.replace("time_run", "track_ratio_vs_torch_func")],
         cwd=tmp_path, env=env, capture_output=True, text=True, timeout=900)
     assert proc.returncode == 0, proc.stdout + proc.stderr
 
@@ -408,3 +410,10 @@ def test_asv_run_smoke_records_a_result_we_read_back(tmp_path):
     assert len(measured) == 1 and measured[0] > 0, times
     # The suite's declared version, not a source hash: history survives refactors of the suite.
     assert res.benchmark_version[name] == selection.SUITE_VERSION
+    # The in-process ratio comes round by round: asv keeps the rounds as samples, their median as
+    # the value, and the gate's reader makes its interval of them (what the dashboard prints).
+    from vmapbench import stats
+
+    data = json.loads(next((tmp_path / "results" / "smoke").glob(f"{commit[:8]}-*.json")).read_text())
+    (ratio,) = [e for p, e in stats.asv_estimates(data) if p.startswith(ratio_name + "(") and e is not None]
+    assert ratio.n >= 3 and ratio.lo <= ratio.value <= ratio.hi and ratio.value > 0
