@@ -18,7 +18,7 @@ import pandas as pd
 from dashboards.artifacts import CoverageReport, ProfileEntry
 from dashboards.loader import STAT_COLUMNS, ResultSet
 from dashboards.numbers import cell_table
-from dashboards.page import esc
+from dashboards.page import esc, project_path
 
 FILE_COLUMNS = ["machine", "host", "run", "commit", "date", "env", "kind", "python"]
 TIME_METRIC = "time"
@@ -221,7 +221,7 @@ class Context:
             rows.append(f"<li><b>{esc(name)}</b> — {'; '.join(parts)}</li>")
         loaded = len(self.results.files)
         skipped = len(self.results.skipped)
-        source = esc(self.results.results_dir) if self.results.results_dir else "?"
+        source = esc(project_path(self.results.results_dir)) if self.results.results_dir else "?"
         machines = f"<ul>{''.join(rows)}</ul>" if rows else ""
         return (f"<p>Results: <code>{source}</code> — {loaded} result files loaded"
                 f"{f', {skipped} skipped (see the warning above)' if skipped else ''}.</p>{machines}")

@@ -70,3 +70,42 @@ def test_run_method_opacus_means_every_opacus_mode_the_workload_has() -> None:
     assert expand_method(lstm, "opacus") == ["opacus_ew"]
     hessian = workloads.get("logreg_hessian")  # no Opacus method: the name stays, and is refused as unknown
     assert expand_method(hessian, "opacus") == ["opacus"]
+
+
+def test_run_pays_the_one_time_imports_before_measuring_any_method(monkeypatch, capsys):
+    """Issue 28.5: the warm-up (suite.probes.preload, given the chosen methods) runs before the
+    first method's first call, whatever the order of -m; the output says what it paid."""
+    import sys
+
+    from vmapbench.bench import suite_module
+    from workloads import get
+
+    probes = suite_module("probes")
+    events: list[tuple] = []
+    real_preload, workload = probes.preload, get("mlp_hvp")
+    real_prepare = type(workload).prepare
+
+    def preload(methods, device="cpu"):
+        events.append(("warm-up", tuple(methods), device))
+        return real_preload(methods, device)
+
+    def prepare(self, method, state):
+        events.append(("first call", method, "torch._dynamo" in sys.modules))
+        return real_prepare(self, method, state)
+
+    monkeypatch.setattr(probes, "preload", preload)
+    monkeypatch.setattr(type(workload), "prepare", prepare)
+    for order in (["torch_func", "engine"], ["engine", "torch_func"]):
+        events.clear()
+        assert main(["run", "mlp_hvp", "-m", ",".join(order), "--repeat", "1", "--warmup", "1", "--no-memory"]) == 0
+        assert events == [("warm-up", tuple(order), "cpu"), *[("first call", m, True) for m in order]]
+        out = capsys.readouterr().out
+        assert "warm-up:" in out and "torch._dynamo" in out and "engine" in out.split("warm-up:")[1]
+
+
+def test_warm_up_pays_only_what_the_methods_need():
+    from vmapbench.bench import suite_module
+
+    preload = suite_module("probes").preload
+    assert preload(["loop", "torch_func"]) == ["torch._dynamo", "torch._inductor", "torch.func"]
+    assert preload(["loop", "engine_traced"])[-1] == "engine"

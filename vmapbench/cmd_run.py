@@ -4,10 +4,16 @@ The fastest way to see one comparison: median time, speedup against the loop, ti
 against torch.func and peak memory growth, all measured in this one process. The first call
 (where tracing or compiling happens) is shown apart from the timed calls, which are taken
 round-robin across methods so that load on a shared machine hits every method alike.
+
+Before any method is measured, the process's one-time costs (torch._dynamo, sympy, the peers'
+packages, jax: whatever the chosen methods import) are paid by a warm-up, the one the ASV suite
+runs (suite.probes.preload), and the time it took is printed: otherwise the first method would be
+charged for them, and its first call would depend on the order of `-m`.
 """
 from __future__ import annotations
 
 import argparse
+import time
 import traceback
 from typing import Callable
 
@@ -90,6 +96,7 @@ def main(args: argparse.Namespace) -> int:
         console.print(f"[yellow]skipped:[/] {e}")
         return 2
 
+    warm_up(methods, args.device, console)
     results, failures = run_methods(w, methods, size, state, args, console)
     console.print(results_table(w, size, args.device, methods, args.repeat, results, failures, args.memory))
     skipped = {m: reason for m, reason in failures.items() if reason.startswith(SKIPPED)}
@@ -102,6 +109,25 @@ def main(args: argparse.Namespace) -> int:
     if args.check and not failures:
         console.print("check: every method matches the float64 loop within the workload's tolerance")
     return 1 if failures else 0
+
+
+def warm_up(methods: list[str], device: str, console: Console) -> list[str]:
+    """Pay the process's one-time imports and first transforms for `methods` before measuring any
+    of them (suite.probes.preload, as the ASV suite does), and say so; returns what was warmed."""
+    from vmapbench.bench import suite_module
+
+    try:
+        probes = suite_module("probes")
+    except ImportError as e:
+        console.print(f"[yellow]warning:[/] no warm-up ({escape(str(e))}; the suite/ folder of the checkout is "
+                      "needed): the first method's first call includes the process's one-time imports")
+        return []
+    start = time.perf_counter()
+    with console.status("warm-up: one-time imports (torch._dynamo, sympy, peers, jax) before measuring"):
+        warmed = probes.preload(methods, device)
+    console.print(f"warm-up: {format_seconds(time.perf_counter() - start)} for the process's one-time imports and "
+                  f"first transforms ({', '.join(warmed)}), paid before measuring: no first call includes them")
+    return warmed
 
 
 # A tool's name stands for all its methods the workload offers (`-m opacus`: every Opacus mode).
