@@ -59,6 +59,7 @@ from engine.trace import _PLAIN, TracedFunction, _fast_signature, _signature, ex
 __all__ = ["AutoTraced", "auto_trace", "autotraced_state", "traced_transform", "transform_entry"]
 
 _SEEN, _REPLAY, _EAGER = "seen", "replay", "eager"
+shadow_checks = 0  # replays compared with their eager call by shadow verification, in this process
 _MAX_SIGNATURES = 256
 _ATOM_OUTPUTS = (int, float, bool, complex, str, type(None), torch.dtype, torch.device)
 
@@ -170,6 +171,8 @@ class AutoTraced:
         torch.set_rng_state(rng)
         ref = running(self.fn, *args, **kwargs)
         problem = _difference(out, ref, exact=not fused)
+        global shadow_checks
+        shadow_checks += 1
         if problem is not None:
             raise ReplayMismatchError(
                 f"engine.auto_tracing(verify=True): the {'fused program' if fused else 'replay'} of "

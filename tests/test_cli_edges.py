@@ -109,3 +109,27 @@ def test_warm_up_pays_only_what_the_methods_need():
     preload = suite_module("probes").preload
     assert preload(["loop", "torch_func"]) == ["torch._dynamo", "torch._inductor", "torch.func"]
     assert preload(["loop", "engine_traced"])[-1] == "engine"
+
+
+def test_run_verify_checks_the_engines_replays_and_fails_a_mismatch(monkeypatch, capsys):
+    """`vmapbench run W --verify`: the engine's replays are shadow-verified (issue 25); a planted
+    wrong replay is a failed method, with ReplayMismatchError named."""
+    from engine import autotrace
+
+    monkeypatch.setattr("vmapbench.cmd_run.warm_up", lambda methods, device, console: None)
+    args = ["run", "logreg_hessian", "-m", "engine", "--repeat", "2", "--warmup", "3", "--no-memory", "--verify"]
+    assert main(args) == 0
+    out = capsys.readouterr().out
+    checked = int(out.split("verify: ")[1].split(" replays")[0])
+    assert checked >= 2 and "no mismatch" in out
+
+    real = autotrace.AutoTraced._shadow
+
+    def planted(self, args, kwargs, fast, key):  # a replay that is off by a little
+        out = real(self, args, kwargs, fast, key)
+        raise autotrace.ReplayMismatchError(f"planted: {type(out).__name__}")
+
+    monkeypatch.setattr(autotrace.AutoTraced, "_shadow", planted)
+    assert main(args) != 0
+    out = capsys.readouterr().out
+    assert "ReplayMismatchError" in out and "a mismatch" in out

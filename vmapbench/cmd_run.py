@@ -13,6 +13,7 @@ charged for them, and its first call would depend on the order of `-m`.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import time
 import traceback
 from typing import Callable
@@ -22,7 +23,9 @@ from rich.markup import escape
 from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
+import engine
 import workloads
+from engine import autotrace
 from workloads import measure
 from vmapbench.cmd_list import make_console
 from workloads.base import BASELINE, REFERENCE
@@ -43,6 +46,9 @@ def configure(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--check", action="store_true", help="also check each method against the float64 loop")
     parser.add_argument("--traceback", action="store_true", help="print the traceback of a failing method")
     parser.add_argument("--no-memory", dest="memory", action="store_false", help="skip the peak-memory call")
+    parser.add_argument("--verify", action="store_true",
+                        help="shadow-verify automatic tracing: every replay of the engine also runs its eager call and "
+                             "must equal it (engine.auto_tracing(verify=True)); a mismatch fails the method")
 
 
 def format_seconds(seconds: float) -> str:
@@ -97,7 +103,12 @@ def main(args: argparse.Namespace) -> int:
         return 2
 
     warm_up(methods, args.device, console)
-    results, failures = run_methods(w, methods, size, state, args, console)
+    checked = autotrace.shadow_checks
+    with engine.auto_tracing(verify=True) if args.verify else contextlib.nullcontext():
+        results, failures = run_methods(w, methods, size, state, args, console)
+    if args.verify:
+        verdict = "a mismatch (see the failures below)" if any("ReplayMismatchError" in str(f) for f in failures.values()) else "no mismatch"
+        console.print(f"verify: {autotrace.shadow_checks - checked} replays checked against their eager calls, {verdict}")
     console.print(results_table(w, size, args.device, methods, args.repeat, results, failures, args.memory))
     skipped = {m: reason for m, reason in failures.items() if reason.startswith(SKIPPED)}
     for method, reason in failures.items():
