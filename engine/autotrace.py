@@ -165,10 +165,15 @@ class AutoTraced:
         The replay's result is returned; the eager call is not counted in `eager_calls`."""
         if not self._will_replay(args, kwargs, fast):  # the recording run or an eager run: nothing to compare
             return running(self.traced._call, args, kwargs, fast)
+        generators = [g for g in tree_flatten((args, kwargs))[0] if isinstance(g, torch.Generator)]
+        generators += self._guard.generators if self._guard is not None else []
+        states = [g.get_state() for g in generators]
         rng = torch.get_rng_state()
         out = running(self.traced._call, args, kwargs, fast)
         fused = bool(getattr(self.traced, "last_call_fused", False))
         torch.set_rng_state(rng)
+        for g, state in zip(generators, states):
+            g.set_state(state)
         ref = running(self.fn, *args, **kwargs)
         problem = _difference(out, ref, exact=not fused)
         global shadow_checks
@@ -263,7 +268,7 @@ def _full_key(args: tuple, kwargs: dict) -> Any:
         if isinstance(x, torch.Tensor):
             if type(x) not in _PLAIN or torch._C._functorch.is_functorch_wrapped_tensor(x):
                 return None
-        elif not isinstance(x, _ATOM_OUTPUTS):
+        elif not isinstance(x, _ATOM_OUTPUTS) or hasattr(x, "__dict__"):  # an atom subclass may carry attributes
             return None
     return ("full", key)
 

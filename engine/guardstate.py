@@ -38,7 +38,9 @@ their items are guarded where they can change), and the comparison is one `opera
 from __future__ import annotations
 
 import array
+import builtins
 import enum
+import gc
 import functools
 import itertools
 import operator
@@ -62,15 +64,21 @@ _MODULE_DICTS = (
 )
 _ATOMS = (int, float, bool, complex, str, bytes, type(None), torch.dtype, torch.device, torch.layout, torch.memory_format)
 _BUFFERS = (bytearray, memoryview, array.array)
+_MAPPING_VIEWS = (types.MappingProxyType, type({}.keys()), type({}.values()), type({}.items()))
 _DESCRIPTORS = (property, staticmethod, classmethod, functools.cached_property)
 _chain = itertools.chain.from_iterable
+_BUILTIN_NAMES = frozenset(vars(builtins))
 
 
 def _code_names(code: types.CodeType) -> set[str]:
+    """The names a function's code reads: its co_names, and identifier-like string constants
+    (`getattr(config, "SCALE")` names its attribute by a string)."""
     names = set(code.co_names)
     for const in code.co_consts:
         if isinstance(const, types.CodeType):
             names |= _code_names(const)
+        elif isinstance(const, str) and const.isidentifier():
+            names.add(const)
     return names
 
 
@@ -114,7 +122,8 @@ class StateGuard:
         self.tensors: list[torch.Tensor] = []
         self.objects: list[Any] = []  # whose class is guarded (a parametrization swaps a Module's class)
         self.slotted: list[tuple[Any, str]] = []  # (object, slot name): `__slots__` attributes
-        self.buffers: list[tuple[Any, bytes]] = []  # (object exposing memory, its bytes when recorded)
+        self.buffers: list[tuple[Any, tuple]] = []  # (object exposing memory, (format, shape, strides, bytes) recorded)
+        self.generators: list[torch.Generator] = []  # random generators reached (shadow verification restores them)
         self.unprovable: str | None = None
         self._seen: set[int] = set()
         self._names_seen: set[tuple[int, str]] = set()
@@ -176,7 +185,7 @@ class StateGuard:
         stack.extend(d.values())
 
     def _visit(self, obj: Any, stack: list) -> None:
-        if isinstance(obj, _ATOMS) or obj is None:
+        if isinstance(obj, _ATOMS) and not hasattr(obj, "__dict__"):  # (a float subclass may carry attributes)
             return
         if isinstance(obj, dict):
             self._dict(obj, stack)
@@ -186,6 +195,19 @@ class StateGuard:
         self._seen.add(id(obj))
         if isinstance(obj, torch.Tensor):
             self.tensors.append(obj)
+            if obj.is_leaf and obj.requires_grad:  # `.grad` (a new tensor after zero_grad(set_to_none))
+                self.slotted.append((obj, "grad"))
+                if obj.grad is not None:
+                    stack.append(obj.grad)
+            self._dict(obj.__dict__, stack)  # Python attributes set on it (`p.lr_scale = 0.1`)
+            return
+        if isinstance(obj, _MAPPING_VIEWS):  # d.values(), MappingProxyType(d): the dict behind it
+            for d in gc.get_referents(obj):
+                if isinstance(d, dict):
+                    self._dict(d, stack)
+            return
+        if isinstance(obj, torch.Generator):
+            self.generators.append(obj)
             return
         if isinstance(obj, types.ModuleType):
             self._pymodules.append(obj)
@@ -268,6 +290,8 @@ class StateGuard:
         for name in sorted(names):
             if name in namespace:
                 self._name(namespace, name, stack)
+            elif name in _BUILTIN_NAMES:  # resolved from builtins: a global of that name defined later shadows it
+                self._name(namespace, name, stack, walk=False)
 
     def _buffer(self, obj: Any) -> None:
         """Memory a replay cannot watch change: guarded by a copy of its bytes, or unprovable."""
@@ -282,7 +306,7 @@ class StateGuard:
                 f"call); convert it to a tensor once, outside the function, so that a replay reads it live"
             )
             return
-        self.buffers.append((obj, view.tobytes()))
+        self.buffers.append((obj, _buffer_state(view)))
 
     # -- checking -----------------------------------------------------------------------------
 
@@ -356,7 +380,7 @@ class StateGuard:
                               map(type, self.objects), (getattr(o, n, _EMPTY) for o, n in self.slotted))
         if not all(map(operator.is_, now, items)):
             return False
-        return all(memoryview(o).tobytes() == recorded for o, recorded in self.buffers)
+        return all(_buffer_state(memoryview(o)) == recorded for o, recorded in self.buffers)
 
 
 class _ManagerKind(enum.Enum):  # torch._dynamo.guards.GuardManagerType, without importing Dynamo
@@ -397,6 +421,12 @@ def _tensor_guard(tensors: list[torch.Tensor]) -> Any:
 
 
 _cell_contents = operator.attrgetter("cell_contents")
+
+
+def _buffer_state(view: memoryview) -> tuple:
+    """What a reader of the buffer sees: its layout (an array's shape or dtype set in place keeps
+    its bytes) and its bytes."""
+    return view.format, view.shape, view.strides, view.tobytes()
 
 
 def _slot_names(cls: type) -> list[str]:
