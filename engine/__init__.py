@@ -8,21 +8,29 @@ has a decomposition, else run in a for-loop fallback that warns and names the op
 from engine import rules as _rules  # noqa: F401  (fills the rule table)
 from engine._batched import BatchedTensor
 from engine._dispatch import FallbackRecord, fallback_policy, record_fallbacks
-from engine import functional
-from engine._vmap import vmap
-from engine.transforms import TransformError, grad, grad_and_value, hessian, jacfwd, jacrev, jvp, linearize, vjp
+from engine import _vmap, functional, transforms
+from engine.transforms import TransformError, jvp, linearize, vjp
 from engine.trace import TraceFallbackWarning, UntraceableError, compile, trace  # noqa: A004  (engine.compile mirrors torch.compile)
-from engine.autotrace import auto_trace
+from engine.autotrace import auto_trace, traced_transform
 from engine.autoswitch import auto_tracing
 from engine.errors import (
     DataDependentError,
     FallbackError,
     FallbackWarning,
     RandomnessError,
+    ReplayMismatchError,
     VmapError,
 )
 from engine.compliance import check_compliance
 from engine.rules._table import register_rule
+
+# The public transforms: the eager ones of engine._vmap / engine.transforms, automatically traced.
+vmap = traced_transform(_vmap.vmap)
+grad = traced_transform(transforms.grad)
+grad_and_value = traced_transform(transforms.grad_and_value)
+jacrev = traced_transform(transforms.jacrev)
+jacfwd = traced_transform(transforms.jacfwd)
+hessian = traced_transform(transforms.hessian)
 
 __all__ = [
     "auto_trace",
@@ -48,6 +56,7 @@ __all__ = [
     "linearize",
     "vjp",
     "RandomnessError",
+    "ReplayMismatchError",
     "VmapError",
     "fallback_policy",
     "record_fallbacks",

@@ -35,6 +35,13 @@ class _State:
     vmap = 0    # of which vmaps
 
 
+class _Depth:
+    """Differentiating transforms (grad, vjp, jvp, jacrev, jacfwd) running on this process: their
+    state lives here, below the transforms that count it and the automatic tracing that reads it."""
+
+    value = 0
+
+
 def requires_grad(t: torch.Tensor, flag: bool = True) -> torch.Tensor:
     """`t.requires_grad_(flag)` for the engine's own leaves, allowed inside transforms."""
     return _ORIGINAL_REQUIRES_GRAD(t, flag)

@@ -10,7 +10,6 @@ from torch.utils._pytree import _broadcast_to_and_flatten, tree_flatten, tree_un
 from engine._batched import BatchedTensor, enter, is_batched_at, leave, pop_level, push_level
 from engine._dispatch import VmapMode
 from engine._guards import checked, transform_scope
-from engine.autotrace import transform_entry
 from engine.errors import VmapError
 from engine.rules.rnn import batched_initial_state
 
@@ -52,7 +51,7 @@ def vmap(
             return _vmap_call(func, flat_args, flat_dims, spec, size, out_dims, randomness, kwargs)
         return _chunked(func, flat_args, flat_dims, spec, size, out_dims, randomness, kwargs, chunk_size)
 
-    return transform_entry(wrapped)
+    return wrapped
 
 
 def _fname(func: Callable) -> str:

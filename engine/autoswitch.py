@@ -7,6 +7,8 @@ part of that run, never start an automatic trace of their own.
 
 `auto_tracing(enabled)` turns automatic tracing on or off inside its block (this thread); the
 process-wide default is on, off with the environment variable VMAPBENCH_AUTO_TRACE=0.
+`auto_tracing(verify=True)` (or VMAPBENCH_AUTO_TRACE=verify) turns on shadow verification: every
+replay also runs the eager call and raises engine.errors.ReplayMismatchError where they differ.
 """
 from __future__ import annotations
 
@@ -15,13 +17,21 @@ import os
 import threading
 from typing import Any, Callable, Iterator
 
-__all__ = ["auto_tracing", "auto_tracing_enabled", "inside_traced_run", "running"]
+__all__ = ["auto_tracing", "auto_tracing_enabled", "inside_traced_run", "running", "verifying"]
 
-_DEFAULT = os.environ.get("VMAPBENCH_AUTO_TRACE", "1").strip().lower() not in ("0", "false", "off", "no")
+_ENV = os.environ.get("VMAPBENCH_AUTO_TRACE", "1").strip().lower()
+if _ENV not in ("0", "false", "off", "no", "1", "true", "on", "yes", "verify"):
+    raise ValueError(
+        f"VMAPBENCH_AUTO_TRACE={_ENV!r}: expected 1/on (automatic tracing, the default), 0/off, or verify "
+        f"(automatic tracing with every replay checked against an eager call)"
+    )
+_DEFAULT = _ENV not in ("0", "false", "off", "no")
+_VERIFY = _ENV == "verify"
 
 
 class _Local(threading.local):
     enabled: bool = _DEFAULT
+    verify: bool = _VERIFY  # shadow verification of every replay
     depth: int = 0  # traced / auto-traced runs in progress on this thread
 
 
@@ -29,23 +39,36 @@ _local = _Local()
 
 
 @contextlib.contextmanager
-def auto_tracing(enabled: bool) -> Iterator[None]:
+def auto_tracing(enabled: bool = True, *, verify: bool | None = None) -> Iterator[None]:
     """Turn automatic tracing of repeated transformed calls on or off inside the block (this thread).
 
     Off, every engine transform runs eagerly on every call, as before automatic tracing existed;
-    `engine.trace`/`engine.auto_trace` still trace what they wrap.
+    `engine.trace`/`engine.auto_trace` still trace what they wrap. `verify=True` turns on shadow
+    verification (each replay of an automatically traced function also runs its eager call, and
+    a difference raises ReplayMismatchError: about twice the cost of the eager call), `False` off,
+    None leaves it as it is.
     """
     if not isinstance(enabled, bool):
         raise TypeError(f"engine.auto_tracing: enabled must be a bool, got {type(enabled).__name__}")
-    old, _local.enabled = _local.enabled, enabled
+    if verify is not None and not isinstance(verify, bool):
+        raise TypeError(f"engine.auto_tracing: verify must be a bool or None, got {type(verify).__name__}")
+    old = _local.enabled, _local.verify
+    _local.enabled = enabled
+    if verify is not None:
+        _local.verify = verify
     try:
         yield
     finally:
-        _local.enabled = old
+        _local.enabled, _local.verify = old
 
 
 def auto_tracing_enabled() -> bool:
     return _local.enabled
+
+
+def verifying() -> bool:
+    """Whether replays of automatically traced functions are shadow-verified on this thread."""
+    return _local.verify
 
 
 def inside_traced_run() -> bool:

@@ -39,17 +39,25 @@ with `engine.auto_tracing(False)` (a context manager) or VMAPBENCH_AUTO_TRACE=0.
 from __future__ import annotations
 
 import functools
-from typing import Any, Callable
+import struct
+import threading
+import types
+from collections import OrderedDict
+from typing import Any, Callable, Hashable
 
 import torch
 from torch.utils._pytree import tree_flatten
 
 from engine import autoswitch, purity
+from engine._batched import _active
+from engine._dispatch import record_fallbacks
+from engine._guards import _Depth, _State
 from engine.autoswitch import running
+from engine.errors import ReplayMismatchError
 from engine.guardstate import StateGuard, torch_globals
 from engine.trace import _PLAIN, TracedFunction, _fast_signature, _signature
 
-__all__ = ["AutoTraced", "auto_trace", "autotraced_state", "transform_entry"]
+__all__ = ["AutoTraced", "auto_trace", "autotraced_state", "traced_transform", "transform_entry"]
 
 _SEEN, _REPLAY, _EAGER = "seen", "replay", "eager"
 _MAX_SIGNATURES = 256
@@ -92,6 +100,8 @@ class AutoTraced:
             self._reset()
         mode = self._signatures.get(key)
         if mode is _REPLAY:
+            if _switch.verify:
+                return self._shadow(args, kwargs, fast, key)
             return running(self.traced._call, args, kwargs, fast)
         if mode is _EAGER:
             return self._eager(args, kwargs)
@@ -124,8 +134,6 @@ class AutoTraced:
         if before.unprovable is not None:
             self._mark_impure(before.unprovable)
             return self._eager(args, kwargs)
-        from engine._dispatch import record_fallbacks
-
         self.eager_calls += 1
         settings = _settings()
         with record_fallbacks() as fallbacks, purity.watch() as seen:
@@ -150,6 +158,89 @@ class AutoTraced:
             return out
         self._signatures[key] = _REPLAY
         return out
+
+    def _shadow(self, args: tuple, kwargs: dict, fast: Any, key: Any) -> Any:
+        """Shadow verification: the replay, then the eager call from the same random state, compared
+        (exactly; within the dtype's default tolerance where the result came from a fused program).
+        The replay's result is returned; the eager call is not counted in `eager_calls`."""
+        rng = torch.get_rng_state()
+        out = running(self.traced._call, args, kwargs, fast)
+        fused = bool(getattr(self.traced, "last_call_fused", False))
+        torch.set_rng_state(rng)
+        ref = running(self.fn, *args, **kwargs)
+        problem = _difference(out, ref, exact=not fused)
+        if problem is not None:
+            raise ReplayMismatchError(
+                f"engine.auto_tracing(verify=True): the {'fused program' if fused else 'replay'} of "
+                f"{getattr(self.fn, '__qualname__', repr(self.fn))} differs from its eager call for the signature "
+                f"{_describe(key)}: {problem}. This is an engine bug (a replay must equal the eager call); "
+                f"run with engine.auto_tracing(False) (VMAPBENCH_AUTO_TRACE=0) to get eager results meanwhile."
+            )
+        return out
+
+
+def _describe(key: Any) -> str:
+    text = repr(key)
+    return text if len(text) <= 300 else text[:297] + "..."
+
+
+def _difference(out: Any, ref: Any, exact: bool) -> str | None:
+    """Where `out` differs from `ref`, or None: same structure, same leaf types, tensors of the same
+    metadata and values (bit for bit where `exact`: NaN equals NaN, -0.0 differs from 0.0)."""
+    flat_out, spec_out = tree_flatten(out)
+    flat_ref, spec_ref = tree_flatten(ref)
+    if spec_out != spec_ref:
+        return f"the output structure differs ({spec_out} vs {spec_ref})"
+    for i, (o, r) in enumerate(zip(flat_out, flat_ref)):
+        where = f"output leaf {i}"
+        if type(o) is not type(r):
+            return f"{where} is a {type(o).__name__}, eager gives a {type(r).__name__}"
+        if isinstance(o, torch.Tensor):
+            meta_o = (tuple(o.shape), o.dtype, o.device, o.requires_grad, o.layout)
+            meta_r = (tuple(r.shape), r.dtype, r.device, r.requires_grad, r.layout)
+            if meta_o != meta_r:
+                return f"{where} has (shape, dtype, device, requires_grad, layout) {meta_o}, eager {meta_r}"
+            problem = _tensor_difference(o.detach(), r.detach(), exact)
+            if problem is not None:
+                return f"{where}: {problem}"
+        elif _exact_atom(o) != _exact_atom(r):
+            return f"{where} is {o!r}, eager gives {r!r}"
+    return None
+
+
+def _tensor_difference(o: torch.Tensor, r: torch.Tensor, exact: bool) -> str | None:
+    if o.layout != torch.strided:
+        o, r = o.to_dense(), r.to_dense()
+    if o.is_complex():
+        o, r = torch.view_as_real(o.resolve_conj()), torch.view_as_real(r.resolve_conj())
+    if exact:
+        same = (o == r) | (o != o) & (r != r) if o.is_floating_point() else o == r
+        if o.is_floating_point():
+            same &= torch.signbit(o) == torch.signbit(r)
+    else:
+        try:
+            torch.testing.assert_close(o, r, equal_nan=True)
+            return None
+        except AssertionError:
+            same = torch.isclose(o, r, equal_nan=True)
+    if bool(same.all()):
+        return None
+    bad = (~same).nonzero()[0].tolist()
+    idx = tuple(bad)
+    return f"first difference at index {idx}: {o[idx].item()!r} vs eager {r[idx].item()!r}"
+
+
+_PACK_DOUBLE = struct.Struct("<d").pack
+
+
+def _exact_atom(x: Any) -> Any:
+    """A key for a Python value that tells apart what `==` does not: 0.0 and -0.0, NaN payloads,
+    1, 1.0 and True (the type is part of it)."""
+    if isinstance(x, float):
+        return type(x), _PACK_DOUBLE(x)
+    if isinstance(x, complex):
+        return type(x), _PACK_DOUBLE(x.real), _PACK_DOUBLE(x.imag)
+    return type(x), x
 
 
 def _settings() -> tuple:
@@ -195,22 +286,15 @@ def _storage(t: torch.Tensor) -> int | None:
 
 
 _switch = autoswitch._local
-_engine_state: tuple | None = None
 
 
 def _outermost() -> bool:
     """No transform, trace, mode or foreign transform is running: this call stands on its own."""
-    global _engine_state
-    if _engine_state is None:
-        from engine import _batched, _guards, transforms
-
-        _engine_state = (_guards._State, _batched._active, transforms._Depth)
-    guards, active, depth = _engine_state
     return (
-        guards.depth == 0
-        and not active
-        and depth.value == 0
-        and not autoswitch.inside_traced_run()
+        _State.depth == 0
+        and not _active
+        and _Depth.value == 0
+        and not _switch.depth
         and torch._C._len_torch_dispatch_stack() == 0
         and torch._C._len_torch_function_stack() == 0
         and torch._C._functorch.peek_interpreter_stack() is None
@@ -220,9 +304,11 @@ def _outermost() -> bool:
     )
 
 
-def transform_entry(impl: Callable) -> Callable:
+def transform_entry(impl: Callable, key: Hashable | None = None) -> Callable:
     """The callable a transform returns: `impl` (the eager transform), automatically traced when
-    called at the outermost level with automatic tracing on (see the module docstring)."""
+    called at the outermost level with automatic tracing on (see the module docstring). Entries
+    made with the same `key` (the same transform of the same function with the same options)
+    share one AutoTraced: its recorded graphs and guards."""
     auto: AutoTraced | None = None
 
     @functools.wraps(impl)
@@ -231,10 +317,81 @@ def transform_entry(impl: Callable) -> Callable:
         if not _switch.enabled or _switch.depth:  # off, or part of a traced run: the eager transform
             return impl(*args, **kwargs)
         if auto is None:
-            auto = AutoTraced(impl)
+            auto = _shared(impl, key)
         return auto(*args, **kwargs)
 
     return entry
+
+
+# Inline transforms (`engine.hessian(f)(x)` in a loop) build a new callable every call; what was
+# recorded belongs to what the callable is: the transform chain, its options and the function at
+# its root. The registry maps that construction key to one AutoTraced. A key holds `id`s of the
+# functions it names; the AutoTraced it maps to holds those functions (through its impl), so an id
+# in a live key always names the same object. Least recently used keys are dropped past the bound.
+_SHARED_MAX = 128
+_shared_autos: OrderedDict[Hashable, AutoTraced] = OrderedDict()
+_shared_lock = threading.Lock()
+
+
+def _shared(impl: Callable, key: Hashable | None) -> AutoTraced:
+    if key is None:
+        return AutoTraced(impl)
+    with _shared_lock:
+        auto = _shared_autos.get(key)
+        if auto is not None:
+            _shared_autos.move_to_end(key)
+            return auto
+        auto = _shared_autos[key] = AutoTraced(impl)
+        if len(_shared_autos) > _SHARED_MAX:
+            _shared_autos.popitem(last=False)
+        return auto
+
+
+def _freeze(x: Any) -> Hashable:
+    """A hashable, exact key of a transform option (in_dims, argnums, randomness, ...)."""
+    if isinstance(x, (list, tuple)):
+        return type(x), tuple(_freeze(v) for v in x)
+    if isinstance(x, dict):
+        return dict, tuple((_freeze(k), _freeze(v)) for k, v in x.items())
+    if x is None or isinstance(x, (bool, int, float, complex, str)):
+        return _exact_atom(x)
+    raise TypeError(type(x).__name__)
+
+
+def _construction_key(name: str, func: Any, args: tuple, kwargs: dict) -> Hashable | None:
+    """(transform, what it transforms, its options), or None where an option has no exact key."""
+    if getattr(func, "__code__", None) is _ENTRY_CODE:
+        base = _closure_value(func, "key")
+        if base is None:
+            return None
+    elif isinstance(func, types.MethodType):  # `model.loss` is a new bound method at every access
+        base = ("method", id(func.__func__), id(func.__self__))
+    else:
+        base = ("fn", id(func))
+    try:
+        return name, base, _freeze(args), _freeze(kwargs)
+    except TypeError:
+        return None
+
+
+def traced_transform(maker: Callable[..., Callable]) -> Callable[..., Callable]:
+    """The public form of an eager transform (engine._vmap.vmap, engine.transforms.grad, ...): the
+    callable it returns traces automatically (transform_entry), and equal constructions share what
+    was recorded, so `engine.grad(f)(x)` written inline in a loop replays like a stored
+    `g = engine.grad(f)`; a rebound `f` is another function, and a changed closure fails its guard."""
+    name = maker.__name__
+
+    @functools.wraps(maker)
+    def public(func: Callable, *args: Any, **kwargs: Any) -> Callable:
+        impl = maker(func, *args, **kwargs)
+        return transform_entry(impl, _construction_key(name, func, args, kwargs))
+
+    return public
+
+
+def _closure_value(fn: Callable, name: str) -> Any:
+    code = fn.__code__
+    return fn.__closure__[code.co_freevars.index(name)].cell_contents
 
 
 _ENTRY_CODE = transform_entry(lambda: None).__code__
@@ -246,7 +403,7 @@ def autotraced_state(fn: Callable) -> AutoTraced | None:
     code = getattr(fn, "__code__", None)
     if code is not _ENTRY_CODE:
         raise TypeError(f"autotraced_state: {fn!r} is not a callable returned by an engine transform")
-    return fn.__closure__[code.co_freevars.index("auto")].cell_contents
+    return _closure_value(fn, "auto")
 
 
 def auto_trace(fn: Callable, *, cache_size: int = 8) -> AutoTraced:

@@ -24,6 +24,11 @@ class DataDependentError(RuntimeError):
     """An op whose result is a Python value that depends on tensor data (`.item()`, `if x:`)."""
 
 
+class ReplayMismatchError(AssertionError):
+    """Shadow verification (`engine.auto_tracing(verify=True)`, VMAPBENCH_AUTO_TRACE=verify): a
+    replayed call's result differs from the eager call of the same function on the same inputs."""
+
+
 class RandomnessError(RuntimeError):
     """A random op under `randomness="error"`."""
 

@@ -16,16 +16,11 @@ from torch.utils._pytree import tree_flatten, tree_map, tree_unflatten
 
 from engine import _gradsum
 from engine._batched import LevelInfo, _is_outer, clock, mark_inner
-from engine._guards import requires_grad, transform_scope
+from engine._guards import _Depth, requires_grad, transform_scope
 from engine._vmap import vmap
-from engine.autotrace import transform_entry
 from engine.errors import TransformError, UnsupportedInTransformError, VmapError
 
 __all__ = ["TransformError", "grad", "grad_and_value", "hessian", "jacfwd", "jacrev", "jvp", "linearize", "vjp"]
-
-
-class _Depth:
-    value = 0
 
 
 @contextlib.contextmanager
@@ -316,7 +311,7 @@ def grad_and_value(func: Callable, argnums: Any = 0, has_aux: bool = False) -> C
             return g, (value, _detach_aux(aux, create))
         return g, value
 
-    return transform_entry(wrapper)
+    return wrapper
 
 
 def grad(func: Callable, argnums: Any = 0, has_aux: bool = False) -> Callable:
@@ -328,7 +323,7 @@ def grad(func: Callable, argnums: Any = 0, has_aux: bool = False) -> Callable:
         g, value = gv(*args, **kwargs)
         return (g, value[1]) if has_aux else g
 
-    return transform_entry(wrapper)
+    return wrapper
 
 
 def _basis(flat: list) -> list[torch.Tensor]:
@@ -383,7 +378,7 @@ def jacrev(func: Callable, argnums: Any = 0, *, has_aux: bool = False, chunk_siz
         jac = tree_unflatten(leaves, out_spec)
         return (jac, res[2]) if has_aux else jac
 
-    return transform_entry(wrapper)
+    return wrapper
 
 
 # ------------------------------------------------------------------------------------------------
@@ -525,7 +520,7 @@ def jacfwd(func: Callable, argnums: Any = 0, has_aux: bool = False, *, randomnes
         jac = tree_unflatten(leaves, out_spec)
         return (jac, _detach_aux(aux_box[0])) if has_aux else jac
 
-    return transform_entry(wrapper)
+    return wrapper
 
 
 def hessian(func: Callable, argnums: Any = 0) -> Callable:
