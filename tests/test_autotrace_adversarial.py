@@ -95,6 +95,18 @@ def _module(name: str, source: str) -> types.ModuleType:
 
 X = torch.linspace(-1.5, 2.0, 12).reshape(3, 4)
 
+# Holes found: a replay returned a stale result (the xfail tests below are their minimal repros).
+SIGNED_ZERO = "hole: scalar arguments are keyed by ==, so -0.0 finds the replay recorded for 0.0"
+MODULE_NOT_WALKED = (
+    "hole: a Python module reached other than as a named global (closure cell, default, object "
+    "attribute) is not walked, so its rebound attributes are not guarded"
+)
+GETATTR_OF_MODULE = (
+    "hole: attributes of a global user module are guarded only when the code names them "
+    "(co_names); getattr(mod, 'NAME') names a string constant"
+)
+NUMPY_SCALAR_READ = "hole: float(ndarray) is a Python value baked into the graph; the array's contents are not guarded"
+
 
 # ------------------------------------------------------------------------------------------------
 # numpy and raw buffers read by the function
@@ -159,6 +171,7 @@ def test_numpy_array_in_a_captured_list_changed_in_place():
     _after(g, X)
 
 
+@pytest.mark.xfail(strict=True, reason=NUMPY_SCALAR_READ)
 def test_numpy_zero_dim_array_read_as_a_python_float():
     gain = np.array(2.0)
 
@@ -197,12 +210,14 @@ def test_raw_buffer_read_through_frombuffer_changed_in_place(kind):
 # scalar arguments whose == hides a difference
 
 
+@pytest.mark.xfail(strict=True, reason=SIGNED_ZERO)
 def test_signed_zero_float_argument():
     g = engine.vmap(lambda x, s: x / s, in_dims=(0, None))
     _warm(g, X, 0.0)
     _after(g, X, -0.0)
 
 
+@pytest.mark.xfail(strict=True, reason=SIGNED_ZERO)
 def test_signed_zero_keyword_argument_of_grad():
     def loss(w, *, temperature):
         return (w / temperature).exp().sum()
@@ -213,18 +228,21 @@ def test_signed_zero_keyword_argument_of_grad():
     _after(g, w, temperature=-0.0)
 
 
+@pytest.mark.xfail(strict=True, reason=SIGNED_ZERO)
 def test_signed_zero_inside_a_tuple_argument():
     g = engine.vmap(lambda x, bounds: x / bounds[0] + bounds[1], in_dims=(0, None))
     _warm(g, X, (0.0, 1.0))
     _after(g, X, (-0.0, 1.0))
 
 
+@pytest.mark.xfail(strict=True, reason=SIGNED_ZERO)
 def test_signed_zero_complex_argument():
-    g = engine.vmap(lambda x, c: torch.view_as_real(x.to(torch.complex64) / c), in_dims=(0, None))
+    g = engine.vmap(lambda x, c: x / c.real + c.imag, in_dims=(0, None))
     _warm(g, X, complex(0.0, 0.0))
     _after(g, X, complex(-0.0, 0.0))
 
 
+@pytest.mark.xfail(strict=True, reason=SIGNED_ZERO)
 def test_signed_zero_numpy_float64_argument():
     g = engine.vmap(lambda x, s: x / s, in_dims=(0, None))
     _warm(g, X, np.float64(0.0), replay=False)
@@ -280,6 +298,7 @@ def shift(x):
 """
 
 
+@pytest.mark.xfail(strict=True, reason=MODULE_NOT_WALKED)
 def test_module_in_closure_function_attribute_replaced():
     helpers = _module("adv_helpers_closure", HELPERS_SRC)
 
@@ -292,6 +311,7 @@ def test_module_in_closure_function_attribute_replaced():
     _after(g, X)
 
 
+@pytest.mark.xfail(strict=True, reason=MODULE_NOT_WALKED)
 def test_module_in_closure_constant_rebound():
     helpers = _module("adv_helpers_const", HELPERS_SRC)
 
@@ -304,6 +324,7 @@ def test_module_in_closure_constant_rebound():
     _after(g, X)
 
 
+@pytest.mark.xfail(strict=True, reason=MODULE_NOT_WALKED)
 def test_module_as_default_argument_function_replaced():
     helpers = _module("adv_helpers_default", HELPERS_SRC)
 
@@ -316,6 +337,7 @@ def test_module_as_default_argument_function_replaced():
     _after(g, X)
 
 
+@pytest.mark.xfail(strict=True, reason=MODULE_NOT_WALKED)
 def test_module_held_by_a_config_object_function_replaced():
     helpers = _module("adv_helpers_attr", HELPERS_SRC)
 
@@ -340,6 +362,7 @@ def test_global_of_another_module_rebound():
     _after(g, X)
 
 
+@pytest.mark.xfail(strict=True, reason=GETATTR_OF_MODULE)
 def test_attribute_of_a_global_module_read_with_getattr():
     other = _module("adv_getattr_mod", HELPERS_SRC)
     globals()["_ADV_CFG"] = other
@@ -417,4 +440,435 @@ def test_closure_rebinding_through_a_nonlocal_setter():
     g = engine.vmap(f)
     _warm(g, X)
     set_temperature(0.25)
+    _after(g, X)
+
+
+NUMPY_DERIVED = (
+    "hole: an array computed by numpy in user code (operators, ufuncs, fancy indexing make no profiled "
+    "call) is copied into the graph as a constant; the source array's contents are not guarded"
+)
+
+
+@pytest.mark.xfail(strict=True, reason=NUMPY_DERIVED)
+@pytest.mark.parametrize("derive", ["operator", "ufunc", "fancy_index"])
+def test_numpy_array_derived_in_numpy_before_conversion(derive):
+    table = np.array([1.0, 2.0, 3.0, 4.0], dtype=np.float32)
+
+    def f(x):
+        if derive == "operator":
+            t = table * 2.0 + 1.0  # numpy arithmetic, then torch
+        elif derive == "ufunc":
+            t = np.exp(table)
+        else:
+            t = table[[3, 2, 1, 0]]
+        return x * torch.as_tensor(t)
+
+    g = engine.vmap(f)
+    _warm(g, X, replay=False)
+    table[:] = [-1.0, 0.5, 0.25, -3.0]
+    _after(g, X)
+
+
+# ------------------------------------------------------------------------------------------------
+# config objects: dataclasses, slots, properties, static and class methods
+
+
+@dataclasses.dataclass
+class _Cfg:
+    scale: float = 2.0
+    bias: float = 0.5
+
+
+@dataclasses.dataclass(frozen=True)
+class _FrozenCfg:
+    scale: float = 2.0
+
+
+@dataclasses.dataclass(slots=True)
+class _SlotsCfg:
+    scale: float = 2.0
+    weight: torch.Tensor | None = None
+
+
+class _PlainSlots:
+    __slots__ = ("scale",)
+
+    def __init__(self, scale):
+        self.scale = scale
+
+
+SLOTS = "hole: an object with __slots__ has no __dict__, so its attributes are not guarded"
+
+
+def test_mutable_dataclass_field_changed():
+    cfg = _Cfg()
+    g = engine.vmap(lambda x: x * cfg.scale + cfg.bias)
+    _warm(g, X)
+    cfg.bias = -1.0
+    _after(g, X)
+
+
+def test_frozen_dataclass_replaced_with_dataclasses_replace():
+    cfg = _FrozenCfg()
+
+    def f(x):
+        return x * cfg.scale
+
+    g = engine.vmap(f)
+    _warm(g, X)
+    cfg = dataclasses.replace(cfg, scale=-0.5)  # noqa: F841 (read by f through its cell)
+    _after(g, X)
+
+
+@pytest.mark.xfail(strict=True, reason=SLOTS)
+def test_slots_dataclass_field_changed():
+    cfg = _SlotsCfg()
+    g = engine.vmap(lambda x: x * cfg.scale)
+    _warm(g, X)
+    cfg.scale = 3.0
+    _after(g, X)
+
+
+@pytest.mark.xfail(strict=True, reason=SLOTS)
+def test_slots_dataclass_tensor_field_replaced():
+    cfg = _SlotsCfg(weight=torch.ones(4))
+    g = engine.vmap(lambda x: x * cfg.weight)
+    _warm(g, X)
+    cfg.weight = torch.full((4,), -2.0)
+    _after(g, X)
+
+
+@pytest.mark.xfail(strict=True, reason=SLOTS)
+def test_plain_slots_class_attribute_changed():
+    cfg = _PlainSlots(2.0)
+    g = engine.vmap(lambda x: x * cfg.scale)
+    _warm(g, X)
+    cfg.scale = 4.0
+    _after(g, X)
+
+
+def test_property_reading_instance_state():
+    class Schedule:
+        def __init__(self):
+            self.step = 0
+
+        @property
+        def temperature(self):
+            return 1.0 / (1 + self.step)
+
+    sched = Schedule()
+    g = engine.vmap(lambda x: (x / sched.temperature).softmax(-1))
+    _warm(g, X)
+    sched.step = 3
+    _after(g, X)
+
+
+def test_property_reading_a_global():
+    class Scaled:
+        @property
+        def factor(self):
+            return _PROP_FACTOR  # noqa: F821
+
+    globals()["_PROP_FACTOR"] = 2.0
+    obj = Scaled()
+    g = engine.vmap(lambda x: x * obj.factor)
+    try:
+        _warm(g, X)
+        globals()["_PROP_FACTOR"] = -7.0
+        _after(g, X)
+    finally:
+        del globals()["_PROP_FACTOR"]
+
+
+def test_staticmethod_and_classmethod_reading_a_class_attribute():
+    class Ops:
+        factor = 2.0
+
+        @staticmethod
+        def act(x):
+            return x.relu()
+
+        @classmethod
+        def scale(cls, x):
+            return x * cls.factor
+
+    g = engine.vmap(lambda x: Ops.scale(Ops.act(x)))
+    _warm(g, X)
+    Ops.factor = 0.25
+    _after(g, X)
+    Ops.act = staticmethod(torch.tanh)
+    _after(g, X)
+
+
+def test_base_class_attribute_changed_under_a_subclass_instance():
+    class Base:
+        eps = 1e-3
+
+        def norm(self, x):
+            return x / (x.abs().sum() + self.eps)
+
+    class Child(Base):
+        pass
+
+    obj = Child()
+    g = engine.vmap(obj.norm)
+    _warm(g, X)
+    Base.eps = 10.0
+    _after(g, X)
+
+
+def test_enum_switch_in_a_config_dict():
+    class Act(enum.Enum):
+        RELU = "relu"
+        TANH = "tanh"
+
+    cfg = {"act": Act.RELU}
+
+    def f(x):
+        return x.relu() if cfg["act"] is Act.RELU else x.tanh()
+
+    g = engine.vmap(f)
+    _warm(g, X)
+    cfg["act"] = Act.TANH
+    _after(g, X)
+
+
+def test_getattr_dispatch_object():
+    class Lazy:
+        def __init__(self):
+            self.table = {"w": torch.ones(4)}
+
+        def __getattr__(self, name):
+            return self.__dict__["table"][name]
+
+    lazy = Lazy()
+    g = engine.vmap(lambda x: x * lazy.w)
+    _warm(g, X)
+    lazy.table["w"] = torch.arange(4.0)
+    _after(g, X)
+
+
+# ------------------------------------------------------------------------------------------------
+# functools: partial, lru_cache, cached_property; default arguments
+
+
+def _scaled_loss(w, scale, *, offset):
+    return ((w * scale + offset) ** 2).sum()
+
+
+def test_partial_keywords_dict_mutated():
+    loss = functools.partial(_scaled_loss, scale=2.0, offset=1.0)
+    g = engine.grad(loss)
+    w = torch.tensor([0.5, -1.0, 2.0])
+    _warm(g, w)
+    loss.keywords["offset"] = -4.0  # a partial's keywords dict is mutable
+    _after(g, w)
+
+
+def test_partial_with_a_mutable_list_argument():
+    weights = [torch.ones(4)]
+    loss = functools.partial(lambda ws, x: sum(x * w for w in ws), weights)
+    g = engine.vmap(loss)
+    _warm(g, X)
+    weights.append(torch.full((4,), 3.0))
+    _after(g, X)
+
+
+def test_nested_partial_rebuilt_in_a_closure():
+    inner = functools.partial(_scaled_loss, offset=0.0)
+    holder = {"loss": functools.partial(inner, scale=1.0)}
+    g = engine.vmap(engine.grad(lambda w: holder["loss"](w)))
+    _warm(g, X)
+    holder["loss"] = functools.partial(inner, scale=-3.0)
+    _after(g, X)
+
+
+def test_lru_cached_helper_cleared_after_its_global_changed():
+    globals()["_LRU_N"] = 2
+
+    @functools.lru_cache(maxsize=None)
+    def basis():
+        return torch.arange(float(_LRU_N))  # noqa: F821
+
+    def f(x):
+        return x[: basis().numel()] * basis()
+
+    g = engine.vmap(f)
+    try:
+        _warm(g, X, replay=False)
+        globals()["_LRU_N"] = 3
+        basis.cache_clear()
+        _after(g, X)
+    finally:
+        del globals()["_LRU_N"]
+
+
+def test_cached_property_invalidated_by_del():
+    class Model:
+        def __init__(self):
+            self.n = 2
+
+        @functools.cached_property
+        def weight(self):
+            return torch.linspace(0, 1, 4) * self.n
+
+    m = Model()
+    g = engine.vmap(lambda x: x * m.weight)
+    _warm(g, X, replay=False)
+    m.n = 5
+    del m.weight  # the documented way to recompute a cached_property
+    _after(g, X)
+
+
+def test_mutable_default_list_mutated():
+    def f(x, history=[torch.ones(4)]):  # noqa: B006 (the classic mutable default)
+        return x * history[-1]
+
+    g = engine.vmap(f)
+    _warm(g, X)
+    f.__defaults__[0].append(torch.full((4,), -2.0))
+    _after(g, X)
+
+
+DEFAULTS_REBOUND = "hole: a function's __defaults__ / __kwdefaults__ are walked for their items, but rebinding them is not guarded"
+
+
+@pytest.mark.xfail(strict=True, reason=DEFAULTS_REBOUND)
+def test_function_defaults_rebound():
+    def f(x, scale=2.0):
+        return x * scale
+
+    g = engine.vmap(f)
+    _warm(g, X)
+    f.__defaults__ = (-1.0,)
+    _after(g, X)
+
+
+@pytest.mark.xfail(strict=True, reason=DEFAULTS_REBOUND)
+def test_keyword_only_default_changed():
+    def f(x, *, scale=2.0):
+        return x * scale
+
+    g = engine.vmap(f)
+    _warm(g, X)
+    f.__kwdefaults__["scale"] = -1.0
+    _after(g, X)
+
+
+# ------------------------------------------------------------------------------------------------
+# containers the function reads
+
+
+def test_list_of_tensors_appended_and_replaced():
+    layers = [torch.ones(4), torch.full((4,), 2.0)]
+
+    def f(x):
+        for w in layers:
+            x = (x * w).tanh()
+        return x
+
+    g = engine.vmap(f)
+    _warm(g, X)
+    layers.append(torch.full((4,), -1.0))
+    _after(g, X)
+    layers[0] = torch.zeros(4)
+    _after(g, X)
+
+
+def test_nested_hyperparameter_dict_mutated():
+    hp = {"opt": {"lr": 0.1, "wd": 0.0}, "clip": 1.0}
+
+    def f(w):
+        return (w - hp["opt"]["lr"] * w.sin()).clamp(-hp["clip"], hp["clip"]) - hp["opt"]["wd"] * w
+
+    g = engine.vmap(f)
+    _warm(g, X)
+    hp["opt"]["wd"] = 0.5
+    _after(g, X)
+    hp.update(clip=0.25)
+    _after(g, X)
+
+
+DEQUE = "hole: a collections.deque is not walked (not a list, no __dict__), so its items are not guarded"
+
+
+@pytest.mark.xfail(strict=True, reason=DEQUE)
+def test_deque_of_recent_tensors_rotated():
+    recent = collections.deque([torch.ones(4), torch.full((4,), 2.0)], maxlen=2)
+
+    def f(x):
+        return sum(x * w for w in recent)
+
+    g = engine.vmap(f)
+    _warm(g, X)
+    recent.append(torch.full((4,), -5.0))  # an EMA / replay-buffer style rotation
+    _after(g, X)
+
+
+DICT_VIEW = "hole: a dict view (d.values()) held by the function is not walked, so the dict behind it is not guarded"
+
+
+@pytest.mark.xfail(strict=True, reason=DICT_VIEW)
+def test_dict_values_view_over_a_mutated_dict():
+    state = {"a": torch.ones(4), "b": torch.full((4,), 2.0)}
+    weights = state.values()
+
+    def f(x):
+        return sum(x * w for w in weights)
+
+    g = engine.vmap(f)
+    _warm(g, X)
+    state["b"] = torch.full((4,), -3.0)
+    _after(g, X)
+
+
+def test_simple_namespace_config():
+    cfg = types.SimpleNamespace(scale=2.0, act=torch.relu)
+    g = engine.vmap(lambda x: cfg.act(x) * cfg.scale)
+    _warm(g, X)
+    cfg.act = torch.sigmoid
+    _after(g, X)
+
+
+# ------------------------------------------------------------------------------------------------
+# context the function reads that is not an object attribute
+
+
+def test_context_variable_changed_between_calls():
+    scale = contextvars.ContextVar("scale", default=2.0)
+    g = engine.vmap(lambda x: x * scale.get())
+    _warm(g, X, replay=False)
+    scale.set(-3.0)
+    _after(g, X)
+
+
+THREAD_LOCAL = "hole: a threading.local's attributes are guarded through the recording thread's __dict__ only"
+
+
+@pytest.mark.xfail(strict=True, reason=THREAD_LOCAL)
+def test_thread_local_config_read_from_another_thread():
+    local = threading.local()
+    local.scale = 2.0
+    g = engine.vmap(lambda x: x * local.scale)
+    _warm(g, X)
+    results = {}
+
+    def worker():
+        local.scale = -4.0  # the per-thread setting of this thread
+        results["got"] = g(X)
+        results["want"] = _eager(g, X)
+
+    t = threading.Thread(target=worker)
+    t.start()
+    t.join()
+    _exact(results["got"], results["want"])
+
+
+def test_environment_variable_read_by_the_function(monkeypatch):
+    import os
+
+    monkeypatch.setenv("ADV_SCALE", "2.0")
+    g = engine.vmap(lambda x: x * float(os.environ.get("ADV_SCALE", "1")))
+    _warm(g, X, replay=False)
+    monkeypatch.setenv("ADV_SCALE", "-0.5")
     _after(g, X)
