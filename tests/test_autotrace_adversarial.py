@@ -872,3 +872,285 @@ def test_environment_variable_read_by_the_function(monkeypatch):
     _warm(g, X, replay=False)
     monkeypatch.setenv("ADV_SCALE", "-0.5")
     _after(g, X)
+
+
+# ------------------------------------------------------------------------------------------------
+# notebooks hot-reloading code
+
+
+CODE_SWAP = "hole: a function's __code__ is not guarded, so an in-place code swap (IPython autoreload) replays the old code"
+
+
+@pytest.mark.xfail(strict=True, reason=CODE_SWAP)
+def test_function_code_swapped_in_place_as_autoreload_does():
+    def act(x):
+        return x.tanh()
+
+    def new_act(x):
+        return x.sigmoid() * 3.0
+
+    g = engine.vmap(lambda x: act(x) + 1.0)
+    _warm(g, X)
+    act.__code__ = new_act.__code__  # what IPython's autoreload does to every function of a reloaded module
+    _after(g, X)
+
+
+@pytest.mark.xfail(strict=True, reason=MODULE_NOT_WALKED)
+def test_module_reexecuted_in_place_as_importlib_reload_does():
+    source = "def scale(x):\n    return x * 2.0\n"
+    helpers = _module("adv_reload", source)
+    g = engine.vmap(lambda x: helpers.scale(x))
+    _warm(g, X)
+    exec(compile(source.replace("x * 2.0", "x - 2.0"), "<adv_reload>", "exec"), helpers.__dict__)
+    _after(g, X)
+
+
+# ------------------------------------------------------------------------------------------------
+# training loops mutating nn.Modules
+
+
+class _Net(nn.Module):
+    def __init__(self):
+        super().__init__()
+        torch.manual_seed(0)
+        self.lin = nn.Linear(4, 3)
+        self.act = nn.Tanh()
+        self.out = nn.Linear(3, 2)
+
+    def forward(self, x):
+        return self.out(self.act(self.lin(x)))
+
+
+def _frozen(model: nn.Module) -> nn.Module:
+    model.requires_grad_(False)
+    return model
+
+
+def test_parameters_updated_in_place_by_an_optimizer_step():
+    model = _Net()
+    params = {k: v.detach() for k, v in model.named_parameters()}  # share storage with the model
+
+    def loss(p, x, y):
+        return F.cross_entropy(torch.func.functional_call(model, p, (x[None],)), y[None])
+
+    per_sample = engine.vmap(engine.grad(loss), in_dims=(None, 0, 0))
+    opt = torch.optim.SGD(model.parameters(), lr=0.5)
+    y = torch.tensor([0, 1, 1])
+    _warm(per_sample, params, X, y)
+    for _ in range(3):
+        grads = per_sample(params, X, y)
+        for name, p in model.named_parameters():
+            p.grad = grads[name].mean(0)
+        opt.step()  # in place, under no_grad
+        _call(per_sample, params, X, y)
+    assert _replaying(per_sample)
+
+
+def test_parameter_add_under_no_grad_and_parameter_data_rebound():
+    model = _frozen(_Net())
+    g = engine.vmap(model)
+    _warm(g, X)
+    with torch.no_grad():
+        model.lin.weight.add_(1.0)
+    _call(g, X)
+    assert _replaying(g)
+    model.out.bias.data = torch.tensor([5.0, -5.0])  # `p.data = ...`: the same Parameter object
+    _after(g, X)
+    model.out.bias.data = torch.tensor([[1.0, 2.0]])  # and with another shape
+    _after(g, X)
+
+
+def test_requires_grad_toggled_on_parameters():
+    model = _frozen(_Net())
+    g = engine.vmap(model)
+    _warm(g, X)
+    model.lin.weight.requires_grad_(True)
+    for _ in range(AFTER):
+        got, want = g(X), _eager(g, X)
+        _exact(got, want)
+        assert got.requires_grad == want.requires_grad
+
+
+def test_model_converted_to_double_between_calls():
+    model = _frozen(_Net())
+    g = engine.vmap(model)
+    _warm(g, X)
+    model.double()
+    _after(g, X.double())
+    model.float()
+    _after(g, X)
+
+
+def test_batchnorm_running_stats_updated_by_a_training_forward():
+    model = nn.Sequential(nn.Linear(4, 4), nn.BatchNorm1d(4), nn.ReLU())
+    _frozen(model).eval()
+    g = engine.vmap(lambda x: model(x[None])[0])
+    _warm(g, X)
+    model.train()
+    model(torch.randn(16, 4) * 3 + 1)  # updates running_mean / running_var in place
+    model.eval()
+    _after(g, X)
+    model[1].eps = 0.5
+    _after(g, X)
+
+
+def test_train_eval_switch_turns_dropout_on():
+    model = _frozen(nn.Sequential(nn.Linear(4, 4), nn.Dropout(0.5), nn.Tanh()))
+    model.eval()
+    g = engine.vmap(lambda x: model(x[None])[0], randomness="same")
+    _warm(g, X)
+    model.train()
+    for seed in range(AFTER):
+        torch.manual_seed(seed)
+        want = _eager(g, X)
+        torch.manual_seed(seed)
+        _exact(g(X), want)
+
+
+def test_submodule_swapped_and_forward_replaced_on_the_instance():
+    model = _frozen(_Net())
+    g = engine.vmap(model)
+    _warm(g, X)
+    model.act = nn.GELU()
+    _after(g, X)
+
+    def forward(self, x):
+        return self.lin(x).relu().sum(-1, keepdim=True)
+
+    model.forward = types.MethodType(forward, model)
+    _after(g, X)
+
+
+def test_weights_tied_and_buffer_registered_between_calls():
+    class Tied(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.enc = nn.Linear(4, 4, bias=False)
+            self.dec = nn.Linear(4, 4, bias=False)
+            self.register_buffer("mask", torch.ones(4))
+
+        def forward(self, x):
+            return self.dec(self.enc(x) * self.mask)
+
+    torch.manual_seed(1)
+    model = _frozen(Tied())
+    g = engine.vmap(model)
+    _warm(g, X)
+    model.dec.weight = model.enc.weight  # tie
+    _after(g, X)
+    model.register_buffer("mask", torch.tensor([1.0, 0.0, 1.0, 0.0]))
+    _after(g, X)
+
+
+def test_module_list_grown_and_module_dict_entry_replaced():
+    class Stack(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.blocks = nn.ModuleList([nn.Linear(4, 4)])
+            self.heads = nn.ModuleDict({"a": nn.Linear(4, 2)})
+
+        def forward(self, x):
+            for block in self.blocks:
+                x = block(x).tanh()
+            return self.heads["a"](x)
+
+    torch.manual_seed(2)
+    model = _frozen(Stack())
+    g = engine.vmap(model)
+    _warm(g, X)
+    model.blocks.append(_frozen(nn.Linear(4, 4)))
+    _after(g, X)
+    model.heads["a"] = _frozen(nn.Linear(4, 2))
+    _after(g, X)
+
+
+def test_forward_pre_hook_with_kwargs_registered_and_removed():
+    model = _frozen(_Net())
+    g = engine.vmap(model)
+    _warm(g, X)
+    handle = model.lin.register_forward_pre_hook(lambda mod, args, kwargs: ((args[0] * -1.0,), kwargs), with_kwargs=True)
+    _after(g, X)
+    handle.remove()
+    _after(g, X)
+
+
+def test_parametrization_registered_then_its_state_changed():
+    import torch.nn.utils.parametrize as P
+
+    class Scale(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.factor = 2.0
+
+        def forward(self, w):
+            return w * self.factor
+
+    model = _frozen(_Net())
+    g = engine.vmap(model)
+    _warm(g, X)
+    scale = Scale()
+    P.register_parametrization(model.lin, "weight", scale)
+    _after(g, X)
+    scale.factor = -1.0
+    _after(g, X)
+    P.remove_parametrizations(model.lin, "weight", leave_parametrized=False)
+    _after(g, X)
+
+
+def test_layernorm_eps_and_elementwise_affine_weight_replaced():
+    ln = _frozen(nn.LayerNorm(4))
+    g = engine.vmap(engine.grad(lambda x: ln(x).pow(3).sum()))
+    _warm(g, X)
+    ln.eps = 2.0
+    _after(g, X)
+    ln.weight = nn.Parameter(torch.tensor([1.0, -1.0, 2.0, 0.5]), requires_grad=False)
+    _after(g, X)
+
+
+# ------------------------------------------------------------------------------------------------
+# monkeypatching torch
+
+
+LIBRARY_ATTR = (
+    "hole: attributes of library modules and classes (torch.nn.functional.gelu, nn.Linear.forward) are "
+    "not guarded, so monkeypatching them between calls replays the old function"
+)
+
+
+@pytest.mark.xfail(strict=True, reason=LIBRARY_ATTR)
+def test_monkeypatched_functional_used_by_user_code(monkeypatch):
+    g = engine.vmap(lambda x: F.gelu(x) * 2.0)
+    _warm(g, X)
+    monkeypatch.setattr(F, "gelu", lambda x, approximate="none": x.sigmoid())
+    _after(g, X)
+
+
+@pytest.mark.xfail(strict=True, reason=LIBRARY_ATTR)
+def test_monkeypatched_functional_used_inside_an_nn_module(monkeypatch):
+    model = _frozen(nn.Sequential(nn.Linear(4, 4), nn.GELU()))
+    g = engine.vmap(model)
+    _warm(g, X)
+    monkeypatch.setattr(F, "gelu", lambda x, approximate="none": x * 0.0 - 1.0)
+    _after(g, X)
+
+
+@pytest.mark.xfail(strict=True, reason=LIBRARY_ATTR)
+def test_monkeypatched_library_class_forward(monkeypatch):
+    model = _frozen(nn.Linear(4, 3))
+    g = engine.vmap(model)
+    _warm(g, X)
+    original = nn.Linear.forward
+    monkeypatch.setattr(nn.Linear, "forward", lambda self, x: original(self, x) * 10.0)  # a LoRA-style patch
+    _after(g, X)
+
+
+def test_user_class_forward_patched_on_the_class():
+    model = _frozen(_Net())
+    g = engine.vmap(model)
+    _warm(g, X)
+    original = _Net.forward
+    try:
+        _Net.forward = lambda self, x: original(self, x).neg()
+        _after(g, X)
+    finally:
+        _Net.forward = original
