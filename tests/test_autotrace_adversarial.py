@@ -1154,3 +1154,366 @@ def test_user_class_forward_patched_on_the_class():
         _after(g, X)
     finally:
         _Net.forward = original
+
+
+# ------------------------------------------------------------------------------------------------
+# random seeds and generators
+
+
+def test_manual_seed_before_each_call_gives_the_eager_draws_and_rng_state():
+    model = _frozen(nn.Sequential(nn.Linear(4, 4), nn.Dropout(0.3)))
+    g = engine.vmap(lambda x: model(x) + torch.randn(4), randomness="different")
+    for seed in (0, 0, 1, 2, 3, 3):
+        torch.manual_seed(seed)
+        want, want_next = _eager(g, X), torch.rand(2)
+        torch.manual_seed(seed)
+        got, got_next = g(X), torch.rand(2)
+        _exact(got, want)
+        _exact(got_next, want_next)  # the call drew as many numbers as the eager call
+    assert _replaying(g)
+
+
+def test_generator_closed_over_reseeded_before_each_call():
+    gen = torch.Generator().manual_seed(0)
+    g = engine.vmap(lambda x: x + torch.randn(4, generator=gen), randomness="same")
+    for seed in (5, 5, 5, 5, 6, 7):
+        gen.manual_seed(seed)
+        want, want_next = _eager(g, X), torch.rand(2, generator=gen)
+        gen.manual_seed(seed)
+        got, got_next = g(X), torch.rand(2, generator=gen)
+        _exact(got, want)
+        _exact(got_next, want_next)
+
+
+def test_generator_closed_over_keeps_advancing():
+    gen = torch.Generator().manual_seed(0)
+    twin = torch.Generator().manual_seed(0)
+    g = engine.vmap(lambda x: x * torch.rand(4, generator=gen), randomness="same")
+    ref = torch.func.vmap(lambda x: x * torch.rand(4, generator=twin), randomness="same")
+    for _ in range(WARM + AFTER):
+        _exact(g(X), ref(X))
+
+
+def test_generator_rebound_in_the_closure():
+    gen = torch.Generator().manual_seed(0)
+    g = engine.vmap(lambda x: x + torch.randn(4, generator=gen), randomness="same")
+
+    def same_draws():
+        state = gen.get_state()
+        want = _eager(g, X)
+        gen.set_state(state)
+        _exact(g(X), want)
+
+    for _ in range(WARM):
+        same_draws()
+    gen = torch.Generator().manual_seed(123)  # noqa: F841 (read by the lambda through its cell)
+    for _ in range(AFTER):
+        same_draws()
+
+
+def test_fork_rng_around_calls():
+    g = engine.vmap(lambda x: x * torch.rand(4), randomness="same")
+    outs = []
+    for _ in range(WARM + AFTER):
+        with torch.random.fork_rng():
+            torch.manual_seed(11)
+            outs.append(g(X))
+    torch.manual_seed(11)
+    want = _eager(g, X)
+    for out in outs:
+        _exact(out, want)
+
+
+# ------------------------------------------------------------------------------------------------
+# grad, inference and autocast modes, process-wide torch settings
+
+
+def test_grad_modes_around_calls():
+    g = engine.vmap(engine.grad(lambda w: (w.sin() * w).sum()))
+    _warm(g, X)
+    with torch.no_grad():
+        _after(g, X)
+    torch.set_grad_enabled(False)
+    try:
+        _after(g, X)
+    finally:
+        torch.set_grad_enabled(True)
+    _after(g, X)
+
+
+@pytest.mark.xfail(strict=True, reason=(
+    "engine bug (eager, not tracing): engine.grad under torch.inference_mode raises 'Cannot set "
+    "version_counter for inference tensor' (engine/transforms.py detaches its output) where torch.func.grad returns"
+))
+def test_grad_called_under_inference_mode_after_replay():
+    loss = lambda w: (w.sin() * w).sum()  # noqa: E731
+    g = engine.vmap(engine.grad(loss))
+    _warm(g, X)
+    with torch.inference_mode():
+        got, want = g(X), torch.func.vmap(torch.func.grad(loss))(X)
+    torch.testing.assert_close(got, want)
+    assert got.is_inference() == want.is_inference()
+
+
+def test_input_requiring_grad_after_replay_stays_differentiable():
+    g = engine.vmap(lambda x: x.sin() * 2.0)
+    _warm(g, X)
+    x = X.clone().requires_grad_(True)
+    got = g(x)
+    (gx,) = torch.autograd.grad(got.sum(), x)
+    _exact(gx, X.cos() * 2.0)
+
+
+def test_cpu_autocast_around_a_replayed_function():
+    w = torch.randn(4, 4)
+    g = engine.vmap(lambda x: x @ w)
+    _warm(g, X)
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        for _ in range(AFTER):
+            got, want = g(X), _eager(g, X)
+            assert got.dtype == want.dtype
+            _exact(got, want)
+
+
+def test_default_dtype_change_alters_a_constant_value():
+    g = engine.jacrev(lambda x: x * torch.full((4,), 1.0 / 3.0))  # the constant rounds per dtype
+    x = torch.ones(4, dtype=torch.float64)
+    try:
+        _warm(g, x)
+        torch.set_default_dtype(torch.float64)
+        _after(g, x)
+    finally:
+        torch.set_default_dtype(torch.float32)
+    _after(g, x)
+
+
+# ------------------------------------------------------------------------------------------------
+# captured tensors changed between calls
+
+
+def test_captured_tensor_metadata_changed_in_place():
+    w = torch.ones(4)
+    g = engine.vmap(lambda x: x[..., : w.shape[0]] * w)
+    _warm(g, X)
+    with torch.no_grad():
+        w.mul_(-2.0)  # values: read live by the replay
+    _call(g, X)
+    assert _replaying(g)
+    w.resize_(2)  # shape
+    _after(g, X)
+    w.set_(torch.arange(8.0)[::2])  # storage and strides
+    _after(g, X)
+    w.data = torch.tensor([1.0, 2.0, 3.0, 4.0], dtype=torch.float64)  # dtype
+    _after(g, X)
+
+
+def test_captured_tensor_requires_grad_toggled():
+    w = torch.ones(4)
+    g = engine.vmap(lambda x: x * w)
+    _warm(g, X)
+    w.requires_grad_(True)
+    for _ in range(AFTER):
+        got, want = g(X), _eager(g, X)
+        _exact(got, want)
+        assert got.requires_grad == want.requires_grad
+
+
+def test_global_tensor_rebound_to_another_dtype_and_device_placement():
+    g = engine.vmap(lambda x: x + _GLOBAL_BIAS)  # noqa: F821
+    globals()["_GLOBAL_BIAS"] = torch.ones(4)
+    try:
+        _warm(g, X)
+        globals()["_GLOBAL_BIAS"] = torch.ones(4, dtype=torch.float64) / 3
+        _after(g, X)
+    finally:
+        del globals()["_GLOBAL_BIAS"]
+
+
+def test_captured_tensor_conj_and_neg_views_swapped():
+    z = torch.tensor([1 + 2j, -3j, 0.5, 2 - 1j], dtype=torch.complex64)
+    holder = [z]
+    g = engine.vmap(lambda x: torch.view_as_real(x.to(torch.complex64) * holder[0]))
+    _warm(g, X)
+    holder[0] = z.conj()  # a lazy conjugate view of the same storage
+    _after(g, X)
+
+
+# ------------------------------------------------------------------------------------------------
+# the other transforms, with state changed under them
+
+
+def test_hessian_of_a_closure_over_a_rebound_tensor():
+    A = torch.tensor([[2.0, 0.5, 0.0, 0.0], [0.5, 1.0, 0.0, 0.0], [0.0, 0.0, 3.0, 1.0], [0.0, 0.0, 1.0, 1.0]])
+
+    def energy(x):
+        return 0.5 * x @ A @ x + (x ** 4).sum()
+
+    h = engine.hessian(energy)
+    x = torch.tensor([0.1, -0.2, 0.3, 0.4])
+    _warm(h, x)
+    A = A * 3.0  # noqa: F841 (read by energy through its cell)
+    _after(h, x)
+
+
+def test_jacfwd_with_a_config_dict_mutated():
+    cfg = {"power": 2}
+    j = engine.jacfwd(lambda x: x ** cfg["power"])
+    x = torch.tensor([0.5, -1.0, 2.0, 3.0])
+    _warm(j, x)
+    cfg["power"] = 3
+    _after(j, x)
+
+
+def test_grad_and_value_with_aux_reading_a_closure():
+    tag = {"lr": 0.1}
+
+    def loss(w):
+        value = (w ** 2).sum()
+        return value, {"lr": torch.tensor(tag["lr"]), "norm": w.norm()}
+
+    g = engine.grad_and_value(loss, has_aux=True)
+    w = torch.tensor([0.5, -1.0, 2.0])
+    _warm(g, w)
+    tag["lr"] = 0.01
+    _after(g, w)
+
+
+def test_inline_transform_in_a_loop_sees_a_rebound_closure():
+    scale = 2.0
+
+    def loss(w):
+        return (w * scale).sin().sum()
+
+    w = torch.tensor([0.5, -1.0, 2.0])
+    for s in (2.0, 2.0, 2.0, 2.0, 2.0, -1.0, -1.0, 0.0, -0.0):
+        scale = s
+        want = torch.func.grad(loss)(w)
+        _exact(engine.grad(loss)(w), _eager(engine.grad(loss), w))  # built inline, every iteration
+        torch.testing.assert_close(engine.grad(loss)(w), want)
+
+
+def test_inline_transform_of_a_lambda_redefined_each_iteration():
+    x = torch.tensor([0.5, -1.0, 2.0])
+    for k in (1.0, 1.0, 1.0, 1.0, 2.0, 3.0, 3.0):
+        g = engine.grad(lambda w: (w * k).cos().sum())  # a new lambda: a new function every time
+        _exact(g(x), _eager(g, x))
+
+
+# ------------------------------------------------------------------------------------------------
+# threads calling the same transformed function
+
+
+def test_threads_call_one_transformed_function_concurrently():
+    model = _frozen(_Net())
+    g = engine.vmap(engine.grad(lambda x: model(x).pow(2).sum()))
+    inputs = [torch.randn(3, 4, generator=torch.Generator().manual_seed(i)) for i in range(4)]
+    wants = [_eager(g, x) for x in inputs]
+    _warm(g, inputs[0])
+    errors = []
+    barrier = threading.Barrier(len(inputs))
+
+    def worker(i):
+        try:
+            barrier.wait()
+            for _ in range(WARM):
+                _exact(g(inputs[i]), wants[i])
+        except BaseException as err:  # noqa: BLE001 (reported below, in the main thread)
+            errors.append(err)
+
+    threads = [threading.Thread(target=worker, args=(i,)) for i in range(len(inputs))]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert not errors, errors
+
+
+def test_threads_with_their_own_grad_mode_and_shapes():
+    g = engine.vmap(lambda x: x.exp() - 1.0)
+    shapes = [(3, 4), (5, 4), (3, 4), (2, 2)]
+    inputs = [torch.linspace(-1, 1, math.prod(s)).reshape(s) for s in shapes]
+    for i, x in enumerate(inputs):  # every signature recorded first: the threads only replay
+        with torch.no_grad() if i % 2 else torch.enable_grad():
+            _warm(g, x)
+    errors = []
+    barrier = threading.Barrier(len(inputs))
+
+    def worker(i):
+        try:
+            with torch.no_grad() if i % 2 else torch.enable_grad():
+                barrier.wait()
+                for _ in range(WARM):
+                    _exact(g(inputs[i]), _eager(g, inputs[i]))
+        except BaseException as err:  # noqa: BLE001
+            errors.append(err)
+
+    threads = [threading.Thread(target=worker, args=(i,)) for i in range(len(shapes))]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert not errors, errors
+
+
+@pytest.mark.xfail(strict=True, reason=(
+    "hole: two threads recording graphs at once share torch.fx's global patcher (make_fx); when the first "
+    "to start finishes first, the other fails with 'CURRENT_PATCHER is None in finally block' (and its "
+    "patches were reverted mid-recording). Seen with 8 threads of different shapes calling one "
+    "engine.vmap(f) in 7 of 10 runs; made deterministic here with events"
+))
+def test_two_threads_recording_at_once_finish_out_of_order():
+    a_in, b_in, a_done = threading.Event(), threading.Event(), threading.Event()
+
+    def f(x):
+        if threading.current_thread().name == "A":
+            a_in.set()
+            b_in.wait(10)  # A records until B is recording too
+        else:
+            b_in.set()
+            a_done.wait(10)  # B records until A has finished
+        return x.sin()
+
+    traced = engine.trace(engine.vmap(f))  # the recording automatic tracing makes on a third call
+    inputs = {"A": torch.randn(3, 4), "B": torch.randn(5, 4)}
+    results = {}
+
+    def run():
+        name = threading.current_thread().name
+        try:
+            results[name] = traced(inputs[name])
+        except BaseException as err:  # noqa: BLE001
+            results[name] = err
+
+    a = threading.Thread(target=run, name="A")
+    b = threading.Thread(target=run, name="B")
+    a.start()
+    assert a_in.wait(10)
+    b.start()
+    a.join()
+    a_done.set()
+    b.join()
+    for name, x in inputs.items():
+        assert isinstance(results[name], torch.Tensor), results[name]
+        _exact(results[name], x.sin())
+
+
+def test_thread_switching_auto_tracing_off_does_not_disturb_another():
+    g = engine.vmap(lambda x: x * 3.0 + 1.0)
+    _warm(g, X)
+    errors = []
+
+    def worker(enabled):
+        try:
+            with engine.auto_tracing(enabled):
+                for _ in range(WARM):
+                    _exact(g(X), X * 3.0 + 1.0)
+        except BaseException as err:  # noqa: BLE001
+            errors.append(err)
+
+    threads = [threading.Thread(target=worker, args=(e,)) for e in (True, False, True, False)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert not errors, errors
+    assert _replaying(g)
