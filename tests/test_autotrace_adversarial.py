@@ -1517,3 +1517,194 @@ def test_thread_switching_auto_tracing_off_does_not_disturb_another():
         t.join()
     assert not errors, errors
     assert _replaying(g)
+
+
+# ------------------------------------------------------------------------------------------------
+# more values that look immutable, or that the guard cannot see into
+
+
+BUFFER_ITEM_READ = (
+    "hole: an element read by indexing (no profiled call) from an ndarray / array.array / bytearray / "
+    "memoryview is a Python scalar baked into the graph; the buffer's contents are not guarded"
+)
+
+
+@pytest.mark.xfail(strict=True, reason=BUFFER_ITEM_READ)
+@pytest.mark.parametrize("kind", ["ndarray", "array.array", "bytearray", "memoryview"])
+def test_scalar_read_by_indexing_a_buffer_changed_in_place(kind):
+    backing = bytearray([2, 3])
+    buf = {
+        "ndarray": np.array([2.0, 3.0]),
+        "array.array": array.array("d", [2.0, 3.0]),
+        "bytearray": backing,
+        "memoryview": memoryview(backing),
+    }[kind]
+
+    def f(x):
+        return x * buf[0] + buf[1]
+
+    g = engine.vmap(f)
+    _warm(g, X, replay=False)
+    buf[0] = 7  # a hyperparameter table updated in place
+    _after(g, X)
+
+
+class _Quantity(float):
+    """A float carrying a unit, as unit libraries and config systems make them."""
+
+    unit_scale = 1.0
+
+
+ATOM_SUBCLASS = (
+    "hole: an instance of a float subclass is keyed as an immutable atom by its float value, but its "
+    "instance attributes can change (and are not part of the key)"
+)
+
+
+@pytest.mark.xfail(strict=True, reason=ATOM_SUBCLASS)
+def test_float_subclass_argument_with_a_mutable_attribute():
+    step = _Quantity(0.5)
+    step.unit_scale = 1.0
+    g = engine.vmap(lambda x, s: x * s * s.unit_scale, in_dims=(0, None))
+    _warm(g, X, step)
+    step.unit_scale = 1000.0  # the same object, now in other units
+    _after(g, X, step)
+
+
+def test_object_class_swapped_and_model_list_attribute_item_changed():
+    class Relu:
+        def __call__(self, x):
+            return x.relu()
+
+    class Neg:
+        def __call__(self, x):
+            return -x
+
+    act = Relu()
+    scales = [1.0, 2.0]
+    g = engine.vmap(lambda x: act(x) * scales[0] + scales[1])
+    _warm(g, X)
+    act.__class__ = Neg
+    _after(g, X)
+    scales[0] = -0.0
+    _after(g, X)
+
+
+def test_distribution_argument_validation_after_replay():
+    from torch.distributions import Normal
+
+    scale = torch.tensor(1.0)
+    g = engine.vmap(lambda loc: Normal(loc, scale).log_prob(torch.tensor(0.5)))
+    loc = torch.tensor([0.1, -0.4, 2.0])
+    _warm(g, loc)
+    with torch.no_grad():
+        scale.fill_(-1.0)  # out of support: eager calls raise
+    for _ in range(AFTER):
+        with pytest.raises(ValueError, match="constraint"):
+            g(loc)
+    scale.fill_(0.5)
+    _after(g, loc)
+    Normal.set_default_validate_args(False)
+    try:
+        scale.fill_(-1.0)
+        _after(g, loc)  # no validation: nan like eager
+    finally:
+        Normal.set_default_validate_args(True)
+
+
+@pytest.mark.xfail(strict=True, reason=(
+    "engine bug (eager vmap, not tracing): the conjugate bit of a complex argument is dropped: "
+    "engine.vmap(lambda a: a * 2.0)(z.conj()) returns 2 * z where torch.func.vmap returns 2 * conj(z) "
+    "(every op tried: mul, exp, a + a; a.real raises in the view_as_real rule)"
+))
+def test_conjugate_view_argument_equals_torch_func():
+    z = torch.tensor([[1 + 2j, -3j], [0.5, 2 - 1j]], dtype=torch.complex64)
+    f = lambda a: (a * torch.tensor([2.0, -1.0])).exp()  # noqa: E731
+    g = engine.vmap(f)
+    for a in (z.conj(), z.conj(), z.conj(), z.conj(), z, z.conj().resolve_conj()):
+        _exact(g(a), torch.func.vmap(f)(a))  # same shape, dtype and layout; the conjugate bit set
+
+
+def test_non_contiguous_argument_after_replay():
+    g = engine.vmap(lambda a: a.cumsum(0) * a)
+    _warm(g, X)
+    _after(g, X.t().contiguous().t())  # other strides, same shape
+    _after(g, torch.linspace(-2, 2, 24).reshape(3, 8)[:, ::2])
+
+
+def test_torch_function_mode_entered_around_a_replayed_call():
+    from torch.overrides import TorchFunctionMode
+
+    class DoubleSin(TorchFunctionMode):
+        def __torch_function__(self, func, types, args=(), kwargs=None):
+            out = func(*args, **(kwargs or {}))
+            return out * 2 if func in (torch.sin, torch.Tensor.sin) else out
+
+    g = engine.vmap(lambda x: x.sin() + 1.0)
+    _warm(g, X)
+    with DoubleSin():
+        got = g(X)
+    with DoubleSin():
+        want = torch.func.vmap(lambda x: x.sin() + 1.0)(X)
+    torch.testing.assert_close(got, want)
+    _after(g, X)
+
+
+@pytest.mark.xfail(strict=True, reason=LIBRARY_ATTR)
+def test_monkeypatched_tensor_method(monkeypatch):
+    g = engine.vmap(lambda x: x.sin() * 2.0)
+    _warm(g, X)
+    monkeypatch.setattr(torch.Tensor, "sin", lambda self: torch.cos(self))
+    _after(g, X)
+
+
+def test_dispatch_table_of_helpers_reading_globals():
+    def _act(x):
+        return x * _TABLE_GAIN  # noqa: F821
+
+    table = {"act": _act}
+    globals()["_TABLE_GAIN"] = 2.0
+    g = engine.vmap(lambda x: table["act"](x).exp())
+    try:
+        _warm(g, X)
+        globals()["_TABLE_GAIN"] = -1.0
+        _after(g, X)
+    finally:
+        del globals()["_TABLE_GAIN"]
+
+
+def test_user_decorator_wrapping_the_loss():
+    def clipped(limit):
+        def deco(fn):
+            @functools.wraps(fn)
+            def wrapper(w):
+                return fn(w).clamp(max=limit["max"])
+
+            return wrapper
+
+        return deco
+
+    limit = {"max": 5.0}
+
+    @clipped(limit)
+    def loss(w):
+        return (w ** 2).sum()
+
+    g = engine.vmap(engine.grad(loss))
+    _warm(g, X)
+    limit["max"] = 0.5
+    _after(g, X)
+
+
+def test_profiler_installed_after_replay():
+    import cProfile
+
+    g = engine.vmap(engine.grad(lambda w: w.cos().sum()))
+    _warm(g, X)
+    prof = cProfile.Profile()
+    prof.enable()
+    try:
+        _after(g, X)
+    finally:
+        prof.disable()
+    _after(g, X)
