@@ -39,7 +39,6 @@ with `engine.auto_tracing(False)` (a context manager) or VMAPBENCH_AUTO_TRACE=0.
 from __future__ import annotations
 
 import functools
-import struct
 import threading
 import types
 from collections import OrderedDict
@@ -55,7 +54,7 @@ from engine._guards import _Depth, _State
 from engine.autoswitch import running
 from engine.errors import ReplayMismatchError
 from engine.guardstate import StateGuard, torch_globals
-from engine.trace import _PLAIN, TracedFunction, _fast_signature, _signature
+from engine.trace import _PLAIN, TracedFunction, _fast_signature, _signature, exact_value
 
 __all__ = ["AutoTraced", "auto_trace", "autotraced_state", "traced_transform", "transform_entry"]
 
@@ -203,7 +202,7 @@ def _difference(out: Any, ref: Any, exact: bool) -> str | None:
             problem = _tensor_difference(o.detach(), r.detach(), exact)
             if problem is not None:
                 return f"{where}: {problem}"
-        elif _exact_atom(o) != _exact_atom(r):
+        elif exact_value(o) != exact_value(r):
             return f"{where} is {o!r}, eager gives {r!r}"
     return None
 
@@ -228,19 +227,6 @@ def _tensor_difference(o: torch.Tensor, r: torch.Tensor, exact: bool) -> str | N
     bad = (~same).nonzero()[0].tolist()
     idx = tuple(bad)
     return f"first difference at index {idx}: {o[idx].item()!r} vs eager {r[idx].item()!r}"
-
-
-_PACK_DOUBLE = struct.Struct("<d").pack
-
-
-def _exact_atom(x: Any) -> Any:
-    """A key for a Python value that tells apart what `==` does not: 0.0 and -0.0, NaN payloads,
-    1, 1.0 and True (the type is part of it)."""
-    if isinstance(x, float):
-        return type(x), _PACK_DOUBLE(x)
-    if isinstance(x, complex):
-        return type(x), _PACK_DOUBLE(x.real), _PACK_DOUBLE(x.imag)
-    return type(x), x
 
 
 def _settings() -> tuple:
@@ -354,7 +340,7 @@ def _freeze(x: Any) -> Hashable:
     if isinstance(x, dict):
         return dict, tuple((_freeze(k), _freeze(v)) for k, v in x.items())
     if x is None or isinstance(x, (bool, int, float, complex, str)):
-        return _exact_atom(x)
+        return exact_value(x)
     raise TypeError(type(x).__name__)
 
 

@@ -12,15 +12,34 @@ read live by the replay). `holds()` compares the current state with the recorded
 (container sizes and tensor metadata by equality). User classes (not torch's or the engine's)
 are walked too: their attributes and methods.
 
+The rules, by class of state rather than by case:
+- **Scalars** are compared by identity here, and keyed by their exact bits where they are
+  arguments (engine.trace.exact_value): 0.0 and -0.0, NaN payloads, 1 and True never match.
+- **Memory other than tensors** (numpy arrays, bytearray, array.array, memoryview, anything with
+  the buffer protocol or `__array_interface__`) reached from the function is guarded by its
+  contents: a copy of its bytes, compared on every check, up to `MAX_BUFFER_BYTES`; a larger one,
+  or one whose bytes cannot be read (`__cuda_array_interface__`, object arrays), is unprovable.
+- **Attribute reads** through any object the function reaches are guarded: `__dict__` entries,
+  `__slots__` values, class attributes (properties, staticmethods and classmethods are followed
+  to their functions), functools.partial's arguments, and the attributes of Python modules
+  however reached (a global, a closure cell, a default, an attribute): every name the walked
+  user code reads (its co_names) that a reached module holds is guarded like a global.
+- **Tensors** reached are guarded by metadata (their values are read live by the replay).
+
 What it cannot see is refused rather than trusted: an iterator or generator reachable from the
-function (a replay would not advance it), or more reachable state than `MAX_ITEMS` (guarding it
-would cost more than the replay saves): `unprovable` names it, and the caller keeps eager.
-Python modules are not walked, but the attributes of user modules named by the code are guarded
-like globals (`config.SCALE`).
+function (a replay would not advance it), a buffer it cannot read or larger than the bound, or
+more reachable state than `MAX_ITEMS` (guarding it would cost more than the replay saves):
+`unprovable` names it, and the caller keeps eager.
+
+The check is made cheap by doing in C what can be: identities are read with map/chain over the
+guarded containers (no Python frame per item), tuples and frozensets are not re-read (immutable:
+their items are guarded where they can change), and the comparison is one `operator.is_` map.
 """
 from __future__ import annotations
 
+import array
 import functools
+import itertools
 import operator
 import types
 from typing import Any, Iterable
@@ -33,6 +52,7 @@ from engine.purity import _is_torch_or_engine
 __all__ = ["StateGuard"]
 
 MAX_ITEMS = 20000
+MAX_BUFFER_BYTES = 1 << 18  # a buffer (numpy array, bytearray, ...) guarded by content up to this size
 _LIBRARIES = frozenset({"torch", "engine", "functools", "builtins", "typing", "collections", "abc", "numpy", "math"})
 _EMPTY = object()
 _MODULE_DICTS = (
@@ -40,6 +60,9 @@ _MODULE_DICTS = (
     "_backward_pre_hooks", "_forward_hooks_with_kwargs", "_forward_pre_hooks_with_kwargs", "_forward_hooks_always_called",
 )
 _ATOMS = (int, float, bool, complex, str, bytes, type(None), torch.dtype, torch.device, torch.layout, torch.memory_format)
+_BUFFERS = (bytearray, memoryview, array.array)
+_DESCRIPTORS = (property, staticmethod, classmethod, functools.cached_property)
+_chain = itertools.chain.from_iterable
 
 
 def _code_names(code: types.CodeType) -> set[str]:
@@ -80,6 +103,8 @@ def _global_hook_dicts() -> list[dict]:
 class StateGuard:
     """Identity snapshot of the state reachable from `roots`; see the module docstring."""
 
+    _names_done = 0
+
     def __init__(self, roots: Iterable[Any], slots: Iterable[tuple[dict, str]] = ()) -> None:
         self.cells: list[types.CellType] = []
         self.names: list[tuple[dict, str]] = []  # (namespace dict, name)
@@ -87,23 +112,40 @@ class StateGuard:
         self.seqs: list[Any] = []  # lists/tuples/sets whose items are guarded
         self.tensors: list[torch.Tensor] = []
         self.objects: list[Any] = []  # whose class is guarded (a parametrization swaps a Module's class)
+        self.slotted: list[tuple[Any, str]] = []  # (object, slot name): `__slots__` attributes
+        self.buffers: list[tuple[Any, bytes]] = []  # (object exposing memory, its bytes when recorded)
         self.unprovable: str | None = None
         self._seen: set[int] = set()
         self._names_seen: set[tuple[int, str]] = set()
-        for namespace, name in slots:
-            self._name(namespace, name, [])
-        for d in _global_hook_dicts():
-            self._dict(d, [])
+        self._pymodules: list[types.ModuleType] = []  # Python modules reached, however
+        self._attr_names: set[str] = set()  # every name the walked user code reads
         stack = list(roots)
+        for namespace, name in slots:  # globals the run read: guarded, and what they hold walked
+            self._name(namespace, name, stack)
+        for d in _global_hook_dicts():
+            self._dict(d, stack)
+        done = 0
         while stack and self.unprovable is None:
-            self._visit(stack.pop(), stack)
-            if len(self._seen) > MAX_ITEMS:
-                self.unprovable = f"more than {MAX_ITEMS} objects of state are reachable from the function"
+            while stack and self.unprovable is None:
+                self._visit(stack.pop(), stack)
+                if len(self._seen) > MAX_ITEMS:
+                    self.unprovable = f"more than {MAX_ITEMS} objects of state are reachable from the function"
+            # Attribute reads through the modules reached: new modules or names may come from
+            # what these slots hold, so repeat until nothing new is reached.
+            for module in self._pymodules[done:] if len(self._attr_names) == self._names_done else self._pymodules:
+                self._module_attrs(module, stack)
+            done, self._names_done = len(self._pymodules), len(self._attr_names)
+        # dicts (OrderedDict too) first: their values are read by one C-level map of dict.values
+        self._dicts_checked = [d for d in self.dicts if isinstance(d, dict)] + [d for d in self.dicts if not isinstance(d, dict)]
+        self._plain_dicts = sum(isinstance(d, dict) for d in self.dicts)
+        self._seqs_checked = [q for q in self.seqs if not isinstance(q, (tuple, frozenset))]
+        self._namespaces = [ns for ns, _ in self.names]
+        self._keys = [name for _, name in self.names]
         self.recorded = self._read()
 
     # -- walking ------------------------------------------------------------------------------
 
-    def _name(self, namespace: dict, name: str, stack: list) -> None:
+    def _name(self, namespace: dict, name: str, stack: list, walk: bool = True) -> None:
         key = (id(namespace), name)
         if key in self._names_seen:
             return
@@ -112,16 +154,29 @@ class StateGuard:
         value = namespace.get(name, _EMPTY)
         if value is _EMPTY:
             return
-        if isinstance(value, types.ModuleType):
-            return
-        stack.append(value)
+        if walk or isinstance(value, types.ModuleType):
+            stack.append(value)
+
+    def _module_attrs(self, module: types.ModuleType, stack: list) -> None:
+        """Guard, like globals, the attributes of a reached module that the user code reads
+        (`helpers.scale`, `np.exp`, `config.SCALE`); a library's values are not walked."""
+        namespace = module.__dict__
+        walk = not _is_library(module) and module.__name__.split(".")[0] not in _LIBRARIES
+        for attr in sorted(self._attr_names.intersection(namespace)):
+            self._name(namespace, attr, stack, walk)
 
     def _dict(self, d: dict, stack: list) -> None:
+        if id(d) in self._seen:  # a Module's hook tables are reached both by name and as values
+            return
+        self._seen.add(id(d))
         self.dicts.append(d)
         stack.extend(d.values())
 
     def _visit(self, obj: Any, stack: list) -> None:
         if isinstance(obj, _ATOMS) or obj is None:
+            return
+        if isinstance(obj, dict):
+            self._dict(obj, stack)
             return
         if id(obj) in self._seen:
             return
@@ -129,13 +184,22 @@ class StateGuard:
         if isinstance(obj, torch.Tensor):
             self.tensors.append(obj)
             return
+        if isinstance(obj, types.ModuleType):
+            self._pymodules.append(obj)
+            return
+        if isinstance(obj, _DESCRIPTORS):  # a class attribute computed by a function
+            stack.extend(f for f in (getattr(obj, a, None) for a in ("fget", "fset", "fdel", "__func__", "func")) if f is not None)
+            return
+        if isinstance(obj, _BUFFERS) or hasattr(type(obj), "__array_interface__") or hasattr(type(obj), "__cuda_array_interface__"):
+            self._buffer(obj)
+            return
         if isinstance(obj, type):
             if not _is_library(obj):  # a user class: its attributes and methods (`Config.scale`)
                 self.dicts.append(obj.__dict__)
                 stack.extend(obj.__dict__.values())
                 stack.extend(b for b in obj.__bases__ if b is not object)
             return
-        if isinstance(obj, (types.ModuleType, types.BuiltinFunctionType, types.CodeType)):
+        if isinstance(obj, (types.BuiltinFunctionType, types.CodeType)):
             return
         if isinstance(obj, types.FunctionType):
             self._function(obj, stack)
@@ -172,6 +236,11 @@ class StateGuard:
         if isinstance(attrs, dict):
             self._dict(attrs, stack)
             self.objects.append(obj)
+        for name in _slot_names(type(obj)):
+            self.slotted.append((obj, name))
+            value = getattr(obj, name, _EMPTY)
+            if value is not _EMPTY:
+                stack.append(value)
         stack.append(type(obj))
         call = getattr(type(obj), "__call__", None)
         if isinstance(call, types.FunctionType) and not _is_library(call):
@@ -192,39 +261,64 @@ class StateGuard:
             return
         namespace = fn.__globals__
         names = _code_names(fn.__code__)
+        self._attr_names |= names
         for name in sorted(names):
-            if name not in namespace:
-                continue
-            self._name(namespace, name, stack)
-            value = namespace[name]
-            if isinstance(value, types.ModuleType) and not _is_library(value) and value.__name__.split(".")[0] not in _LIBRARIES:
-                for attr in sorted(names):  # `config.SCALE`: the attribute read through a user module
-                    if attr in value.__dict__:
-                        self._name(value.__dict__, attr, stack)
+            if name in namespace:
+                self._name(namespace, name, stack)
+
+    def _buffer(self, obj: Any) -> None:
+        """Memory a replay cannot watch change: guarded by a copy of its bytes, or unprovable."""
+        try:
+            view = memoryview(obj)
+        except (TypeError, ValueError):
+            self.unprovable = f"it reaches a {type(obj).__name__} whose memory cannot be read from the CPU, so a change of its contents would go unseen"
+            return
+        if view.nbytes > MAX_BUFFER_BYTES:
+            self.unprovable = (
+                f"it reaches a {type(obj).__name__} of {view.nbytes} bytes (more than {MAX_BUFFER_BYTES} to compare on every "
+                f"call); convert it to a tensor once, outside the function, so that a replay reads it live"
+            )
+            return
+        self.buffers.append((obj, view.tobytes()))
 
     # -- checking -----------------------------------------------------------------------------
 
     def _read(self) -> tuple[list, list]:
         idents: list[Any] = []
-        sizes: list[int] = []
         for cell in self.cells:
             try:
                 idents.append(cell.cell_contents)
             except ValueError:
                 idents.append(_EMPTY)
-        idents.extend([ns.get(name, _EMPTY) for ns, name in self.names])
-        for d in self.dicts:
-            sizes.append(len(d))
-            idents.extend(d)
-            idents.extend(d.values())
-        for s in self.seqs:
-            sizes.append(len(s))
-            idents.extend(s)
-        idents.extend([type(o) for o in self.objects])
-        return idents, [torch_globals(), *sizes, *[_tensor_meta(t) for t in self.tensors]]
+        idents += map(dict.get, self._namespaces, self._keys, itertools.repeat(_EMPTY))
+        dicts, seqs = self._dicts_checked, self._seqs_checked
+        idents += _chain(dicts)
+        plain = self._plain_dicts
+        idents += _chain(map(dict.values, dicts[:plain] if plain < len(dicts) else dicts))
+        idents += _chain(d.values() for d in dicts[plain:])
+        idents += _chain(seqs)
+        idents += map(type, self.objects)
+        idents += [getattr(o, name, _EMPTY) for o, name in self.slotted]
+        metas = [torch_globals(), *map(len, dicts), *map(len, seqs), *map(_tensor_meta, self.tensors)]
+        metas += [memoryview(o).tobytes() == recorded for o, recorded in self.buffers]
+        return idents, metas
 
     def holds(self) -> bool:
-        """Whether the state is as recorded (identity of every guarded value, tensor metadata)."""
+        """Whether the state is as recorded (identity of every guarded value, tensor metadata,
+        buffer contents)."""
         idents, metas = self._read()
         old_idents, old_metas = self.recorded
         return metas == old_metas and len(idents) == len(old_idents) and all(map(operator.is_, idents, old_idents))
+
+
+def _slot_names(cls: type) -> list[str]:
+    """The `__slots__` attributes of a user class (and its user bases), `__dict__`/`__weakref__` aside."""
+    names: list[str] = []
+    for klass in cls.__mro__:
+        if _is_library(klass) or klass is object:
+            continue
+        slots = klass.__dict__.get("__slots__", ())
+        for name in (slots,) if isinstance(slots, str) else slots:
+            if name not in ("__dict__", "__weakref__"):
+                names.append(f"_{klass.__name__.lstrip('_')}{name}" if name.startswith("__") and not name.endswith("__") else name)
+    return names

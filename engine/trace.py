@@ -35,6 +35,7 @@ from __future__ import annotations
 import contextlib
 import functools
 import operator
+import struct
 import time
 import traceback
 import warnings
@@ -75,6 +76,20 @@ class CacheInfo:
 # signatures
 
 
+_PACK_DOUBLE = struct.Struct("<d").pack
+
+
+def exact_value(x: Any) -> Hashable:
+    """A key of a Python value that tells apart what `==` and hash() do not: 0.0 and -0.0, NaN
+    payloads, 1, 1.0 and True (the type is part of it). A graph bakes a scalar argument in as a
+    constant, so two calls share a graph only where their scalars are the same bits."""
+    if isinstance(x, float):
+        return type(x), _PACK_DOUBLE(x)
+    if isinstance(x, complex):
+        return type(x), (_PACK_DOUBLE(x.real), _PACK_DOUBLE(x.imag))
+    return type(x), x
+
+
 def _leaf_key(x: Any) -> Hashable:
     if isinstance(x, torch.Tensor):
         return ("T", tuple(x.shape), x.dtype, x.device, x.requires_grad, x.layout)
@@ -85,7 +100,7 @@ def _leaf_key(x: Any) -> Hashable:
             f"engine.trace: a non-tensor argument of type {type(x).__name__} is not hashable, so calls cannot be "
             f"told apart by its value. Pass it as a tensor, close over it, or make it hashable (e.g. a tuple)."
         ) from None
-    return ("V", type(x), x)
+    return ("V", *exact_value(x))
 
 
 def _signature(args: tuple, kwargs: dict, strides: bool = False) -> tuple[Hashable, list, Any]:
@@ -106,7 +121,7 @@ def _signature(args: tuple, kwargs: dict, strides: bool = False) -> tuple[Hashab
 # keys imply equal full keys. So it records the positional arity, every container's exact type
 # (and a dict's keys in order), the keyword names, each leaf's kind, each tensor's shape, dtype,
 # device, requires_grad, layout (and strides when compiled code asserts them), each scalar's type
-# and value, and grad mode. Anything else (tensor subclasses other than Parameter, namedtuples,
+# and exact value (exact_value: the bits of a float), and grad mode. Anything else (tensor subclasses other than Parameter, namedtuples,
 # nesting, other leaf types) returns None and takes the full path. The leaves come out in
 # tree_flatten's order, so an entry's input positions apply to either.
 _FAST_TENSORS = frozenset({torch.Tensor, torch.nn.Parameter})
@@ -123,7 +138,7 @@ def _fast_leaf(x: Any, flat: list, strides: bool) -> Hashable | None:
         return (x.shape, x.dtype, x.device, x.requires_grad, x.layout)
     if t in _FAST_SCALARS:
         flat.append(x)
-        return (t, x)
+        return exact_value(x)
     return None
 
 
