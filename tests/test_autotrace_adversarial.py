@@ -780,7 +780,10 @@ def test_deque_of_recent_tensors_rotated():
     _after(g, X)
 
 
-DICT_VIEW = "hole: a dict view (d.values()) held by the function is not walked, so the dict behind it is not guarded"
+DICT_VIEW = (
+    "hole: a view over a mutable mapping (d.values(), types.MappingProxyType(d)) held by the function is "
+    "not walked, so the dict behind it is not guarded"
+)
 
 
 @pytest.mark.xfail(strict=True, reason=DICT_VIEW)
@@ -794,6 +797,16 @@ def test_dict_values_view_over_a_mutated_dict():
     g = engine.vmap(f)
     _warm(g, X)
     state["b"] = torch.full((4,), -3.0)
+    _after(g, X)
+
+
+@pytest.mark.xfail(strict=True, reason=DICT_VIEW)
+def test_read_only_mapping_proxy_over_a_mutated_config():
+    settings = {"scale": 2.0}
+    public = types.MappingProxyType(settings)  # the read-only view a config module exports
+    g = engine.vmap(lambda x: x * public["scale"])
+    _warm(g, X)
+    settings["scale"] = -1.0
     _after(g, X)
 
 
@@ -1710,3 +1723,101 @@ def test_python_random_drawn_through_a_builtin(how):
         got, got_next = g(X), random.random()
         _exact(got, want)
         assert got_next == want_next
+
+
+# ------------------------------------------------------------------------------------------------
+# state hanging off tensors and arrays, and names that did not exist when recorded
+
+
+TENSOR_ATTRS = (
+    "hole: a tensor reached is guarded by its metadata only: its Python attributes (`p.lr_scale`) and "
+    "its .grad (a new tensor after zero_grad(set_to_none) and backward) are not guarded"
+)
+
+
+@pytest.mark.xfail(strict=True, reason=TENSOR_ATTRS)
+def test_python_attribute_on_a_parameter_changed():
+    w = nn.Parameter(torch.ones(4), requires_grad=False)
+    w.lr_scale = 2.0  # per-parameter tags, as Megatron / optimizer param groups set them
+    g = engine.vmap(lambda x: x * w * w.lr_scale)
+    _warm(g, X)
+    w.lr_scale = -0.5
+    _after(g, X)
+
+
+@pytest.mark.xfail(strict=True, reason=TENSOR_ATTRS)
+def test_gradient_read_after_zero_grad_and_backward():
+    model = nn.Linear(4, 1)
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    precond = engine.vmap(lambda x: x * model.weight.grad[0])  # a gradient-preconditioned input
+
+    def step(scale):
+        opt.zero_grad()  # set_to_none: the next backward makes a new .grad tensor
+        (model(X).sum() * scale).backward()
+
+    step(1.0)
+    _warm(precond, X)
+    step(-3.0)
+    _after(precond, X)
+
+
+def test_parameter_read_through_data_after_data_rebound():
+    q = nn.Parameter(torch.ones(4), requires_grad=False)
+    g = engine.vmap(lambda x: x * q.data)
+    _warm(g, X)
+    q.data = torch.full((4,), 7.0)
+    _after(g, X)
+
+
+NUMPY_META = (
+    "hole: a numpy array is guarded by its bytes, not by its shape/dtype/strides: `arr.shape = ...` or "
+    "`arr.dtype = ...` in place keeps the bytes and the replay keeps the old view"
+)
+
+
+@pytest.mark.xfail(strict=True, reason=NUMPY_META)
+@pytest.mark.parametrize("change", ["shape", "dtype"])
+def test_numpy_array_reshaped_or_retyped_in_place(change):
+    arr = np.array([[1.0, 2.0], [3.0, 4.0]], dtype=np.float32)
+    g = engine.vmap(lambda x: x[:2] * torch.from_numpy(arr)[0].float())
+    _warm(g, X)
+    if change == "shape":
+        arr.shape = (4,)
+    else:
+        arr.dtype = np.int32
+    _after(g, X)
+
+
+BUILTIN_SHADOW = (
+    "hole: a name the code resolved from builtins when recorded is not guarded in the module's globals, "
+    "so a later global of that name (a notebook cell `def abs(...)`) is not seen"
+)
+
+
+def _uses_abs(x):
+    return x * abs(-2.0)
+
+
+@pytest.mark.xfail(strict=True, reason=BUILTIN_SHADOW)
+def test_global_defined_later_shadows_a_builtin():
+    g = engine.vmap(_uses_abs)
+    _warm(g, X)
+    globals()["abs"] = lambda v: v  # a notebook cell defines its own `abs`
+    try:
+        _after(g, X)
+    finally:
+        del globals()["abs"]
+
+
+def test_lazy_module_attribute_through_module_getattr():
+    lazy = _module("adv_lazy", (
+        "_values = {'SCALE': 2.0}\n"
+        "def __getattr__(name):\n"
+        "    if name in _values:\n"
+        "        return _values[name]\n"
+        "    raise AttributeError(name)\n"
+    ))
+    g = engine.vmap(lambda x: x * lazy.SCALE)  # PEP 562: computed on every read
+    _warm(g, X)
+    lazy._values["SCALE"] = -4.0
+    _after(g, X)
