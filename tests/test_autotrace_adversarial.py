@@ -17,6 +17,7 @@ import dataclasses
 import enum
 import functools
 import math
+import os
 import struct
 import threading
 import types
@@ -94,6 +95,18 @@ def _module(name: str, source: str) -> types.ModuleType:
 
 
 X = torch.linspace(-1.5, 2.0, 12).reshape(3, 4)
+VERIFY = os.environ.get("VMAPBENCH_AUTO_TRACE", "").lower() == "verify"  # the CI run with shadow verification
+
+VERIFY_GENERATOR = (
+    "verify-mode bug: shadow verification restores the global RNG state before its eager call but not a "
+    "torch.Generator the function draws from, so it reports a false ReplayMismatchError and advances the "
+    "generator twice per call"
+)
+ENGINE_THREADS = (
+    "engine bug (eager, not tracing): the transform depth is process-global (engine._guards._State, _Depth), "
+    "so engine.grad in one thread sees another thread's transform running and returns its result attached "
+    "to autograd (requires_grad=True; 46 of 48 calls with 8 threads), and _outermost() reads the same counters"
+)
 
 # Holes found: a replay returned a stale result (the xfail tests below are their minimal repros).
 GETATTR_OF_MODULE = (
@@ -1160,6 +1173,7 @@ def test_manual_seed_before_each_call_gives_the_eager_draws_and_rng_state():
     assert _replaying(g)
 
 
+@pytest.mark.xfail(VERIFY, strict=True, reason=VERIFY_GENERATOR)
 def test_generator_closed_over_reseeded_before_each_call():
     gen = torch.Generator().manual_seed(0)
     g = engine.vmap(lambda x: x + torch.randn(4, generator=gen), randomness="same")
@@ -1172,6 +1186,7 @@ def test_generator_closed_over_reseeded_before_each_call():
         _exact(got_next, want_next)
 
 
+@pytest.mark.xfail(VERIFY, strict=True, reason=VERIFY_GENERATOR)
 def test_generator_closed_over_keeps_advancing():
     gen = torch.Generator().manual_seed(0)
     twin = torch.Generator().manual_seed(0)
@@ -1181,6 +1196,7 @@ def test_generator_closed_over_keeps_advancing():
         _exact(g(X), ref(X))
 
 
+@pytest.mark.xfail(VERIFY, strict=True, reason=VERIFY_GENERATOR)
 def test_generator_rebound_in_the_closure():
     gen = torch.Generator().manual_seed(0)
     g = engine.vmap(lambda x: x + torch.randn(4, generator=gen), randomness="same")
@@ -1390,6 +1406,7 @@ def test_inline_transform_of_a_lambda_redefined_each_iteration():
 # threads calling the same transformed function
 
 
+@pytest.mark.xfail(VERIFY, strict=False, reason=ENGINE_THREADS + " (in verify mode: through the shadow eager calls, most runs)")
 def test_threads_call_one_transformed_function_concurrently():
     model = _frozen(_Net())
     g = engine.vmap(engine.grad(lambda x: model(x).pow(2).sum()))
@@ -1413,6 +1430,32 @@ def test_threads_call_one_transformed_function_concurrently():
     for t in threads:
         t.join()
     assert not errors, errors
+
+
+@pytest.mark.xfail(strict=True, reason=ENGINE_THREADS)
+def test_threads_calling_a_cold_grad_transform_get_torch_func_results():
+    model = _frozen(_Net())
+    loss = lambda x: model(x).pow(2).sum()  # noqa: E731
+    g = engine.vmap(engine.grad(loss))
+    inputs = [torch.randn(3, 4, generator=torch.Generator().manual_seed(i)) for i in range(8)]
+    wants = [torch.func.vmap(torch.func.grad(loss))(x) for x in inputs]
+    outs = [[] for _ in inputs]
+    barrier = threading.Barrier(len(inputs))
+
+    def worker(i):
+        barrier.wait()
+        for _ in range(WARM + AFTER - 1):  # first calls eager, concurrently; then replays
+            outs[i].append(g(inputs[i]))
+
+    threads = [threading.Thread(target=worker, args=(i,)) for i in range(len(inputs))]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    for want, got in zip(wants, outs):
+        for out in got:
+            torch.testing.assert_close(out, want)
+            assert not out.requires_grad  # as torch.func's: no graph kept
 
 
 def test_threads_with_their_own_grad_mode_and_shapes():
