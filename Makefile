@@ -38,8 +38,14 @@ venv: $(STAMP)
 
 peers: $(PEERS_STAMP)
 
+# When make started (read once, before the prerequisites install anything): bench.py prints the
+# install apart from the run.
+ifneq ($(filter bench,$(MAKECMDGOALS)),)
+BENCH_STARTED := $(shell date +%s.%N)
+endif
+
 bench: $(if $(filter 1,$(PEERS)),$(PEERS_STAMP),$(STAMP))
-	$(PY) -m vmapbench.bench
+	$(PY) -m vmapbench.bench $(if $(BENCH_STARTED),--started-at $(BENCH_STARTED))
 
 test: $(PEERS_STAMP)
 	$(PY) -m pytest $(PYTEST_ARGS)

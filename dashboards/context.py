@@ -1,18 +1,24 @@
-"""What the views share: the loaded results and the slices of them that several views use."""
+"""What the views share: the loaded results and the slices of them that several views use.
+
+The bottom of the dashboard's own layers: it imports the loaders, numbers.py and page.py below it
+and no module that reads a Context (dashboards.regressions, the views, the builder). A table that
+such a module derives and several views read (the step detector's regressions) is computed by its
+module and kept here with `Context.shared`, once per build.
+"""
 from __future__ import annotations
 
 from dataclasses import dataclass, field
 from functools import cached_property
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable, TypeVar
 
 import numpy as np
 import pandas as pd
 
 from dashboards.artifacts import CoverageReport, ProfileEntry
 from dashboards.loader import STAT_COLUMNS, ResultSet
-from dashboards.page import esc
-from dashboards.regressions import history_regressions
+from dashboards.numbers import cell_table
+from dashboards.page import esc, project_path
 
 FILE_COLUMNS = ["machine", "host", "run", "commit", "date", "env", "kind", "python"]
 TIME_METRIC = "time"
@@ -23,6 +29,7 @@ MEMORY_METRICS = {
     "cpu": ("rss_delta_bytes", "peakmem"),
 }
 THREAD_VARS = ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "TORCH_NUM_THREADS")
+T = TypeVar("T")
 
 
 @dataclass
@@ -96,8 +103,6 @@ class Context:
     def latest_cells(self) -> pd.DataFrame:
         """The figures of each run's latest commit (dashboards.numbers.cell_table): what the
         Overview and Peers pages print."""
-        from dashboards.numbers import cell_table
-
         return cell_table(self.latest_commit_rows)
 
     def of_commits(self, rows: pd.DataFrame, newest: int) -> pd.DataFrame:
@@ -150,10 +155,17 @@ class Context:
                 out = out * rows[column].fillna(1.0).astype(float)
         return out
 
+    def shared(self, compute: Callable[[Context], T]) -> T:
+        """`compute(self)`, computed on the first call and kept for this context (one build): how a
+        module above this one (e.g. dashboards.regressions.found_regressions) shares a costly table
+        between views without this module knowing it."""
+        if compute not in self._shared:
+            self._shared[compute] = compute(self)
+        return self._shared[compute]
+
     @cached_property
-    def regressions(self) -> pd.DataFrame:
-        """Step-detector regressions of the time metric (see dashboards.regressions)."""
-        return history_regressions(self)
+    def _shared(self) -> dict[Callable[[Context], Any], Any]:
+        return {}
 
     @cached_property
     def filters(self) -> dict[str, list[str]]:
@@ -209,7 +221,7 @@ class Context:
             rows.append(f"<li><b>{esc(name)}</b> — {'; '.join(parts)}</li>")
         loaded = len(self.results.files)
         skipped = len(self.results.skipped)
-        source = esc(self.results.results_dir) if self.results.results_dir else "?"
+        source = esc(project_path(self.results.results_dir)) if self.results.results_dir else "?"
         machines = f"<ul>{''.join(rows)}</ul>" if rows else ""
         return (f"<p>Results: <code>{source}</code> — {loaded} result files loaded"
                 f"{f', {skipped} skipped (see the warning above)' if skipped else ''}.</p>{machines}")

@@ -9,12 +9,27 @@ from __future__ import annotations
 
 import html
 import json
+import os
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any, Iterable
 
 import plotly.io as pio
 
 from dashboards.figures import BASE_LAYOUT
+
+PROJECT = Path(__file__).resolve().parents[1]
+
+
+def project_path(path: str | Path, project: Path = PROJECT) -> str:
+    """`path` as a page names it: relative to the project ('results') when it lies inside it, so a
+    page built on one machine does not carry that machine's folders; else as given."""
+    target = Path(path).resolve()
+    try:
+        return target.relative_to(project.resolve()).as_posix() or "."
+    except ValueError:
+        return os.fspath(path)
+
 
 # (file, nav title); the order of the navigation bar.
 PAGES: tuple[tuple[str, str], ...] = (

@@ -13,19 +13,16 @@ overview's box and of Compare is `commit_changes`: head/base with its interval, 
 from __future__ import annotations
 
 import math
-from typing import TYPE_CHECKING, Any, Iterable
+from typing import Any, Iterable
 
 import pandas as pd
 from asv.step_detect import detect_regressions, detect_steps
 
+from dashboards.context import TIME_METRIC, Context
 from dashboards.numbers import estimate_columns, floor_of, judge
 from vmapbench import stats
 from workloads.base import ENGINE_METHODS
 
-if TYPE_CHECKING:
-    from dashboards.context import Context
-
-TIME_METRIC = "time"
 # Commits per machine the history and its regression search cover (the newest).
 HISTORY_COMMITS = 60
 REGRESSION_COLUMNS = ["machine", "benchmark", "workload", "size", "method", "device", "metric",
@@ -46,7 +43,7 @@ def find_steps(values: list[float], threshold: float) -> list[tuple[int, int, fl
             if a is not None and b is not None and vb > va * (1 + threshold)]
 
 
-def history_regressions(ctx: "Context", metrics: tuple[str, ...] = (TIME_METRIC, "ratio_vs_torch_func"),
+def history_regressions(ctx: Context, metrics: tuple[str, ...] = (TIME_METRIC, "ratio_vs_torch_func"),
                         methods: Iterable[str] = ENGINE_METHODS,
                         max_commits: int = HISTORY_COMMITS) -> pd.DataFrame:
     """Regressions the step detector finds in `metrics` (lower is better) of `methods` over each
@@ -86,19 +83,25 @@ def history_regressions(ctx: "Context", metrics: tuple[str, ...] = (TIME_METRIC,
     return pd.DataFrame(found, columns=REGRESSION_COLUMNS)
 
 
-def commit_pair(ctx: "Context", machine: str) -> tuple[str, str] | None:
+def found_regressions(ctx: Context) -> pd.DataFrame:
+    """history_regressions with its defaults, computed once per build (History and the Overview's
+    changes box both read it): the one table of regressions the pages show."""
+    return ctx.shared(history_regressions)
+
+
+def commit_pair(ctx: Context, machine: str) -> tuple[str, str] | None:
     """(previous, latest) commit of a run by commit date, or None with fewer than two."""
     commits = ctx.commits.get(machine, [])
     return (commits[-2], commits[-1]) if len(commits) >= 2 else None
 
 
-def floors(ctx: "Context", rows: pd.DataFrame) -> dict[str, float]:
+def floors(ctx: Context, rows: pd.DataFrame) -> dict[str, float]:
     """benchmark -> its noise floor (stats.noise_floor) on the host of `rows` (one run)."""
     host = str(rows["host"].iloc[0]) if len(rows) else ""
     return {b: floor_of(b, host, ctx.results.results_dir) for b in rows["benchmark"].unique()}
 
 
-def commit_changes(ctx: "Context", machine: str, base: str, head: str) -> pd.DataFrame:
+def commit_changes(ctx: Context, machine: str, base: str, head: str) -> pd.DataFrame:
     """Every benchmark value of run `machine` at both commits, with its change head/base
     (numbers.change) and verdict (stats.verdict beyond the benchmark's noise floor; 'not judged'
     for metrics never called, like RSS deltas, and for ratios with a zero base). Compare shows
@@ -121,11 +124,11 @@ def commit_changes(ctx: "Context", machine: str, base: str, head: str) -> pd.Dat
     return both.assign(verdict=verdicts, ratio=ratios, ratio_lo=los, ratio_hi=his)
 
 
-def latest_changes(ctx: "Context") -> list[dict[str, Any]]:
+def latest_changes(ctx: Context) -> list[dict[str, Any]]:
     """Per run with two commits: what its latest commit changed, by the verdicts of
     commit_changes (the counts Compare shows for the same pair)."""
     out = []
-    regressions = ctx.regressions
+    regressions = found_regressions(ctx)
     for machine in sorted(ctx.latest_commits):
         pair = commit_pair(ctx, machine)
         if pair is None:

@@ -173,6 +173,9 @@ def _base_value(attr: str, w: SyntheticWorkload, size: str, method: str, device:
     raise KeyError(attr)
 
 
+ROUND_TRACKS = ("track_speedup_vs_loop", "track_ratio_vs_torch_func")
+
+
 def _nulls(values: list[float]) -> list[float | None]:
     """NaN -> None, as asv writes statistics of a skipped case."""
     return [None if v != v else v for v in values]
@@ -260,12 +263,18 @@ def write_results(out_dir: str | Path, *, commits: int = 3, machines: int = 2, s
                     v = v * time_scale
                 row: list[Any] = [v.tolist(), spec["params"], benchmarks[name]["version"],
                                   date + 3_600_000, round(float(rng.uniform(1, 5)), 3)]
-                if spec["type"] == "time":
+                # The suite's in-process ratios are recorded round by round, as asv records a
+                # timing's samples (suite.workload_pass): stats and samples like a time's.
+                rounds = samples and quick and name.rsplit(".", 1)[1] in ROUND_TRACKS
+                if spec["type"] == "time" or rounds:
                     for factor in (0.97, 1.04, 0.99, 1.02):
                         row.append(_nulls((v * factor).tolist()))
-                    row.extend([_nulls(np.where(np.isnan(v), np.nan, 10.0).tolist())] * 2)
-                    if samples and quick:
-                        row.append([None if x != x else [x * (1 + 0.01 * k) for k in (-1, 0, 1, 2)]
+                    number, repeat = (1.0, 7.0) if rounds else (10.0, 10.0)
+                    row.append(_nulls(np.where(np.isnan(v), np.nan, number).tolist()))
+                    row.append(_nulls(np.where(np.isnan(v), np.nan, repeat).tolist()))
+                    if samples and quick:  # a ratio's rounds centred on it: asv stores their median
+                        steps = (-2, -1, 0, 1, 2) if rounds else (-1, 0, 1, 2)
+                        row.append([None if x != x else [x * (1 + 0.01 * k) for k in steps]
                                     for x in v.tolist()])
                 results[name] = row
             data = {

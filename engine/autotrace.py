@@ -59,6 +59,7 @@ from engine.trace import _PLAIN, TracedFunction, _fast_signature, _signature, ex
 __all__ = ["AutoTraced", "auto_trace", "autotraced_state", "traced_transform", "transform_entry"]
 
 _SEEN, _REPLAY, _EAGER = "seen", "replay", "eager"
+shadow_checks = 0  # replays compared with their eager call by shadow verification, in this process
 _MAX_SIGNATURES = 256
 _ATOM_OUTPUTS = (int, float, bool, complex, str, type(None), torch.dtype, torch.device)
 
@@ -162,12 +163,16 @@ class AutoTraced:
         """Shadow verification: the replay, then the eager call from the same random state, compared
         (exactly; within the dtype's default tolerance where the result came from a fused program).
         The replay's result is returned; the eager call is not counted in `eager_calls`."""
+        if not self._will_replay(args, kwargs, fast):  # the recording run or an eager run: nothing to compare
+            return running(self.traced._call, args, kwargs, fast)
         rng = torch.get_rng_state()
         out = running(self.traced._call, args, kwargs, fast)
         fused = bool(getattr(self.traced, "last_call_fused", False))
         torch.set_rng_state(rng)
         ref = running(self.fn, *args, **kwargs)
         problem = _difference(out, ref, exact=not fused)
+        global shadow_checks
+        shadow_checks += 1
         if problem is not None:
             raise ReplayMismatchError(
                 f"engine.auto_tracing(verify=True): the {'fused program' if fused else 'replay'} of "
@@ -176,6 +181,18 @@ class AutoTraced:
                 f"run with engine.auto_tracing(False) (VMAPBENCH_AUTO_TRACE=0) to get eager results meanwhile."
             )
         return out
+
+
+    def _will_replay(self, args: tuple, kwargs: dict, fast: Any) -> bool:
+        """Whether the traced call will replay a recorded graph (not record one, nor run eagerly
+        because its graph writes into its inputs: running such a function twice would not be a
+        shadow, it would write twice)."""
+        traced = self.traced
+        if fast is not None:
+            entry = traced._fast.get(fast[0])
+        else:
+            entry = traced._cache.get(_signature(args, kwargs, traced._strides)[0])
+        return entry is not None and not entry.eager and entry.first is None
 
 
 def _describe(key: Any) -> str:

@@ -38,6 +38,7 @@ their items are guarded where they can change), and the comparison is one `opera
 from __future__ import annotations
 
 import array
+import enum
 import functools
 import itertools
 import operator
@@ -135,13 +136,15 @@ class StateGuard:
             for module in self._pymodules[done:] if len(self._attr_names) == self._names_done else self._pymodules:
                 self._module_attrs(module, stack)
             done, self._names_done = len(self._pymodules), len(self._attr_names)
-        # dicts (OrderedDict too) first: their values are read by one C-level map of dict.values
-        self._dicts_checked = [d for d in self.dicts if isinstance(d, dict)] + [d for d in self.dicts if not isinstance(d, dict)]
-        self._plain_dicts = sum(isinstance(d, dict) for d in self.dicts)
+        self._plain = [d for d in self.dicts if isinstance(d, dict)]  # dicts, OrderedDicts: version tags
+        self._others = [d for d in self.dicts if not isinstance(d, dict)]  # classes' mappingproxies
         self._seqs_checked = [q for q in self.seqs if not isinstance(q, (tuple, frozenset))]
         self._namespaces = [ns for ns, _ in self.names]
         self._keys = [name for _, name in self.names]
         self.recorded = self._read()
+        self._versions = _dict_versions(self._plain)
+        self._tensor_guard = _tensor_guard(self.tensors)
+        self._fast_misses = 0
 
     # -- walking ------------------------------------------------------------------------------
 
@@ -283,32 +286,117 @@ class StateGuard:
 
     # -- checking -----------------------------------------------------------------------------
 
-    def _read(self) -> tuple[list, list]:
-        idents: list[Any] = []
+    def _read(self) -> tuple[list, ...]:
+        """The guarded state now, by group (see holds)."""
+        cells = []
         for cell in self.cells:
             try:
-                idents.append(cell.cell_contents)
+                cells.append(cell.cell_contents)
             except ValueError:
-                idents.append(_EMPTY)
-        idents += map(dict.get, self._namespaces, self._keys, itertools.repeat(_EMPTY))
-        dicts, seqs = self._dicts_checked, self._seqs_checked
-        idents += _chain(dicts)
-        plain = self._plain_dicts
-        idents += _chain(map(dict.values, dicts[:plain] if plain < len(dicts) else dicts))
-        idents += _chain(d.values() for d in dicts[plain:])
-        idents += _chain(seqs)
-        idents += map(type, self.objects)
-        idents += [getattr(o, name, _EMPTY) for o, name in self.slotted]
-        metas = [torch_globals(), *map(len, dicts), *map(len, seqs), *map(_tensor_meta, self.tensors)]
-        metas += [memoryview(o).tobytes() == recorded for o, recorded in self.buffers]
-        return idents, metas
+                cells.append(_EMPTY)
+        plain, others = self._plain, self._others
+        return (
+            [torch_globals(), *map(len, others), *map(len, self._seqs_checked)],
+            cells,
+            list(map(dict.get, self._namespaces, self._keys, itertools.repeat(_EMPTY))),
+            [*map(len, plain), *_chain(plain), *_chain(map(dict.values, plain))],
+            [*_chain(others), *_chain(d.values() for d in others), *_chain(self._seqs_checked),
+             *map(type, self.objects), *(getattr(o, n, _EMPTY) for o, n in self.slotted)],
+            list(map(_tensor_meta, self.tensors)),
+        )
 
     def holds(self) -> bool:
-        """Whether the state is as recorded (identity of every guarded value, tensor metadata,
-        buffer contents)."""
-        idents, metas = self._read()
-        old_idents, old_metas = self.recorded
-        return metas == old_metas and len(idents) == len(old_idents) and all(map(operator.is_, idents, old_idents))
+        """Whether the state is as recorded: every guarded value the same object, container sizes,
+        tensor metadata and buffer contents equal.
+
+        The dicts (a Module's parameter, buffer, submodule and hook tables, `__dict__`s, captured
+        dicts) and the tensors' metadata, the bulk of a model's state, are checked first by their
+        version tags and by torch's C++ tensor guard (the one torch.compile's guards run on): a
+        dict's version tag moves on every write into it, so an unchanged tag proves unchanged
+        contents without reading them. Where a tag moved, the contents are compared by identity (a
+        write that restored what was there, as torch.func.functional_call does, still holds), and
+        the tags are taken anew; a guard whose tags keep moving stops using them. The rest is
+        compared group by group, stopping at the first difference, by C-level maps."""
+        if self._versions is not None and list(map(_dict_version, self._plain)) == self._versions and self._tensors_hold():
+            return self._holds(full=False)
+        if not self._holds(full=True):
+            return False
+        if self._versions is not None:
+            self._fast_misses += 1
+            self._versions = list(map(_dict_version, self._plain)) if self._fast_misses < _FAST_MISSES else None
+        return True
+
+    def _tensors_hold(self) -> bool:
+        if self._tensor_guard is not None:
+            return self._tensor_guard.check(self.tensors)
+        return list(map(_tensor_meta, self.tensors)) == self.recorded[-1]
+
+    def _holds(self, full: bool) -> bool:
+        sizes, cells, names, plain_entries, items, metas = self.recorded
+        plain, others, seqs = self._plain, self._others, self._seqs_checked
+        if sizes[0] != torch_globals() or not all(map(operator.eq, map(len, itertools.chain(others, seqs)), sizes[1:])):
+            return False
+        try:
+            same = all(map(operator.is_, map(_cell_contents, self.cells), cells))
+        except ValueError:  # a cell is empty (emptied, or empty when recorded): compare one by one
+            same = all(map(operator.is_, self._read()[1], cells))
+        if not same:
+            return False
+        if not all(map(operator.is_, map(dict.get, self._namespaces, self._keys, itertools.repeat(_EMPTY)), names)):
+            return False
+        if full:
+            if not all(map(operator.eq, map(len, plain), plain_entries)):
+                return False
+            now = itertools.chain(_chain(plain), _chain(map(dict.values, plain)))
+            if not all(map(operator.is_, now, itertools.islice(plain_entries, len(plain), None))):
+                return False
+            if metas and list(map(_tensor_meta, self.tensors)) != metas:
+                return False
+        now = itertools.chain(_chain(others), _chain(d.values() for d in others), _chain(seqs),
+                              map(type, self.objects), (getattr(o, n, _EMPTY) for o, n in self.slotted))
+        if not all(map(operator.is_, now, items)):
+            return False
+        return all(memoryview(o).tobytes() == recorded for o, recorded in self.buffers)
+
+
+class _ManagerKind(enum.Enum):  # torch._dynamo.guards.GuardManagerType, without importing Dynamo
+    GUARD_MANAGER = 1
+
+
+_FAST_MISSES = 3  # tag changes that restored the same contents, before a guard stops using tags
+_dict_version = getattr(getattr(torch._C._dynamo, "guards", None), "dict_version", None)
+
+
+def _dict_versions(dicts: list[dict]) -> list[int] | None:
+    """The version tags of `dicts`, or None where this torch/Python does not expose them (or they
+    do not move on a write: checked once)."""
+    if _dict_version is None:
+        return None
+    probe: dict = {}
+    before = _dict_version(probe)
+    probe[0] = 0
+    if _dict_version(probe) == before:
+        return None
+    return list(map(_dict_version, dicts))
+
+
+def _tensor_guard(tensors: list[torch.Tensor]) -> Any:
+    """torch's C++ guard manager over `tensors`' metadata (type, dispatch keys, dtype, device,
+    requires_grad, sizes, strides), or None where this torch has none (Python compares then)."""
+    if not tensors:
+        return None
+    try:
+        root = torch._C._dynamo.guards.RootGuardManager()
+        for i, t in enumerate(tensors):
+            root.list_getitem_manager(i, f"tensor[{i}]", t, _ManagerKind.GUARD_MANAGER).add_tensor_match_guard(
+                t, list(t.shape), list(t.stride()), f"tensor[{i}]", [f"tensor[{i}]"], None, type(t), torch._C._dispatch_keys(t)
+            )
+        return root if root.check(tensors) else None
+    except (AttributeError, TypeError, RuntimeError):
+        return None
+
+
+_cell_contents = operator.attrgetter("cell_contents")
 
 
 def _slot_names(cls: type) -> list[str]:

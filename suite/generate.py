@@ -2,7 +2,9 @@
 
 A generated class subclasses a hand-written base (its setup and metric functions) and adds the
 workload, its full parameter grid (size, method, device) and, per metric function, the asv
-``skip_params`` of the grid points where that metric does not apply (`selection.METRICS`).
+``skip_params`` of the grid points where that metric does not apply (`selection.METRICS`). A
+metric function marked with `case_setup(workload, size, method, device)` gets it as its own asv
+setup (run after the class's, in that metric's processes only).
 Subclass names come from `selection.class_name`, so no workload is listed anywhere by hand.
 """
 from __future__ import annotations
@@ -15,12 +17,20 @@ from workloads.base import Workload
 from .selection import ALL_DEVICES, class_names, metrics_of, skipped_params
 
 
-def _with_skips(func: Callable[..., Any], skips: list[tuple[str, str, str]]) -> Callable[..., Any]:
+def _with_skips(func: Callable[..., Any], skips: list[tuple[str, str, str]], workload: Workload) -> Callable[..., Any]:
     @functools.wraps(func)  # keeps the source (asv versions a benchmark by it) and the `unit`
     def metric(self: Any, *params: Any) -> Any:
         return func(self, *params)
 
     metric.skip_params = skips  # type: ignore[attr-defined]
+    case_setup = getattr(func, "case_setup", None)
+    if case_setup is not None:
+        # asv runs a benchmark function's own `setup` after its class's, in that metric's process
+        # only: the case is built there, and not in the processes of the metrics that need none.
+        def setup(size: str, method: str, device: str) -> None:
+            case_setup(workload, size, method, device)
+
+        metric.setup = setup  # type: ignore[attr-defined]
     return metric
 
 
@@ -40,6 +50,6 @@ def workload_classes(base: type, module: str, workloads: Iterable[Workload] | No
             "param_names": ["size", "method", "device"],
         }
         for metric in metrics:
-            namespace[metric.name] = _with_skips(getattr(base, metric.name), skipped_params(workload, metric))
+            namespace[metric.name] = _with_skips(getattr(base, metric.name), skipped_params(workload, metric), workload)
         classes[name] = type(name, (base,), namespace)
     return classes

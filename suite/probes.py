@@ -22,7 +22,7 @@ import tempfile
 import threading
 import time
 from contextlib import contextmanager
-from typing import Any, Callable, Iterator, Mapping
+from typing import Any, Callable, Iterable, Iterator, Mapping
 
 import torch
 
@@ -80,9 +80,9 @@ def require_method(method: str) -> None:
         raise NotImplementedError(f"{method} needs engine.{attr}, which this commit does not have")
 
 
-def setup_case(workload: Any, size: str, method: str, device: str) -> Any:
-    """Common setup of a generated benchmark: pin threads, skip cases outside the active profile or
-    methods the installed engine lacks (NotImplementedError: asv reports a skip), build the state."""
+def check_case(workload: Any, size: str, method: str, device: str) -> None:
+    """Pin threads; skip cases outside the active profile or methods the installed engine or peers
+    lack (NotImplementedError: asv reports a skip)."""
     from . import selection
 
     pin_threads()
@@ -90,6 +90,11 @@ def setup_case(workload: Any, size: str, method: str, device: str) -> Any:
     if reason is not None:
         raise NotImplementedError(reason)
     require_method(method)
+
+
+def setup_case(workload: Any, size: str, method: str, device: str) -> Any:
+    """Common setup of a generated benchmark: `check_case`, then build the state."""
+    check_case(workload, size, method, device)
     return workload.setup(workload.params(size), device)
 
 
@@ -242,15 +247,24 @@ def fresh_inductor_cache() -> Iterator[str]:
         shutil.rmtree(folder, ignore_errors=True)
 
 
-def preload() -> None:
-    """Pay, once, the lazy imports that every first call would otherwise pay in its own process.
+def preload(methods: Iterable[str] | None = None, device: str = "cpu") -> list[str]:
+    """Pay, once, the process's one-time costs that a method's first call would otherwise pay.
 
-    asv's fork server imports the suite once and forks a process per benchmark; without this,
-    each process spent seconds importing torch._dynamo, TorchInductor and torch.func's internals
-    (the engine and torch.func import them on their first call). The warm-up calls use 3-element
-    tensors, so no intra-op worker threads exist yet when asv forks. An engine that fails here is
-    left alone: the benchmarks that use it report its error.
+    Those are lazy imports (torch._dynamo, TorchInductor, sympy, torch.func's internals, the peers'
+    packages, jax) and the first use of a transform. Whichever method runs first in a process
+    would be charged for them: `vmapbench run W -m a,b` showed a's first call seconds slower than
+    with `-m b,a`. Returns what it warmed, in order, for the caller to say so.
+
+    `methods=None` is the ASV suite's warm-up: asv's fork server imports the suite once and forks
+    a process per benchmark, so everything paid here is paid once, not in each process. It warms
+    torch, every installed peer and the engine, but not jax: XLA's thread pools would not survive
+    the fork. The warm-up calls use 3-element tensors, so no intra-op worker threads exist yet
+    when asv forks. Given the methods (the CLI, which does not fork), it warms what those need,
+    jax included. An engine or peer that fails here is left alone: the methods that use it report
+    the error.
     """
+    wanted = None if methods is None else set(methods)
+    warmed = ["torch._dynamo", "torch._inductor", "torch.func"]
     import torch._dynamo  # noqa: F401
     import torch._inductor.compile_fx  # noqa: F401
     import torch.func
@@ -261,15 +275,49 @@ def preload() -> None:
         return (t.sin() * t).sum()
 
     torch.func.hessian(f)(x)
-    try:  # Opacus and BackPACK imports (seconds each); a commit from before the peers has none
-        from workloads.peers import preload as preload_peers
-    except ImportError:
-        pass
-    else:
-        preload_peers()
-    try:
-        import engine
+    warmed += _preload_peers(wanted)
+    if wanted is None or any(m.startswith("engine") for m in wanted):
+        try:
+            import engine
 
-        engine.hessian(f)(x)
-    except Exception:  # noqa: BLE001 - reported by the benchmarks that use the engine
-        pass
+            engine.hessian(f)(x)
+            warmed.append("engine")
+        except Exception:  # noqa: BLE001 - reported by the benchmarks that use the engine
+            pass
+    if wanted is not None and "jax" in wanted:
+        warmed += _preload_jax(device)
+    return warmed
+
+
+def _preload_peers(methods: set[str] | None) -> list[str]:
+    """Import the peer packages of `methods` (None: every installed one); their names.
+
+    Names from workloads.peers, not workloads.base, so that the suite imports against commits
+    from before the peers."""
+    try:  # a commit from before the peers has none
+        from workloads.peers import PACKAGES, PeerUnavailable, check_available
+    except ImportError:
+        return []
+    done: list[str] = []
+    for method, package in PACKAGES.items():
+        if (methods is None or method in methods) and package not in done:
+            try:
+                check_available(method)
+                done.append(package)
+            except PeerUnavailable:  # the method reports it as skipped
+                pass
+    return done
+
+
+def _preload_jax(device: str) -> list[str]:
+    """Import jax (threads configured as the jax method does) and make one jitted call."""
+    try:
+        from workloads.peers.jax_methods import load_jax
+
+        jax = load_jax(device)
+        import jax.numpy as jnp
+
+        jax.jit(jax.grad(lambda v: (jnp.sin(v) * v).sum()))(jnp.linspace(0.1, 0.3, 3)).block_until_ready()
+    except (ImportError, NotImplementedError):  # the jax method reports it as skipped
+        return []
+    return ["jax"]

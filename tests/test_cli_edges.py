@@ -70,3 +70,66 @@ def test_run_method_opacus_means_every_opacus_mode_the_workload_has() -> None:
     assert expand_method(lstm, "opacus") == ["opacus_ew"]
     hessian = workloads.get("logreg_hessian")  # no Opacus method: the name stays, and is refused as unknown
     assert expand_method(hessian, "opacus") == ["opacus"]
+
+
+def test_run_pays_the_one_time_imports_before_measuring_any_method(monkeypatch, capsys):
+    """Issue 28.5: the warm-up (suite.probes.preload, given the chosen methods) runs before the
+    first method's first call, whatever the order of -m; the output says what it paid."""
+    import sys
+
+    from vmapbench.bench import suite_module
+    from workloads import get
+
+    probes = suite_module("probes")
+    events: list[tuple] = []
+    real_preload, workload = probes.preload, get("mlp_hvp")
+    real_prepare = type(workload).prepare
+
+    def preload(methods, device="cpu"):
+        events.append(("warm-up", tuple(methods), device))
+        return real_preload(methods, device)
+
+    def prepare(self, method, state):
+        events.append(("first call", method, "torch._dynamo" in sys.modules))
+        return real_prepare(self, method, state)
+
+    monkeypatch.setattr(probes, "preload", preload)
+    monkeypatch.setattr(type(workload), "prepare", prepare)
+    for order in (["torch_func", "engine"], ["engine", "torch_func"]):
+        events.clear()
+        assert main(["run", "mlp_hvp", "-m", ",".join(order), "--repeat", "1", "--warmup", "1", "--no-memory"]) == 0
+        assert events == [("warm-up", tuple(order), "cpu"), *[("first call", m, True) for m in order]]
+        out = capsys.readouterr().out
+        assert "warm-up:" in out and "torch._dynamo" in out and "engine" in out.split("warm-up:")[1]
+
+
+def test_warm_up_pays_only_what_the_methods_need():
+    from vmapbench.bench import suite_module
+
+    preload = suite_module("probes").preload
+    assert preload(["loop", "torch_func"]) == ["torch._dynamo", "torch._inductor", "torch.func"]
+    assert preload(["loop", "engine_traced"])[-1] == "engine"
+
+
+def test_run_verify_checks_the_engines_replays_and_fails_a_mismatch(monkeypatch, capsys):
+    """`vmapbench run W --verify`: the engine's replays are shadow-verified (issue 25); a planted
+    wrong replay is a failed method, with ReplayMismatchError named."""
+    from engine import autotrace
+
+    monkeypatch.setattr("vmapbench.cmd_run.warm_up", lambda methods, device, console: None)
+    args = ["run", "logreg_hessian", "-m", "engine", "--repeat", "2", "--warmup", "3", "--no-memory", "--verify"]
+    assert main(args) == 0
+    out = capsys.readouterr().out
+    checked = int(out.split("verify: ")[1].split(" replays")[0])
+    assert checked >= 2 and "no mismatch" in out
+
+    real = autotrace.AutoTraced._shadow
+
+    def planted(self, args, kwargs, fast, key):  # a replay that is off by a little
+        out = real(self, args, kwargs, fast, key)
+        raise autotrace.ReplayMismatchError(f"planted: {type(out).__name__}")
+
+    monkeypatch.setattr(autotrace.AutoTraced, "_shadow", planted)
+    assert main(args) != 0
+    out = capsys.readouterr().out
+    assert "ReplayMismatchError" in out and "a mismatch" in out

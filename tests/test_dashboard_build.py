@@ -145,3 +145,26 @@ def test_rebuild_refreshes_pages_and_keeps_one_plotly_copy(tmp_path: Path) -> No
     build_dashboard(FIXTURE, out)
     assert "stale" not in read(out, "index.html")
     assert len(list(out.rglob("plotly*.js"))) == 1
+
+
+def test_footers_name_the_results_folder_relative_to_the_project(built) -> None:
+    _, out = built
+    for page in PAGE_FILES:
+        footer = read(out, page).split('<footer class="vb-footer">', 1)[1]
+        assert "Results: <code>tests/fixtures/asv_results</code>" in footer, page
+        assert str(REPO) not in footer, page
+
+
+def test_every_ratio_cell_has_its_interval_where_the_suite_recorded_rounds(tmp_path: Path) -> None:
+    """The suite records its in-process ratios round by round (suite.workload_pass): every speedup
+    and engine ÷ torch.func cell of the Overview then shows its interval, as the gate's table does."""
+    from dashboards.synthetic import write_results
+
+    write_results(tmp_path / "results", commits=2, machines=1, extras=False)
+    build_dashboard(tmp_path / "results", tmp_path / "out")
+    text = (tmp_path / "out" / "index.html").read_text(encoding="utf-8")
+    table = text.split("Speedups at the latest commit", 1)[1]
+    cells = re.findall(r'<span class="vb-fig"[^>]*>([^<]*)</span>', table)
+    assert cells and all(re.search(r"× \[.+×, .+×\]$", c) for c in cells), cells
+    engine_cells = re.findall(r"<td[^>]*>(\d[^<]*×[^<]*)</td>", table)
+    assert engine_cells and all("[" in c for c in engine_cells), engine_cells

@@ -2,12 +2,17 @@
 agrees with the torch loop in float64, a compiled workload's jax is the same program as its eager
 twin's, jax.jit's compile time is a metric in the compiled family, and the quick profile leaves
 these jax methods out (their import and jit would cost seconds per benchmark process there).
+The twins live in the workload modules, and importing the registry still does not import jax.
 
 Float32 checks are elsewhere: tests/test_workloads.py (every method at the first size) and
 tests/test_user_workloads.py (the tutorials' other formulations and tasks). tests/test_jax_method.py
 checks every jax workload at its first size in float64; this file adds the sizes that change the
 program (the other NTK formulation, the other ensemble task)."""
 from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
 
 import pytest
 import torch
@@ -42,12 +47,27 @@ def test_compiled_workloads_time_their_eager_twins_jax_program(compiled: str, ea
 
 
 def test_the_ntk_twin_refuses_an_unknown_formulation() -> None:
-    from workloads.peers import jax_models
+    from workloads import tutorials
 
     w = workloads.get("tutorial_ntk")
     inputs = w.setup(w.params("formulation=jacobian,examples=2"), "cpu").inputs
     with pytest.raises(ValueError, match="unknown NTK formulation 'hessian'"):
-        jax_models.tutorial_ntk({**inputs, "formulation": "hessian"})
+        tutorials.tutorial_ntk_jax({**inputs, "formulation": "hessian"})
+
+
+def test_importing_the_registry_does_not_import_jax() -> None:
+    """The twins sit in the workload modules, yet jax (~1 s) is imported only when a jax method is
+    built: listing workloads or running the torch methods never pays for it."""
+    code = ("import sys, workloads; w = workloads.get('psg_mlp'); w.setup({'batch': 8}, 'cpu').fn('loop')(); "
+            "assert not [m for m in sys.modules if m == 'jax' or m.startswith('jax.')], 'jax was imported'")
+    subprocess.run([sys.executable, "-c", code], check=True, cwd=Path(__file__).resolve().parents[1])
+
+
+def test_a_twin_run_before_jax_is_imported_says_how_to_build_it() -> None:
+    from workloads.peers.jax_methods import Deferred
+
+    with pytest.raises(RuntimeError, match="used before jax was imported.*with_jax"):
+        Deferred("not_a_module_anyone_imported").tanh
 
 
 def test_quick_profile_leaves_the_new_jax_twins_out(monkeypatch: pytest.MonkeyPatch) -> None:

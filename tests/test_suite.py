@@ -139,24 +139,70 @@ def test_generated_classes_cover_the_registry():
                 assert getattr(cls, metric.name).skip_params == selection.skipped_params(w, metric)
 
 
+def asv_setup(case: Any, metric: str, *params: str) -> None:
+    """The setups asv runs before `metric`: the class's, then the metric function's own, if any."""
+    case.setup(*params)
+    own = getattr(getattr(type(case), metric), "setup", None)
+    if own is not None:
+        own(*params)
+
+
 def test_steady_state_metrics_on_a_throwaway_workload(quick_profile):
-    from suite import bench_workloads
+    from suite import bench_workloads, workload_pass
 
     (cls,) = generate.workload_classes(bench_workloads._SteadyState, "bench_workloads", [_tiny_workload()]).values()
     case = cls()
-    case.setup("n=4", "torch_func", "cpu")
-    case.time_run("n=4", "torch_func", "cpu")
-    case.peakmem_run("n=4", "torch_func", "cpu")
+    for metric in ("time_run", "peakmem_run"):
+        asv_setup(case, metric, "n=4", "torch_func", "cpu")
+        getattr(case, metric)("n=4", "torch_func", "cpu")
+    asv_setup(case, "track_rss_delta_bytes", "n=4", "torch_func", "cpu")
     assert case.track_rss_delta_bytes("n=4", "torch_func", "cpu") >= 0
     speedup = case.track_speedup_vs_loop("n=4", "torch_func", "cpu")
-    assert math.isfinite(speedup) and speedup > 0
-    case.setup("n=4", "closed_form", "cpu")
-    ratio = case.track_ratio_vs_torch_func("n=4", "closed_form", "cpu")
-    assert math.isfinite(ratio) and ratio > 0
+    # Round by round, in the form asv stores a timing's samples: their median is the value.
+    assert speedup["number"] == 1 and len(speedup["samples"]) >= 3
+    assert all(math.isfinite(s) and s > 0 for s in speedup["samples"])
+    asv_setup(case, "track_ratio_vs_torch_func", "n=4", "closed_form", "cpu")
+    ratio = case.track_ratio_vs_torch_func("n=4", "closed_form", "cpu")["samples"]
+    assert all(math.isfinite(r) and r > 0 for r in ratio)
+    # The figures of the pass (one per round) are the track's samples.
+    passed = workload_pass._PASSES[("tiny-cubic", "n=4", "cpu", ("closed_form", "torch_func"))]
+    assert ratio == [c / t for c, t in zip(passed.seconds["closed_form"], passed.seconds["torch_func"])]
     # skip_params: where a metric does not apply, asv never calls it.
     assert ("n=4", "loop", "cpu") in cls.track_speedup_vs_loop.skip_params
     assert ("n=4", "torch_func", "cpu") in cls.track_ratio_vs_torch_func.skip_params
     assert ("n=4", "torch_func", "cpu") in cls.track_cuda_peak_bytes.skip_params
+
+
+def test_only_the_metrics_that_time_the_case_build_it_in_their_process(quick_profile):
+    """The track metrics' processes read the case's pass; only time_run and peakmem_run (and the
+    cuda ones) build the case and make the first call, in their own asv setup."""
+    from suite import bench_first_call, bench_workloads
+
+    (cls,) = generate.workload_classes(bench_workloads._SteadyState, "bench_workloads", [_tiny_workload()]).values()
+    def own_setups(klass: type) -> set[str]:
+        return {n for n in dir(klass) if n.startswith(("time_", "track_", "peakmem_"))
+                and callable(getattr(getattr(klass, n), "setup", None))}
+
+    own = own_setups(cls)
+    assert own == {"time_run", "peakmem_run", "track_cuda_peak_bytes", "track_nvml_peak_bytes"}
+    (first,) = generate.workload_classes(bench_first_call._FirstCall, "bench_first_call", [_tiny_workload()]).values()
+    assert own_setups(first) == {"track_compile_seconds"}
+
+
+def test_a_pass_is_kept_in_the_runs_folder_and_measures_every_method_once(quick_profile, tmp_path, monkeypatch):
+    from suite import workload_pass
+
+    monkeypatch.setattr(workload_pass, "_PASSES", {})
+    w = _tiny_workload("tiny-kept")
+    alone = workload_pass.case_pass(w, "n=4", "cpu", ("closed_form", "torch_func"))
+    assert set(alone.seconds) == {"closed_form", "torch_func"}  # no run folder: only what is needed
+    monkeypatch.setenv(workload_pass.PASS_DIR_ENV, str(tmp_path))
+    first = workload_pass.case_pass(w, "n=4", "cpu", ("loop",))
+    (kept,) = tmp_path.glob("pass-*.json")
+    monkeypatch.setattr(workload_pass, "_PASSES", {})  # another process of the same run
+    monkeypatch.setattr(workload_pass, "measure_case", lambda *a: pytest.fail("measured again"))
+    assert workload_pass.case_pass(w, "n=4", "cpu", ("closed_form",)) == first
+    assert set(first.seconds) == {"loop", "torch_func", "closed_form"} and "functional_vectorize" in first.errors
 
 
 def test_setup_skips_cases_outside_the_profile(quick_profile, monkeypatch):
@@ -171,7 +217,11 @@ def test_setup_skips_cases_outside_the_profile(quick_profile, monkeypatch):
     cls().setup("n=8", "loop", "cpu")
     if not torch.cuda.is_available():
         with pytest.raises(NotImplementedError, match="cuda"):
-            cls().setup("n=4", "loop", "cuda")
+            asv_setup(cls(), "time_run", "n=4", "loop", "cuda")
+        case = cls()
+        asv_setup(case, "track_rss_delta_bytes", "n=4", "loop", "cuda")  # reads the pass: no state built
+        with pytest.raises(probes.SkipNotImplemented, match="cuda is not available"):
+            case.track_rss_delta_bytes("n=4", "loop", "cuda")
 
 
 def test_not_implemented_first_call_fails_but_a_missing_engine_api_skips(quick_profile, monkeypatch):
@@ -179,7 +229,11 @@ def test_not_implemented_first_call_fails_but_a_missing_engine_api_skips(quick_p
 
     (cls,) = generate.workload_classes(bench_workloads._SteadyState, "bench_workloads", [_tiny_workload()]).values()
     with pytest.raises(RuntimeError, match="first call raised NotImplementedError"):
-        cls().setup("n=4", "functional_vectorize", "cpu")
+        asv_setup(cls(), "time_run", "n=4", "functional_vectorize", "cpu")
+    case = cls()
+    asv_setup(case, "track_rss_delta_bytes", "n=4", "functional_vectorize", "cpu")
+    with pytest.raises(RuntimeError, match="first call raised NotImplementedError"):
+        case.track_rss_delta_bytes("n=4", "functional_vectorize", "cpu")
     import engine
 
     monkeypatch.delattr(engine, "trace", raising=False)
@@ -193,7 +247,7 @@ def test_first_call_metrics_on_a_throwaway_workload(quick_profile):
 
     (cls,) = generate.workload_classes(bench_first_call._FirstCall, "bench_first_call", [_tiny_workload()]).values()
     case = cls()
-    case.setup("n=4", "torch_func", "cpu")
+    asv_setup(case, "track_compile_seconds", "n=4", "torch_func", "cpu")
     assert case.track_compile_seconds("n=4", "torch_func", "cpu") > 0
     try:
         count = case.track_fallbacks("n=4", "torch_func", "cpu")
@@ -340,10 +394,12 @@ def test_asv_run_smoke_records_a_result_we_read_back(tmp_path):
     subprocess.run([*asv, "machine", "--yes", "--machine", "smoke", "--config", str(tmp_path / "asv.conf.json")],
                    cwd=tmp_path, env=env, check=True, capture_output=True)
     name, point = _cheapest_quick_point()
+    ratio_name = name.replace(".time_run", ".track_ratio_vs_torch_func")
     proc = subprocess.run(
         [*asv, "run", "--config", str(tmp_path / "asv.conf.json"), "--environment", f"existing:{sys.executable}",
-         "--set-commit-hash", commit, "--machine", "smoke", "--quick", "--show-stderr",
-         "--bench", r"^bench_runtime\.track_torch_num_threads$", "--bench", point],
+         "--set-commit-hash", commit, "--machine", "smoke", "--quick", "--show-stderr", "--record-samples",
+         "--bench", r"^bench_runtime\.track_torch_num_threads$", "--bench", point,
+         "--bench", point.replace("time_run", "track_ratio_vs_torch_func")],
         cwd=tmp_path, env=env, capture_output=True, text=True, timeout=900)
     assert proc.returncode == 0, proc.stdout + proc.stderr
 
@@ -354,3 +410,10 @@ def test_asv_run_smoke_records_a_result_we_read_back(tmp_path):
     assert len(measured) == 1 and measured[0] > 0, times
     # The suite's declared version, not a source hash: history survives refactors of the suite.
     assert res.benchmark_version[name] == selection.SUITE_VERSION
+    # The in-process ratio comes round by round: asv keeps the rounds as samples, their median as
+    # the value, and the gate's reader makes its interval of them (what the dashboard prints).
+    from vmapbench import stats
+
+    data = json.loads(next((tmp_path / "results" / "smoke").glob(f"{commit[:8]}-*.json")).read_text())
+    (ratio,) = [e for p, e in stats.asv_estimates(data) if p.startswith(ratio_name + "(") and e is not None]
+    assert ratio.n >= 3 and ratio.lo <= ratio.value <= ratio.hi and ratio.value > 0

@@ -22,6 +22,7 @@ builds the dashboard, lists the failed benchmarks and exits non-zero only when n
 from __future__ import annotations
 
 import argparse
+import contextlib
 import importlib.util
 import json
 import os
@@ -30,10 +31,11 @@ import re
 import shutil
 import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 from types import ModuleType
-from typing import Iterable, Sequence
+from typing import Iterable, Iterator, Sequence
 
 MACHINE_ENV = "VMAPBENCH_MACHINE"
 DEFAULT_THREADS = "2"
@@ -47,13 +49,19 @@ def repo_root() -> Path:
     return Path(__file__).resolve().parents[1]
 
 
-def load_selection(root: Path) -> ModuleType:
-    """suite.selection from this checkout (the suite is not an installed package; asv imports it too)."""
+def suite_module(name: str, root: Path | None = None) -> ModuleType:
+    """suite.<name> from this checkout (the suite is not an installed package; asv imports it too).
+
+    ImportError when there is no suite/ beside asv.conf.json (an install without its checkout)."""
+    root = repo_root() if root is None else root
     if str(root) not in sys.path:
         sys.path.insert(0, str(root))
-    from suite import selection
+    return importlib.import_module(f"suite.{name}")
 
-    return selection
+
+def load_selection(root: Path) -> ModuleType:
+    """suite.selection from this checkout."""
+    return suite_module("selection", root)
 
 
 # --- machine -----------------------------------------------------------------------------------
@@ -202,6 +210,39 @@ def warn_if_dirty(root: Path, commit: str) -> None:
     if dirty:
         print(f"bench: warning: uncommitted changes in engine/, workloads/ or suite/; the results are "
               f"recorded under HEAD {commit[:8]} but measure the working tree:\n{dirty}", file=sys.stderr)
+
+
+@contextlib.contextmanager
+def pass_folder(env: dict[str, str], keep: bool) -> Iterator[None]:
+    """A folder for this run's case passes (suite.workload_pass), named in `env`, removed after.
+
+    With it, one process per case measures every method's in-process figures and the other track
+    processes read them. Not for --commits: each commit must measure its own (keep=False)."""
+    from suite.workload_pass import PASS_DIR_ENV
+
+    if not keep:
+        env.pop(PASS_DIR_ENV, None)
+        yield
+        return
+    folder = tempfile.mkdtemp(prefix="vmapbench-passes-")
+    env[PASS_DIR_ENV] = folder
+    try:
+        yield
+    finally:
+        shutil.rmtree(folder, ignore_errors=True)
+
+
+def _minutes(seconds: float) -> str:
+    return f"{int(seconds // 60)}m{seconds % 60:04.1f}s"
+
+
+def timing_line(make_started: float | None, run_started: float, asv_started: float,
+                dashboard_started: float, ended: float) -> str:
+    """Where the time of `make bench` went: the install apart from the run (asv, dashboard)."""
+    install = (f"environment install {_minutes(run_started - make_started)} (make's prerequisites; "
+               "~0 when already installed), " if make_started is not None else "")
+    return (f"bench: timing: {install}run {_minutes(ended - run_started)} (asv {_minutes(dashboard_started - asv_started)}, "
+            f"dashboard {_minutes(ended - dashboard_started)}, the rest {_minutes(asv_started - run_started)})")
 
 
 # --- reading results back ----------------------------------------------------------------------
@@ -365,11 +406,15 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--list-families", action="store_true", help="print the families (JSON list) and exit")
     p.add_argument("--merge", nargs="+", type=Path, metavar="DIR",
                    help="merge these asv results folders into results/ and exit")
+    p.add_argument("--started-at", type=float, default=None, metavar="EPOCH",
+                   help="when `make bench` started (seconds since the epoch): the time before this "
+                        "process is reported as the environment's install")
     p.add_argument("asv_args", nargs="*", help="extra arguments for `asv run` (after --), e.g. -- --show-stderr")
     return p
 
 
 def main(argv: Sequence[str] | None = None) -> int:
+    run_started = time.time()
     args = build_parser().parse_args(argv)
     root = repo_root()
     selection = load_selection(root)
@@ -413,7 +458,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         cmd = asv("run", *common, f"HASHFILE:{hashfile}")
     else:
         cmd = asv("run", "--environment", f"existing:{sys.executable}", "--set-commit-hash", commits[0], *common)
-    rc, _ = stream(cmd, env, root, NaRowFilter(param_values(selection)))
+    with pass_folder(env, keep=not args.commits):
+        rc, _ = stream(cmd, env, root, NaRowFilter(param_values(selection)))
     elapsed = time.time() - started
 
     measured, failed = 0, []
@@ -432,9 +478,11 @@ def main(argv: Sequence[str] | None = None) -> int:
               f"--python=same --quick --show-stderr --dry-run --machine {machine} "
               f"--bench {shell_regex(failed[0].split(' @')[0])}")
 
+    dashboard_started = time.time()
     index = None if args.no_dashboard else build_dashboard(root, env)
     if index is not None:
         print(f"bench: dashboard: {index}")
+    print(timing_line(args.started_at, run_started, started, dashboard_started, time.time()))
     if measured == 0:
         return rc or 1
     return 0

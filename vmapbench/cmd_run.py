@@ -4,10 +4,17 @@ The fastest way to see one comparison: median time, speedup against the loop, ti
 against torch.func and peak memory growth, all measured in this one process. The first call
 (where tracing or compiling happens) is shown apart from the timed calls, which are taken
 round-robin across methods so that load on a shared machine hits every method alike.
+
+Before any method is measured, the process's one-time costs (torch._dynamo, sympy, the peers'
+packages, jax: whatever the chosen methods import) are paid by a warm-up, the one the ASV suite
+runs (suite.probes.preload), and the time it took is printed: otherwise the first method would be
+charged for them, and its first call would depend on the order of `-m`.
 """
 from __future__ import annotations
 
 import argparse
+import contextlib
+import time
 import traceback
 from typing import Callable
 
@@ -16,7 +23,9 @@ from rich.markup import escape
 from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
+import engine
 import workloads
+from engine import autotrace
 from workloads import measure
 from vmapbench.cmd_list import make_console
 from workloads.base import BASELINE, REFERENCE
@@ -37,6 +46,9 @@ def configure(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--check", action="store_true", help="also check each method against the float64 loop")
     parser.add_argument("--traceback", action="store_true", help="print the traceback of a failing method")
     parser.add_argument("--no-memory", dest="memory", action="store_false", help="skip the peak-memory call")
+    parser.add_argument("--verify", action="store_true",
+                        help="shadow-verify automatic tracing: every replay of the engine also runs its eager call and "
+                             "must equal it (engine.auto_tracing(verify=True)); a mismatch fails the method")
 
 
 def format_seconds(seconds: float) -> str:
@@ -90,7 +102,13 @@ def main(args: argparse.Namespace) -> int:
         console.print(f"[yellow]skipped:[/] {e}")
         return 2
 
-    results, failures = run_methods(w, methods, size, state, args, console)
+    warm_up(methods, args.device, console)
+    checked = autotrace.shadow_checks
+    with engine.auto_tracing(verify=True) if args.verify else contextlib.nullcontext():
+        results, failures = run_methods(w, methods, size, state, args, console)
+    if args.verify:
+        verdict = "a mismatch (see the failures below)" if any("ReplayMismatchError" in str(f) for f in failures.values()) else "no mismatch"
+        console.print(f"verify: {autotrace.shadow_checks - checked} replays checked against their eager calls, {verdict}")
     console.print(results_table(w, size, args.device, methods, args.repeat, results, failures, args.memory))
     skipped = {m: reason for m, reason in failures.items() if reason.startswith(SKIPPED)}
     for method, reason in failures.items():
@@ -102,6 +120,25 @@ def main(args: argparse.Namespace) -> int:
     if args.check and not failures:
         console.print("check: every method matches the float64 loop within the workload's tolerance")
     return 1 if failures else 0
+
+
+def warm_up(methods: list[str], device: str, console: Console) -> list[str]:
+    """Pay the process's one-time imports and first transforms for `methods` before measuring any
+    of them (suite.probes.preload, as the ASV suite does), and say so; returns what was warmed."""
+    from vmapbench.bench import suite_module
+
+    try:
+        probes = suite_module("probes")
+    except ImportError as e:
+        console.print(f"[yellow]warning:[/] no warm-up ({escape(str(e))}; the suite/ folder of the checkout is "
+                      "needed): the first method's first call includes the process's one-time imports")
+        return []
+    start = time.perf_counter()
+    with console.status("warm-up: one-time imports (torch._dynamo, sympy, peers, jax) before measuring"):
+        warmed = probes.preload(methods, device)
+    console.print(f"warm-up: {format_seconds(time.perf_counter() - start)} for the process's one-time imports and "
+                  f"first transforms ({', '.join(warmed)}), paid before measuring: no first call includes them")
+    return warmed
 
 
 # A tool's name stands for all its methods the workload offers (`-m opacus`: every Opacus mode).

@@ -1,7 +1,9 @@
 """The workload interface and registry: the one source of truth for what vmapbench measures.
 
 A workload declares its sizes, its methods and its correctness check. The ASV suite, the CLI, the
-tests and the dashboard all read the registry below; nothing else lists workloads.
+tests and the dashboard all read the registry below; nothing else lists workloads. The list of
+workload modules is the package's `__init__`, which Python runs before any `workloads.*` module is
+imported: the registry is complete before anyone reads it.
 """
 from __future__ import annotations
 
@@ -149,12 +151,10 @@ def register(workload: Workload) -> Workload:
 
 
 def all_workloads(family: str | None = None) -> list[Workload]:
-    _load_all()
     return [w for w in _REGISTRY.values() if family is None or w.family == family]
 
 
 def get(name: str) -> Workload:
-    _load_all()
     try:
         return _REGISTRY[name]
     except KeyError:
@@ -163,11 +163,6 @@ def get(name: str) -> Workload:
 
 def families() -> list[str]:
     return sorted({w.family for w in all_workloads()})
-
-
-def _load_all() -> None:
-    # Importing the package imports every workload module, each of which calls register().
-    import workloads  # noqa: F401
 
 
 def iter_cases(quick: bool = False, devices: Iterable[str] = ("cpu",)) -> Iterable[tuple[Workload, str, str, str]]:

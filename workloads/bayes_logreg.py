@@ -8,6 +8,9 @@ Synthetic data (N examples, D features) with a standard Normal prior on the weig
   Closed form (y - p) x.
 - `robust_reg_hessian`: Student-t (robust) linear regression with an unknown noise scale: Hessian
   of the negative log posterior w.r.t. (weights, log sigma), the shape of a PPL model.
+
+Each torch function `f` has its JAX twin `f_jax` right below it; `<workload>_jax` builds the
+workload's `jax` method from them.
 """
 from __future__ import annotations
 
@@ -19,7 +22,8 @@ import torch.nn.functional as F
 
 from workloads.define import define
 from workloads.methods import hessian_method, per_sample_grads_method
-from workloads.peers.jax_methods import with_jax
+from workloads.peers import jax_methods
+from workloads.peers.jax_methods import jax, jnp, with_jax
 
 FAMILY = "bayes_logreg"
 PRIOR_SCALE = 1.0
@@ -42,6 +46,12 @@ def neg_log_posterior(theta: torch.Tensor, X: torch.Tensor, y: torch.Tensor) -> 
     return nll + 0.5 * (theta * theta).sum() / PRIOR_SCALE**2
 
 
+def neg_log_posterior_jax(theta: Any, X: Any, y: Any) -> Any:
+    logits = X @ theta
+    nll = (jax.nn.softplus(logits) - y * logits).sum()
+    return nll + 0.5 * (theta * theta).sum() / PRIOR_SCALE**2
+
+
 def logreg_hessian_closed_form(X: torch.Tensor, y: torch.Tensor) -> Callable[[torch.Tensor], torch.Tensor]:
     eye = torch.eye(X.shape[1], dtype=X.dtype, device=X.device) / PRIOR_SCALE**2
 
@@ -58,6 +68,10 @@ def logreg_hessian_method(method: str, inputs: dict[str, Any]) -> Callable[[], A
     )
 
 
+def logreg_hessian_jax(inputs: dict[str, Any]) -> Callable[[], Any]:
+    return jax_methods.hessian(neg_log_posterior_jax, inputs["theta"], inputs["X"], inputs["y"])
+
+
 LOGREG_HESSIAN_METHODS = ("loop", "engine", "engine_traced", "torch_func", "functional_vectorize", "closed_form")
 
 define(
@@ -67,7 +81,7 @@ define(
     grid={"n": [100, 1000, 10000], "d": [16, 64, 256]},
     methods=(*LOGREG_HESSIAN_METHODS, "jax"),
     make_inputs=logreg_data,
-    make_method=with_jax(logreg_hessian_method, "logreg_hessian"),
+    make_method=with_jax(logreg_hessian_method, logreg_hessian_jax),
     quick=("n=1000,d=64",),
 )
 
@@ -77,6 +91,12 @@ def log_likelihood(params: tuple[torch.Tensor, ...], x: torch.Tensor, y: torch.T
     (theta,) = params
     logit = x @ theta
     return y * logit - F.softplus(logit)
+
+
+def log_likelihood_jax(params: tuple[Any, ...], x: Any, y: Any) -> Any:
+    (theta,) = params
+    logit = x @ theta
+    return y * logit - jax.nn.softplus(logit)
 
 
 def log_likelihood_grads_closed_form(params: tuple[torch.Tensor, ...], X: torch.Tensor, y: torch.Tensor):
@@ -90,6 +110,10 @@ def logreg_grads_method(method: str, inputs: dict[str, Any]) -> Callable[[], Any
     )
 
 
+def logreg_per_example_grads_jax(inputs: dict[str, Any]) -> Callable[[], Any]:
+    return jax_methods.per_sample_grads(log_likelihood_jax, (inputs["theta"],), inputs["X"], inputs["y"])
+
+
 define(
     name="logreg_per_example_grads",
     family=FAMILY,
@@ -98,7 +122,7 @@ define(
     methods=("loop", "engine", "engine_traced", "torch_func", "functional_vectorize", "closed_form", "jax",
              "engine_chunked"),
     make_inputs=logreg_data,
-    make_method=with_jax(logreg_grads_method, "logreg_per_example_grads"),
+    make_method=with_jax(logreg_grads_method, logreg_per_example_grads_jax),
     quick=("n=1024,d=16",),
     # functional_vectorize backpropagates N one-hot vectors at once: N x N floats (1 GB at N=16384).
     heavy=("n=16384,d=16", "n=16384,d=256"),
@@ -125,9 +149,20 @@ def robust_neg_log_posterior(theta: torch.Tensor, X: torch.Tensor, y: torch.Tens
     return nll + 0.5 * (beta * beta).sum() + 0.5 * log_sigma * log_sigma
 
 
+def robust_neg_log_posterior_jax(theta: Any, X: Any, y: Any) -> Any:
+    beta, log_sigma = theta[:-1], theta[-1]
+    r = (y - X @ beta) * jnp.exp(-log_sigma)
+    nll = (0.5 * (STUDENT_NU + 1) * jnp.log1p(r * r / STUDENT_NU)).sum() + y.shape[0] * log_sigma
+    return nll + 0.5 * (beta * beta).sum() + 0.5 * log_sigma * log_sigma
+
+
 def robust_reg_method(method: str, inputs: dict[str, Any]) -> Callable[[], Any]:
     X, y = inputs["X"], inputs["y"]
     return hessian_method(method, lambda theta: robust_neg_log_posterior(theta, X, y), inputs["theta"])
+
+
+def robust_reg_hessian_jax(inputs: dict[str, Any]) -> Callable[[], Any]:
+    return jax_methods.hessian(robust_neg_log_posterior_jax, inputs["theta"], inputs["X"], inputs["y"])
 
 
 define(
@@ -137,6 +172,6 @@ define(
     grid={"n": [100, 1000, 10000], "d": [8, 64]},
     methods=("loop", "engine", "engine_traced", "torch_func", "functional_vectorize", "jax"),
     make_inputs=robust_reg_data,
-    make_method=with_jax(robust_reg_method, "robust_reg_hessian"),
+    make_method=with_jax(robust_reg_method, robust_reg_hessian_jax),
     quick=("n=1000,d=8",),
 )

@@ -19,6 +19,9 @@ The tasks, one workload each, with a `model` grid parameter so every model meets
 Every model also has its gradient and Hessian written out by hand and batched by hand (for
 logistic regression, `bayes_logreg`'s closed-form Hessian): the `closed_form` method of each task,
 the speed limit a vmap engine approaches.
+
+Each log joint has its JAX twin `<name>_jax` right below it, the torch.distributions log densities
+written out in jax.numpy (`*_log_prob_jax` below); `<task>_jax` builds each task's `jax` method.
 """
 from __future__ import annotations
 
@@ -32,7 +35,8 @@ import torch.distributions as D
 from workloads.bayes_logreg import logreg_hessian_closed_form
 from workloads.define import define
 from workloads.methods import batched_grad_method, hessian_method, leapfrog_method, particle_grad_method
-from workloads.peers.jax_methods import with_jax
+from workloads.peers import jax_methods
+from workloads.peers.jax_methods import jax, jnp, with_jax
 
 FAMILY = "bayes_models"
 N_OBS, N_FEATURES = 256, 16
@@ -44,13 +48,15 @@ MU_SCALE, TAU_SCALE = 5.0, 5.0
 LEAPFROG_STEPS = 10
 
 Data = dict[str, torch.Tensor]
+_LOG_2PI = math.log(2 * math.pi)
 
 
 @dataclass(frozen=True)
 class Model:
-    """One model: its data, its log joint (torch.distributions) and its hand-written derivatives.
+    """One model: its data, its log joint (torch.distributions), the log joint's JAX twin and its
+    hand-written derivatives.
 
-    `log_joint(theta, data)` takes one parameter vector; `grad(thetas, data)` takes a [K, P] batch
+    `log_joint(theta, data)` takes one parameter vector (`log_joint_jax` the same in jax.numpy); `grad(thetas, data)` takes a [K, P] batch
     and returns the K gradients of the log joint; `neg_hessian(theta, data)` is the Hessian of the
     negative log joint at one point. `step_size` keeps a leapfrog trajectory stable (about 0.2 /
     sqrt of the largest curvature near the points drawn).
@@ -60,6 +66,7 @@ class Model:
     make_data: Callable[[torch.Generator], Data]
     dim: int
     log_joint: Callable[[torch.Tensor, Data], torch.Tensor]
+    log_joint_jax: Callable[[Any, dict[str, Any]], Any]
     grad: Callable[[torch.Tensor, Data], torch.Tensor]
     neg_hessian: Callable[[torch.Tensor, Data], torch.Tensor]
     step_size: float
@@ -80,11 +87,44 @@ def _regression_data(gen: torch.Generator, likelihood: str) -> Data:
     return {"X": X, "y": y}
 
 
+# --- torch.distributions' log densities in jax.numpy (for the twins) ---------------------------
+
+def normal_log_prob_jax(x: Any, loc: Any, scale: Any) -> Any:
+    return -0.5 * ((x - loc) / scale) ** 2 - jnp.log(scale) - 0.5 * _LOG_2PI
+
+
+def half_normal_log_prob_jax(x: Any, scale: Any) -> Any:
+    return math.log(2) + normal_log_prob_jax(x, 0.0, scale)
+
+
+def half_cauchy_log_prob_jax(x: Any, scale: Any) -> Any:
+    return math.log(2 / math.pi) - jnp.log(scale) - jnp.log1p((x / scale) ** 2)
+
+
+def student_t_log_prob_jax(x: Any, df: float, loc: Any, scale: Any) -> Any:
+    y = (x - loc) / scale
+    z = jnp.log(scale) + 0.5 * math.log(df) + 0.5 * math.log(math.pi) + math.lgamma(0.5 * df) - math.lgamma(0.5 * (df + 1))
+    return -0.5 * (df + 1) * jnp.log1p(y * y / df) - z
+
+
+def bernoulli_logits_log_prob_jax(y: Any, logits: Any) -> Any:
+    return y * logits - jax.nn.softplus(logits)
+
+
+def poisson_log_prob_jax(k: Any, rate: Any) -> Any:
+    return jax.scipy.special.xlogy(k, rate) - rate - jax.scipy.special.gammaln(k + 1)
+
+
 # --- logistic regression ----------------------------------------------------------------------
 
 def logreg_log_joint(theta: torch.Tensor, data: Data) -> torch.Tensor:
     prior = D.Normal(0.0, 1.0).log_prob(theta).sum()
     return prior + D.Bernoulli(logits=data["X"] @ theta).log_prob(data["y"]).sum()
+
+
+def logreg_log_joint_jax(theta: Any, data: dict[str, Any]) -> Any:
+    prior = normal_log_prob_jax(theta, 0.0, 1.0).sum()
+    return prior + bernoulli_logits_log_prob_jax(data["y"], data["X"] @ theta).sum()
 
 
 def logreg_grad(thetas: torch.Tensor, data: Data) -> torch.Tensor:
@@ -103,6 +143,13 @@ def robust_log_joint(theta: torch.Tensor, data: Data) -> torch.Tensor:
     sigma = log_sigma.exp()
     prior = D.Normal(0.0, 1.0).log_prob(beta).sum() + D.HalfNormal(1.0).log_prob(sigma) + log_sigma
     return prior + D.StudentT(STUDENT_NU, data["X"] @ beta, sigma).log_prob(data["y"]).sum()
+
+
+def robust_log_joint_jax(theta: Any, data: dict[str, Any]) -> Any:
+    beta, log_sigma = theta[:-1], theta[-1]
+    sigma = jnp.exp(log_sigma)
+    prior = normal_log_prob_jax(beta, 0.0, 1.0).sum() + half_normal_log_prob_jax(sigma, 1.0) + log_sigma
+    return prior + student_t_log_prob_jax(data["y"], STUDENT_NU, data["X"] @ beta, sigma).sum()
 
 
 def _robust_residuals(thetas: torch.Tensor, data: Data) -> tuple[torch.Tensor, ...]:
@@ -139,6 +186,11 @@ def poisson_log_joint(theta: torch.Tensor, data: Data) -> torch.Tensor:
     return prior + D.Poisson((data["X"] @ theta).exp()).log_prob(data["y"]).sum()
 
 
+def poisson_log_joint_jax(theta: Any, data: dict[str, Any]) -> Any:
+    prior = normal_log_prob_jax(theta, 0.0, 1.0).sum()
+    return prior + poisson_log_prob_jax(data["y"], jnp.exp(data["X"] @ theta)).sum()
+
+
 def poisson_grad(thetas: torch.Tensor, data: Data) -> torch.Tensor:
     X, y = data["X"], data["y"]
     return (y - (thetas @ X.T).exp()) @ X - thetas
@@ -161,6 +213,14 @@ def schools_log_joint(theta: torch.Tensor, data: Data) -> torch.Tensor:
     prior = D.Normal(0.0, MU_SCALE).log_prob(mu) + D.HalfCauchy(TAU_SCALE).log_prob(tau) + log_tau
     prior = prior + D.Normal(0.0, 1.0).log_prob(eta).sum()
     return prior + D.Normal(mu + tau * eta, data["sigma"]).log_prob(data["y"]).sum()
+
+
+def schools_log_joint_jax(theta: Any, data: dict[str, Any]) -> Any:
+    mu, log_tau, eta = theta[0], theta[1], theta[2:]
+    tau = jnp.exp(log_tau)
+    prior = (normal_log_prob_jax(mu, 0.0, MU_SCALE) + half_cauchy_log_prob_jax(tau, TAU_SCALE) + log_tau
+             + normal_log_prob_jax(eta, 0.0, 1.0).sum())
+    return prior + normal_log_prob_jax(data["y"], mu + tau * eta, data["sigma"]).sum()
 
 
 def _schools_parts(thetas: torch.Tensor, data: Data) -> tuple[torch.Tensor, ...]:
@@ -195,13 +255,13 @@ MODELS: dict[str, Model] = {
     m.name: m
     for m in (
         Model("logreg", lambda gen: _regression_data(gen, "bernoulli"), N_FEATURES,
-              logreg_log_joint, logreg_grad, logreg_neg_hessian, step_size=0.05),
+              logreg_log_joint, logreg_log_joint_jax, logreg_grad, logreg_neg_hessian, step_size=0.05),
         Model("robust", lambda gen: _regression_data(gen, "student_t"), N_FEATURES + 1,
-              robust_log_joint, robust_grad, robust_neg_hessian, step_size=0.01),
+              robust_log_joint, robust_log_joint_jax, robust_grad, robust_neg_hessian, step_size=0.01),
         Model("poisson", lambda gen: _regression_data(gen, "poisson"), N_FEATURES,
-              poisson_log_joint, poisson_grad, poisson_neg_hessian, step_size=0.02),
+              poisson_log_joint, poisson_log_joint_jax, poisson_grad, poisson_neg_hessian, step_size=0.02),
         Model("eight_schools", schools_data, len(SCHOOLS_Y) + 2,
-              schools_log_joint, schools_grad, schools_neg_hessian, step_size=0.1),
+              schools_log_joint, schools_log_joint_jax, schools_grad, schools_neg_hessian, step_size=0.1),
     )
 }
 MODEL_NAMES = list(MODELS)
@@ -239,16 +299,32 @@ def chain_grads_method(method: str, inputs: dict[str, Any]) -> Callable[[], Any]
     return batched_grad_method(method, _log_joint(model, data), inputs["points"], lambda q: model.grad(q, data))
 
 
+def chain_grads_jax(inputs: dict[str, Any]) -> Callable[[], Any]:
+    model, data = model_of(inputs)
+    return jax_methods.batched_grad(model.log_joint_jax, inputs["points"], data)
+
+
 def hmc_method(method: str, inputs: dict[str, Any]) -> Callable[[], Any]:
     model, data = model_of(inputs)
     return leapfrog_method(method, _log_joint(model, data), inputs["points"], inputs["momenta"],
                            model.step_size, LEAPFROG_STEPS, lambda q: model.grad(q, data))
 
 
+def hmc_jax(inputs: dict[str, Any]) -> Callable[[], Any]:
+    model, data = model_of(inputs)
+    return jax_methods.leapfrog(model.log_joint_jax, inputs["points"], inputs["momenta"], model.step_size,
+                                LEAPFROG_STEPS, data)
+
+
 def laplace_method(method: str, inputs: dict[str, Any]) -> Callable[[], Any]:
     model, data = model_of(inputs)
     return hessian_method(method, lambda theta: -model.log_joint(theta, data), inputs["point"],
                           lambda theta: model.neg_hessian(theta, data))
+
+
+def laplace_jax(inputs: dict[str, Any]) -> Callable[[], Any]:
+    model, data = model_of(inputs)
+    return jax_methods.hessian(lambda theta, data: -model.log_joint_jax(theta, data), inputs["point"], data)
 
 
 def elbo_method(method: str, inputs: dict[str, Any]) -> Callable[[], Any]:
@@ -272,15 +348,28 @@ def elbo_method(method: str, inputs: dict[str, Any]) -> Callable[[], Any]:
     return particle_grad_method(method, elbo_term, inputs["variational"], inputs["noise"], closed_form)
 
 
+def elbo_jax(inputs: dict[str, Any]) -> Callable[[], Any]:
+    """elbo_method's twin: the guide's log density written out (normal_log_prob_jax)."""
+    model, data = model_of(inputs)
+    dim = model.dim
+
+    def elbo_term(variational: Any, noise: Any, data: dict[str, Any]) -> Any:
+        loc, scale = variational[:dim], jnp.exp(variational[dim:])
+        z = loc + scale * noise
+        return model.log_joint_jax(z, data) - normal_log_prob_jax(z, loc, scale).sum()
+    return jax_methods.particle_grad(elbo_term, inputs["variational"], inputs["noise"], data)
+
+
 BAYES_METHODS = ("loop", "engine", "engine_traced", "torch_func", "closed_form", "jax")
 
 
 def define_task(name: str, description: str, batch: dict[str, list[int]], make_method: Callable[..., Any],
-                quick: str | None, methods: tuple[str, ...] = BAYES_METHODS) -> None:
-    """Register one task over every model (`model` grid parameter) and the batch sizes of `batch`;
-    `quick` names its size in `make bench`'s quick profile (None: not in it)."""
+                twin: Callable[[dict[str, Any]], Callable[[], Any]], quick: str | None,
+                methods: tuple[str, ...] = BAYES_METHODS) -> None:
+    """Register one task over every model (`model` grid parameter) and the batch sizes of `batch`,
+    `twin` its jax method; `quick` names its size in `make bench`'s quick profile (None: not in it)."""
     define(name=name, family=FAMILY, description=description, grid={"model": MODEL_NAMES, **batch},
-           methods=methods, make_inputs=model_data, make_method=with_jax(make_method, name),
+           methods=methods, make_inputs=model_data, make_method=with_jax(make_method, twin),
            quick=(quick,) if quick else ())
 
 
@@ -288,24 +377,24 @@ define_task(
     "bayes_chain_grads",
     "Gradient of a torch.distributions log joint at K MCMC chains' states (vmap(grad)); "
     f"models: {', '.join(MODEL_NAMES)}",
-    {"chains": [16, 128, 1024]}, chain_grads_method, quick="model=logreg,chains=128",
+    {"chains": [16, 128, 1024]}, chain_grads_method, chain_grads_jax, quick="model=logreg,chains=128",
 )
 define_task(
     "bayes_hmc",
     f"HMC: one {LEAPFROG_STEPS}-step leapfrog trajectory of K chains at once (each step a vmap(grad) of a "
     "torch.distributions log joint); returns the final positions and momenta",
     # Out of the quick profile (10 min budget): its loop is the slowest of the quick cases.
-    {"chains": [8, 64, 1024]}, hmc_method, quick=None,
+    {"chains": [8, 64, 1024]}, hmc_method, hmc_jax, quick=None,
 )
 define_task(
     "bayes_laplace_hessian",
     "Laplace approximation: Hessian of a torch.distributions negative log joint at one point",
-    {}, laplace_method, quick=None,  # the quick profile keeps two tasks (10 min budget)
+    {}, laplace_method, laplace_jax, quick=None,  # the quick profile keeps two tasks (10 min budget)
     methods=("loop", "engine", "engine_traced", "torch_func", "functional_vectorize", "closed_form", "jax"),
 )
 define_task(
     "bayes_elbo_grad",
     "SVI: gradient of a mean-field Gaussian ELBO averaged over S reparameterized particles "
     "(grad of a vmap over particles of a torch.distributions log joint)",
-    {"particles": [16, 64, 1024]}, elbo_method, quick=None,
+    {"particles": [16, 64, 1024]}, elbo_method, elbo_jax, quick=None,
 )

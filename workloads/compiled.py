@@ -27,7 +27,7 @@ define(
     grid={"n": [1000], "d": [16, 64]},
     methods=("loop", "torch_func", "closed_form", "engine_compiled", "torch_func_compiled", "jax"),
     make_inputs=bayes_logreg.logreg_data,
-    make_method=with_jax(bayes_logreg.logreg_hessian_method, "logreg_hessian"),
+    make_method=with_jax(bayes_logreg.logreg_hessian_method, bayes_logreg.logreg_hessian_jax),
     quick=("n=1000,d=64",),
     # logreg_hessian's quick case (the same data and size) times the same loop, torch_func and jax
     # programs; the compiled methods' ratio tracks still run the loop and torch_func beside them.
@@ -41,7 +41,7 @@ define(
     grid={"batch": [64]},
     methods=("loop", "torch_func", "closed_form", "loop_compiled", "engine_compiled", "torch_func_compiled", "jax"),
     make_inputs=per_sample_grads.mlp_data,
-    make_method=with_jax(per_sample_grads.mlp_method, "psg_mlp"),
+    make_method=with_jax(per_sample_grads.mlp_method, per_sample_grads.psg_mlp_jax),
 )
 
 define(
@@ -51,5 +51,5 @@ define(
     grid={"hidden": [32]},
     methods=("loop", "torch_func", "closed_form", "engine_compiled", "torch_func_compiled", "jax"),
     make_inputs=hessians.jacobian_data,
-    make_method=with_jax(hessians.jacobian_mlp_method, "mlp_jacobian"),
+    make_method=with_jax(hessians.jacobian_mlp_method, hessians.mlp_jacobian_jax),
 )

@@ -15,6 +15,9 @@ and network Jacobians: the second-order and Jacobian workloads.
   `chunk` rows at a time (chunk=256: all at once): peak memory against time as the chunk shrinks.
 - `mlp_jvp`: K Jacobian-vector products of a tanh MLP 64-256-64 at one point (forward mode:
   PyTorch's forward AD per tangent vs vmap(jvp): forward AD in torch.func, double vjp in the engine).
+
+Each torch model has its JAX twin `<name>_jax` right below it (the same ops in jax.numpy);
+`<workload>_jax` builds the workload's `jax` method from it.
 """
 from __future__ import annotations
 
@@ -25,7 +28,8 @@ import torch
 
 from workloads.define import define
 from workloads.methods import batched_hessian_method, hessian_method, hvp_method, jacobian_method, jvp_method
-from workloads.peers.jax_methods import with_jax
+from workloads.peers import jax_methods
+from workloads.peers.jax_methods import jnp, with_jax
 
 FAMILY = "hessians"
 MLP_IN = 8
@@ -53,6 +57,12 @@ def mlp_loss(theta: torch.Tensor, X: torch.Tensor, y: torch.Tensor, shapes: list
     return ((pred - y) ** 2).mean()
 
 
+def mlp_loss_jax(theta: Any, X: Any, y: Any, shapes: list[tuple[int, ...]]) -> Any:
+    W1, b1, W2, b2 = unflatten(theta, shapes)
+    pred = (jnp.tanh(X @ W1.T + b1) @ W2.T + b2)[..., 0]
+    return ((pred - y) ** 2).mean()
+
+
 def mlp_data(params: dict[str, Any], gen: torch.Generator) -> dict[str, Any]:
     hidden = params["hidden"]
     shapes = mlp_shapes(hidden)
@@ -71,6 +81,12 @@ def mlp_hessian_method(method: str, inputs: dict[str, Any]) -> Callable[[], Any]
     return hessian_method(method, lambda theta: mlp_loss(theta, X, y, shapes), inputs["theta"])
 
 
+def mlp_loss_hessian_jax(inputs: dict[str, Any]) -> Callable[[], Any]:
+    shapes = inputs["shapes"]
+    return jax_methods.hessian(lambda theta, X, y: mlp_loss_jax(theta, X, y, shapes), inputs["theta"],
+                               inputs["X"], inputs["y"])
+
+
 define(
     name="mlp_loss_hessian",
     family=FAMILY,
@@ -78,7 +94,7 @@ define(
     grid={"hidden": [8, 32, 128]},
     methods=("loop", "engine", "engine_traced", "torch_func", "functional_vectorize", "jax"),
     make_inputs=mlp_data,
-    make_method=with_jax(mlp_hessian_method, "mlp_loss_hessian"),
+    make_method=with_jax(mlp_hessian_method, mlp_loss_hessian_jax),
     quick=(),  # out of the quick profile (10 min budget): mlp_jacobian and the other Hessians cover it there
 )
 
@@ -88,6 +104,12 @@ def mlp_hvp_method(method: str, inputs: dict[str, Any]) -> Callable[[], Any]:
     return hvp_method(method, lambda theta: mlp_loss(theta, X, y, shapes), inputs["theta"], inputs["vectors"])
 
 
+def mlp_hvp_jax(inputs: dict[str, Any]) -> Callable[[], Any]:
+    shapes = inputs["shapes"]
+    return jax_methods.hvp(lambda theta, X, y: mlp_loss_jax(theta, X, y, shapes), inputs["theta"],
+                           inputs["vectors"], inputs["X"], inputs["y"])
+
+
 define(
     name="mlp_hvp",
     family=FAMILY,
@@ -95,7 +117,7 @@ define(
     grid={"hidden": [32, 128], "k": [8, 128]},
     methods=("loop", "engine", "engine_traced", "torch_func", "jax"),
     make_inputs=mlp_data,
-    make_method=with_jax(mlp_hvp_method, "mlp_hvp"),
+    make_method=with_jax(mlp_hvp_method, mlp_hvp_jax),
     quick=("hidden=128,k=8",),
 )
 
@@ -110,6 +132,7 @@ def point_data(params: dict[str, Any], gen: torch.Generator) -> dict[str, Any]:
 
 
 def rosenbrock(x: torch.Tensor) -> torch.Tensor:
+    """Written with array operators only: the same function is its own JAX twin."""
     return (100 * (x[1:] - x[:-1] ** 2) ** 2 + (1 - x[:-1]) ** 2).sum()
 
 
@@ -121,6 +144,10 @@ def rosenbrock_hessian_closed_form(x: torch.Tensor) -> torch.Tensor:
     return torch.diag(diag) + torch.diag(off, 1) + torch.diag(off, -1)
 
 
+def rosenbrock_hessian_jax(inputs: dict[str, Any]) -> Callable[[], Any]:
+    return jax_methods.hessian(rosenbrock, inputs["x"])
+
+
 define(
     name="rosenbrock_hessian",
     family=FAMILY,
@@ -130,7 +157,7 @@ define(
     make_inputs=point_data,
     make_method=with_jax(
         lambda method, inputs: hessian_method(method, rosenbrock, inputs["x"], rosenbrock_hessian_closed_form),
-        "rosenbrock_hessian"),
+        rosenbrock_hessian_jax),
     quick=("d=128",),
 )
 
@@ -143,6 +170,14 @@ def quadratic_method(method: str, inputs: dict[str, Any]) -> Callable[[], Any]:
     return hessian_method(method, quadratic, inputs["x"], lambda x: 0.5 * (A + A.T))
 
 
+def quadratic_jax(x: Any, A: Any, b: Any) -> Any:
+    return 0.5 * x @ (A @ x) + b @ x
+
+
+def quadratic_hessian_jax(inputs: dict[str, Any]) -> Callable[[], Any]:
+    return jax_methods.hessian(quadratic_jax, inputs["x"], inputs["A"], inputs["b"])
+
+
 define(
     name="quadratic_hessian",
     family=FAMILY,
@@ -150,7 +185,7 @@ define(
     grid={"d": [8, 128, 1024]},
     methods=("loop", "engine", "engine_traced", "torch_func", "functional_vectorize", "closed_form", "jax"),
     make_inputs=point_data,
-    make_method=with_jax(quadratic_method, "quadratic_hessian"),
+    make_method=with_jax(quadratic_method, quadratic_hessian_jax),
 )
 
 PINN_DIM = 3
@@ -180,6 +215,14 @@ def pinn_method(method: str, inputs: dict[str, Any]) -> Callable[[], Any]:
     return batched_hessian_method(method, u, inputs["points"], closed_form)
 
 
+def pinn_u_jax(x: Any, W1: Any, b1: Any, w2: Any) -> Any:
+    return jnp.tanh(W1 @ x + b1) @ w2
+
+
+def pinn_batched_hessian_jax(inputs: dict[str, Any]) -> Callable[[], Any]:
+    return jax_methods.batched_hessian(pinn_u_jax, inputs["points"], inputs["W1"], inputs["b1"], inputs["w2"])
+
+
 define(
     name="pinn_batched_hessian",
     family=FAMILY,
@@ -187,7 +230,7 @@ define(
     grid={"points": [16, 256, 4096]},
     methods=("loop", "engine", "engine_traced", "torch_func", "closed_form", "jax"),
     make_inputs=pinn_data,
-    make_method=with_jax(pinn_method, "pinn_batched_hessian"),
+    make_method=with_jax(pinn_method, pinn_batched_hessian_jax),
     quick=("points=256",),
 )
 
@@ -221,6 +264,16 @@ def jacobian_mlp_method(method: str, inputs: dict[str, Any]) -> Callable[[], Any
     return jacobian_method(method, mlp, inputs["x"], closed_form, chunk_size=chunk)
 
 
+def jacobian_mlp_jax(x: Any, W1: Any, b1: Any, W2: Any, b2: Any) -> Any:
+    return jnp.tanh(x @ W1.T + b1) @ W2.T + b2
+
+
+def mlp_jacobian_jax(inputs: dict[str, Any]) -> Callable[[], Any]:
+    """The jax method of mlp_jacobian and chunked_jacobian (rows `chunk` at a time by lax.map)."""
+    weights = (inputs["W1"], inputs["b1"], inputs["W2"], inputs["b2"])
+    return jax_methods.jacobian(jacobian_mlp_jax, inputs["x"], *weights, chunk_size=inputs.get("chunk"))
+
+
 define(
     name="mlp_jacobian",
     family=FAMILY,
@@ -228,7 +281,7 @@ define(
     grid={"hidden": [32, 256]},
     methods=("loop", "engine", "engine_traced", "torch_func", "functional_vectorize", "closed_form", "jax"),
     make_inputs=jacobian_data,
-    make_method=with_jax(jacobian_mlp_method, "mlp_jacobian"),
+    make_method=with_jax(jacobian_mlp_method, mlp_jacobian_jax),
     quick=("hidden=32",),
 )
 
@@ -248,7 +301,7 @@ define(
     grid={"chunk": [16, 64, CHUNKED_DIM]},
     methods=("loop", "engine", "engine_traced", "torch_func", "closed_form", "jax"),
     make_inputs=chunked_jacobian_data,
-    make_method=with_jax(jacobian_mlp_method, "chunked_jacobian"),
+    make_method=with_jax(jacobian_mlp_method, mlp_jacobian_jax),
     quick=(),  # out of the quick profile (10 min budget): the chunk sweep is a full-profile and memory-limit subject
 )
 
@@ -277,6 +330,14 @@ def jvp_mlp_method(method: str, inputs: dict[str, Any]) -> Callable[[], Any]:
     return jvp_method(method, mlp, inputs["x"], inputs["tangents"], closed_form)
 
 
+def jvp_mlp_jax(x: Any, W1: Any, b1: Any, W2: Any) -> Any:
+    return jnp.tanh(W1 @ x + b1) @ W2.T
+
+
+def mlp_jvp_jax(inputs: dict[str, Any]) -> Callable[[], Any]:
+    return jax_methods.jvp(jvp_mlp_jax, inputs["x"], inputs["tangents"], inputs["W1"], inputs["b1"], inputs["W2"])
+
+
 define(
     name="mlp_jvp",
     family=FAMILY,
@@ -284,6 +345,6 @@ define(
     grid={"k": [16, 128]},
     methods=("loop", "engine", "engine_traced", "torch_func", "closed_form", "jax"),
     make_inputs=jvp_data,
-    make_method=with_jax(jvp_mlp_method, "mlp_jvp"),
+    make_method=with_jax(jvp_mlp_method, mlp_jvp_jax),
     quick=("k=16",),
 )

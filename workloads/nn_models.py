@@ -26,6 +26,10 @@ tuple in that same order, each of shape [B, *param.shape].
 The peers (Opacus grad-sample modes, BackPACK BatchGrad) are listed only on the models they can
 express (each workload's methods below; workloads/peers/ has the builders); `closed_form` exists for the two models whose
 per-sample gradients are an outer product away (logistic regression, FFNN).
+
+Each module has its JAX twin right below it: `<module>_loss_jax(params, x, y)`, the module written
+out in jax.numpy on one example (parameters by their state-dict names, layers from
+`workloads.peers.jax_nn`) followed by the workload's criterion.
 """
 from __future__ import annotations
 
@@ -36,12 +40,14 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from workloads import per_sample_grads
+from workloads import peers, per_sample_grads
 from workloads.base import PEER_METHODS
 from workloads.define import define
 from workloads.methods import per_sample_grads_method
-from workloads import peers
-from workloads.peers.jax_methods import with_jax
+from workloads.peers import jax_methods
+from workloads.peers.jax_methods import jax, with_jax
+from workloads.peers.jax_nn import (bce_with_logits, conv2d, cross_entropy, group_norm, layer_norm, linear, lstm,
+                                    pool2d, self_attention)
 
 FAMILY = "per_sample_grads"
 FEATURES = 104  # the paper's Adult features
@@ -59,6 +65,10 @@ class LogisticRegression(nn.Module):
         return self.fc1(x).squeeze(-1)  # logits; the loss applies the sigmoid
 
 
+def logistic_regression_loss_jax(p: dict[str, Any], x: Any, y: Any) -> Any:
+    return bce_with_logits(linear(p, "fc1", x)[0], y)
+
+
 class FFNN(nn.Module):
     def __init__(self) -> None:
         super().__init__()
@@ -67,6 +77,10 @@ class FFNN(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return self.fc2(F.relu(self.fc1(x)))
+
+
+def ffnn_loss_jax(p: dict[str, Any], x: Any, y: Any) -> Any:
+    return cross_entropy(linear(p, "fc2", jax.nn.relu(linear(p, "fc1", x))), y)
 
 
 class MNISTNet(nn.Module):
@@ -83,6 +97,12 @@ class MNISTNet(nn.Module):
         return self.fc2(F.relu(self.fc1(x.flatten(1))))
 
 
+def mnist_net_loss_jax(p: dict[str, Any], x: Any, y: Any) -> Any:
+    h = pool2d(jax.nn.relu(conv2d(x, p["conv1.weight"], p["conv1.bias"], stride=2, padding=3)), 2, 1, "max")
+    h = pool2d(jax.nn.relu(conv2d(h, p["conv2.weight"], p["conv2.bias"], stride=2)), 2, 1, "max")
+    return cross_entropy(linear(p, "fc2", jax.nn.relu(linear(p, "fc1", h.reshape(-1)))), y)
+
+
 class EmbeddingNet(nn.Module):
     def __init__(self) -> None:
         super().__init__()
@@ -91,6 +111,10 @@ class EmbeddingNet(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:  # [B, T] token ids
         return self.fc1(self.emb(x).mean(1))
+
+
+def embedding_net_loss_jax(p: dict[str, Any], x: Any, y: Any) -> Any:
+    return cross_entropy(linear(p, "fc1", p["emb.weight"][x].mean(0)), y)
 
 
 class LSTMNet(nn.Module):
@@ -103,6 +127,12 @@ class LSTMNet(nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:  # [B, T] token ids
         h, _ = self.lstm(self.emb(x))
         return self.fc1(h.mean(1))
+
+
+def lstm_net_loss_jax(p: dict[str, Any], x: Any, y: Any) -> Any:
+    h = lstm(p["emb.weight"][x], p["lstm.weight_ih_l0"], p["lstm.weight_hh_l0"], p["lstm.bias_ih_l0"],
+             p["lstm.bias_hh_l0"])
+    return cross_entropy(linear(p, "fc1", h.mean(0)), y)
 
 
 def _conv_relu(c_in: int, c_out: int) -> nn.Sequential:
@@ -123,6 +153,24 @@ class CIFAR10Net(nn.Module):
         return self.layers(x).mean(dim=(2, 3))
 
 
+# CIFAR10Net.layers written out: its conv layers by state-dict name (each "layers.i.0" inside a
+# conv+ReLU block, the last one bare), and after which of them an average pool follows.
+_CIFAR_CONVS = ("layers.0.0", "layers.1.0", "layers.3.0", "layers.4.0", "layers.6.0", "layers.7.0",
+                "layers.9.0", "layers.10")
+_CIFAR_POOL_AFTER = frozenset(("layers.1.0", "layers.4.0", "layers.7.0"))
+
+
+def cifar10_net_loss_jax(p: dict[str, Any], x: Any, y: Any) -> Any:
+    h = x
+    for name in _CIFAR_CONVS:
+        h = conv2d(h, p[f"{name}.weight"], p[f"{name}.bias"], padding=1)
+        if name != _CIFAR_CONVS[-1]:
+            h = jax.nn.relu(h)
+        if name in _CIFAR_POOL_AFTER:
+            h = pool2d(h, 2, 2, "avg")
+    return cross_entropy(h.mean((1, 2)), y)
+
+
 TOKENS, WIDTH, HEADS, FF, LAYERS = 16, 32, 2, 64, 2
 
 
@@ -135,6 +183,18 @@ class TransformerNet(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:  # [B, TOKENS, WIDTH]
         return self.head(self.encoder(x).mean(1))
+
+
+def transformer_net_loss_jax(p: dict[str, Any], x: Any, y: Any) -> Any:
+    """nn.TransformerEncoder of post-norm layers (norm_first=False, ReLU, eps 1e-5), mean-pooled, linear head."""
+    h = x
+    for i in range(LAYERS):
+        layer = f"encoder.layers.{i}"
+        h = layer_norm(h + self_attention(p, f"{layer}.self_attn", h, HEADS),
+                       p[f"{layer}.norm1.weight"], p[f"{layer}.norm1.bias"])
+        ff = linear(p, f"{layer}.linear2", jax.nn.relu(linear(p, f"{layer}.linear1", h)))
+        h = layer_norm(h + ff, p[f"{layer}.norm2.weight"], p[f"{layer}.norm2.bias"])
+    return cross_entropy(linear(p, "head", h.mean(0)), y)
 
 
 class GroupNormResNet(nn.Module):
@@ -154,6 +214,13 @@ class GroupNormResNet(nn.Module):
         out = F.relu(self.gn1(self.conv1(h)))
         out = F.relu(self.gn2(self.conv2(out)) + h)
         return self.head(out.mean(dim=(2, 3)))
+
+
+def group_norm_res_net_loss_jax(p: dict[str, Any], x: Any, y: Any, groups: int = 4) -> Any:
+    h = jax.nn.relu(conv2d(x, p["stem.weight"], p["stem.bias"], padding=1))
+    out = jax.nn.relu(group_norm(conv2d(h, p["conv1.weight"], padding=1), groups, p["gn1.weight"], p["gn1.bias"]))
+    out = jax.nn.relu(group_norm(conv2d(out, p["conv2.weight"], padding=1), groups, p["gn2.weight"], p["gn2.bias"]) + h)
+    return cross_entropy(linear(p, "head", out.mean((1, 2))), y)
 
 
 def init_params(module: nn.Module, gen: torch.Generator) -> dict[str, torch.Tensor]:
@@ -198,8 +265,6 @@ def logreg_closed_form(params: Params, X: torch.Tensor, Y: torch.Tensor) -> Para
     return residual[:, None, None] * X[:, None, :], residual[:, None]
 
 
-
-
 def _psg(model: type[nn.Module], criterion: Criterion, closed_form: Callable[..., Params] | None = None):
     def make(method: str, inputs: dict[str, Any]) -> Callable[[], Any]:
         module = build_module(model, inputs["params"])
@@ -210,6 +275,18 @@ def _psg(model: type[nn.Module], criterion: Criterion, closed_form: Callable[...
         params = tuple(inputs["params"][n] for n in names)
         return per_sample_grads_method(method, example_loss(module, names, criterion), params, x, y, closed_form)
     return make
+
+
+def _jax_psg(loss: Callable[..., Any]) -> Callable[[dict[str, Any]], Callable[[], Any]]:
+    """The jax method of a workload here: per-sample gradients of its twin `loss` w.r.t. the
+    state-dict tensors, returned as a tuple in the module's parameter order (like the torch methods)."""
+    def build(inputs: dict[str, Any]) -> Callable[[], Any]:
+        names = list(inputs["params"])
+
+        def by_name(params: tuple[Any, ...], x: Any, y: Any) -> Any:
+            return loss(dict(zip(names, params)), x, y)
+        return jax_methods.per_sample_grads(by_name, tuple(inputs["params"].values()), inputs["x"], inputs["y"])
+    return build
 
 
 def _data(model: type[nn.Module], make_x: Callable[[dict[str, Any], torch.Generator], torch.Tensor],
@@ -243,42 +320,47 @@ BASE = ("loop", "engine", "engine_traced", "torch_func")
 OPACUS_ALL = ("opacus_hooks", "opacus_ew", "opacus_functorch")
 
 
-def _define(name: str, description: str, model: type[nn.Module], criterion: Criterion, grid: dict[str, list[Any]],
+def _define(name: str, description: str, model: type[nn.Module], criterion: Criterion, twin: Callable[..., Any],
+            grid: dict[str, list[Any]],
             make_x: Callable[[dict[str, Any], torch.Generator], torch.Tensor],
             make_y: Callable[[int, torch.Generator], torch.Tensor], peer_methods: tuple[str, ...],
             closed_form: Callable[..., Params] | None = None, quick: tuple[str, ...] = (),
             heavy: tuple[str, ...] = (), not_in_quick: tuple[str, ...] = ()) -> None:
     methods = BASE + (("closed_form",) if closed_form is not None else ()) + peer_methods + ("jax", "engine_chunked")
     define(name=name, family=FAMILY, description=description, grid=grid, methods=methods,
-           make_inputs=_data(model, make_x, make_y), make_method=with_jax(_psg(model, criterion, closed_form), name),
+           make_inputs=_data(model, make_x, make_y),
+           make_method=with_jax(_psg(model, criterion, closed_form), _jax_psg(twin)),
            quick=quick, heavy=heavy, not_in_quick=not_in_quick, extra={"model": model})
 
 
 _define("nn_logreg", f"Per-sample gradients of nn.Linear({FEATURES}, 1) logistic regression (fast-dpsgd set)",
-        LogisticRegression, F.binary_cross_entropy_with_logits, {"batch": [32, 256]}, _images(FEATURES), _binary_labels,
+        LogisticRegression, F.binary_cross_entropy_with_logits, logistic_regression_loss_jax, {"batch": [32, 256]},
+        _images(FEATURES), _binary_labels,
         OPACUS_ALL + ("backpack",), closed_form=logreg_closed_form)
 _define("nn_ffnn", f"Per-sample gradients of an nn FFNN {FEATURES}-50-2 (fast-dpsgd set)",
-        FFNN, F.cross_entropy, {"batch": [32, 256]}, _images(FEATURES), _labels(2),
+        FFNN, F.cross_entropy, ffnn_loss_jax, {"batch": [32, 256]}, _images(FEATURES), _labels(2),
         OPACUS_ALL + ("backpack",), closed_form=per_sample_grads.mlp_grads_closed_form)
 _define("nn_mnist_cnn", "Per-sample gradients of the fast-dpsgd MNIST CNN (2 conv + max-pool, 2 linear)",
-        MNISTNet, F.cross_entropy, {"batch": [16, 64]}, _images(1, 28, 28), _labels(10),
+        MNISTNet, F.cross_entropy, mnist_net_loss_jax, {"batch": [16, 64]}, _images(1, 28, 28), _labels(10),
         OPACUS_ALL + ("backpack",), quick=("batch=16",), not_in_quick=per_sample_grads.QUICK_LEAVES_OUT)
 _define("nn_embedding", f"Per-sample gradients of an embedding text classifier (vocab {VOCAB}, dim 16, mean, linear)",
-        EmbeddingNet, F.cross_entropy, {"batch": [16, 64], "tokens": [64]}, _tokens, _labels(2),
+        EmbeddingNet, F.cross_entropy, embedding_net_loss_jax, {"batch": [16, 64], "tokens": [64]}, _tokens,
+        _labels(2),
         OPACUS_ALL + ("backpack",))
 _define("nn_lstm", f"Per-sample gradients of an LSTM text classifier (vocab {VOCAB}, embedding/LSTM width 100)",
-        LSTMNet, F.cross_entropy, {"batch": [8, 32], "tokens": [8, 32]}, _tokens, _labels(2),
+        LSTMNet, F.cross_entropy, lstm_net_loss_jax, {"batch": [8, 32], "tokens": [8, 32]}, _tokens, _labels(2),
         # Opacus' hooks and functorch modes fail on nn.LSTM (they need opacus' own DPLSTM layer).
         ("opacus_ew", "backpack"))
 _define("nn_cifar_cnn", "Per-sample gradients of the fast-dpsgd CIFAR-10 CNN (7 conv, 3 avg-pool)",
-        CIFAR10Net, F.cross_entropy, {"batch": [8, 32]}, _images(3, 32, 32), _labels(10),
+        CIFAR10Net, F.cross_entropy, cifar10_net_loss_jax, {"batch": [8, 32]}, _images(3, 32, 32), _labels(10),
         OPACUS_ALL + ("backpack",), heavy=("batch=32",))
 _define("nn_transformer", f"Per-sample gradients of nn.TransformerEncoder ({LAYERS} layers, {HEADS} heads, "
-        f"{TOKENS} tokens x {WIDTH}, dropout 0)", TransformerNet, F.cross_entropy, {"batch": [16, 64]},
-        _images(TOKENS, WIDTH), _labels(10),
+        f"{TOKENS} tokens x {WIDTH}, dropout 0)", TransformerNet, F.cross_entropy, transformer_net_loss_jax,
+        {"batch": [16, 64]}, _images(TOKENS, WIDTH), _labels(10),
         # No peer expresses nn.MultiheadAttention: Opacus needs its DPMultiheadAttention layer, torch's
         # ExpandedWeights and BackPACK have no rule for it.
         ())
 _define("nn_groupnorm_resnet", "Per-sample gradients of a GroupNorm ResNet basic block (16 channels, 16x16 inputs)",
-        GroupNormResNet, F.cross_entropy, {"batch": [16, 64]}, _images(3, 16, 16), _labels(10),
+        GroupNormResNet, F.cross_entropy, group_norm_res_net_loss_jax, {"batch": [16, 64]}, _images(3, 16, 16),
+        _labels(10),
         OPACUS_ALL)  # BackPACK's BatchGrad has no GroupNorm extension

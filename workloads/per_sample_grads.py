@@ -7,6 +7,9 @@ a batch alike, with a cross-entropy loss per example:
 - `psg_cnn`: two conv + max-pool blocks and a linear head on CIFAR-shaped inputs.
 - `psg_attention`: one transformer block (2-head self-attention, layer norm, ReLU MLP) over 16
   tokens of width 32, mean-pooled into a linear classifier.
+
+Each torch function `f` has its JAX twin `f_jax` right below it (the same ops on one example,
+in jax.numpy); `<workload>_jax` builds the workload's `jax` method from them.
 """
 from __future__ import annotations
 
@@ -21,7 +24,9 @@ from workloads import peers
 from workloads.base import PEER_METHODS
 from workloads.define import define
 from workloads.methods import per_sample_grads_method
-from workloads.peers.jax_methods import with_jax
+from workloads.peers import jax_methods
+from workloads.peers.jax_methods import jax, with_jax
+from workloads.peers.jax_nn import conv2d, cross_entropy, layer_norm, pool2d
 
 FAMILY = "per_sample_grads"
 CLASSES = 10
@@ -39,8 +44,17 @@ def mlp_logits(params: Params, x: torch.Tensor) -> torch.Tensor:
     return torch.relu(x @ W1.T + b1) @ W2.T + b2
 
 
+def mlp_logits_jax(params: tuple[Any, ...], x: Any) -> Any:
+    W1, b1, W2, b2 = params
+    return jax.nn.relu(x @ W1.T + b1) @ W2.T + b2
+
+
 def mlp_loss(params: Params, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
     return F.cross_entropy(mlp_logits(params, x), y, reduction="none")
+
+
+def mlp_loss_jax(params: tuple[Any, ...], x: Any, y: Any) -> Any:
+    return cross_entropy(mlp_logits_jax(params, x), y)
 
 
 def mlp_grads_closed_form(params: Params, X: torch.Tensor, Y: torch.Tensor) -> Params:
@@ -78,7 +92,15 @@ def _method(loss: Callable[..., torch.Tensor], closed_form: Callable[..., Params
     return make
 
 
+def _jax_method(loss: Callable[..., Any]) -> Callable[[dict[str, Any]], Callable[[], Any]]:
+    """The jax method of a functional model: jit(vmap(grad(loss))) of its JAX twin."""
+    def build(inputs: dict[str, Any]) -> Callable[[], Any]:
+        return jax_methods.per_sample_grads(loss, inputs["params"], inputs["x"], inputs["y"])
+    return build
+
+
 mlp_method = _method(mlp_loss, mlp_grads_closed_form, mlp_module)
+psg_mlp_jax = _jax_method(mlp_loss_jax)
 # Every Opacus mode and BackPACK express the MLP, the CNN and (but BackPACK: no LayerNorm) the attention block.
 OPACUS = ("opacus_hooks", "opacus_ew", "opacus_functorch")
 # Opacus' hooks and functorch modes are timed in the full profile; the quick one keeps its best mode
@@ -93,7 +115,7 @@ define(
     methods=("loop", "engine", "engine_traced", "torch_func", "functional_vectorize", "closed_form", *OPACUS,
              "backpack", "jax", "engine_chunked"),
     make_inputs=mlp_data,
-    make_method=with_jax(mlp_method, "psg_mlp"),
+    make_method=with_jax(mlp_method, psg_mlp_jax),
     quick=("batch=64",),
 )
 
@@ -105,8 +127,19 @@ def cnn_logits(params: Params, x: torch.Tensor) -> torch.Tensor:
     return h.flatten(-3) @ W.T + b
 
 
+def cnn_logits_jax(params: tuple[Any, ...], x: Any) -> Any:
+    c1, cb1, c2, cb2, W, b = params
+    h = pool2d(jax.nn.relu(conv2d(x, c1, cb1, padding=1)), 2, 2, "max")
+    h = pool2d(jax.nn.relu(conv2d(h, c2, cb2, padding=1)), 2, 2, "max")
+    return h.reshape(-1) @ W.T + b
+
+
 def cnn_loss(params: Params, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
     return F.cross_entropy(cnn_logits(params, x), y, reduction="none")
+
+
+def cnn_loss_jax(params: tuple[Any, ...], x: Any, y: Any) -> Any:
+    return cross_entropy(cnn_logits_jax(params, x), y)
 
 
 def cnn_module() -> nn.Module:
@@ -138,7 +171,7 @@ define(
     # batch at once, B x B x 16 x 32 x 32 floats (4 GB at B=256).
     methods=("loop", "engine", "engine_traced", "torch_func", *OPACUS, "backpack", "jax", "engine_chunked"),
     make_inputs=cnn_data,
-    make_method=with_jax(_method(cnn_loss, module=cnn_module), "psg_cnn"),
+    make_method=with_jax(_method(cnn_loss, module=cnn_module), _jax_method(cnn_loss_jax)),
     quick=("batch=8",),
     not_in_quick=QUICK_LEAVES_OUT,
 )
@@ -161,8 +194,27 @@ def attention_logits(params: Params, x: torch.Tensor) -> torch.Tensor:
     return h.mean(-2) @ Wc.T + bc
 
 
+def attention_logits_jax(params: tuple[Any, ...], x: Any) -> Any:
+    """One example x: [TOKENS, WIDTH] -> [CLASSES]."""
+    Wq, Wk, Wv, Wo, ln_w, ln_b, W1, b1, W2, b2, Wc, bc = params
+
+    def heads(t: Any) -> Any:  # [T, W] -> [H, T, W/H]
+        return t.reshape(t.shape[0], HEADS, WIDTH // HEADS).transpose(1, 0, 2)
+
+    q, k, v = heads(x @ Wq.T), heads(x @ Wk.T), heads(x @ Wv.T)
+    att = jax.nn.softmax(q @ k.transpose(0, 2, 1) / math.sqrt(WIDTH // HEADS), axis=-1)
+    h = x + (att @ v).transpose(1, 0, 2).reshape(x.shape[0], WIDTH) @ Wo.T
+    h = layer_norm(h, ln_w, ln_b)
+    h = h + jax.nn.relu(h @ W1.T + b1) @ W2.T + b2
+    return h.mean(0) @ Wc.T + bc
+
+
 def attention_loss(params: Params, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
     return F.cross_entropy(attention_logits(params, x), y, reduction="none")
+
+
+def attention_loss_jax(params: tuple[Any, ...], x: Any, y: Any) -> Any:
+    return cross_entropy(attention_logits_jax(params, x), y)
 
 
 class AttentionBlock(nn.Module):
@@ -206,7 +258,7 @@ define(
     methods=("loop", "engine", "engine_traced", "torch_func", "functional_vectorize", *OPACUS, "jax",
              "engine_chunked"),
     make_inputs=attention_data,
-    make_method=with_jax(_method(attention_loss, module=AttentionBlock), "psg_attention"),
+    make_method=with_jax(_method(attention_loss, module=AttentionBlock), _jax_method(attention_loss_jax)),
     quick=("batch=64",),
     not_in_quick=QUICK_LEAVES_OUT,
     # functional_vectorize backpropagates B one-hot vectors through the whole batch: ~0.8 GB at B=256.

@@ -10,8 +10,9 @@ called through `torch.func.functional_call` with their parameters passed as a di
 - `tutorial_maml`: MAML on sine-wave regression: the meta-gradient through one inner gradient
   step, vmapped over tasks (grad of vmap of a function that calls grad).
 
-The `jax` method runs the same nets written in jax.numpy (`workloads.peers.jax_models`) under
-jax.jit, on the same weights and data.
+The `jax` method runs the same nets written out in jax.numpy under jax.jit, on the same weights
+and data: each net's JAX twin `<net>_jax(params, x)` sits right below it (parameters by their
+state-dict names), and `<workload>_jax` builds the method.
 
 Modules are built on the meta device (no storage, no global RNG); their parameters are drawn from
 the workload's seeded generator, so every method sees the same weights.
@@ -28,7 +29,9 @@ from torch.func import functional_call, stack_module_state
 
 from workloads.define import define
 from workloads.methods import NTK_FORMULATIONS, ensemble_method, meta_grad_method, ntk_method
-from workloads.peers.jax_methods import with_jax
+from workloads.peers import jax_methods
+from workloads.peers.jax_methods import jax, with_jax
+from workloads.peers.jax_nn import conv2d, cross_entropy, linear
 
 FAMILY = "torch_func_tutorials"
 METHODS = ("loop", "engine", "engine_traced", "torch_func", "jax")
@@ -65,6 +68,13 @@ def ntk_net() -> nn.Module:
         )
 
 
+def ntk_net_jax(p: dict[str, Any], x: Any) -> Any:
+    """ntk_net on one [3, H, W] image: conv-ReLU-conv-ReLU, flattened, linear -> [classes]."""
+    h = jax.nn.relu(conv2d(x, p["0.weight"], p["0.bias"]))
+    h = jax.nn.relu(conv2d(h, p["2.weight"], p["2.bias"]))
+    return linear(p, "5", h.reshape(-1))
+
+
 def ntk_data(params: dict[str, Any], gen: torch.Generator) -> dict[str, Any]:
     n = params["examples"]
     return {
@@ -83,6 +93,10 @@ def ntk_method_of(method: str, inputs: dict[str, Any]) -> Callable[[], Any]:
     return ntk_method(method, fnet_single, inputs["params"], inputs["x1"], inputs["x2"], inputs["formulation"])
 
 
+def tutorial_ntk_jax(inputs: dict[str, Any]) -> Callable[[], Any]:
+    return jax_methods.ntk(ntk_net_jax, inputs["params"], inputs["x1"], inputs["x2"], inputs["formulation"])
+
+
 define(
     name="tutorial_ntk",
     family=FAMILY,
@@ -91,7 +105,7 @@ define(
     grid={"formulation": list(NTK_FORMULATIONS), "examples": [2, 8, 16]},
     methods=METHODS,
     make_inputs=ntk_data,
-    make_method=with_jax(ntk_method_of, "tutorial_ntk"),
+    make_method=with_jax(ntk_method_of, tutorial_ntk_jax),
     quick=("formulation=jacobian,examples=8",),
     not_in_quick=NOT_IN_QUICK,
     # jvp_vjp pushes examples^2 x 10 parameter-sized vectors at once (~0.5 GB at 16 examples).
@@ -111,6 +125,12 @@ def ensemble_net() -> nn.Module:
             nn.Flatten(), nn.Linear(784, 128), nn.ReLU(), nn.Linear(128, 128), nn.ReLU(),
             nn.Linear(128, ENSEMBLE_CLASSES),
         )
+
+
+def ensemble_net_jax(p: dict[str, Any], x: Any) -> Any:
+    """ensemble_net on a minibatch [B, 1, 28, 28]: flattened, 784-128-128-10 with ReLUs."""
+    h = jax.nn.relu(linear(p, "1", x.reshape(x.shape[0], -1)))
+    return linear(p, "5", jax.nn.relu(linear(p, "3", h)))
 
 
 def ensemble_data(params: dict[str, Any], gen: torch.Generator) -> dict[str, Any]:
@@ -144,6 +164,17 @@ def ensemble_method_of(method: str, inputs: dict[str, Any]) -> Callable[[], Any]
     raise ValueError(f"unknown ensemble task {inputs['task']!r}; expected predict or train_grad")
 
 
+def tutorial_ensemble_jax(inputs: dict[str, Any]) -> Callable[[], Any]:
+    def loss(p: dict[str, Any], x: Any, y: Any) -> Any:
+        """F.cross_entropy (mean over the minibatch) of ensemble_net."""
+        return cross_entropy(ensemble_net_jax(p, x), y).mean()
+    if inputs["task"] == "predict":
+        return jax_methods.ensemble(ensemble_net_jax, inputs["params"], inputs["x"])
+    if inputs["task"] == "train_grad":
+        return jax_methods.ensemble(loss, inputs["params"], inputs["x"], inputs["y"])
+    raise ValueError(f"unknown ensemble task {inputs['task']!r}; expected predict or train_grad")
+
+
 define(
     name="tutorial_ensemble",
     family=FAMILY,
@@ -153,7 +184,7 @@ define(
     grid={"task": ["predict", "train_grad"], "models": [4, 16, 64]},
     methods=METHODS,
     make_inputs=ensemble_data,
-    make_method=with_jax(ensemble_method_of, "tutorial_ensemble"),
+    make_method=with_jax(ensemble_method_of, tutorial_ensemble_jax),
     quick=("task=train_grad,models=16",),
     not_in_quick=NOT_IN_QUICK,
 )
@@ -171,6 +202,12 @@ def maml_net() -> nn.Module:
             nn.Linear(1, MAML_HIDDEN), nn.ReLU(), nn.Linear(MAML_HIDDEN, MAML_HIDDEN), nn.ReLU(),
             nn.Linear(MAML_HIDDEN, 1),
         )
+
+
+def maml_net_jax(p: dict[str, Any], x: Any) -> Any:
+    """maml_net on [K, 1] inputs: 1-40-40-1 with ReLUs."""
+    h = jax.nn.relu(linear(p, "0", x))
+    return linear(p, "4", jax.nn.relu(linear(p, "2", h)))
 
 
 def maml_data(params: dict[str, Any], gen: torch.Generator) -> dict[str, Any]:
@@ -195,6 +232,13 @@ def maml_method_of(method: str, inputs: dict[str, Any]) -> Callable[[], Any]:
     return meta_grad_method(method, loss, inputs["params"], inputs["support"], inputs["query"], MAML_INNER_LR)
 
 
+def tutorial_maml_jax(inputs: dict[str, Any]) -> Callable[[], Any]:
+    def loss(p: dict[str, Any], x: Any, y: Any) -> Any:
+        """F.mse_loss (mean) of maml_net."""
+        return ((maml_net_jax(p, x) - y) ** 2).mean()
+    return jax_methods.meta_grad(loss, inputs["params"], inputs["support"], inputs["query"], MAML_INNER_LR)
+
+
 define(
     name="tutorial_maml",
     family=FAMILY,
@@ -203,7 +247,7 @@ define(
     grid={"tasks": [8, 32, 512]},
     methods=METHODS,
     make_inputs=maml_data,
-    make_method=with_jax(maml_method_of, "tutorial_maml"),
+    make_method=with_jax(maml_method_of, tutorial_maml_jax),
     quick=("tasks=32",),
     not_in_quick=NOT_IN_QUICK,
 )

@@ -19,7 +19,7 @@ from dashboards.context import TIME_METRIC, Context
 from dashboards.figures import Panels, epoch_ms, error_bar, panel_keys, records
 from dashboards.numbers import REFERENCE_RATIO_METRIC, SPEEDUP_METRIC, estimate_columns, format_estimate
 from dashboards.page import Page, esc, table
-from dashboards.regressions import HISTORY_COMMITS
+from dashboards.regressions import HISTORY_COMMITS, found_regressions
 from dashboards.theme import format_value, method_color, method_label, method_order, natural_key
 from vmapbench.stats import Estimate
 from workloads.base import ENGINE_METHODS
@@ -140,7 +140,7 @@ def render(ctx: Context) -> Page:
         return page
     engine = ctx.of_commits(rows[rows["method"].isin(list(ENGINE_METHODS))], HISTORY_COMMITS)
     engine = estimate_columns(engine)
-    regressions = ctx.regressions
+    regressions = found_regressions(ctx)
     if engine.empty:
         page.notice("No engine method was timed in these results.", "warn")
     for (workload, machine), w_rows in engine.groupby(["workload", "machine"], observed=True, sort=True):

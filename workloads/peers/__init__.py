@@ -5,63 +5,29 @@ workloads.methods does for the transforms. A peer's package is imported when its
 built; when it is missing the builder raises the package and the
 install line (`pip install -e '.[peers]'`): `PeerUnavailable`, a NotImplementedError, so ASV skips
 the case (suite/probes.py checks before the first call) and the CLI shows the method as skipped.
+
+Modules, bottom up: `availability` (is a peer's package importable; the skip), `opacus` and
+`backpack` (their per-sample-gradient methods, dispatched by `per_sample_grads` here),
+`jax_methods` (the jax method's machinery: threads, dtype, jit, timing; task builders) and
+`jax_nn` (torch.nn.functional in jax.numpy). None imports a workload module: each workload's
+JAX twin sits beside its torch model in the workload's own module.
 """
 from __future__ import annotations
 
-import importlib
-import warnings
-from types import ModuleType
 from typing import Callable, Sequence
 
 import torch
 from torch import nn
 
-INSTALL_HINT = "install the peers with `pip install -e '.[peers]'` (make bench does it unless PEERS=0)"
-
-
-# The package each peer method imports (its submodule, so a half-installed package counts as missing).
-PACKAGES = {
-    "opacus_hooks": "opacus.grad_sample",
-    "opacus_ew": "opacus.grad_sample",
-    "opacus_functorch": "opacus.grad_sample",
-    "backpack": "backpack.extensions",
-}
-
-
-class PeerUnavailable(NotImplementedError):
-    """A peer method's package is not installed: a skip (ASV, CLI), never a failure of the method.
-
-    Apart from plain NotImplementedError, which torch raises for an op a backend lacks: that is a
-    failure of the method and must show up as one."""
-
-
-def check_available(method: str) -> None:
-    """PeerUnavailable when `method` is a peer method whose package cannot be imported."""
-    if method in PACKAGES:
-        require(PACKAGES[method], method)
-
-
-def preload() -> None:
-    """Import every installed peer package now (opacus alone takes ~7 s on top of torch here), so a
-    benchmark process forked afterwards does not pay it; missing ones are left to their methods."""
-    for method, package in PACKAGES.items():
-        try:
-            require(package, method)
-        except PeerUnavailable:
-            pass
-
-
-def require(package: str, method: str) -> ModuleType:
-    """Import `package` for `method`, or raise PeerUnavailable saying how to install it."""
-    # Opacus and BackPACK hook modules whose inputs need no gradient (the data); torch warns about
-    # that on every backward, though both read only the outputs' gradients. Silence that one warning.
-    warnings.filterwarnings("ignore", message="Full backward hook is firing when gradients are computed with "
-                            "respect to module outputs since no inputs require gradients", category=UserWarning)
-    try:
-        return importlib.import_module(package)
-    except ImportError as e:
-        raise PeerUnavailable(f"method {method!r} needs the {package!r} package, which cannot be imported "
-                                  f"here ({e}); {INSTALL_HINT}") from e
+from workloads.peers import backpack, opacus
+from workloads.peers.availability import (  # noqa: F401  (the package's interface)
+    INSTALL_HINT,
+    PACKAGES,
+    PeerUnavailable,
+    check_available,
+    preload,
+    require,
+)
 
 
 def per_sample_grads(method: str, module: nn.Module, criterion: Callable[..., torch.Tensor], x: torch.Tensor,
@@ -69,8 +35,6 @@ def per_sample_grads(method: str, module: nn.Module, criterion: Callable[..., to
     """The measured call of peer `method` computing per-sample gradients of `module` on (x, y):
     a tuple in `module.parameters()` order. `criterion(out, y, reduction="sum")` must be the sum
     of the per-example losses (F.cross_entropy and F.binary_cross_entropy_with_logits are)."""
-    from workloads.peers import backpack, opacus
-
     for peer in (opacus, backpack):
         if method in peer.METHODS:
             return peer.per_sample_grads(method, module, criterion, x, y)

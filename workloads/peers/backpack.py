@@ -17,7 +17,7 @@ from typing import Callable
 import torch
 from torch import nn
 
-from workloads.peers import PACKAGES, require
+from workloads.peers.availability import PACKAGES, require
 
 METHODS = ("backpack",)
 

@@ -1,11 +1,17 @@
-"""The `jax` method: jax.jit of jax.vmap / grad / hessian / jacrev / jvp on jax.numpy models.
+"""The `jax` method's machinery: jax.jit of jax.vmap / grad / hessian / jacrev / jvp on jax.numpy models.
 
 The builders mirror `workloads.methods` task by task (per-sample gradients, Hessian, batched
 Hessian, Hessian-vector products, Jacobian, Jacobian-vector products, batched gradients, HMC
 leapfrog trajectories, gradients of particle averages, the empirical NTK, ensembles, MAML's
-meta-gradient), so the JAX program does what the torch.func one does. The models themselves are
-in `workloads.peers.jax_models`; a workload adds the method with
-`with_jax(make_method, "<builder name>")`.
+meta-gradient), so the JAX program does what the torch.func one does. The models themselves, the
+JAX twins, sit beside their torch models in each workload module (their jax.numpy layers in
+`workloads.peers.jax_nn`); a workload adds the method with `with_jax(make_method, twin)`, `twin`
+its builder `inputs -> measured call`. This module imports no workload.
+
+The twins write `jax.nn.relu(...)`, `jnp.tanh(...)` as plain JAX code with `jax` and `jnp` imported
+from here: stand-ins (`Deferred`) that look the real modules up when the twin runs, which is only
+inside `compiled` (under jit, after `load_jax`). So importing the workload registry never imports
+jax (~1 s), and jax is always first imported by `load_jax`, which sets XLA's threads before.
 
 Equal footing with the torch methods:
 - Same data: the workload's torch tensors are converted once, when the method is built (not timed),
@@ -37,6 +43,9 @@ import numpy
 import torch
 from torch.utils._pytree import tree_leaves
 
+from workloads.methods import NTK_FORMULATIONS
+from workloads.methods import leapfrog as trajectory
+
 Fn = Callable[..., Any]
 Thunk = Callable[[], Any]
 MakeMethod = Callable[[str, dict[str, Any]], Thunk]
@@ -44,6 +53,31 @@ MakeMethod = Callable[[str, dict[str, Any]], Thunk]
 SINGLE_THREAD_FLAGS = ("--xla_cpu_multi_thread_eigen=false", "intra_op_parallelism_threads=1")
 # The torch thread count XLA was configured for when jax was first imported through load_jax.
 _configured_threads: int | None = None
+
+
+class Deferred:
+    """Stands for module `name` (jax, jax.numpy) in the JAX twins: each attribute is looked up in
+    the module when used. The module must already be imported (by `load_jax`, when a jax method is
+    built); it is never imported from here, so XLA cannot start before its threads are set."""
+
+    def __init__(self, name: str) -> None:
+        self._name = name
+
+    def __getattr__(self, attr: str) -> Any:
+        module = sys.modules.get(self._name)
+        if module is None:
+            raise RuntimeError(
+                f"{self._name}.{attr} used before jax was imported: a JAX twin runs only inside the jax "
+                "method (build it with workloads.peers.jax_methods.with_jax or compiled, which call load_jax)"
+            )
+        return getattr(module, attr)
+
+    def __repr__(self) -> str:
+        return f"<deferred module {self._name!r}>"
+
+
+jax = Deferred("jax")
+jnp = Deferred("jax.numpy")
 
 
 def _cores() -> int:
@@ -249,8 +283,6 @@ def leapfrog(log_density: Fn, positions: torch.Tensor, momenta: torch.Tensor, st
              *data: Any) -> Thunk:
     """Final (positions, momenta) of a leapfrog trajectory of every chain: the steps of
     `workloads.methods.leapfrog` (unrolled under jit), each gradient a vmap(grad) over the chains."""
-    from workloads.methods import leapfrog as trajectory
-
     def build(jax: ModuleType) -> Fn:
         def run(q: Any, p: Any, *data: Any) -> Any:
             grads = jax.vmap(jax.grad(log_density), in_axes=(0, *(None for _ in data)))
@@ -274,8 +306,6 @@ def ntk(f: Fn, params: dict[str, torch.Tensor], x1: torch.Tensor, x2: torch.Tens
     and x2, by either of `workloads.methods.ntk_method`'s formulations: "jacobian" contracts the
     per-example Jacobians of vmap(jacrev(f)) parameter by parameter; "jvp_vjp" pushes each output
     basis vector through a vjp at x1[n] and a jvp at x2[m], never building a Jacobian."""
-    from workloads.methods import NTK_FORMULATIONS
-
     if formulation not in NTK_FORMULATIONS:
         raise ValueError(f"unknown NTK formulation {formulation!r}; expected one of {NTK_FORMULATIONS}")
 
@@ -328,17 +358,15 @@ def meta_grad(loss: Fn, params: dict[str, torch.Tensor], support: tuple[torch.Te
     return compiled(build, (params, xs, ys, xq, yq))
 
 
-def with_jax(make_method: MakeMethod, model: str) -> MakeMethod:
-    """`make_method` with the `jax` method added: `workloads.peers.jax_models.<model>(inputs)` builds it.
+def with_jax(make_method: MakeMethod, twin: Callable[[dict[str, Any]], Thunk]) -> MakeMethod:
+    """`make_method` with the `jax` method added: `twin(inputs)`, the workload's JAX twin, builds it.
 
-    jax (and the jax.numpy models) is imported only when the method is built, so listing or
-    running other methods never pays for it, and a missing jax only skips this method.
+    jax is imported (by `load_jax`) only when the method is built, so listing or running other
+    methods never pays for it, and a missing jax only skips this method.
     """
     def make(method: str, inputs: dict[str, Any]) -> Thunk:
         if method != "jax":
             return make_method(method, inputs)
         load_jax(_device([v for v in inputs.values() if isinstance(v, (torch.Tensor, tuple, list))]))
-        from workloads.peers import jax_models
-
-        return getattr(jax_models, model)(inputs)
+        return twin(inputs)
     return make

@@ -17,7 +17,7 @@ from typing import Any, Callable
 import torch
 from torch import nn
 
-from workloads.peers import PACKAGES, require
+from workloads.peers.availability import PACKAGES, require
 
 MODES = {"opacus_hooks": "hooks", "opacus_ew": "ew", "opacus_functorch": "functorch"}
 METHODS = tuple(MODES)

@@ -1,0 +1,161 @@
+"""One measuring pass per workload case for the figures that need no process of their own.
+
+asv runs every point of every benchmark in a process of its own, and each of those processes
+built the case and made the method's first call again (traces, compiles): in `make bench` the
+in-process figures (ratios to torch.func, speedups over the loop, RSS growth, engine fallbacks)
+cost ~210 s of asv's ~380, mostly in that setup. Here one process builds a case (workload, size,
+device) once, makes each method's first call (counting the engine's fallbacks during it and one
+steady call), measures each method's RSS growth over one call, and then times all the methods
+interleaved, round by round (probes.interleaved_samples). A ratio then comes with one figure per
+round, whose spread is the interval the dashboard shows (vmapbench.stats).
+
+Where a pass is kept: `make bench` (vmapbench/bench.py) gives the run a folder in
+VMAPBENCH_PASS_DIR; the first track process of a case measures every method of it there, the
+others of the run read it. Without that folder (a plain `asv run`, a backfill of past commits,
+a test) a process measures only the methods its figure needs: the point and the method it is
+compared with, as every track process did before passes.
+"""
+from __future__ import annotations
+
+import functools
+import json
+import os
+import re
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any, Callable, Sequence
+
+from workloads import measure
+
+from . import probes, selection
+
+PASS_DIR_ENV = "VMAPBENCH_PASS_DIR"
+"""The folder where the passes of one run are kept (set by vmapbench/bench.py for its run)."""
+
+# Interleaved timing of all of a case's methods. The quick profile (`make bench`) gives each case
+# ~2 s (17 cases); the full one and `python -m vmapbench.peer_ratios` measure for longer.
+QUICK_TIMING = {"rounds": 7, "budget_s": 2.0}
+FULL_TIMING = {"rounds": 15, "budget_s": 20.0}
+
+_PASSES: dict[tuple[str, str, str, tuple[str, ...] | None], "CasePass"] = {}
+
+
+@dataclass
+class CasePass:
+    """What one pass measured of one case; per method, `errors` says why a method has no figure."""
+
+    seconds: dict[str, list[float]] = field(default_factory=dict)  # seconds per call, one per round
+    rss_bytes: dict[str, int] = field(default_factory=dict)
+    fallbacks: dict[str, int] = field(default_factory=dict)
+    errors: dict[str, str] = field(default_factory=dict)
+    fallbacks_skipped: dict[str, str] = field(default_factory=dict)  # no engine.record_fallbacks
+    skipped: str = ""  # why the case cannot be built here (its setup raised NotImplementedError)
+
+    def figure(self, method: str, table: dict[str, Any]) -> Any:
+        """`table[method]`, or the method's error raised (asv: a failed point), or the case's skip."""
+        if self.skipped:
+            raise probes.SkipNotImplemented(self.skipped)
+        if method in self.errors:
+            raise RuntimeError(self.errors[method])
+        if method not in table:
+            raise RuntimeError(f"the pass of this case has no figure for {method!r}")
+        return table[method]
+
+    def round_ratios(self, numerator: str, denominator: str) -> list[float]:
+        """numerator's time / denominator's, round by round (the calls of a round ran moments apart)."""
+        top, bottom = self.figure(numerator, self.seconds), self.figure(denominator, self.seconds)
+        return [a / b for a, b in zip(top, bottom)]
+
+
+def _file(workload: Any, size: str, device: str) -> Path | None:
+    folder = os.environ.get(PASS_DIR_ENV, "").strip()
+    if not folder:
+        return None
+    name = re.sub(r"[^\w.=,-]+", "_", f"{workload.name}-{size}-{device}")
+    return Path(folder) / f"pass-{name}.json"
+
+
+def case_pass(workload: Any, size: str, device: str, needed: Sequence[str]) -> CasePass:
+    """The pass of (workload, size, device): read back if this run has one, else measured now (all
+    the profile's methods when the run keeps passes, else only the `needed` ones)."""
+    path = _file(workload, size, device)
+    methods = None if path is not None else tuple(dict.fromkeys(needed))
+    key = (workload.name, size, device, methods)
+    if key in _PASSES:
+        return _PASSES[key]
+    if path is not None and path.is_file():
+        result = CasePass(**json.loads(path.read_text()))
+    else:
+        result = measure_case(workload, size, device, None if methods is None else list(methods))
+        if path is not None:
+            tmp = path.with_suffix(f".{os.getpid()}.tmp")
+            tmp.write_text(json.dumps(asdict(result)))
+            tmp.replace(path)
+    _PASSES[key] = result
+    return result
+
+
+def _methods(workload: Any, device: str) -> list[str]:
+    """The case's methods the active profile measures and this environment can run."""
+    out = []
+    for method in selection.profile_methods(workload, selection.active_profile()):
+        try:
+            probes.require_method(method)
+        except NotImplementedError:
+            continue  # a skip: the class setup of each of its points says why
+        out.append(method)
+    return out
+
+
+def measure_case(workload: Any, size: str, device: str, methods: list[str] | None = None) -> CasePass:
+    """Build the case once; per method its first call (with the engine's fallbacks during it and one
+    steady call), its RSS growth over one call; then every method timed interleaved."""
+    probes.pin_threads()
+    methods = _methods(workload, device) if methods is None else methods
+    result = CasePass()
+    try:
+        state = workload.setup(workload.params(size), device)
+    except NotImplementedError as exc:  # e.g. no cuda here: a skip of every point, as in setup_case
+        result.skipped = f"{workload.name} [{size}] on {device}: {exc}"
+        return result
+    calls: dict[str, Callable[[], Any]] = {}
+    for method in methods:
+        call = synchronized(functools.partial(workload.run, method, state), device)
+        try:
+            _first_call(workload, method, state, result)
+            result.rss_bytes[method] = measure.rss_delta_bytes(call)
+        except Exception as exc:  # noqa: BLE001 - one method's failure must not lose the others'
+            result.errors[method] = f"{workload.name} {method}: {type(exc).__name__}: {exc}"
+            continue
+        calls[method] = call
+    timing = QUICK_TIMING if selection.active_profile() == "quick" else FULL_TIMING
+    if calls:
+        result.seconds = probes.interleaved_samples(calls, device, **timing)
+    return result
+
+
+
+
+def synchronized(call: Callable[[], Any], device: str) -> Callable[[], Any]:
+    """`call`, followed by a synchronization on a CUDA device (so kernels are timed, not launches)."""
+    if device == "cpu":
+        return call
+
+    def run() -> Any:
+        out = call()
+        probes.synchronize(device)
+        return out
+    return run
+
+
+def _first_call(workload: Any, method: str, state: Any, result: CasePass) -> None:
+    """The method's first call and one steady call, the engine's fallbacks during them counted
+    (asv asks for the engine methods' counts; any other method's must be 0)."""
+    def first_and_steady_call() -> None:
+        probes.first_call(workload, method, state)
+        workload.run(method, state)
+    try:
+        result.fallbacks[method] = probes.fallback_count(first_and_steady_call)
+    except probes.SkipNotImplemented as exc:  # an engine without record_fallbacks
+        result.fallbacks_skipped[method] = str(exc)
+        first_and_steady_call()

@@ -1,0 +1,105 @@
+"""The project's import graph has no circle: each module imports only from layers below it
+(README, "Architecture"). Every import counts, at module level or inside a function, so a circle
+cannot hide behind a function-level import; a package's modules importing the package's own
+`__init__` (e.g. `workloads.peers.opacus` -> `workloads.peers`) is no circle, as Python runs the
+`__init__` first."""
+from __future__ import annotations
+
+import ast
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+PACKAGES = ("dashboards", "engine", "suite", "vmapbench", "workloads")
+# Packages whose circles this test reports. engine/ is added once its circles are broken (issue #27).
+CHECKED = ("dashboards", "suite", "vmapbench", "workloads")
+
+
+def module_name(root: Path, path: Path) -> str:
+    parts = list(path.relative_to(root).with_suffix("").parts)
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+def import_graph(root: Path = ROOT, packages: tuple[str, ...] = PACKAGES) -> dict[str, set[str]]:
+    """module -> the modules of `packages` it imports (a name resolved to its longest module prefix)."""
+    files = {module_name(root, p): p for pkg in packages for p in (root / pkg).rglob("*.py")}
+    graph: dict[str, set[str]] = {m: set() for m in files}
+    for mod, path in files.items():
+        package = mod.split(".") if path.name == "__init__.py" else mod.split(".")[:-1]
+        for node in ast.walk(ast.parse(path.read_text(), str(path))):
+            if isinstance(node, ast.Import):
+                names = [a.name for a in node.names]
+            elif isinstance(node, ast.ImportFrom):
+                base = node.module or ""
+                if node.level:
+                    base = ".".join(package[: len(package) - node.level + 1] + ([base] if base else []))
+                names = [base] + [f"{base}.{a.name}" for a in node.names]
+            else:
+                continue
+            for name in names:
+                while name and name not in files:
+                    name = name.rpartition(".")[0]
+                if name and name != mod and not mod.startswith(name + "."):
+                    graph[mod].add(name)
+    return graph
+
+
+def circles(graph: dict[str, set[str]]) -> list[list[str]]:
+    """The strongly connected components of more than one module (Tarjan)."""
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    on_stack: set[str] = set()
+    found: list[list[str]] = []
+
+    def visit(v: str) -> None:
+        index[v] = low[v] = len(index)
+        stack.append(v)
+        on_stack.add(v)
+        for w in graph[v]:
+            if w not in index:
+                visit(w)
+                low[v] = min(low[v], low[w])
+            elif w in on_stack:
+                low[v] = min(low[v], index[w])
+        if low[v] == index[v]:
+            component = []
+            while True:
+                w = stack.pop()
+                on_stack.discard(w)
+                component.append(w)
+                if w == v:
+                    break
+            if len(component) > 1:
+                found.append(sorted(component))
+
+    limit = sys.getrecursionlimit()
+    sys.setrecursionlimit(max(limit, 10_000))
+    try:
+        for v in sorted(graph):
+            if v not in index:
+                visit(v)
+    finally:
+        sys.setrecursionlimit(limit)
+    return found
+
+
+@pytest.mark.parametrize("package", CHECKED)
+def test_no_import_circle(package: str) -> None:
+    mine = [c for c in circles(import_graph()) if any(m == package or m.startswith(package + ".") for m in c)]
+    assert not mine, f"import circles through {package}/ (each module must import only downward): {mine}"
+
+
+def test_a_circle_is_found_even_through_a_function_level_import(tmp_path: Path) -> None:
+    package = tmp_path / "pkg"
+    (package / "sub").mkdir(parents=True)
+    (package / "__init__.py").write_text("")
+    (package / "sub" / "__init__.py").write_text("from pkg.sub import leaf\n")  # its own package: no circle
+    (package / "sub" / "leaf.py").write_text("from pkg import sub\n")
+    (package / "a.py").write_text("from pkg import b\n")
+    (package / "b.py").write_text("from . import c\n")
+    (package / "c.py").write_text("def late():\n    from pkg.a import something\n")
+    (package / "d.py").write_text("import pkg.a\n")
+    assert circles(import_graph(tmp_path, ("pkg",))) == [["pkg.a", "pkg.b", "pkg.c"]]

@@ -1,0 +1,92 @@
+"""What automatic tracing costs over an explicit `engine.trace` of the same function, as the model
+grows (python -m vmapbench.bench_guards).
+
+Automatic tracing replays the same recorded graph as engine.trace; what it adds per call is its
+own bookkeeping: the outermost-call check, the signature lookup and the guard that the Python
+state the recording read is unchanged (engine.guardstate). This measures that addition on a tiny
+function and on an MLP of 2, 16 and 64 blocks (Linear + Tanh, parameters frozen so the replay is
+allowed), `vmap(grad(loss))` over a batch of 8. The two callables are timed call by call,
+alternating, in CPU seconds of this process (time.process_time: what other processes' load does
+not inflate), and reported as the median [quartiles] of the per-pair ratio auto/trace, with the
+guard check alone (StateGuard.holds) in microseconds.
+"""
+from __future__ import annotations
+
+import argparse
+import statistics
+import time
+from typing import Any, Callable, Sequence
+
+import torch
+
+import engine
+from engine.autotrace import autotraced_state
+
+DEFAULT_BLOCKS = (0, 2, 16, 64)  # 0: the tiny function
+
+
+def _model(blocks: int) -> Callable[[torch.Tensor], torch.Tensor]:
+    if blocks == 0:
+        return lambda x: (x.sin() * 2).sum()
+    layers: list[torch.nn.Module] = []
+    for _ in range(blocks):
+        layers += [torch.nn.Linear(16, 16), torch.nn.Tanh()]
+    net = torch.nn.Sequential(*layers).requires_grad_(False)
+    return lambda x: net(x).sum()
+
+
+def _cpu(fn: Callable[[], Any], number: int) -> float:
+    start = time.process_time()
+    for _ in range(number):
+        fn()
+    return (time.process_time() - start) / number
+
+
+def measure(blocks: int, rounds: int = 15, budget: float = 0.02) -> dict[str, float]:
+    """Interleaved auto vs trace timings for one model size; see the module docstring."""
+    loss = _model(blocks)
+    auto = engine.vmap(engine.grad(loss))
+    traced = engine.trace(engine.vmap(engine.grad(loss)))
+    x = torch.randn(8, 16)
+    for _ in range(4):
+        auto(x)
+        traced(x)
+    state = autotraced_state(auto)
+    if state is None or state.impure is not None or state.traced.cache_info().hits == 0:
+        raise RuntimeError(f"bench_guards: the {blocks}-block model did not reach replay ({state and state.impure})")
+    number = max(1, int(budget / max(_cpu(lambda: traced(x), 3), 1e-7)))
+    ratios, t_auto, t_trace = [], [], []
+    for r in range(rounds):
+        pair = ((auto, t_auto), (traced, t_trace)) if r % 2 else ((traced, t_trace), (auto, t_auto))
+        times = {}
+        for fn, sink in pair:
+            times[id(fn)] = _cpu(lambda: fn(x), number)
+            sink.append(times[id(fn)])
+        ratios.append(times[id(auto)] / times[id(traced)])
+    guard = state._guard
+    holds = min(_cpu(guard.holds, 200) for _ in range(3)) if guard is not None else float("nan")
+    q = statistics.quantiles(ratios, n=4)
+    return {
+        "blocks": blocks, "trace_us": statistics.median(t_trace) * 1e6, "auto_us": statistics.median(t_auto) * 1e6,
+        "ratio": statistics.median(ratios), "ratio_q1": q[0], "ratio_q3": q[-1], "guard_us": holds * 1e6,
+    }
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    p = argparse.ArgumentParser(prog="python -m vmapbench.bench_guards", description=__doc__.splitlines()[0])
+    p.add_argument("--blocks", type=int, nargs="+", default=list(DEFAULT_BLOCKS), help="model sizes (0: a tiny function)")
+    p.add_argument("--rounds", type=int, default=15)
+    p.add_argument("--threads", type=int, default=1)
+    args = p.parse_args(argv)
+    torch.set_num_threads(args.threads)
+    print(f"{'model':>12} {'trace us':>10} {'auto us':>10} {'auto/trace [q1-q3]':>22} {'guard us':>9}")
+    for blocks in args.blocks:
+        m = measure(blocks, args.rounds)
+        name = "tiny fn" if blocks == 0 else f"{blocks} blocks"
+        ratio = f"{m['ratio']:.3f} [{m['ratio_q1']:.2f}-{m['ratio_q3']:.2f}]"
+        print(f"{name:>12} {m['trace_us']:10.1f} {m['auto_us']:10.1f} {ratio:>22} {m['guard_us']:9.1f}", flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
