@@ -96,9 +96,14 @@ def case_pass(workload: Any, size: str, device: str, needed: Sequence[str]) -> C
 
 
 def _methods(workload: Any, device: str) -> list[str]:
-    """The case's methods the active profile measures and this environment can run."""
+    """The case's methods the active profile measures and this environment can run, and the loop
+    and torch.func the ratios compare them with (measured even where the profile leaves them out,
+    as in the compiled family's quick methods)."""
+    from workloads.base import BASELINE, REFERENCE
+
     out = []
-    for method in selection.profile_methods(workload, selection.active_profile()):
+    wanted = selection.profile_methods(workload, selection.active_profile())
+    for method in dict.fromkeys([*wanted, *(m for m in (BASELINE, REFERENCE) if m in workload.methods)]):
         try:
             probes.require_method(method)
         except NotImplementedError:

@@ -205,6 +205,21 @@ def test_a_pass_is_kept_in_the_runs_folder_and_measures_every_method_once(quick_
     assert set(first.seconds) == {"loop", "torch_func", "closed_form"} and "functional_vectorize" in first.errors
 
 
+def test_a_pass_measures_the_loop_and_torch_func_the_profile_leaves_out(quick_profile, tmp_path, monkeypatch):
+    """The compiled family's quick methods leave out loop and torch_func; its ratios still need them."""
+    import dataclasses
+
+    from suite import workload_pass
+
+    monkeypatch.setattr(workload_pass, "_PASSES", {})
+    monkeypatch.setenv(workload_pass.PASS_DIR_ENV, str(tmp_path))
+    w = dataclasses.replace(_tiny_workload("tiny-quick-few"), not_in_quick=("loop", "torch_func"))
+    assert selection.profile_methods(w, "quick") == ("closed_form", "functional_vectorize")
+    case = workload_pass.case_pass(w, "n=4", "cpu", ("closed_form",))
+    assert set(case.seconds) == {"loop", "torch_func", "closed_form"}
+    assert len(case.round_ratios("closed_form", "torch_func")) >= 3
+
+
 def test_setup_skips_cases_outside_the_profile(quick_profile, monkeypatch):
     from suite import bench_workloads
 
