@@ -1,22 +1,29 @@
-"""The regression gate: base vs head on a noisy shared machine, and its own calibration.
+"""The regression gate: base vs head on a noisy shared machine it may never have seen, and its own calibration.
 
     python -m vmapbench.gate BASE HEAD          # compare two commits (what `make continuous` runs)
-    vmapbench gate --calibrate                  # A/A runs and a planted 1.3x engine slowdown
+    vmapbench gate --calibrate                  # A/A runs and planted slowdowns (PLANTS)
 
-How it measures (decided from A/A measurements on this 2-core box, see README "Benchmarks with
-ASV"): wall-clock times of two runs of one commit differed by up to 40x under the load of other
-processes, and even ratios of methods timed interleaved in one process moved 2x. CPU time of the
-measuring process (time.process_time, one intra-op thread) is what the load does not inflate, so:
+How it measures (see README "The regression gate"): on a shared 2-core box wall-clock times of two
+processes of one commit differ by up to 40x; CPU time of the measuring process (one intra-op
+thread) and ratios of methods timed interleaved in one process move 10-40% between processes;
+instructions executed in a region under callgrind move < 0.3%. So:
 
-- each commit is extracted (`git archive`) into a temporary folder; every round runs one fresh
-  process per commit (vmapbench/gate_probe.py, both at once), rounds repeated `--rounds` times;
-- each process times every method of each gated workload interleaved in CPU seconds and reports
-  the in-process ratios (method / torch.func, loop / method) and the engine's per-op overhead
-  over native; these ratios are the gated signals (vmapbench.stats.GATED_METRICS);
-- per signal, the head/base ratio of the per-process medians gets a bootstrap interval
-  (vmapbench.stats.ratio) and is called "slower" only when the whole interval lies beyond the
-  signal's noise floor (results/noise/<machine>.json from --calibrate, else 10%);
-- raw times (CPU ms per call) are reported with their intervals, never gated.
+- each commit is extracted (`git archive`) into a temporary folder; the measuring processes
+  (vmapbench/gate_probe.py) run from it, `os.cpu_count()` at a time (`jobs`): base and head timed
+  side by side, one count process per side under valgrind, then a second time process of base;
+- a time process times every workload of the registry (engine, engine_eager, engine_traced,
+  torch_func, loop at the first quick size) interleaved in CPU seconds, rounds chosen by each
+  signal's own variance, plus the per-op overhead chain against native; the gated time signals
+  are the round-by-round ratios (method / torch.func, loop / method) and the per-op overhead;
+- a count process counts the instructions of each engine method's steady-state call of the per-op
+  chain and of COUNTED_WORKLOADS (vmapbench/counts.py); gated with a 3% floor
+  (stats.COUNT_FLOOR). No valgrind: skipped with the reason, never a failure;
+- a time signal's floor is the machine's calibrated one (results/noise/<machine>.json, from
+  --calibrate) or, on a machine without one, this run's own evidence: the spread between the two
+  base processes (`evidence_floors`); never a blanket default;
+- per signal, head/base gets an interval (stats.ratio's bootstrap for times, the extremes of the
+  counts), and stats.gate_verdict calls it "slower" only when the whole interval lies beyond the
+  floor; an interval reaching across the floor is "inconclusive", never "slower".
 
 Exit codes, as asv continuous: 0 nothing regressed (improvements are fine), 1 a gated signal is
 slower (only those are named, with their intervals), 2 a case failed at head or a measuring
@@ -298,7 +305,10 @@ def run_jobs(trees: Mapping[str, Path], workdir: Path, log: Any = print, paralle
             running.remove(item)
             job, out, proc, began = item
             outputs[job.side].append(_finish(job, out, proc))
-            log(f"gate: {job.label} done in {time.time() - began:.0f} s ({time.time() - started:.0f} s in all)")
+            cpu = outputs[job.side][-1].get("process_cpu_s")
+            log(f"gate: {job.label} done in {time.time() - began:.0f} s"
+                + (f" ({cpu:.0f} CPU s)" if isinstance(cpu, (int, float)) else "")
+                + f", {time.time() - started:.0f} s since the first")
     return outputs
 
 
@@ -812,6 +822,7 @@ def main(args: argparse.Namespace) -> int:
 
     root = repo_root()
     machine = args.machine or machine_name()
+    sys.stdout.reconfigure(line_buffering=True)  # type: ignore[union-attr]  # progress lines as they come
     counts_off = "--no-counts given: instruction-count signals skipped" if args.no_counts else None
     if getattr(args, "calibrate", False):
         started = time.time()
