@@ -60,7 +60,8 @@ COUNTED_WORKLOADS: tuple[str, ...] = (
     "logreg_per_example_grads", "rosenbrock_hessian", "mlp_jvp", "nn_ffnn", "bayes_laplace_hessian", "tutorial_maml",
 )
 # CPU seconds of one workload's timed rounds in a time process at most (its set-up and first calls
-# come on top: ~1.5 s a workload on average here, mostly the traces of engine and engine_traced).
+# come on top: 2.4 CPU s a workload on average, 76 s for the 32, measured under a load of 20 on 2
+# cores; mostly the traces of engine and engine_traced).
 PROBE_BUDGET_S = 0.4
 # Time processes per commit: base twice (the base-vs-base spread of one run is the evidence that
 # sets the floors of a machine without a calibration file), head once.
