@@ -57,12 +57,12 @@ dashboard: $(STAMP)
 profile: $(STAMP)
 	$(PY) -m vmapbench profile $(W) --method $(M) $(ARGS)
 
-# make continuous BASE=<rev> HEAD=<rev> [ROUNDS=3] [GATE_ARGS="--summary-md FILE"]: the regression
+# make continuous BASE=<rev> HEAD=<rev> [GATE_ARGS="--summary-md FILE"]: the regression
 # gate (vmapbench/gate.py). Its exit code survives make: 0 no regression, 1 regression, 2 a failed
 # case. GNU make turns any failed recipe into 2, so the gate runs while the Makefile is read
 # (its output on stderr), and a 1 is passed on through make's --question mode. It needs the
 # environment of `make venv` (not built from here: a parse-time install would also run under -n).
-GATE_CMD = $(PY) -m vmapbench.continuous $(or $(BASE),HEAD~1) $(or $(HEAD),HEAD) --rounds $(or $(ROUNDS),3) $(GATE_ARGS)
+GATE_CMD = $(PY) -m vmapbench.continuous $(or $(BASE),HEAD~1) $(or $(HEAD),HEAD) $(GATE_ARGS)
 ifneq ($(filter continuous,$(MAKECMDGOALS)),)
 ifeq ($(findstring n,$(firstword -$(MAKEFLAGS))),)
 GATE_RC := $(shell if [ -x $(PY) ]; then $(GATE_CMD) 1>&2; echo $$?; else echo novenv; fi)
@@ -79,7 +79,8 @@ endif
 continuous:
 	@echo "make continuous: the gate exited $(GATE_RC) ($(GATE_CMD))"
 
-# make gate-calibrate [CAL_ARGS="--aa 5 --aa-busy 5 --planted 5"]: A/A and planted-slowdown runs;
+# make gate-calibrate [CAL_ARGS="--aa 5 --aa-busy 5 --planted 3"]: A/A and planted-slowdown runs
+# (uniform 1.1x, engine.hessian 1.2x, the nn/Bayesian/tutorial workloads' engine calls 1.5x);
 # prints the false-alarm and detection rates and writes results/noise/<machine>.json.
 gate-calibrate: $(STAMP)
 	$(PY) -m vmapbench gate --calibrate $(CAL_ARGS)

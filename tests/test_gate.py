@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import json
+import math
 import os
 import subprocess
 import sys
@@ -10,79 +11,138 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from vmapbench import continuous, gate, stats
+from vmapbench import continuous, counts, gate, stats
 
 ROOT = Path(__file__).resolve().parents[1]
 METHODS = {"loop": 4e-3, "engine": 5e-3, "engine_traced": 1.5e-3, "torch_func": 3e-3}
 CHAIN = {"native": 6e-4, "torch_func": 8e-4, "engine": 2.4e-3, "engine_traced": 7e-4}
+COUNTS = {"chain|engine": 6.5e6, "chain|engine_traced": 4.0e6, "wl|mlp_hvp|hidden=128,k=8|engine_eager": 8.9e6,
+          "wl|mlp_hvp|hidden=128,k=8|engine": 3.8e6}
+ROUNDS = 7
 
 
 def probe(seed: int, engine_factor: float = 1.0, errors: dict | None = None) -> dict:
-    """One measuring process's output: every method's time jittered by a shared load factor
-    (what in-process ratios cancel) and its own small noise; engine methods scaled by engine_factor."""
+    """One time process's output: every method's per-round times jittered by a shared load factor
+    per process and per round (what in-process ratios cancel) and its own small noise; engine
+    methods scaled by engine_factor."""
     rng = np.random.default_rng(seed)
     load = float(np.exp(rng.normal(0, 0.3)))
+    rounds = np.exp(rng.normal(0, 0.2, ROUNDS))
 
-    def jitter(t: float, engine: bool) -> float:
-        return t * load * float(np.exp(rng.normal(0, 0.02))) * (engine_factor if engine else 1.0)
+    def jitter(t: float, engine: bool) -> list[float]:
+        return [t * load * float(r) * float(np.exp(rng.normal(0, 0.02))) * (engine_factor if engine else 1.0)
+                for r in rounds]
 
     times = {m: jitter(t, m == "engine") for m, t in METHODS.items()}
     chain = {m: jitter(t, m == "engine") for m, t in CHAIN.items()}
     return {"times": {"mlp_hvp": {"hidden=128,k=8": times}}, "overhead": chain, "errors": errors or {}}
 
 
+def count_probe(seed: int, engine_factor: float = 1.0) -> dict:
+    """One count process's output: two counts of each region, differing by a few parts in 10^4."""
+    rng = np.random.default_rng(seed)
+    return {"counts": {f"{label}|{rep}": int(n * (engine_factor if label.endswith("|engine") else 1.0)
+                                            * (1 + rng.normal(0, 3e-4)))
+                       for label, n in COUNTS.items() for rep in range(2)}, "errors": {}}
+
+
+def side(seed: int, n_time: int, engine_factor: float = 1.0, counts_factor: float | None = None,
+         errors: dict | None = None) -> list[dict]:
+    """The outputs of one side's processes: `n_time` time processes and one count process."""
+    out = [probe(seed + i, engine_factor, errors) for i in range(n_time)]
+    return out + [count_probe(seed + 50, engine_factor if counts_factor is None else counts_factor)]
+
+
 def test_signals_are_named_like_the_suite_points():
     got = gate.signals(probe(0))
     p = "'hidden=128,k=8', '{}', 'cpu'"
-    assert got[f"bench_workloads.mlp_hvp.track_ratio_vs_torch_func({p.format('engine')})"] == pytest.approx(
-        got[f"bench_workloads.mlp_hvp.time_run({p.format('engine')})"]
-        / got[f"bench_workloads.mlp_hvp.time_run({p.format('torch_func')})"])
+    ratio = got[f"bench_workloads.mlp_hvp.track_ratio_vs_torch_func({p.format('engine')})"]
+    run = got[f"bench_workloads.mlp_hvp.time_run({p.format('engine')})"]
+    ref = got[f"bench_workloads.mlp_hvp.time_run({p.format('torch_func')})"]
+    assert len(ratio) == ROUNDS and ratio == pytest.approx([a / b for a, b in zip(run, ref)])  # round by round
     assert f"bench_workloads.mlp_hvp.track_ratio_vs_torch_func({p.format('torch_func')})" not in got
     assert f"bench_workloads.mlp_hvp.track_speedup_vs_loop({p.format('loop')})" not in got
     assert "bench_overhead.PerOpOverhead.track_overhead_us_per_op('engine', 'cpu')" in got
     assert "bench_overhead.PerOpOverhead.track_overhead_us_per_op('native', 'cpu')" not in got
+    counted = gate.signals(count_probe(0))
+    assert len(counted[f"bench_workloads.mlp_hvp.instructions({p.format('engine_eager')})"]) == 2
+    assert len(counted["bench_overhead.PerOpOverhead.instructions('engine_traced', 'cpu')"]) == 2
+    assert all(stats.is_gated(n) and stats.is_count(n) for n in counted)
 
 
-def test_a_over_a_under_load_passes(tmp_path):
-    result = gate.outcome([probe(s) for s in range(3)], [probe(s) for s in range(10, 13)], "m", tmp_path)
+def test_a_over_a_under_load_passes_on_a_machine_without_a_calibration(tmp_path):
+    result = gate.outcome(side(0, 2), side(10, 1), "m", tmp_path)
     assert result.exit_code == 0
     assert not gate.regressions(result.rows)
+    sources = {r.source for r in result.rows if r.gated}
+    assert sources == {"evidence", "count"}  # no blanket default floor anywhere
+    assert all(r.floor == stats.COUNT_FLOOR for r in result.rows if r.source == "count")
     raw = [r for r in result.rows if not r.gated]
     assert raw and all("time_run" in r.name or "time_chain" in r.name for r in raw)
 
 
+def test_one_base_process_gives_no_evidence_and_time_signals_are_inconclusive(tmp_path):
+    """Without a calibration file and without two base processes a time signal's noise is unknown:
+    it is reported inconclusive, never slower, however far its head moved."""
+    result = gate.outcome(side(0, 1), side(10, 1, engine_factor=1.5, counts_factor=1.0), "m", tmp_path)
+    timed = [r for r in result.rows if r.gated and not stats.is_count(r.name)]
+    assert timed and all(r.source == "none" and r.verdict == "inconclusive" for r in timed)
+    assert result.exit_code == 0
+
+
 def test_planted_engine_slowdown_fails_naming_only_engine_signals(tmp_path):
-    result = gate.outcome([probe(s) for s in range(3)], [probe(s, engine_factor=1.3) for s in range(10, 13)],
-                          "m", tmp_path)
+    result = gate.outcome(side(0, 2), side(10, 1, engine_factor=1.3), "m", tmp_path)
     assert result.exit_code == 1
     named = [r.name for r in gate.regressions(result.rows)]
     assert named and all(gate.is_engine_signal(n) for n in named)
-    assert any("track_ratio_vs_torch_func" in n for n in named)
+    assert any("instructions" in n for n in named)
+
+
+def test_a_small_count_change_is_caught_where_time_cannot_see_it(tmp_path):
+    """A 5% slowdown: inside any time floor of a loaded machine, beyond the 3% count floor."""
+    result = gate.outcome(side(0, 2), side(10, 1, engine_factor=1.0, counts_factor=1.05), "m", tmp_path)
+    named = [r.name for r in gate.regressions(result.rows)]
+    assert named and all(stats.is_count(n) and gate.is_engine_signal(n) for n in named)
+    unchanged = gate.outcome(side(0, 2), side(10, 1, counts_factor=1.02), "m", tmp_path)
+    assert unchanged.exit_code == 0
+
+
+def test_evidence_floor_pools_the_spread_of_a_metric():
+    spread = {f"b.w{i}.track_ratio_vs_torch_func('s', 'engine', 'cpu')": 0.01 * i for i in range(1, 11)}
+    spread["b.w.time_run('s', 'engine', 'cpu')"] = 0.5  # reported metrics get no evidence floor
+    floors = gate.evidence_floors(spread)
+    assert "b.w.time_run('s', 'engine', 'cpu')" not in floors
+    q = float(np.quantile([0.01 * i for i in range(1, 11)], gate.EVIDENCE_QUANTILE))
+    low = "b.w1.track_ratio_vs_torch_func('s', 'engine', 'cpu')"
+    assert floors[low] == pytest.approx(math.expm1(gate.EVIDENCE_MARGIN * q))  # lifted to its metric's spread
+    high = "b.w10.track_ratio_vs_torch_func('s', 'engine', 'cpu')"
+    assert floors[high] == pytest.approx(math.expm1(gate.EVIDENCE_MARGIN * 0.1))
 
 
 def test_a_case_failing_at_head_exits_2_and_a_dead_process_too(tmp_path):
-    broken = [probe(s, errors={"mlp_hvp hidden=128,k=8 engine": "RuntimeError: boom"}) for s in range(3)]
-    assert gate.outcome([probe(s) for s in range(3)], broken, "m", tmp_path).exit_code == 2
+    broken = side(10, 1, errors={"mlp_hvp hidden=128,k=8 engine": "RuntimeError: boom"})
+    assert gate.outcome(side(0, 2), broken, "m", tmp_path).exit_code == 2
     dead = [probe(1), {"fatal": "Traceback ...\nImportError: no engine"}, probe(2)]
-    result = gate.outcome([probe(s) for s in range(3)], dead, "m", tmp_path)
+    result = gate.outcome(side(0, 2), dead, "m", tmp_path)
     assert result.exit_code == 2 and "ImportError" in result.failed["measuring process"]
 
 
 def test_noise_floor_file_silences_a_noisy_signal(tmp_path):
-    base, head = [probe(s) for s in range(3)], [probe(s, engine_factor=1.3) for s in range(10, 13)]
-    floors = {n: 1.0 for n in gate.signals(base[0]) if stats.is_gated(n)}
+    base, head = side(0, 2), side(10, 1, engine_factor=1.3)
+    floors = {n: 1.0 for p in base for n in gate.signals(p) if stats.is_gated(n)}
     path = stats.noise_file("m", tmp_path)
     path.parent.mkdir(parents=True)
     path.write_text(json.dumps({"floors": floors}))
-    assert gate.outcome(base, head, "m", tmp_path).exit_code == 0
+    result = gate.outcome(base, head, "m", tmp_path)
+    assert result.exit_code == 0 and {r.source for r in result.rows if r.gated} == {"calibrated"}
 
 
 def test_markdown_summary_lists_called_changes_with_intervals(tmp_path):
-    result = gate.outcome([probe(s) for s in range(3)], [probe(s, engine_factor=1.3) for s in range(10, 13)],
-                          "m", tmp_path)
-    text = gate.markdown(result.rows, result.failed, "Benchmarks gate: a -> b")
+    result = gate.outcome(side(0, 2), side(10, 1, engine_factor=1.3), "m", tmp_path)
+    text = gate.markdown(result.rows, result.failed, "Benchmarks gate: a -> b", ["valgrind is not installed"])
     assert text.startswith("### Benchmarks gate: a -> b")
     assert "**regression**" in text and "| signal | verdict | head/base [99% interval] |" in text
+    assert "skipped: valgrind is not installed" in text and "inconclusive" in text
     slower = gate.regressions(result.rows)[0]
     assert stats.relative_change(slower.change) in text
     failed = gate.markdown([], {"x engine": "RuntimeError: a|b"}, "t")
@@ -90,35 +150,87 @@ def test_markdown_summary_lists_called_changes_with_intervals(tmp_path):
 
 
 def test_calibrated_floors_cover_the_worst_a_over_a_deviation():
-    rows = gate.outcome([probe(s) for s in range(3)], [probe(s) for s in range(10, 13)], "m", Path("/nonexistent"))
+    rows = gate.outcome(side(0, 2), side(10, 1), "m", Path("/nonexistent"))
     noisy = [gate.Row(r.name, r.gated, r.verdict, r.floor, stats.Estimate(1.4, 1.2, 1.6, 3), r.base, r.head)
              if "engine_traced" in r.name else r for r in rows.rows]
     floors = gate.calibrated_floors([rows.rows, noisy])
-    assert all(f >= stats.DEFAULT_NOISE_FLOOR for f in floors.values())
     traced = [f for n, f in floors.items() if "engine_traced" in n and "ratio_vs" in n]
     assert traced and all(f > 0.6 for f in traced)  # 1.5 x log(1.4), back to a fraction
     assert all(stats.is_gated(n) for n in floors)
+    counted = [f for n, f in floors.items() if stats.is_count(n) and "engine_traced" not in n]
+    assert counted and all(gate.COUNT_MIN_FLOOR <= f < stats.COUNT_FLOOR for f in counted)
+    families = gate.floors_by_family(floors)
+    assert {"count: per-op chain", "count: eager calls", "count: replayed calls", "time: ratio vs torch.func"} <= set(families)
 
 
 def test_calibration_summary_counts_runs_and_engine_names():
     runs = [gate.CalibrationRun("aa", [], 0, 1.0), gate.CalibrationRun("aa", [], 0, 1.0),
-            gate.CalibrationRun("planted", ["bench_overhead.PerOpOverhead.track_overhead_us_per_op('engine', 'cpu')"], 1, 1.0),
-            gate.CalibrationRun("planted", ["bench_workloads.w.time_run('s', 'loop', 'cpu')"], 1, 1.0)]
+            gate.CalibrationRun("planted-uniform", ["bench_overhead.PerOpOverhead.instructions('engine', 'cpu')"], 1, 1.0),
+            gate.CalibrationRun("planted-uniform", ["bench_workloads.w.time_run('s', 'loop', 'cpu')"], 1, 1.0)]
     summary = gate.summarize_calibration(runs)
     assert summary["aa"] == {"runs": 2, "flagged_runs": 0, "rate": 0.0, "named": [], "only_engine_named": True,
-                             "failed_runs": 0}
-    assert summary["planted"]["flagged_runs"] == 2 and summary["planted"]["only_engine_named"] is False
+                             "failed_runs": 0, "seconds": [1, 1]}
+    assert summary["planted-uniform"]["flagged_runs"] == 2 and summary["planted-uniform"]["only_engine_named"] is False
+
+
+def test_count_dumps_are_parsed_by_their_label(tmp_path):
+    dump = ("version: 1\ncreator: callgrind-3.19.0\npid: 12\ncmd: python\npart: 3\n\n"
+            "desc: I1 cache: \ndesc: Trigger: Client Request: wl|nn_ffnn|batch=32|engine|1\n\n"
+            "positions: line\nevents: Ir\nsummary: 18446744073580942358\n\nfn=(1) main\n0 5\n\ntotals: 1500230\n")
+    assert counts.parse_dump(dump) == {"wl|nn_ffnn|batch=32|engine|1": 1500230}
+    assert counts.parse_dump(dump.replace("Client Request: wl|nn_ffnn|batch=32|engine|1", "Program termination")) == {}
+    (tmp_path / "callgrind.out.3").write_text(dump)
+    (tmp_path / "callgrind.out").write_text("desc: Trigger: Program termination\ntotals: 0\n")
+    assert counts.read_dumps(tmp_path) == {"wl|nn_ffnn|batch=32|engine|1": 1500230}
+
+
+def test_missing_valgrind_skips_the_counts_with_a_reason(monkeypatch, tmp_path):
+    monkeypatch.setattr(counts.shutil, "which", lambda name: None)
+    reason = counts.available()
+    assert reason and "valgrind is not installed" in reason
+    seen = {}
+
+    def fake_measure(trees, workdir, log=print, counting=None):
+        seen["counting"] = counting
+        return {"base": [probe(s) for s in range(2)], "head": [probe(9)]}
+
+    monkeypatch.setattr(gate, "measure", fake_measure)
+    result = gate.compare_commits(ROOT, "HEAD", "HEAD", "m", log=lambda *a: None)
+    assert seen["counting"] == reason and result.skipped == [reason] and result.exit_code == 0
+    assert not any(stats.is_count(r.name) for r in result.rows)
+
+
+def test_the_comparison_runs_base_twice_and_counts_both_sides():
+    labels = [j.label for j in gate.jobs(counting=True)]
+    assert labels[:2] == ["base-time-0", "head-time-0"]  # timed side by side first
+    assert sorted(labels) == sorted(["base-time-0", "head-time-0", "base-count-0", "head-count-0", "base-time-1"])
+    assert [j.kind for j in gate.jobs(counting=False)] == ["time"] * 3
+    cmd = gate.probe_command(Path("/x/base-count-0.json"), gate.Job("base", "count"), Path("/lib.so"))
+    assert cmd[0] == "valgrind" and "--instr-atstart=no" in cmd and "--count" in cmd
+
+
+def test_adaptive_rounds_stop_early_for_a_steady_signal_and_run_on_for_a_noisy_one():
+    from vmapbench import gate_probe
+
+    ticks = iter(range(10**6))
+    clock = lambda: next(ticks) * 1e-3  # noqa: E731 - every call 1 ms on a fake clock
+    steady = gate_probe.adaptive_samples({"a": lambda: None, "b": lambda: None}, "a", budget_s=1e9, clock=clock)
+    assert len(steady["a"]) == gate_probe.MIN_ROUNDS
+    rng = np.random.default_rng(0)
+    jumpy = iter(np.cumsum(rng.exponential(1e-3, 10**5)))
+    noisy = gate_probe.adaptive_samples({"a": lambda: None, "b": lambda: None}, "a", budget_s=1e9,
+                                        clock=lambda: float(next(jumpy)))
+    assert len(noisy["a"]) > gate_probe.MIN_ROUNDS and len(noisy["a"]) == len(noisy["b"])
 
 
 def test_continuous_exit_codes_and_result_placement(tmp_path, monkeypatch):
     """make continuous's module, with the measuring processes replaced by synthetic outputs."""
     plans = {"ok": (1.0, None), "slow": (1.3, None), "broken": (1.0, {"mlp_hvp hidden=128,k=8 engine": "boom"})}
 
-    def fake_measure(trees, rounds, workdir, log=print):
+    def fake_measure(trees, workdir, log=print, counting=None):
         factor, errors = plans[os.environ["PLAN"]]
         assert set(trees) == {"base", "head"} and all((t / "engine").is_dir() for t in trees.values())
-        return {"base": [probe(s) for s in range(rounds)],
-                "head": [probe(100 + s, engine_factor=factor, errors=errors) for s in range(rounds)]}
+        return {"base": side(0, 2), "head": side(100, 1, engine_factor=factor, errors=errors)}
 
     monkeypatch.setattr(gate, "measure", fake_measure)
     monkeypatch.chdir(ROOT)
@@ -141,14 +253,28 @@ def test_make_continuous_keeps_the_gate_exit_code(tmp_path, code):
     proc = subprocess.run(["make", "-s", "continuous", f"PY={stub}", "BASE=HEAD", "HEAD=HEAD"], cwd=ROOT,
                           capture_output=True, text=True)
     assert proc.returncode == code, proc.stderr
-    assert "stub gate -m vmapbench.continuous HEAD HEAD --rounds 3" in proc.stderr
+    assert "stub gate -m vmapbench.continuous HEAD HEAD" in proc.stderr
+
+
+@pytest.mark.parametrize("target", ["engine", "transform:hessian", "workloads:nn_*,bayes_*"])
+def test_every_plant_target_writes_valid_python(tmp_path, target):
+    tree = gate.extract(ROOT, gate.resolve(ROOT, "HEAD"), tmp_path / "tree")
+    gate.plant_slowdown(tree, 1.2, target)
+    planted = [p for p in tree.rglob("*.py") if gate.PLANT_MARK in p.read_text()]
+    assert planted
+    for path in planted:
+        compile(path.read_text(), str(path), "exec")
+    with pytest.raises(SystemExit, match="plant-at"):
+        gate.plant_slowdown(tree, 1.2, "nowhere")
 
 
 @pytest.mark.slow  # a fresh interpreter importing torch and the engine
-def test_planted_slowdown_keeps_the_engine_exact(tmp_path):
-    """The planted copy of the engine still computes what torch.func does (it only burns time)."""
+def test_planted_slowdowns_keep_the_engine_exact(tmp_path):
+    """The planted copies still compute what torch.func does (they only burn time), and each plant
+    is where it says: every engine call, engine.hessian's functions, one family's engine calls."""
     tree = gate.extract(ROOT, gate.resolve(ROOT, "HEAD"), tmp_path / "tree")
-    gate.plant_slowdown(tree, 1.3)
+    for target in ("engine", "transform:hessian", "workloads:nn_*"):
+        gate.plant_slowdown(tree, 1.3, target)
     assert gate.PLANT_MARK in (tree / "engine" / "_dispatch.py").read_text()
     assert gate.PLANT_MARK in (tree / "engine" / "trace.py").read_text()
     code = ("import torch, engine, engine._dispatch as d; from engine.trace import TracedFunction;"
@@ -156,7 +282,11 @@ def test_planted_slowdown_keeps_the_engine_exact(tmp_path):
             "x = torch.randn(4, 3); f = lambda v: (v.sin() * v).sum(); g = engine.vmap(engine.grad(f));"
             "want = torch.func.vmap(torch.func.grad(f))(x);"
             "[torch.testing.assert_close(g(x), want) for _ in range(5)];"  # eager, watched, recorded, replays
-            "torch.testing.assert_close(engine.trace(g)(x), want); print('ok')")
+            "torch.testing.assert_close(engine.trace(g)(x), want);"
+            "h = engine.hessian(f); assert h.__name__ == '_plant_slow';"
+            "torch.testing.assert_close(h(x[0]), torch.func.hessian(f)(x[0]));"
+            "from workloads.base import get; w = get('nn_ffnn'); s = w.setup(w.params(w.quick[0] if w.quick else w.sizes[0]), 'cpu');"
+            "w.check(s, ['engine']); assert get('mlp_hvp').run.__name__ == 'run'; print('ok')")
     proc = subprocess.run([sys.executable, "-c", code], cwd=tree, env={**os.environ, "PYTHONPATH": str(tree)},
                           capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0 and proc.stdout.strip() == "ok", proc.stderr[-2000:]
@@ -165,7 +295,27 @@ def test_planted_slowdown_keeps_the_engine_exact(tmp_path):
         gate.plant_slowdown(tree, 1.3)
 
 
-@pytest.mark.parametrize("argv", [["HEAD", "HEAD", "--rounds", "1"], ["no-such-revision", "HEAD"]])
+@pytest.mark.skipif(counts.available() is not None, reason=str(counts.available()))
+def test_callgrind_counts_a_region_exactly(tmp_path):
+    """A real count under valgrind (plain Python, no torch: a few seconds): twice the work is twice
+    the instructions, and one region counted twice agrees within a fraction of a percent."""
+    lib = counts.build_requests(tmp_path / "lib")
+    code = ("import sys; sys.path.insert(0, sys.argv[1]); from vmapbench.counts import Requests; r = Requests(sys.argv[2]);"
+            "assert r.on_valgrind\n"
+            "def work(n):\n    return sum(i * i for i in range(n))\n"
+            "work(10); work(20000)\n"
+            "for label, n in (('one|0', 20000), ('one|1', 20000), ('two|0', 40000)):\n"
+            "    with r.region(label): work(n)\n")
+    proc = subprocess.run([*counts.command(tmp_path), sys.executable, "-c", code, str(ROOT), str(lib)],
+                          capture_output=True, text=True, timeout=120, env={**os.environ, "PYTHONHASHSEED": "0"})
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    got = counts.read_dumps(tmp_path)
+    assert set(got) == {"one|0", "one|1", "two|0"}
+    assert abs(got["one|1"] / got["one|0"] - 1) < 0.005
+    assert 1.9 < got["two|0"] / got["one|0"] < 2.1
+
+
+@pytest.mark.parametrize("argv", [["HEAD", "HEAD", "--plant", "0.9"], ["no-such-revision", "HEAD"]])
 def test_a_gate_that_cannot_compare_exits_2_not_1(argv):
     """1 means "a regression" to make continuous and CI; a bad argument or revision is a failure (2)."""
     from vmapbench import continuous
@@ -180,6 +330,6 @@ def test_the_probe_measures_the_suites_overhead_chain():
     (its API moved once and every comparison then exited 2)."""
     from vmapbench import gate_probe
 
-    times, errors = gate_probe.measure_overhead(budget_s=0.05, rounds=1, clock=gate_probe.CLOCKS["cpu"])
+    times, errors = gate_probe.measure_overhead(budget_s=0.05, clock=gate_probe.CLOCKS["cpu"])
     assert not errors, errors
-    assert {"native", "engine"} <= set(times) and all(t > 0 for t in times.values())
+    assert {"native", "engine"} <= set(times) and all(t > 0 for v in times.values() for t in v)

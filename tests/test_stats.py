@@ -174,5 +174,32 @@ def test_the_suite_agrees_with_the_gate_policy():
 
     assert selection.HIGHER_IS_BETTER == stats.HIGHER_IS_BETTER
     metrics = {m.name for m in selection.METRICS}
-    assert stats.GATED_METRICS - {"track_overhead_us_per_op"} <= metrics
+    # the per-op overhead is the gate's difference of two suite times; instruction counts are the gate's own
+    assert stats.GATED_METRICS - {"track_overhead_us_per_op"} - stats.COUNT_METRICS <= metrics
     assert stats.NEVER_CALLED <= metrics
+
+
+def test_gate_verdict_calls_inconclusive_what_an_interval_cannot_decide():
+    floor = 0.10
+    assert stats.gate_verdict(stats.Estimate(1.3, 1.2, 1.4, 5), floor) == "slower"
+    assert stats.gate_verdict(stats.Estimate(0.7, 0.6, 0.8, 5), floor) == "faster"
+    assert stats.gate_verdict(stats.Estimate(1.02, 0.97, 1.06, 5), floor) == "unchanged"
+    # a wide interval wholly beyond the floor is still slower; one that reaches back across it is not
+    wide = stats.Estimate(2.71, 1.72, 47.3, 3)
+    assert stats.verdict(wide, 0.10) == "slower" and stats.gate_verdict(wide, 0.60) == "slower"
+    assert stats.gate_verdict(stats.Estimate(2.71, 0.003, 41.0, 3), floor) == "inconclusive"
+    assert stats.gate_verdict(stats.Estimate(1.08, 1.04, 1.13, 5), floor) == "inconclusive"  # reaches past +10%
+    assert stats.gate_verdict(stats.Estimate(1.5, 1.5, 1.5, 1), floor) == "inconclusive"  # no interval
+    assert stats.gate_verdict(stats.Estimate(3.0, 2.9, 3.1, 5), math.inf) == "inconclusive"  # noise unknown
+    assert stats.gate_verdict(stats.Estimate(0.7, 0.6, 0.8, 5), floor, higher_is_better=True) == "slower"
+
+
+def test_calibrated_floor_is_none_without_a_file_or_an_entry(tmp_path):
+    point = "bench_workloads.mlp_hvp.instructions('hidden=128,k=8', 'engine', 'cpu')"
+    assert stats.calibrated_floor(point, "fresh", root=tmp_path) is None
+    path = stats.noise_file("fresh", tmp_path)
+    path.parent.mkdir(parents=True)
+    path.write_text(json.dumps({"floors": {point: 0.012}}))
+    assert stats.calibrated_floor(point, "fresh", root=tmp_path) == 0.012
+    assert stats.calibrated_floor("bench_workloads.other.instructions('a')", "fresh", root=tmp_path) is None
+    assert stats.is_gated(point) and stats.is_count(point) and not stats.is_count("x.time_run('a')")

@@ -1,22 +1,29 @@
-"""The regression gate: base vs head on a noisy shared machine, and its own calibration.
+"""The regression gate: base vs head on a noisy shared machine it may never have seen, and its own calibration.
 
     python -m vmapbench.gate BASE HEAD          # compare two commits (what `make continuous` runs)
-    vmapbench gate --calibrate                  # A/A runs and a planted 1.3x engine slowdown
+    vmapbench gate --calibrate                  # A/A runs and planted slowdowns (PLANTS)
 
-How it measures (decided from A/A measurements on this 2-core box, see README "Benchmarks with
-ASV"): wall-clock times of two runs of one commit differed by up to 40x under the load of other
-processes, and even ratios of methods timed interleaved in one process moved 2x. CPU time of the
-measuring process (time.process_time, one intra-op thread) is what the load does not inflate, so:
+How it measures (see README "The regression gate"): on a shared 2-core box wall-clock times of two
+processes of one commit differ by up to 40x; CPU time of the measuring process (one intra-op
+thread) and ratios of methods timed interleaved in one process move 10-40% between processes;
+instructions executed in a region under callgrind move < 0.3%. So:
 
-- each commit is extracted (`git archive`) into a temporary folder; every round runs one fresh
-  process per commit (vmapbench/gate_probe.py, both at once), rounds repeated `--rounds` times;
-- each process times every method of each gated workload interleaved in CPU seconds and reports
-  the in-process ratios (method / torch.func, loop / method) and the engine's per-op overhead
-  over native; these ratios are the gated signals (vmapbench.stats.GATED_METRICS);
-- per signal, the head/base ratio of the per-process medians gets a bootstrap interval
-  (vmapbench.stats.ratio) and is called "slower" only when the whole interval lies beyond the
-  signal's noise floor (results/noise/<machine>.json from --calibrate, else 10%);
-- raw times (CPU ms per call) are reported with their intervals, never gated.
+- each commit is extracted (`git archive`) into a temporary folder; the measuring processes
+  (vmapbench/gate_probe.py) run from it, `os.cpu_count()` at a time (`jobs`): base and head timed
+  side by side, one count process per side under valgrind, then a second time process of base;
+- a time process times every workload of the registry (engine, engine_eager, engine_traced,
+  torch_func, loop at the first quick size) interleaved in CPU seconds, rounds chosen by each
+  signal's own variance, plus the per-op overhead chain against native; the gated time signals
+  are the round-by-round ratios (method / torch.func, loop / method) and the per-op overhead;
+- a count process counts the instructions of each engine method's steady-state call of the per-op
+  chain and of COUNTED_WORKLOADS (vmapbench/counts.py); gated with a 3% floor
+  (stats.COUNT_FLOOR). No valgrind: skipped with the reason, never a failure;
+- a time signal's floor is the machine's calibrated one (results/noise/<machine>.json, from
+  --calibrate) or, on a machine without one, this run's own evidence: the spread between the two
+  base processes (`evidence_floors`); never a blanket default;
+- per signal, head/base gets an interval (stats.ratio's bootstrap for times, the extremes of the
+  counts), and stats.gate_verdict calls it "slower" only when the whole interval lies beyond the
+  floor; an interval reaching across the floor is "inconclusive", never "slower".
 
 Exit codes, as asv continuous: 0 nothing regressed (improvements are fine), 1 a gated signal is
 slower (only those are named, with their intervals), 2 a case failed at head or a measuring
@@ -34,35 +41,36 @@ import subprocess
 import sys
 import tempfile
 import time
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, Iterable, Iterator, Mapping, Sequence
+
+import numpy as np
 
 from vmapbench import stats
 
 PROBE = Path(__file__).resolve().with_name("gate_probe.py")
-# Workloads of the gate (their first quick size, cpu): the cheapest cases that cover every engine
-# path (hessian, jacobian, jvp, hvp, per-example grads), so that one measuring process costs ~8
-# CPU-seconds and one comparison (3 rounds x 2 commits) a few minutes on 2 busy cores. The other
-# workloads cost 1-3 CPU-seconds each (their loops) and are left to `make bench`. Compiled
-# methods are out: a cold compile costs ~30 s here and its result is cached.
-GATED_WORKLOADS: tuple[str, ...] = (
-    "logreg_per_example_grads", "robust_reg_hessian", "mlp_hvp", "rosenbrock_hessian", "mlp_jacobian", "mlp_jvp",
+# Time signals: every workload of the registry (the measured commit's), methods
+# gate_probe.GATE_METHODS at the first quick size. Count signals (instructions under callgrind,
+# ~10x native uninstrumented and ~50x counted, so ~2 min of one core for these) are taken for the
+# per-op chain and these workloads: per family one or two cheap ones whose engine calls go through
+# every path (vmap over grad, hessian, jvp, torch.nn modules, torch.distributions, the tutorials'
+# functional_call), so a slowdown of one transform or of one family's engine calls moves a count.
+COUNTED_WORKLOADS: tuple[str, ...] = (
+    "logreg_per_example_grads", "rosenbrock_hessian", "mlp_jvp", "nn_ffnn", "bayes_laplace_hessian", "tutorial_maml",
 )
-# Compiled methods cost a compile per process; the peers (JAX, Opacus, BackPACK) are pinned
-# third-party code that a commit here cannot slow down except through the workload itself, which
-# loop and torch_func show too (and jit/imports would cost every gate process seconds).
-SKIPPED_METHODS: tuple[str, ...] = (
-    "engine_compiled", "torch_func_compiled", "loop_compiled",
-    "jax", "opacus_hooks", "opacus_ew", "opacus_functorch", "backpack",
-)
-DEFAULT_ROUNDS = 3
-# Seconds of one workload's interleaved measurement in a probe process. Its 6-8 methods take ~20 ms
-# each per round, so 0.4 s left the 3-round minimum; 1.0 s gives ~7 rounds: the noise floors
-# calibrated with 0.4 (median 53% after engine_eager joined the gated methods) were too wide.
-PROBE_BUDGET_S = 1.0
-PROBE_ROUNDS = 7
+# CPU seconds of one workload's timed rounds in a time process at most (its set-up and first calls
+# come on top: 2.4 CPU s a workload on average, 76 s for the 32, measured under a load of 20 on 2
+# cores; mostly the traces of engine and engine_traced).
+PROBE_BUDGET_S = 0.4
+# Time processes per commit: base twice (the base-vs-base spread of one run is the evidence that
+# sets the floors of a machine without a calibration file), head once.
+TIME_JOBS = {"base": 2, "head": 1}
 PROBE_TIMEOUT_S = 900
+# The floor of a time signal from the run's own evidence: EVIDENCE_MARGIN x the larger of its own
+# base-vs-base |log ratio| and the EVIDENCE_QUANTILE of that of every signal of its metric.
+EVIDENCE_MARGIN = 1.5
+EVIDENCE_QUANTILE = 0.9
 OUT_DIR = Path(".asv") / "continuous"
 PLANT_MARK = "# --- planted by `vmapbench gate --calibrate`"
 
@@ -104,92 +112,204 @@ def extract(root: Path, commit: str, dest: Path) -> Path:
 
 # Where the engine spends a call, as users get it: the eager dispatch of every op on a batched
 # tensor, and the replay of a recorded graph (automatic tracing's steady state, engine.trace and
-# engine.compile). (module path, class, method) of each.
+# engine.compile). (module path, class, method) of each: the sites of the "engine" plant.
 PLANT_SITES = (("engine/_dispatch.py", "VmapMode", "__torch_dispatch__"),
                ("engine/trace.py", "TracedFunction", "_replay"))
+# What `--plant-at` can slow: "engine" (PLANT_SITES, every engine call), "transform:NAME" (every
+# call of the functions engine.NAME returns, e.g. transform:hessian), "workloads:PATTERNS" (the
+# engine methods' calls of the workloads whose names match the comma-separated fnmatch PATTERNS).
+PLANT_TARGETS = ("engine", "transform:NAME", "workloads:PATTERNS")
+# The slowdowns `gate --calibrate` plants: kind -> (factor, target). The issue's sensitivity
+# targets: a uniform 1.1x, one transform at 1.2x, the engine calls of one family of workloads at 1.5x.
+PLANTS: dict[str, tuple[float, str]] = {
+    "uniform": (1.1, "engine"),
+    "hessian": (1.2, "transform:hessian"),
+    "families": (1.5, "workloads:nn_*,bayes_*,tutorial_*"),
+}
 
 
-def plant_slowdown(tree: Path, factor: float) -> None:
-    """Make the engine's per-call paths (PLANT_SITES: every outermost eager dispatch, every replay)
-    take `factor` x their CPU time: a busy-wait proportional to the time the call itself took,
-    counted once for the outermost of nested calls, appended to the extracted tree's modules: a
-    known, engine-only slowdown for the calibration (never committed)."""
-    for relpath, cls, method in PLANT_SITES:
-        path = tree / relpath
-        source = path.read_text()
-        if (f"class {cls}(" not in source and f"class {cls}:" not in source) or f"def {method}(" not in source:
-            raise GateError(f"gate: cannot plant a slowdown: {path} has no {cls}.{method} any more; "
-                            f"update vmapbench.gate.PLANT_SITES to the engine's per-call entry points")
-        path.write_text(source + f"""
+def _plant_prelude(factor: float, what: str) -> str:
+    """The helper every plant appends: `_plant_slowed(fn)` runs fn and then burns (factor - 1) x the
+    CPU time it took, in Python bytecode (so an instruction count grows with it too), counted once
+    for the outermost of nested slowed calls."""
+    return f"""
 
-{PLANT_MARK}: each outermost {cls}.{method} takes {factor}x its CPU time.
+{PLANT_MARK}: {what} takes {factor}x its CPU time.
 import threading as _plant_threading
 import time as _plant_time
 
 _plant_state = _plant_threading.local()
-_plant_inner = {cls}.{method}
 
 
-def _plant_slow(*args, **kwargs):  # a plain function: bound as a method where it replaces one
-    if getattr(_plant_state, "depth", 0):
-        return _plant_inner(*args, **kwargs)
-    _plant_state.depth = 1
-    start = _plant_time.process_time()
-    try:
-        return _plant_inner(*args, **kwargs)
-    finally:
-        _plant_state.depth = 0
-        until = _plant_time.process_time() + (_plant_time.process_time() - start) * ({factor} - 1)
-        while _plant_time.process_time() < until:
-            pass
+def _plant_slowed(fn):
+    def slowed(*args, **kwargs):  # a plain function: bound as a method where it replaces one
+        if getattr(_plant_state, "depth", 0):
+            return fn(*args, **kwargs)
+        _plant_state.depth = 1
+        start = _plant_time.process_time()
+        try:
+            return fn(*args, **kwargs)
+        finally:
+            _plant_state.depth = 0
+            until = _plant_time.process_time() + (_plant_time.process_time() - start) * ({factor} - 1)
+            while _plant_time.process_time() < until:
+                for _ in range(100):
+                    pass
+    slowed.__name__ = "_plant_slow"
+    return slowed
+"""
 
 
-{cls}.{method} = _plant_slow
+def plant_slowdown(tree: Path, factor: float, target: str = "engine") -> None:
+    """Make `target` (see PLANT_TARGETS) of the extracted tree take `factor` x its CPU time: a
+    busy-wait proportional to the time the call itself took, appended to the tree's modules: a
+    known slowdown for the calibration and self-tests (never committed; results stay exact)."""
+    if factor <= 1:
+        raise GateError(f"gate: --plant {factor}: a planted slowdown factor is above 1 (e.g. 1.1)")
+    kind, _, arg = target.partition(":")
+    if kind == "engine" and not arg:
+        for relpath, cls, method in PLANT_SITES:
+            path = tree / relpath
+            source = path.read_text()
+            if (f"class {cls}(" not in source and f"class {cls}:" not in source) or f"def {method}(" not in source:
+                raise GateError(f"gate: cannot plant a slowdown: {path} has no {cls}.{method} any more; "
+                                f"update vmapbench.gate.PLANT_SITES to the engine's per-call entry points")
+            path.write_text(source + _plant_prelude(factor, f"each outermost {cls}.{method}")
+                            + f"\n\n{cls}.{method} = _plant_slowed({cls}.{method})\n")
+    elif kind == "transform" and arg.isidentifier():
+        path = tree / "engine" / "__init__.py"
+        source = path.read_text()
+        if arg not in source:
+            raise GateError(f"gate: cannot plant a slowdown of engine.{arg}: {path} does not export it")
+        path.write_text(source + _plant_prelude(factor, f"every call of a function engine.{arg} returns") + f"""
+
+_plant_transform = {arg}
+
+
+def {arg}(*args, **kwargs):
+    return _plant_slowed(_plant_transform(*args, **kwargs))
 """)
+    elif kind == "workloads" and arg:
+        path = tree / "workloads" / "__init__.py"
+        patterns = [p for p in arg.split(",") if p]
+        path.write_text(path.read_text() + _plant_prelude(factor, f"the engine calls of workloads {arg}") + f"""
+
+import fnmatch as _plant_fnmatch
+
+from workloads.base import all_workloads as _plant_all
+
+
+def _plant_run(run):
+    slowed = _plant_slowed(run)
+    return lambda method, state: (slowed if method.startswith("engine") else run)(method, state)
+
+
+for _plant_w in _plant_all():
+    if any(_plant_fnmatch.fnmatch(_plant_w.name, _p) for _p in {patterns!r}):
+        _plant_w.run = _plant_run(_plant_w.run)
+""")
+    else:
+        raise GateError(f"gate: --plant-at {target!r}: expected one of {', '.join(PLANT_TARGETS)}")
 
 
 # --- measuring -----------------------------------------------------------------------------------
 
-def probe_command(tree: Path, out: Path, workloads: Sequence[str]) -> list[str]:
+@dataclass(frozen=True)
+class Job:
+    """One measuring process: `side` (base or head), `kind` (time or count), `index` among its kind."""
+
+    side: str
+    kind: str
+    index: int = 0
+
+    @property
+    def label(self) -> str:
+        return f"{self.side}-{self.kind}-{self.index}"
+
+
+def jobs(counting: bool) -> list[Job]:
+    """The processes of one comparison, in start order: base and head timed side by side (the
+    machine's load of that moment falls on both), the counts, then base's second time process."""
+    out = [Job("base", "time", 0), Job("head", "time", 0)]
+    if counting:
+        out += [Job("base", "count"), Job("head", "count")]
+    out += [Job(side, "time", i) for side, n in TIME_JOBS.items() for i in range(1, n)]
+    return out
+
+
+def probe_command(out: Path, job: Job, library: Path | None = None) -> list[str]:
     runner = ("import runpy, sys; sys.argv = ['gate_probe'] + sys.argv[1:]; "
               f"sys.exit(runpy.run_path({str(PROBE)!r}, run_name='__main__'))")
-    return [sys.executable, "-c", runner, "--workloads", ",".join(workloads), "--overhead",
-            "--skip-methods", ",".join(SKIPPED_METHODS), "--budget", str(PROBE_BUDGET_S),
-            "--rounds", str(PROBE_ROUNDS), "--clock", "cpu", "--out", str(out)]
+    if job.kind == "count":
+        from vmapbench import counts
+
+        assert library is not None
+        return [*counts.command(out.parent / job.label), sys.executable, "-c", runner, "--count", str(library),
+                "--workloads", ",".join(COUNTED_WORKLOADS), "--out", str(out)]
+    return [sys.executable, "-c", runner, "--workloads", "all", "--overhead", "--budget", str(PROBE_BUDGET_S),
+            "--clock", "cpu", "--out", str(out)]
 
 
 def probe_env(tree: Path) -> dict[str, str]:
     env = dict(os.environ)
     env["PYTHONPATH"] = str(tree)
     env["OMP_NUM_THREADS"] = env["MKL_NUM_THREADS"] = "1"  # CPU time of one thread: no spin-waits
+    env["PYTHONHASHSEED"] = "0"  # the same dict and set orders in every process: counts repeat
     env.setdefault("TORCHINDUCTOR_CACHE_DIR", str(Path.cwd() / ".inductor-cache"))
     return env
 
 
-def run_rounds(trees: Mapping[str, Path], rounds: int, workdir: Path,
-               workloads: Sequence[str] = GATED_WORKLOADS, log: Any = print) -> dict[str, list[dict]]:
-    """label -> per-round probe outputs; each round runs one process per tree, all at once."""
-    outputs: dict[str, list[dict]] = {label: [] for label in trees}
-    for r in range(rounds):
-        started = time.time()
-        procs = {}
-        for label, tree in trees.items():
-            out = workdir / f"{label}-{r}.json"
-            procs[label] = (out, subprocess.Popen(probe_command(tree, out, workloads), cwd=tree, env=probe_env(tree),
-                                                  stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True))
-        for label, (out, proc) in procs.items():
-            try:
-                text, _ = proc.communicate(timeout=PROBE_TIMEOUT_S)
-            except subprocess.TimeoutExpired:
-                proc.kill()
-                text, _ = proc.communicate()
-                text += f"\n(killed after {PROBE_TIMEOUT_S} s)"
-            try:
-                data = json.loads(out.read_text())
-            except (OSError, ValueError):
-                data = {"fatal": f"the measuring process exited {proc.returncode} without output:\n{text[-2000:]}"}
-            outputs[label].append(data)
-        log(f"gate: round {r + 1}/{rounds} done in {time.time() - started:.0f} s")
+def _finish(job: Job, out: Path, proc: subprocess.Popen) -> dict:
+    try:
+        text, _ = proc.communicate(timeout=PROBE_TIMEOUT_S)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        text, _ = proc.communicate()
+        text += f"\n(killed after {PROBE_TIMEOUT_S} s)"
+    try:
+        data = json.loads(out.read_text())
+    except (OSError, ValueError):
+        return {"fatal": f"the {job.label} measuring process exited {proc.returncode} without output:\n{text[-2000:]}"}
+    if job.kind == "count" and "fatal" not in data:
+        from vmapbench import counts
+
+        dumped = counts.read_dumps(out.parent / job.label)
+        data["counts"] = {label: dumped[label] for label in data.pop("regions", []) if label in dumped}
+    return data
+
+
+def run_jobs(trees: Mapping[str, Path], workdir: Path, log: Any = print, parallel: int | None = None,
+             counting: str | None = None) -> dict[str, list[dict]]:
+    """side -> the outputs of its processes (time probes, then its count probe if any), `parallel`
+    processes at a time (default: the machine's cores). `counting` is None or why counts are off."""
+    library = None
+    if counting is None:
+        from vmapbench import counts
+
+        library = counts.build_requests(workdir / "callgrind")
+    todo = jobs(counting is None)
+    parallel = parallel or max(1, os.cpu_count() or 1)
+    outputs: dict[str, list[dict]] = {side: [] for side in trees}
+    running: list[tuple[Job, Path, subprocess.Popen, float]] = []
+    started = time.time()
+    while todo or running:
+        while todo and len(running) < parallel:
+            job = todo.pop(0)
+            out = workdir / f"{job.label}.json"
+            (workdir / job.label).mkdir(parents=True, exist_ok=True)
+            tree = trees[job.side]
+            proc = subprocess.Popen(probe_command(out, job, library), cwd=tree, env=probe_env(tree),
+                                    stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+            running.append((job, out, proc, time.time()))
+        time.sleep(0.2)
+        for item in [r for r in running if r[2].poll() is not None]:
+            running.remove(item)
+            job, out, proc, began = item
+            outputs[job.side].append(_finish(job, out, proc))
+            cpu = outputs[job.side][-1].get("process_cpu_s")
+            log(f"gate: {job.label} done in {time.time() - began:.0f} s"
+                + (f" ({cpu:.0f} CPU s)" if isinstance(cpu, (int, float)) else "")
+                + f", {time.time() - started:.0f} s since the first")
     return outputs
 
 
@@ -204,32 +324,54 @@ def _cls(workload: str) -> str:
     return class_name(SimpleNamespace(name=workload))  # type: ignore[arg-type]
 
 
-def signals(probe: Mapping[str, Any]) -> dict[str, float]:
-    """Signal name (asv point name) -> value, for one probe output.
+def _per_round(values: Sequence[float], reference: Sequence[float], invert: bool = False) -> list[float]:
+    return [(r / v if invert else v / r) for v, r in zip(values, reference)]
 
-    Gated: track_ratio_vs_torch_func (method / torch_func), track_speedup_vs_loop (loop / method),
-    track_overhead_us_per_op ((method - native) / ops, us). Reported: time_run (CPU s per call).
+
+def signals(probe: Mapping[str, Any]) -> dict[str, list[float]]:
+    """Signal name (asv point name) -> its samples in one probe output.
+
+    Time probes, one sample per round (the ratios taken round by round: the calls of one round ran
+    moments apart): track_ratio_vs_torch_func (method / torch_func), track_speedup_vs_loop
+    (loop / method), track_overhead_us_per_op ((method - native) / ops, us), gated; time_run and
+    time_chain (CPU s per call), reported. Count probes, one sample per counted call:
+    instructions (of the call's region), gated.
     """
     from suite.bench_overhead import N_OPS
 
-    out: dict[str, float] = {}
+    out: dict[str, list[float]] = {}
     for workload, sizes in probe.get("times", {}).items():
         cls = _cls(workload)
         for size, seconds in sizes.items():
             for method, t in seconds.items():
+                t = list(t) if isinstance(t, (list, tuple)) else [t]
                 point = f"'{size}', '{method}', 'cpu'"
                 out[f"bench_workloads.{cls}.time_run({point})"] = t
                 if method != "torch_func" and "torch_func" in seconds:
-                    out[f"bench_workloads.{cls}.track_ratio_vs_torch_func({point})"] = t / seconds["torch_func"]
+                    out[f"bench_workloads.{cls}.track_ratio_vs_torch_func({point})"] = _per_round(t, _listed(seconds["torch_func"]))
                 if method != "loop" and "loop" in seconds:
-                    out[f"bench_workloads.{cls}.track_speedup_vs_loop({point})"] = seconds["loop"] / t
+                    out[f"bench_workloads.{cls}.track_speedup_vs_loop({point})"] = _per_round(t, _listed(seconds["loop"]), invert=True)
     chain = probe.get("overhead", {})
     for method, t in chain.items():
+        t = _listed(t)
         out[f"bench_overhead.PerOpOverhead.time_chain('{method}', 'cpu')"] = t
         if method != "native" and "native" in chain:
             out[f"bench_overhead.PerOpOverhead.track_overhead_us_per_op('{method}', 'cpu')"] = \
-                (t - chain["native"]) / N_OPS * 1e6
+                [(v - n) / N_OPS * 1e6 for v, n in zip(t, _listed(chain["native"]))]
+    for label, n in probe.get("counts", {}).items():
+        parts = label.split("|")
+        if parts[0] == "chain" and len(parts) == 3:
+            name = f"bench_overhead.PerOpOverhead.instructions('{parts[1]}', 'cpu')"
+        elif parts[0] == "wl" and len(parts) == 5:
+            name = f"bench_workloads.{_cls(parts[1])}.instructions('{parts[2]}', '{parts[3]}', 'cpu')"
+        else:
+            continue
+        out.setdefault(name, []).append(float(n))
     return out
+
+
+def _listed(t: Any) -> list[float]:
+    return list(t) if isinstance(t, (list, tuple)) else [t]
 
 
 def failures(probes: Iterable[Mapping[str, Any]]) -> dict[str, str]:
@@ -245,7 +387,9 @@ def failures(probes: Iterable[Mapping[str, Any]]) -> dict[str, str]:
 
 @dataclass(frozen=True)
 class Row:
-    """One signal's comparison."""
+    """One signal's comparison. `source` says where its floor came from: "calibrated" (the machine's
+    file), "evidence" (this run's base-vs-base spread), "count" (the count floor), "policy"
+    (reported signals), "none" (no evidence: a time signal that cannot be decided)."""
 
     name: str
     gated: bool
@@ -254,24 +398,73 @@ class Row:
     change: stats.Estimate
     base: stats.Estimate
     head: stats.Estimate
+    source: str = "policy"
 
 
-def compare(base_runs: Sequence[Mapping[str, float]], head_runs: Sequence[Mapping[str, float]],
+def _median(values: Sequence[float]) -> float:
+    return float(np.median(np.asarray(values, dtype=float)))
+
+
+def base_spread(base_runs: Sequence[Mapping[str, list[float]]]) -> dict[str, float]:
+    """Per signal, the largest |log ratio| of its medians between two base processes (the run's own
+    A/A evidence); signals measured in fewer than two base processes, or not positive, are absent."""
+    spread: dict[str, float] = {}
+    names = set().union(*base_runs) if base_runs else set()
+    for name in names:
+        medians = [_median(run[name]) for run in base_runs if run.get(name)]
+        if len(medians) >= 2 and all(m > 0 for m in medians):
+            spread[name] = max(abs(math.log(a / b)) for i, a in enumerate(medians) for b in medians[i + 1:])
+    return spread
+
+
+def evidence_floors(spread: Mapping[str, float]) -> dict[str, float]:
+    """Per gated time signal with a base-vs-base spread: EVIDENCE_MARGIN x max(its own spread, the
+    EVIDENCE_QUANTILE of its metric's spreads), as a fraction. One signal's single A/A difference is
+    a small sample of its noise; its metric's spreads, pooled, say how far such differences reach."""
+    by_metric: dict[str, list[float]] = {}
+    for name, d in spread.items():
+        by_metric.setdefault(stats.metric_of(name), []).append(d)
+    quantile = {m: float(np.quantile(v, EVIDENCE_QUANTILE)) for m, v in by_metric.items()}
+    return {name: math.expm1(EVIDENCE_MARGIN * max(d, quantile[stats.metric_of(name)]))
+            for name, d in spread.items() if stats.is_gated(name) and not stats.is_count(name)}
+
+
+def count_change(base: Sequence[float], head: Sequence[float]) -> stats.Estimate:
+    """head/base of instruction counts: the ratio of medians, its interval the extremes of every
+    pairing (counts repeat to a fraction of a percent; no bootstrap is needed or meaningful)."""
+    value = _median(head) / _median(base)
+    return stats.Estimate(value, min(min(head) / max(base), value), max(max(head) / min(base), value),
+                          min(len(base), len(head)))
+
+
+def compare(base_runs: Sequence[Mapping[str, list[float]]], head_runs: Sequence[Mapping[str, list[float]]],
             machine: str | None, root: Path | None = None) -> list[Row]:
-    """One Row per signal present on both sides (per-run signal dicts, see `signals`)."""
+    """One Row per signal present on both sides (per-process signal dicts, see `signals`)."""
     names = sorted(set().union(*base_runs) & set().union(*head_runs)) if base_runs and head_runs else []
+    evidence = evidence_floors(base_spread([r for r in base_runs if not any(map(stats.is_count, r))]))
     rows = []
     for name in names:
-        b = [run[name] for run in base_runs if name in run]
-        h = [run[name] for run in head_runs if name in run]
+        b = [x for run in base_runs for x in run.get(name, [])]
+        h = [x for run in head_runs for x in run.get(name, [])]
         gated = stats.is_gated(name)
         try:
-            change = stats.ratio(b, h)
-        except ValueError:  # e.g. a per-op overhead at or below native: no ratio, nothing to gate
+            change = count_change(b, h) if stats.is_count(name) else stats.ratio(b, h)
+        except (ValueError, ZeroDivisionError):  # e.g. a per-op overhead at or below native: no ratio
             continue
-        floor = stats.noise_floor(name, machine, root)
-        rows.append(Row(name, gated, stats.verdict(change, floor, stats.higher_is_better(name)), floor, change,
-                        stats.estimate(b), stats.estimate(h)))
+        calibrated = stats.calibrated_floor(name, machine, root) if gated else None
+        if not gated:
+            floor, source = stats.noise_floor(name, machine, root), "policy"
+        elif stats.is_count(name):
+            floor, source = (calibrated, "calibrated") if calibrated is not None else (stats.COUNT_FLOOR, "count")
+        elif calibrated is not None:
+            floor, source = max(calibrated, evidence.get(name, 0.0)), "calibrated"
+        elif name in evidence:
+            floor, source = evidence[name], "evidence"
+        else:
+            floor, source = math.inf, "none"
+        hib = stats.higher_is_better(name)
+        decided = stats.gate_verdict(change, floor, hib) if gated else stats.verdict(change, floor, hib)
+        rows.append(Row(name, gated, decided, floor, change, stats.estimate(b), stats.estimate(h), source))
     return rows
 
 
@@ -285,32 +478,50 @@ def _short(name: str) -> str:
     return name.replace("bench_workloads.", "").replace("bench_overhead.", "").replace(", 'cpu')", ")")
 
 
+def _floor(r: Row) -> str:
+    return "-" if math.isinf(r.floor) else f"{r.floor:.1%}" if r.floor < 0.1 else f"{r.floor:.0%}"
+
+
 def format_rows(rows: Sequence[Row]) -> str:
     width = max((len(_short(r.name)) for r in rows), default=10)
-    lines = [f"{'signal':<{width}}  {'verdict':<9}  {'head/base [99% interval]':<30}  floor"]
+    lines = [f"{'signal':<{width}}  {'verdict':<12}  {'head/base [99% interval]':<30}  floor (source)"]
     for r in rows:
-        lines.append(f"{_short(r.name):<{width}}  {r.verdict:<9}  {stats.relative_change(r.change):<30}  "
-                     f"{r.floor:.0%}")
+        lines.append(f"{_short(r.name):<{width}}  {r.verdict:<12}  {stats.relative_change(r.change):<30}  "
+                     f"{_floor(r)} ({r.source})")
     return "\n".join(lines)
 
 
-def markdown(rows: Sequence[Row], failed: Mapping[str, str], title: str) -> str:
+def tally(rows: Iterable[Row]) -> dict[str, int]:
+    """Gated signals per verdict."""
+    out = {v: 0 for v in stats.GATE_VERDICTS}
+    for r in rows:
+        if r.gated:
+            out[r.verdict] = out.get(r.verdict, 0) + 1
+    return out
+
+
+def markdown(rows: Sequence[Row], failed: Mapping[str, str], title: str, skipped: Sequence[str] = ()) -> str:
     """A GitHub job summary: the verdict, the called changes, then every signal in a <details>."""
     gated = [r for r in rows if r.gated]
     slower = regressions(rows)
     faster = [r for r in gated if r.verdict == "faster"]
+    counts = tally(rows)
     head = ("**failed**" if failed else "**regression**" if slower else "**no regression**")
     lines = [f"### {title}", "",
-             f"{head}: {len(gated)} gated signals, {len(slower)} slower, {len(faster)} faster "
-             f"(called only when the whole 99% interval of head/base lies beyond the signal's noise floor).", ""]
+             f"{head}: {len(gated)} gated signals ({sum(stats.is_count(r.name) for r in gated)} instruction counts), "
+             f"{len(slower)} slower, {len(faster)} faster, {counts['inconclusive']} inconclusive "
+             f"(called only when the whole 99% interval of head/base lies beyond the signal's noise floor; "
+             f"inconclusive: the interval reaches across the floor, too wide to decide).", ""]
+    lines += [f"- skipped: {reason}" for reason in skipped] + ([""] if skipped else [])
     if failed:
         lines += ["| failed case | error |", "|---|---|"]
         lines += [f"| `{case}` | {message.replace('|', '/')} |" for case, message in failed.items()]
         lines.append("")
 
     def table(selected: Sequence[Row]) -> list[str]:
-        out = ["| signal | verdict | head/base [99% interval] | floor | base | head |", "|---|---|---|---|---|---|"]
-        out += [f"| `{_short(r.name)}` | {r.verdict} | {stats.relative_change(r.change)} | {r.floor:.0%} | "
+        out = ["| signal | verdict | head/base [99% interval] | floor (source) | base | head |",
+               "|---|---|---|---|---|---|"]
+        out += [f"| `{_short(r.name)}` | {r.verdict} | {stats.relative_change(r.change)} | {_floor(r)} ({r.source}) | "
                 f"{r.base.format()} | {r.head.format()} |" for r in selected]
         return out
 
@@ -330,6 +541,7 @@ def markdown(rows: Sequence[Row], failed: Mapping[str, str], title: str) -> str:
 class Outcome:
     rows: list[Row]
     failed: dict[str, str]
+    skipped: list[str] = field(default_factory=list)
 
     @property
     def exit_code(self) -> int:
@@ -345,33 +557,38 @@ def scratch() -> Iterator[Path]:
         shutil.rmtree(folder, ignore_errors=True)
 
 
-def measure(trees: Mapping[str, Path], rounds: int, workdir: Path, log: Any = print) -> dict[str, list[dict]]:
-    """Probe outputs per label, `rounds` rounds (the seam tests replace)."""
-    return run_rounds(trees, rounds, workdir, log=log)
+def measure(trees: Mapping[str, Path], workdir: Path, log: Any = print, counting: str | None = None) -> dict[str, list[dict]]:
+    """Probe outputs per side (the seam tests replace); `counting`: None, or why counts are skipped."""
+    return run_jobs(trees, workdir, log=log, counting=counting)
 
 
 def outcome(base_probes: Sequence[Mapping[str, Any]], head_probes: Sequence[Mapping[str, Any]],
-            machine: str | None, root: Path | None = None) -> Outcome:
+            machine: str | None, root: Path | None = None, skipped: Sequence[str] = ()) -> Outcome:
     failed_head = failures(head_probes)
     rows = compare([signals(p) for p in base_probes if "fatal" not in p],
                    [signals(p) for p in head_probes if "fatal" not in p], machine, root)
-    return Outcome(rows, failed_head)
+    return Outcome(rows, failed_head, list(skipped))
 
 
-def compare_commits(root: Path, base: str, head: str, rounds: int, machine: str | None,
-                    plant: float | None = None, log: Any = print) -> Outcome:
-    """Extract both commits, measure them in alternating processes, compare."""
+def compare_commits(root: Path, base: str, head: str, machine: str | None, plant: float | None = None,
+                    plant_at: str = "engine", log: Any = print, counts_off: str | None = None) -> Outcome:
+    """Extract both commits, measure them in side-by-side processes, compare."""
+    from vmapbench import counts
+
     base_sha, head_sha = resolve(root, base), resolve(root, head)
+    counting = counts_off or counts.available()
+    if counting:
+        log(f"gate: {counting}")
     with scratch() as tmp:
         # Two copies even for A/A (base == head): each side runs its own processes from its own files.
         trees = {"base": extract(root, base_sha, tmp / "base"), "head": extract(root, head_sha, tmp / "head")}
         if plant:
-            plant_slowdown(trees["head"], plant)
-        probes = measure(trees, rounds, tmp, log)
+            plant_slowdown(trees["head"], plant, plant_at)
+        probes = measure(trees, tmp, log, counting)
     failed_base = failures(probes["base"])
     if failed_base:
         log("gate: at base, these failed (not counted against head): " + "; ".join(failed_base))
-    return outcome(probes["base"], probes["head"], machine, root)
+    return outcome(probes["base"], probes["head"], machine, root, [counting] if counting else [])
 
 
 def default_json(root: Path, machine: str, base_sha: str, head_sha: str) -> Path:
@@ -381,7 +598,14 @@ def default_json(root: Path, machine: str, base_sha: str, head_sha: str) -> Path
 
 def report(result: Outcome, base: str, head: str, summary_md: Path | None, json_out: Path | None) -> None:
     slower = regressions(result.rows)
-    print(format_rows([r for r in result.rows if r.gated]))
+    gated = [r for r in result.rows if r.gated]
+    shown = [r for r in gated if r.verdict != "unchanged"]
+    print(format_rows(shown) if shown else "gate: every gated signal unchanged")
+    counts = tally(result.rows)
+    print(f"\ngate: {len(gated)} gated signals ({sum(stats.is_count(r.name) for r in gated)} instruction counts): "
+          + ", ".join(f"{n} {v}" for v, n in counts.items()) + " (the table shows all but the unchanged)")
+    for reason in result.skipped:
+        print(f"gate: skipped: {reason}")
     if result.failed:
         print(f"\ngate: {len(result.failed)} benchmarks failed at {head}:")
         for case, message in result.failed.items():
@@ -389,17 +613,17 @@ def report(result: Outcome, base: str, head: str, summary_md: Path | None, json_
     if slower:
         print(f"\ngate: PERFORMANCE DECREASED: {len(slower)} gated signals slower beyond their noise floor:")
         for r in slower:
-            print(f"  {_short(r.name)}: {stats.relative_change(r.change)} (floor {r.floor:.0%})")
+            print(f"  {_short(r.name)}: {stats.relative_change(r.change)} (floor {_floor(r)}, {r.source})")
     elif not result.failed:
-        print(f"\ngate: no regression ({sum(r.gated for r in result.rows)} gated signals)")
+        print(f"\ngate: no regression ({len(gated)} gated signals)")
     if summary_md is not None:
         with summary_md.open("a") as fh:
-            fh.write(markdown(result.rows, result.failed, f"Benchmarks gate: {base} -> {head}") + "\n")
+            fh.write(markdown(result.rows, result.failed, f"Benchmarks gate: {base} -> {head}", result.skipped) + "\n")
     if json_out is not None:
         json_out.parent.mkdir(parents=True, exist_ok=True)
         json_out.write_text(json.dumps({"base": base, "head": head, "exit_code": result.exit_code,
-                                        "failed": result.failed, "rows": [asdict(r) for r in result.rows]},
-                                       indent=1))
+                                        "failed": result.failed, "skipped": result.skipped,
+                                        "rows": [asdict(r) for r in result.rows]}, indent=1))
 
 
 # --- calibration ---------------------------------------------------------------------------------
@@ -418,8 +642,13 @@ def busy_core(enabled: bool) -> Iterator[None]:
         proc.wait()
 
 
+COUNT_MIN_FLOOR = 0.01
+
+
 def calibrated_floors(aa_runs: Sequence[Sequence[Row]], margin: float = 1.5) -> dict[str, float]:
-    """Per gated signal: max(default floor, margin x the largest A/A point deviation, in log scale).
+    """Per gated signal: margin x the largest A/A point deviation (log scale), as a fraction; at
+    least COUNT_MIN_FLOOR for a count. No blanket minimum for time signals: at gate time a time
+    signal's floor is the larger of this and the run's own base-vs-base evidence.
 
     The interval guards against the noise within a comparison; the floor guards against what
     moves between comparisons (load phases, process layout), which only A/A runs can show.
@@ -429,7 +658,32 @@ def calibrated_floors(aa_runs: Sequence[Sequence[Row]], margin: float = 1.5) -> 
         for r in rows:
             if r.gated:
                 worst[r.name] = max(worst.get(r.name, 0.0), abs(math.log(r.change.value)))
-    return {name: round(max(stats.DEFAULT_NOISE_FLOOR, math.expm1(margin * w)), 3) for name, w in sorted(worst.items())}
+    return {name: round(max(COUNT_MIN_FLOOR if stats.is_count(name) else 0.0, math.expm1(margin * w)), 4)
+            for name, w in sorted(worst.items())}
+
+
+def signal_family(name: str) -> str:
+    """The README's families of gated signals: counts of the per-op chain, of the eager and of the
+    replayed (automatic or traced) engine calls; time ratios vs torch.func, vs the loop; per-op time."""
+    metric = stats.metric_of(name)
+    _, params = stats.split_point(name)
+    method = params[-2].strip("'") if len(params) >= 2 else ""
+    if metric == "instructions":
+        if "PerOpOverhead" in name:
+            return "count: per-op chain"
+        return "count: eager calls" if method == "engine_eager" else "count: replayed calls"
+    return {"track_ratio_vs_torch_func": "time: ratio vs torch.func", "track_speedup_vs_loop": "time: speed-up vs loop",
+            "track_overhead_us_per_op": "time: per-op overhead"}.get(metric, metric)
+
+
+def floors_by_family(floors: Mapping[str, float]) -> dict[str, dict[str, float]]:
+    """Per signal family: how many signals, the median and the largest floor (the smallest
+    regression the gate catches for a typical and for the noisiest signal of the family)."""
+    groups: dict[str, list[float]] = {}
+    for name, f in floors.items():
+        groups.setdefault(signal_family(name), []).append(f)
+    return {fam: {"signals": len(v), "median": round(float(np.median(v)), 4), "max": round(max(v), 4)}
+            for fam, v in sorted(groups.items())}
 
 
 def is_engine_signal(name: str) -> bool:
@@ -440,7 +694,7 @@ def is_engine_signal(name: str) -> bool:
 
 @dataclass
 class CalibrationRun:
-    kind: str  # "aa", "aa-busy", "planted"
+    kind: str  # "aa", "aa-busy", or "planted-<plant>" (see PLANTS)
     flagged: list[str]
     exit_code: int
     seconds: float
@@ -448,27 +702,27 @@ class CalibrationRun:
 
 def summarize_calibration(runs: Sequence[CalibrationRun]) -> dict[str, Any]:
     out: dict[str, Any] = {}
-    for kind in ("aa", "aa-busy", "planted"):
+    for kind in dict.fromkeys(r.kind for r in runs):
         selected = [r for r in runs if r.kind == kind]
-        if not selected:
-            continue
         flagged_runs = sum(1 for r in selected if r.flagged)
         names = sorted({n for r in selected for n in r.flagged})
         out[kind] = {"runs": len(selected), "flagged_runs": flagged_runs,
                      "rate": flagged_runs / len(selected), "named": names,
                      "only_engine_named": all(is_engine_signal(n) for n in names),
-                     "failed_runs": sum(1 for r in selected if r.exit_code == 2)}
+                     "failed_runs": sum(1 for r in selected if r.exit_code == 2),
+                     "seconds": [round(r.seconds) for r in selected]}
     return out
 
 
-def calibrate(root: Path, machine: str, n_aa: int, n_busy: int, n_planted: int, factor: float, rounds: int,
-              rev: str = "HEAD", write: bool = True, log: Any = print, progress: Path | None = None) -> dict[str, Any]:
-    """A/A comparisons (idle machine, then one core busy) and planted-slowdown comparisons.
+def calibrate(root: Path, machine: str, n_aa: int, n_busy: int, n_planted: int, plants: Sequence[str],
+              write: bool = True, log: Any = print, progress: Path | None = None) -> dict[str, Any]:
+    """A/A comparisons of HEAD (machine as it is, then one core busy) and planted-slowdown ones.
 
     False alarms are counted with the floors in effect before this calibration (the file if any,
-    else the default); the floors written are then derived from these A/A runs and used for the
-    planted runs, so detection is measured with what future gates will use. With write=False
-    (--keep-floors) the file is left as it is: a check of existing floors on fresh runs.
+    else the run's own evidence: what a fresh machine gets); the floors written are then derived
+    from these A/A runs and used for the planted runs, so detection is measured with what future
+    gates will use. With write=False (--keep-floors) the file is left as it is (and a machine
+    without one keeps gating on evidence alone, the planted runs included).
     """
     runs: list[CalibrationRun] = []
     aa_rows: list[list[Row]] = []
@@ -479,51 +733,59 @@ def calibrate(root: Path, machine: str, n_aa: int, n_busy: int, n_planted: int, 
             progress.write_text(json.dumps({"summary": summarize_calibration(runs),
                                             "runs": [asdict(r) for r in runs]}, indent=1))
 
-    plan = [("aa", n_aa, False), ("aa-busy", n_busy, True)]
-    for kind, n, busy in plan:
-        for i in range(n):
-            started = time.time()
-            with busy_core(busy):
-                result = compare_commits(root, rev, rev, rounds, machine, log=log)
-            aa_rows.append(result.rows)
-            flagged = [r.name for r in regressions(result.rows)]
-            runs.append(CalibrationRun(kind, flagged, result.exit_code, time.time() - started))
-            log(f"calibrate: {kind} {i + 1}/{n}: {len(flagged)} flagged {flagged} ({runs[-1].seconds:.0f} s)")
-            save()
+    def one(kind: str, busy: bool, plant: tuple[float, str] | None) -> Outcome:
+        started = time.time()
+        with busy_core(busy):
+            result = compare_commits(root, "HEAD", "HEAD", machine, plant=plant[0] if plant else None,
+                                     plant_at=plant[1] if plant else "engine", log=log)
+        flagged = [r.name for r in regressions(result.rows)]
+        runs.append(CalibrationRun(kind, flagged, result.exit_code, time.time() - started))
+        log(f"calibrate: {kind}: exit {result.exit_code}, {len(flagged)} flagged "
+            f"{[_short(n) for n in flagged][:12]} ({runs[-1].seconds:.0f} s)")
+        save()
+        return result
+
+    for kind, n, busy in (("aa", n_aa, False), ("aa-busy", n_busy, True)):
+        for _ in range(n):
+            aa_rows.append(one(kind, busy, None).rows)
     floors = calibrated_floors(aa_rows) if aa_rows and write else {}
     path = stats.noise_file(machine, root)
     if floors:
         path.parent.mkdir(parents=True, exist_ok=True)
         path.write_text(json.dumps({
-            "machine": machine, "default": stats.DEFAULT_NOISE_FLOOR, "floors": floors,
-            "method": "max(default, expm1(1.5 x largest |log(head/base)| over the A/A runs))",
-            "aa_runs": len(aa_rows), "rounds": rounds, "date": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+            "machine": machine, "floors": floors, "families": floors_by_family(floors),
+            "method": "expm1(1.5 x largest |log(head/base)| over the A/A runs); counts at least "
+                      f"{COUNT_MIN_FLOOR:.0%}; a time signal's floor at gate time is the larger of this and the "
+                      "run's own base-vs-base evidence",
+            "aa_runs": len(aa_rows), "date": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
         }, indent=1, sort_keys=True) + "\n")
         log(f"calibrate: wrote {len(floors)} noise floors to {path}")
-    for i in range(n_planted):
-        started = time.time()
-        result = compare_commits(root, rev, rev, rounds, machine, plant=factor, log=log)
-        flagged = [r.name for r in regressions(result.rows)]
-        runs.append(CalibrationRun("planted", flagged, result.exit_code, time.time() - started))
-        log(f"calibrate: planted {factor}x {i + 1}/{n_planted}: {len(flagged)} flagged {flagged} "
-            f"({runs[-1].seconds:.0f} s)")
-        save()
+    for name in plants:
+        if name not in PLANTS:
+            raise GateError(f"gate: --plants {name!r}: expected some of {', '.join(PLANTS)}")
+        for _ in range(n_planted):
+            one(f"planted-{name}", False, PLANTS[name])
     summary = summarize_calibration(runs)
-    summary["factor"] = factor
-    summary["rounds"] = rounds
+    summary["plants"] = {name: {"factor": PLANTS[name][0], "at": PLANTS[name][1]} for name in plants}
+    if floors:
+        summary["families"] = floors_by_family(floors)
     return {"summary": summary, "runs": [asdict(r) for r in runs], "floors": floors}
 
 
 def print_calibration(summary: Mapping[str, Any]) -> None:
-    labels = {"aa": "A/A (ambient load)", "aa-busy": "A/A (+1 core busy)", "planted": f"planted {summary['factor']}x engine"}
-    for kind, label in labels.items():
-        s = summary.get(kind)
-        if s is None:
+    for kind, s in summary.items():
+        if not isinstance(s, dict) or "runs" not in s:
             continue
-        what = "detected" if kind == "planted" else "false alarms"
-        print(f"{label}: {what} in {s['flagged_runs']}/{s['runs']} runs ({s['rate']:.0%}); "
-              f"named: {', '.join(_short(n) for n in s['named']) or 'none'}"
-              + (f"; only engine methods named: {s['only_engine_named']}" if kind == "planted" else ""))
+        if kind.startswith("planted-"):
+            factor, at = PLANTS[kind[len("planted-"):]]
+            label, what = f"planted {factor}x at {at}", "detected"
+        else:
+            label, what = {"aa": "A/A (machine as it is)", "aa-busy": "A/A (+1 core busy)"}.get(kind, kind), "false alarms"
+        print(f"{label}: {what} in {s['flagged_runs']}/{s['runs']} runs ({s['rate']:.0%}), {s['failed_runs']} failed; "
+              f"seconds {s['seconds']}; named: {', '.join(_short(n) for n in s['named'][:20]) or 'none'}"
+              + (" ..." if len(s["named"]) > 20 else ""))
+    for fam, f in summary.get("families", {}).items():
+        print(f"floor of {fam}: median {f['median']:.1%}, max {f['max']:.1%} ({f['signals']} signals)")
 
 
 # --- command line --------------------------------------------------------------------------------
@@ -531,23 +793,27 @@ def print_calibration(summary: Mapping[str, Any]) -> None:
 def configure(p: argparse.ArgumentParser, calibration: bool = True) -> None:
     p.add_argument("base", nargs="?", default="HEAD~1", help="the commit compared against (default HEAD~1)")
     p.add_argument("head", nargs="?", default="HEAD", help="the commit tested (default HEAD)")
-    p.add_argument("--rounds", type=int, default=DEFAULT_ROUNDS,
-                   help=f"measuring processes per commit (default {DEFAULT_ROUNDS})")
     p.add_argument("--machine", default=None, help="machine name for the noise floors (default: as make bench)")
     p.add_argument("--summary-md", type=Path, default=None,
                    help="append a markdown summary (e.g. $GITHUB_STEP_SUMMARY)")
     p.add_argument("--json", type=Path, default=None,
                    help=f"write every row as JSON (default {OUT_DIR}/<machine>/<base8>-<head8>.json)")
     p.add_argument("--plant", type=float, default=None, metavar="FACTOR",
-                   help="slow head's engine dispatch by FACTOR in its temporary copy (self-test, e.g. 1.3)")
+                   help="slow head by FACTOR in its temporary copy (self-test, e.g. 1.1), where --plant-at says")
+    p.add_argument("--plant-at", default="engine", metavar="TARGET",
+                   help="what --plant slows: engine (every engine call, default), transform:NAME (e.g. "
+                        "transform:hessian), workloads:PATTERNS (e.g. 'workloads:nn_*,bayes_*,tutorial_*')")
+    p.add_argument("--no-counts", action="store_true", help="skip the instruction-count signals (no valgrind run)")
     if not calibration:
         return
     p.add_argument("--calibrate", action="store_true",
                    help="run A/A and planted-slowdown comparisons of HEAD, print the rates, write the noise floors")
     p.add_argument("--aa", type=int, default=5, help="--calibrate: A/A runs on the machine as it is")
     p.add_argument("--aa-busy", type=int, default=5, help="--calibrate: A/A runs with one core kept busy")
-    p.add_argument("--planted", type=int, default=5, help="--calibrate: planted-slowdown runs")
-    p.add_argument("--factor", type=float, default=1.3, help="--calibrate: planted slowdown factor")
+    p.add_argument("--planted", type=int, default=3, help="--calibrate: runs of each planted slowdown")
+    p.add_argument("--plants", default=",".join(PLANTS),
+                   help=f"--calibrate: which planted slowdowns (default {','.join(PLANTS)}: "
+                        + "; ".join(f"{k} {f}x at {a}" for k, (f, a) in PLANTS.items()) + ")")
     p.add_argument("--keep-floors", action="store_true",
                    help="--calibrate: do not rewrite the noise floors (check the existing ones on fresh runs)")
 
@@ -557,24 +823,26 @@ def main(args: argparse.Namespace) -> int:
 
     root = repo_root()
     machine = args.machine or machine_name()
-    if args.rounds < stats.MIN_SAMPLES:
-        raise GateError(f"gate: --rounds {args.rounds}: at least {stats.MIN_SAMPLES} rounds are needed for an "
-                         f"interval (a change measured once is never called)")
+    sys.stdout.reconfigure(line_buffering=True)  # type: ignore[union-attr]  # progress lines as they come
+    counts_off = "--no-counts given: instruction-count signals skipped" if args.no_counts else None
     if getattr(args, "calibrate", False):
         started = time.time()
         out = root / OUT_DIR / machine / f"calibration-{time.strftime('%Y%m%d-%H%M%S')}.json"
-        result = calibrate(root, machine, args.aa, args.aa_busy, args.planted, args.factor, args.rounds,
-                           write=not args.keep_floors, progress=out)
+        result = calibrate(root, machine, args.aa, args.aa_busy, args.planted,
+                           [p for p in args.plants.split(",") if p], write=not args.keep_floors, progress=out)
         print_calibration(result["summary"])
         out.write_text(json.dumps(result, indent=1))
         print(f"calibrate: {(time.time() - started) / 60:.1f} min; details in {out}")
         return 0
     base_sha, head_sha = resolve(root, args.base), resolve(root, args.head)
     print(f"gate: {args.base} ({base_sha[:8]}) -> {args.head} ({head_sha[:8]})"
-          + (f" with a planted {args.plant}x engine slowdown" if args.plant else "")
-          + f", {args.rounds} rounds, machine {machine}", flush=True)
+          + (f" with a planted {args.plant}x slowdown at {args.plant_at}" if args.plant else "")
+          + f", machine {machine}" + ("" if stats.load_calibration(machine, root) else
+                                      " (no calibration file: time floors from this run's base-vs-base spread)"),
+          flush=True)
     started = time.time()
-    result = compare_commits(root, base_sha, head_sha, args.rounds, machine, plant=args.plant)
+    result = compare_commits(root, base_sha, head_sha, machine, plant=args.plant, plant_at=args.plant_at,
+                             counts_off=counts_off)
     json_out = args.json or default_json(root, machine, base_sha, head_sha)
     report(result, args.base, args.head, args.summary_md, json_out)
     print(f"gate: exit {result.exit_code} after {(time.time() - started) / 60:.1f} min; rows in {json_out}")

@@ -43,13 +43,21 @@ DEFAULT_NOISE_FLOOR = 0.10
 BOOTSTRAP_RESAMPLES = 2000
 BOOTSTRAP_SEED = 20261123
 
+COUNT_METRICS: frozenset[str] = frozenset({"instructions"})
+"""Metrics counted, not timed: instructions executed in a measured region under callgrind
+(vmapbench/counts.py). Noise does not move them, so the gate compares them with COUNT_FLOOR."""
+
 GATED_METRICS: frozenset[str] = frozenset({
     "track_ratio_vs_torch_func",
     "track_speedup_vs_loop",
     "track_overhead_us_per_op",
-})
+}) | COUNT_METRICS
 """Metrics a regression gate may fail on: ratios of times measured interleaved in one process,
-which a busy machine slows alike on both sides (see suite/probes.interleaved_seconds)."""
+which a busy machine slows alike on both sides (see suite/probes.interleaved_seconds), and
+instruction counts."""
+
+COUNT_FLOOR = 0.03
+"""A count signal's floor: a change of instructions under 3% is never called."""
 
 HIGHER_IS_BETTER: frozenset[str] = frozenset({"track_speedup_vs_loop"})
 
@@ -66,6 +74,7 @@ NEVER_CALLED: frozenset[str] = frozenset({"track_rss_delta_bytes"})
 """Metrics whose changes are never called (RSS deltas go 0 B -> 52 KiB from page reuse alone)."""
 
 VERDICTS = ("slower", "faster", "unchanged")
+GATE_VERDICTS = ("slower", "faster", "unchanged", "inconclusive")
 
 MIN_SAMPLES = 2
 """A change measured from fewer samples a side has no interval and is never called."""
@@ -204,6 +213,28 @@ def verdict(change: Estimate, noise_floor: float = DEFAULT_NOISE_FLOOR, higher_i
     return "slower" if up else "faster"
 
 
+def gate_verdict(change: Estimate, noise_floor: float, higher_is_better: bool = False) -> str:
+    """The gate's verdict on a head/base `change`: `verdict`'s three, plus "inconclusive".
+
+    "slower"/"faster" when the whole interval lies beyond the floor (as `verdict`); "unchanged"
+    only when the whole interval lies within it; "inconclusive" when the interval reaches across
+    a floor boundary, or there is no interval (fewer than MIN_SAMPLES a side): too wide to decide,
+    and never reported as a regression. An infinite floor (the noise is unknown) decides nothing."""
+    if math.isinf(noise_floor):
+        return "inconclusive"
+    called = verdict(change, noise_floor, higher_is_better)
+    if called != "unchanged":
+        return called
+    if change.n < MIN_SAMPLES:
+        return "inconclusive"
+    inside = change.lo >= 1 / (1 + noise_floor) and change.hi <= 1 + noise_floor
+    return "unchanged" if inside else "inconclusive"
+
+
+def is_count(benchmark: str) -> bool:
+    return metric_of(benchmark) in COUNT_METRICS
+
+
 def relative_change(change: Estimate) -> str:
     """'+12.3% [+5.1%, +20.0%]': a ratio as a percentage change with its interval."""
     def pct(x: float) -> str:
@@ -278,6 +309,20 @@ def load_calibration(machine: str | None = None, root: Path | str | None = None)
                          f"`vmapbench gate --calibrate` or delete it") from None
     _floor_cache[path] = (mtime, data)
     return data
+
+
+def calibrated_floor(benchmark: str, machine: str | None = None, root: Path | str | None = None) -> float | None:
+    """The floor of `benchmark` in the machine's calibration file (point, benchmark, metric), or
+    None when the machine has no file or the file has no floor for it: the gate then takes the
+    floor from the run's own evidence, never from a blanket default."""
+    data = load_calibration(machine, root)
+    if not data:
+        return None
+    floors = data.get("floors", {})
+    for key in (benchmark, benchmark.split("(", 1)[0], metric_of(benchmark)):
+        if key in floors:
+            return float(floors[key])
+    return None
 
 
 def noise_floor(benchmark: str, machine: str | None = None, root: Path | str | None = None) -> float:
