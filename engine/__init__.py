@@ -14,6 +14,7 @@ from engine.transforms import TransformError, grad, grad_and_value, hessian, jac
 from engine.trace import TraceFallbackWarning, UntraceableError, compile, trace  # noqa: A004  (engine.compile mirrors torch.compile)
 from engine.autotrace import auto_trace
 from engine.autoswitch import auto_tracing
+from engine.fused import fused_tier, settle
 from engine.errors import (
     DataDependentError,
     FallbackError,
@@ -39,6 +40,7 @@ __all__ = [
     "FallbackWarning",
     "TransformError",
     "functional",
+    "fused_tier",
     "grad",
     "grad_and_value",
     "hessian",
@@ -52,5 +54,6 @@ __all__ = [
     "fallback_policy",
     "record_fallbacks",
     "register_rule",
+    "settle",
     "vmap",
 ]
