@@ -296,6 +296,8 @@ class _Compiler:
                 job.error = f"{type(exc).__name__}: {exc}"
                 job.seconds = time.perf_counter() - start
             job.tier.finished(job)
+            HISTORY.append({"key": job.key, "seconds": job.seconds, "from_disk": job.known is not None,
+                            "error": job.error})
             with self._lock:
                 self._pending.discard(job)
             job.done.set()
@@ -325,6 +327,8 @@ class _Compiler:
 
 
 _COMPILER = _Compiler()
+# Every finished job of this process, in order: what benchmarks read to put compile cost on the record.
+HISTORY: list[dict[str, Any]] = []
 
 
 def settle(timeout: float | None = None) -> bool:

@@ -40,6 +40,9 @@ PEERS: tuple[str, ...] = ("jax", "opacus_hooks", "opacus_ew", "opacus_functorch"
 # The engine's replayed path: the first of these the workload lists.
 OURS: tuple[str, ...] = ("engine_traced", "engine_compiled")
 REFERENCE = "torch_func"
+# Our replayed graph with the fused tier off, timed beside the settled default path (the fused
+# program where the tier compiled one): what the tier buys, in the same rounds.
+REPLAY = "ours_replay"
 DEFAULT_ROUNDS = 15
 DEFAULT_BUDGET_S = 4.0
 
@@ -55,6 +58,23 @@ class Row:
     samples: dict[str, list[float]] = field(default_factory=dict)
     skipped: dict[str, str] = field(default_factory=dict)
     failed: dict[str, str] = field(default_factory=dict)
+    # Seconds of the first call of a freshly built method, cold (nothing cached: ours' trace plus
+    # the fused compile, jax.jit's trace and XLA compile) and warm (a second build in the same
+    # process: ours loads the program from the on-disk index, jax finds what its caches hold).
+    first_call: dict[str, dict[str, float]] = field(default_factory=dict)
+    fused_state: str | None = None  # the fused tier's state of ours after settling (fused, failed: why, ...)
+
+    def break_even(self, method: str) -> float:
+        """Calls after which `method` (cold first call, then steady calls) has cost less in total
+        than as many torch.func calls; inf when its steady call is not faster; NaN if unmeasured."""
+        first = self.first_call.get(method, {}).get("cold")
+        seconds = self.seconds
+        if first is None or method not in seconds or REFERENCE not in seconds:
+            return math.nan
+        steady, reference = seconds[method], seconds[REFERENCE]
+        if steady >= reference:
+            return math.inf
+        return max(1.0, math.ceil((first - steady) / (reference - steady)))
 
     @property
     def seconds(self) -> dict[str, float]:
@@ -134,9 +154,12 @@ def measure_workload(workload: Any, size: str, rounds: int, budget_s: float,
     from suite import probes
     from workloads.peers import PeerUnavailable
 
+    import engine
+
     ours = ours_of(workload)
     row = Row(workload.name, size, ours)
-    state = workload.setup(workload.params(size), "cpu")
+    params = workload.params(size)
+    state = workload.setup(params, "cpu")
     calls: dict[str, Callable[[], Any]] = {}
     for method in (ours, REFERENCE, *PEERS):
         if method not in workload.methods:
@@ -145,6 +168,15 @@ def measure_workload(workload: Any, size: str, rounds: int, budget_s: float,
             row.skipped[method] = jax_reason
             continue
         try:
+            if method in (ours, "jax"):
+                from engine import fused
+
+                seen = len(fused.HISTORY)
+                cold = _first_call(workload, method, state)
+                if method == ours:
+                    row.fused_state = _fused_state(fused.HISTORY[seen:])
+                warm = _first_call(workload, method, workload.setup(params, "cpu"))
+                row.first_call[method] = {"cold": cold, "warm": warm}
             workload.check(state, [method])  # builds it, first call (trace/compile/jit), float64 loop check
         except PeerUnavailable as exc:
             row.skipped[method] = str(exc)
@@ -153,9 +185,47 @@ def measure_workload(workload: Any, size: str, rounds: int, budget_s: float,
             row.failed[method] = f"{type(exc).__name__}: {exc}".splitlines()[0][:300]
             continue
         calls[method] = functools.partial(workload.run, method, state)
+    if ours in calls:
+        calls[REPLAY] = functools.partial(_replayed, workload, ours, state)
+    engine.settle()  # nothing compiles while the timings run
     if calls:
         row.samples = probes.interleaved_samples(calls, "cpu", rounds=rounds, budget_s=budget_s)
     return row
+
+
+def _first_call(workload: Any, method: str, state: Any) -> float:
+    """Seconds until `method`, freshly built on `state`, runs at its steady tier: its first call,
+    and for ours the second, which with the fused tier forced compiles (or loads) its program."""
+    import time
+
+    import engine
+
+    start = time.perf_counter()
+    workload.run(method, state)
+    if method in OURS:
+        with engine.fused_tier("force"):
+            workload.run(method, state)
+        engine.settle()
+    return time.perf_counter() - start
+
+
+def _replayed(workload: Any, method: str, state: Any) -> Any:
+    import engine
+
+    with engine.fused_tier(False):
+        return workload.run(method, state)
+
+
+def _fused_state(jobs: list[dict[str, Any]]) -> str:
+    """What the fused tier did for ours' first build: 'compiled' or 'from disk' (the cold figure
+    then includes no compile: clear TORCHINDUCTOR_CACHE_DIR for a cold one), 'failed: why', or
+    'replay' when no graph of it could be fused (in-place writes, autograd outputs)."""
+    if not jobs:
+        return "replay"
+    failed = [j for j in jobs if j["error"]]
+    if failed:
+        return f"failed: {failed[0]['error'][:160]}"
+    return "from disk" if all(j["from_disk"] for j in jobs) else "compiled"
 
 
 def _ms(seconds: float | None) -> str:
@@ -190,6 +260,33 @@ def markdown(rows: Sequence[Row]) -> str:
             f"| {r.workload} | {r.size} | {r.ours} | {_ms(r.seconds.get(r.ours))} | {_ms(r.seconds.get(REFERENCE))} "
             f"| {_ms(r.seconds.get('jax'))} | {_x_spread(r, r.ours, 'jax')} | {best or '(none ran)'} "
             f"| {_x_spread(r, r.ours, best)} | {_x(r.ratio(r.ours, REFERENCE))} | {_x(r.ratio(best, REFERENCE))} |"
+        )
+    return "\n".join(lines)
+
+
+def compile_markdown(rows: Sequence[Row]) -> str:
+    """Compile cost on the record: per workload, ours and jax.jit's cold and warm first call, the
+    steady call, and the break-even number of calls against torch.func."""
+    lines = [
+        "| workload | ours replay ms | ours steady ms | ours tier | ours cold first s | ours warm first s "
+        "| ours break-even calls | jax steady ms | jax cold first s | jax warm first s | jax break-even calls |",
+        "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |",
+    ]
+
+    def first(r: Row, m: str, which: str) -> str:
+        v = r.first_call.get(m, {}).get(which)
+        return "-" if v is None else f"{v:.2f}"
+
+    def calls(v: float) -> str:
+        return "-" if math.isnan(v) else "never" if math.isinf(v) else f"{v:.0f}"
+
+    for r in rows:
+        sec = r.seconds
+        lines.append(
+            f"| {r.workload} | {_ms(sec.get(REPLAY))} | {_ms(sec.get(r.ours))} | {r.fused_state or '-'} "
+            f"| {first(r, r.ours, 'cold')} | {first(r, r.ours, 'warm')} | {calls(r.break_even(r.ours))} "
+            f"| {_ms(sec.get('jax'))} | {first(r, 'jax', 'cold')} | {first(r, 'jax', 'warm')} "
+            f"| {calls(r.break_even('jax'))} |"
         )
     return "\n".join(lines)
 
@@ -248,6 +345,8 @@ def main(args: argparse.Namespace) -> int:
           f"{args.rounds}, {args.budget_s:g} s per workload): median per call, ratios median of the per-round "
           "ratios (interquartile range); every method checked against the float64 loop first")
     print(markdown(rows))
+    print()
+    print(compile_markdown(rows))
     for line in notes(rows):
         print(line)
     if args.write:
