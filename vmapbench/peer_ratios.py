@@ -149,12 +149,20 @@ def jax_unavailable() -> str | None:
 
 
 def measure_workload(workload: Any, size: str, rounds: int, budget_s: float,
-                     jax_reason: str | None = None) -> Row:
-    """Build, first-call and check every contender of `workload` at `size`, then time them interleaved."""
+                     jax_reason: str | None = None, fused: bool = True) -> Row:
+    """Build, first-call and check every contender of `workload` at `size`, then time them interleaved.
+
+    With `fused` (the default) ours' first build forces the fused tier's compile (what the default
+    path reaches after enough calls) and its timings run after `engine.settle()`; without it the
+    whole measurement runs with the fused tier off (ours is the replay)."""
+    import engine
+
+    if not fused:
+        with engine.fused_tier(False):
+            return measure_workload(workload, size, rounds, budget_s, jax_reason, fused=True)
     from suite import probes
     from workloads.peers import PeerUnavailable
 
-    import engine
 
     ours = ours_of(workload)
     row = Row(workload.name, size, ours)
@@ -185,7 +193,7 @@ def measure_workload(workload: Any, size: str, rounds: int, budget_s: float,
             row.failed[method] = f"{type(exc).__name__}: {exc}".splitlines()[0][:300]
             continue
         calls[method] = functools.partial(workload.run, method, state)
-    if ours in calls:
+    if ours in calls and engine.fused.fused_mode() != "off":
         calls[REPLAY] = functools.partial(_replayed, workload, ours, state)
     engine.settle()  # nothing compiles while the timings run
     if calls:
@@ -202,7 +210,7 @@ def _first_call(workload: Any, method: str, state: Any) -> float:
 
     start = time.perf_counter()
     workload.run(method, state)
-    if method in OURS:
+    if method in OURS and engine.fused.fused_mode() != "off":
         with engine.fused_tier("force"):
             workload.run(method, state)
         engine.settle()
@@ -325,6 +333,8 @@ def configure(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--budget-s", type=float, default=DEFAULT_BUDGET_S,
                         help=f"timing budget per workload in seconds; rounds shrink to fit, never below 3 "
                              f"(default {DEFAULT_BUDGET_S})")
+    parser.add_argument("--no-fused", action="store_true",
+                        help="measure with the fused tier off (ours is the replayed graph; no compiles)")
     parser.add_argument("--write", action="store_true", help="store the rows under results/peer_ratios/")
 
 
@@ -340,7 +350,7 @@ def main(args: argparse.Namespace) -> int:
     for w in chosen:
         size = args.size or default_size(w)
         print(f"{w.name} [{size}] ...", file=sys.stderr, flush=True)
-        rows.append(measure_workload(w, size, args.rounds, args.budget_s, jax_reason))
+        rows.append(measure_workload(w, size, args.rounds, args.budget_s, jax_reason, fused=not args.no_fused))
     print(f"torch {torch.__version__}, {args.threads} thread(s), float32, cpu; interleaved rounds (up to "
           f"{args.rounds}, {args.budget_s:g} s per workload): median per call, ratios median of the per-round "
           "ratios (interquartile range); every method checked against the float64 loop first")
