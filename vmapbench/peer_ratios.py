@@ -322,6 +322,64 @@ def write(rows: Sequence[Row], threads: int) -> Path:
     return path
 
 
+def overhead(rounds: int, budget_s: float) -> dict[str, list[float]]:
+    """Per-call cost of an empty-ish program (`x + 1` on 8 floats), interleaved: what each way of
+    running a recorded graph adds on top of its one kernel. torch eager is one aten call from
+    Python; replay is engine.trace's graph op by op; fused is the fused tier's program through
+    TracedFunction (signature, checks); program is inductor's generated `call` alone; artifact is
+    standalone_compile's (AOTAutograd's runtime wrapper); jax.jit is XLA's, result ready."""
+    import engine
+    from engine.trace import _compile_with_inductor
+    from suite import probes
+
+    x = torch.randn(8)
+    replay, fused_fn = engine.trace(lambda t: t + 1), engine.trace(lambda t: t + 1)
+    replay(x)
+    with engine.fused_tier("force"):
+        fused_fn(x), fused_fn(x)
+    engine.settle()
+    (entry,) = fused_fn._cache.values()
+    if entry.fused is None:
+        raise RuntimeError(f"the fused tier did not compile the empty-ish graph: {fused_fn.tiers()}")
+    program = entry.fused.call
+    artifact = _compile_with_inductor(entry.gm, [x], {})
+    calls: dict[str, Callable[[], Any]] = {
+        "torch eager": lambda: x + 1,
+        "replay": lambda: _replay_off(replay, x),
+        "fused": lambda: fused_fn(x),
+        "program": lambda: program([x]),
+        "artifact": lambda: artifact(x),
+    }
+    if jax_unavailable() is None:
+        import jax
+        import jax.numpy as jnp
+
+        jitted, xj = jax.jit(lambda t: t + 1), jnp.ones(8, dtype=jnp.float32)
+        jitted(xj).block_until_ready()
+        calls["jax.jit"] = lambda: jitted(xj).block_until_ready()
+    return probes.interleaved_samples(calls, "cpu", rounds=rounds, budget_s=budget_s)
+
+
+def _replay_off(fn: Callable[[Any], Any], x: Any) -> Any:
+    import engine
+
+    with engine.fused_tier(False):
+        return fn(x)
+
+
+def overhead_markdown(samples: dict[str, list[float]]) -> str:
+    """Median microseconds per call, with each round's ratio to jax.jit (median, interquartile range)."""
+    lines = ["| path | us per call | / jax.jit |", "| --- | --- | --- |"]
+    for name, values in samples.items():
+        spread = "-"
+        if "jax.jit" in samples:
+            ratios = [a / b for a, b in zip(values, samples["jax.jit"], strict=True)]
+            q1, _, q3 = statistics.quantiles(ratios, n=4, method="inclusive")
+            spread = f"{statistics.median(ratios):.2f} ({q1:.2f}-{q3:.2f})"
+        lines.append(f"| {name} | {statistics.median(values) * 1e6:.2f} | {spread} |")
+    return "\n".join(lines)
+
+
 def configure(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("-w", "--workload", action="append", dest="workloads", metavar="W",
                         help="workload (repeatable); default: every workload with a jax method")
@@ -333,6 +391,8 @@ def configure(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--budget-s", type=float, default=DEFAULT_BUDGET_S,
                         help=f"timing budget per workload in seconds; rounds shrink to fit, never below 3 "
                              f"(default {DEFAULT_BUDGET_S})")
+    parser.add_argument("--overhead", action="store_true",
+                        help="only the per-call overhead of an empty-ish program: replay, fused, jax.jit, ...")
     parser.add_argument("--no-fused", action="store_true",
                         help="measure with the fused tier off (ours is the replayed graph; no compiles)")
     parser.add_argument("--write", action="store_true", help="store the rows under results/peer_ratios/")
@@ -342,6 +402,10 @@ def main(args: argparse.Namespace) -> int:
     if args.size is not None and len(args.workloads or ()) != 1:
         raise SystemExit("peer_ratios: --size needs exactly one -w WORKLOAD")
     torch.set_num_threads(args.threads)  # before jax is imported: load_jax matches XLA's threads to it
+    if args.overhead:
+        print(f"torch {torch.__version__}, {args.threads} thread(s): x + 1 on 8 float32, interleaved rounds")
+        print(overhead_markdown(overhead(args.rounds, args.budget_s)))
+        return 0
     chosen = selected_workloads(args.workloads, args.family)
     if not chosen:
         raise SystemExit("peer_ratios: no workload selected")
