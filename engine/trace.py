@@ -51,7 +51,7 @@ from torch.utils._pytree import tree_flatten, tree_unflatten
 from engine import fused
 from engine.autoswitch import running
 from engine.errors import DataDependentError
-from engine.graph_passes import clean_up
+from engine.graph_passes import Fold, clean_up, fold_constants
 
 aten = torch.ops.aten
 _fused_switch = fused._local
@@ -338,13 +338,15 @@ class _Entry:
 
     __slots__ = (
         "gm", "run", "constants", "tensor_pos", "select", "out_spec", "out_consts", "build", "eager", "compiled",
-        "compile_seconds", "key", "fast_keys", "first", "guards", "tier", "fused", "promotion", "__weakref__",
+        "compile_seconds", "key", "fast_keys", "first", "guards", "tier", "fused", "promotion", "fold",
+        "__weakref__",
     )
 
     def __init__(self) -> None:
         self.gm: torch.fx.GraphModule | None = None
         self.run: Callable | None = None
-        self.constants: tuple[torch.Tensor, ...] = ()
+        self.constants: tuple[torch.Tensor, ...] = ()  # the captured tensors, live
+        self.fold: Fold | None = None  # what reads only captured tensors: fed after them, computed once
         self.tensor_pos: list[int] = []
         self.select: list[int] | None = None  # tensor_pos, or None when every leaf is a tensor, in order
         self.out_spec: Any = None
@@ -364,16 +366,21 @@ class _Entry:
         self.fused: fused.FusedProgram | None = None
 
     def inputs(self, flat: list) -> list:
-        return [flat[i] for i in self.tensor_pos] + list(self.constants)
+        return [flat[i] for i in self.tensor_pos] + list(self.feed())
+
+    def feed(self) -> tuple:
+        """The graph's trailing inputs: the captured tensors, then the folded values."""
+        fold = self.fold
+        return self.constants if fold is None else self.constants + fold.values()
 
     def call(self, flat: list) -> Any:
         mode = _fused_switch.mode
         if mode is _FUSED_OFF or (self.fused is None and self.tier is None):
             select = self.select
             if select is None:
-                outs = self.run(*flat, *self.constants)
+                outs = self.run(*flat, *self.feed())
             else:
-                outs = self.run(*[flat[i] for i in select], *self.constants)
+                outs = self.run(*[flat[i] for i in select], *self.feed())
         else:
             outs = self._tiered(flat, mode)
         if self.guards:
@@ -386,7 +393,7 @@ class _Entry:
         """A call with the fused tier on: the program when it is ready and its checks hold, else
         the replay, timed for the tier's counters while the signature may still move up."""
         select = self.select
-        inputs = [*flat, *self.constants] if select is None else [*[flat[i] for i in select], *self.constants]
+        inputs = [*flat, *self.feed()] if select is None else [*[flat[i] for i in select], *self.feed()]
         program = self.fused
         if program is not None:
             outs = program(inputs)
@@ -661,6 +668,7 @@ class TracedFunction:
             guard.undo_writes()
             return self._refuse(entry, err)
         entry.constants = tuple(clean_up(gm))
+        entry.fold = fold_constants(gm, len(entry.tensor_pos), list(entry.constants))
         if self._auto and _writes_into_inputs(gm):
             # Automatic tracing replays only graphs without writes into inputs or captured tensors
             # (whose effects on aliases and version counters it does not prove); this call was the
