@@ -45,7 +45,7 @@ import torch.fx
 
 from engine.fused_worker import encode, read_message, write_message
 
-__all__ = ["FusedProgram", "Tier", "fused_mode", "fused_tier", "pays", "settle"]
+__all__ = ["FusedProgram", "Tier", "compile_now", "fused_mode", "fused_tier", "pays", "settle"]
 
 OFF, ON, FORCE = "off", "on", "force"
 
@@ -234,8 +234,10 @@ def load_program(source: str) -> Callable:
 class Job:
     """One signature's compile: requested by the calling thread, done by the compiler thread."""
 
-    def __init__(self, tier: "Tier", description: list, meta: list, key: str, known: str | None) -> None:
+    def __init__(self, tier: "Tier | None", description: list, meta: list, key: str, known: str | None,
+                 patches: dict[str, Any] | None = None) -> None:
         self.tier = tier
+        self.patches = PATCHES if patches is None else patches
         self.description = description
         self.meta = meta
         self.key = key
@@ -295,7 +297,8 @@ class _Compiler:
             except Exception as exc:  # noqa: BLE001 - the signature keeps replaying; the error is kept
                 job.error = f"{type(exc).__name__}: {exc}"
                 job.seconds = time.perf_counter() - start
-            job.tier.finished(job)
+            if job.tier is not None:
+                job.tier.finished(job)
             HISTORY.append({"key": job.key, "seconds": job.seconds, "from_disk": job.known is not None,
                             "error": job.error})
             with self._lock:
@@ -315,7 +318,7 @@ class _Compiler:
     def _compile(self, job: Job) -> str:
         process = self._worker()
         self._jobs += 1
-        write_message(process.stdin, (self._jobs, job.description, job.meta, PATCHES))
+        write_message(process.stdin, (self._jobs, job.description, job.meta, job.patches))
         reply = read_message(process.stdout)
         if reply is None:
             self._process = None
@@ -336,6 +339,22 @@ def settle(timeout: float | None = None) -> bool:
     are, False if `timeout` seconds passed first. Benchmarks call it before timing, so no timing
     mixes the replay and fused tiers."""
     return _COMPILER.settle(timeout)
+
+
+def compile_now(gm: torch.fx.GraphModule, inputs: list, patches: dict[str, Any]) -> FusedProgram:
+    """The program of `gm` for `inputs`' layouts, compiled (or loaded from disk) and waited for:
+    engine.compile's direct inductor path. `patches` are inductor settings on top of PATCHES.
+    Raises RuntimeError when inductor cannot compile the graph."""
+    description = describe_graph(gm)
+    patches = {**PATCHES, **patches}
+    meta = _inputs_meta(inputs)
+    key = graph_key(description, meta, patches)
+    job = Job(None, description, meta, key, INDEX.get(key), patches)
+    _COMPILER.submit(job)
+    job.done.wait()
+    if job.program is None:
+        raise RuntimeError(job.error)
+    return job.program
 
 
 def pending() -> int:

@@ -712,6 +712,8 @@ class TracedFunction:
         with distribution_validation_kept():
             if not _graph_outputs(entry.gm):
                 compiled = entry.run  # only non-tensor results: nothing to compile
+            elif _direct_inductor(kwargs) and fused.candidate(entry.gm) and not _needs_grad(inputs):
+                compiled = _direct_program(entry.gm, inputs, kwargs)
             elif _direct_inductor(kwargs):
                 compiled = _compile_with_inductor(entry.gm, inputs, kwargs)
             else:
@@ -720,6 +722,27 @@ class TracedFunction:
         entry.compile_seconds = self.compile_seconds = time.perf_counter() - start
         entry.compiled = compiled
         entry.run = compiled
+
+
+def _needs_grad(inputs: list) -> bool:
+    return torch.is_grad_enabled() and any(t.requires_grad for t in inputs)
+
+
+def _direct_program(gm: torch.fx.GraphModule, inputs: list, kwargs: dict) -> Callable:
+    """engine.compile's graph as the fused tier's program (inductor's generated call, no AOTAutograd
+    wrapper: see engine.fused), replaying instead where its checks do not hold (an input needing
+    autograd). Falls back to standalone_compile when the direct compile fails."""
+    try:
+        program = fused.compile_now(gm, inputs, _inductor_patches(kwargs))
+    except (RuntimeError, ValueError):
+        return _compile_with_inductor(gm, inputs, kwargs)
+    replay = gm.forward
+
+    def run(*args: torch.Tensor) -> Any:
+        outs = program(list(args))
+        return replay(*args) if outs is None else outs
+
+    return run
 
 
 def _writes_into_inputs(gm: torch.fx.GraphModule) -> bool:
