@@ -413,11 +413,51 @@ def _out_of_place_views(gm: torch.fx.GraphModule) -> None:
             node.target = replacement
 
 
+def _out_of_place_op(target: Any) -> Any:
+    """aten.div_.Tensor -> aten.div.Tensor (the functional twin of an in-place op), or None."""
+    name = target._schema.name.split("::")[1]
+    if not name.endswith("_") or name.endswith("__"):
+        return None
+    packet = getattr(aten, name[:-1], None)
+    twin = getattr(packet, target._overloadname, None) if packet is not None else None
+    if twin is None or twin._schema.is_mutable:
+        return None
+    return twin
+
+
+def _out_of_place_writes(gm: torch.fx.GraphModule) -> None:
+    """In-place arithmetic on tensors made inside the graph (x.div_(n) in a loss's mean, autograd's
+    in-place accumulations) -> its out-of-place twin, where nothing could see the difference: the
+    written tensor is a fresh allocation of the graph (no input, no view), every other reader of
+    it ran before the write and none of them is a view of it (so no alias reads the written value
+    later). Such writes otherwise mark the whole graph as mutating, which keeps the clean-up
+    passes, constant folding and the fused tier away from it."""
+    graph = gm.graph
+    order = {n: i for i, n in enumerate(graph.nodes)}
+    for node in graph.nodes:
+        target = node.target
+        if node.op != "call_function" or not isinstance(target, torch._ops.OpOverload) or not node.args:
+            continue
+        if not target._schema.is_mutable or torch.Tag.inplace_view in target.tags:
+            continue
+        src = node.args[0]
+        if not _fresh(src) or src.target is aten.empty.memory_format:
+            continue
+        others = [u for u in src.users if u is not node]
+        if any(order[u] > order[node] or not _fresh(u) for u in others):
+            continue
+        twin = _out_of_place_op(target)
+        if twin is None or target._schema.arguments[0].alias_info is None:
+            continue
+        node.target = twin
+
+
 def clean_up(gm: torch.fx.GraphModule) -> list[torch.Tensor]:
     """Run every pass on `gm` in place, in order; return the closed-over tensors that became its
     trailing inputs (to be fed, live, at every replay)."""
     constants = _lift_constants(gm)
     _out_of_place_views(gm)
+    _out_of_place_writes(gm)
     _fold_broadcast_bmm(gm)
     _outer_bmm_to_mul(gm)
     _fold_identity_mm(gm)

@@ -150,6 +150,34 @@ def test_graphs_with_in_place_writes_are_not_candidates():
     assert fused.candidate(gm) is (not has_write)
 
 
+def test_in_place_arithmetic_on_fresh_tensors_becomes_out_of_place():
+    def mean_in_place(x: torch.Tensor) -> torch.Tensor:
+        y = x * 2
+        y.div_(3)  # a fresh tensor nothing else reads: the graph is functional after the pass
+        return y + 1
+
+    traced = engine.trace(mean_in_place)
+    x = torch.randn(4)
+    traced(x)
+    gm = traced.graphs()[0]
+    assert fused.candidate(gm)
+    torch.testing.assert_close(traced(x), x * 2 / 3 + 1)
+
+
+def test_a_write_seen_through_a_view_stays_in_place():
+    def through_view(x: torch.Tensor) -> torch.Tensor:
+        y = x * 2
+        v = y[:2]
+        y.mul_(10)  # v sees it
+        return v + 0
+
+    traced = engine.trace(through_view)
+    x = torch.randn(4)
+    traced(x)
+    assert not fused.candidate(traced.graphs()[0])
+    torch.testing.assert_close(traced(x), x[:2] * 20)
+
+
 def test_described_graph_rebuilds_to_the_same_computation():
     X = torch.randn(20, 4)
 
