@@ -13,6 +13,7 @@ from engine.transforms import TransformError, jvp, linearize, vjp
 from engine.trace import TraceFallbackWarning, UntraceableError, compile, trace  # noqa: A004  (engine.compile mirrors torch.compile)
 from engine.autotrace import auto_trace, traced_transform
 from engine.autoswitch import auto_tracing
+from engine.fused import fused_tier, settle
 from engine.errors import (
     DataDependentError,
     FallbackError,
@@ -47,6 +48,7 @@ __all__ = [
     "FallbackWarning",
     "TransformError",
     "functional",
+    "fused_tier",
     "grad",
     "grad_and_value",
     "hessian",
@@ -61,5 +63,6 @@ __all__ = [
     "fallback_policy",
     "record_fallbacks",
     "register_rule",
+    "settle",
     "vmap",
 ]

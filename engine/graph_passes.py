@@ -413,11 +413,51 @@ def _out_of_place_views(gm: torch.fx.GraphModule) -> None:
             node.target = replacement
 
 
+def _out_of_place_op(target: Any) -> Any:
+    """aten.div_.Tensor -> aten.div.Tensor (the functional twin of an in-place op), or None."""
+    name = target._schema.name.split("::")[1]
+    if not name.endswith("_") or name.endswith("__"):
+        return None
+    packet = getattr(aten, name[:-1], None)
+    twin = getattr(packet, target._overloadname, None) if packet is not None else None
+    if twin is None or twin._schema.is_mutable:
+        return None
+    return twin
+
+
+def _out_of_place_writes(gm: torch.fx.GraphModule) -> None:
+    """In-place arithmetic on tensors made inside the graph (x.div_(n) in a loss's mean, autograd's
+    in-place accumulations) -> its out-of-place twin, where nothing could see the difference: the
+    written tensor is a fresh allocation of the graph (no input, no view), every other reader of
+    it ran before the write and none of them is a view of it (so no alias reads the written value
+    later). Such writes otherwise mark the whole graph as mutating, which keeps the clean-up
+    passes, constant folding and the fused tier away from it."""
+    graph = gm.graph
+    order = {n: i for i, n in enumerate(graph.nodes)}
+    for node in graph.nodes:
+        target = node.target
+        if node.op != "call_function" or not isinstance(target, torch._ops.OpOverload) or not node.args:
+            continue
+        if not target._schema.is_mutable or torch.Tag.inplace_view in target.tags:
+            continue
+        src = node.args[0]
+        if not _fresh(src) or src.target is aten.empty.memory_format:
+            continue
+        others = [u for u in src.users if u is not node]
+        if any(order[u] > order[node] or not _fresh(u) for u in others):
+            continue
+        twin = _out_of_place_op(target)
+        if twin is None or target._schema.arguments[0].alias_info is None:
+            continue
+        node.target = twin
+
+
 def clean_up(gm: torch.fx.GraphModule) -> list[torch.Tensor]:
     """Run every pass on `gm` in place, in order; return the closed-over tensors that became its
     trailing inputs (to be fed, live, at every replay)."""
     constants = _lift_constants(gm)
     _out_of_place_views(gm)
+    _out_of_place_writes(gm)
     _fold_broadcast_bmm(gm)
     _outer_bmm_to_mul(gm)
     _fold_identity_mm(gm)
@@ -426,3 +466,115 @@ def clean_up(gm: torch.fx.GraphModule) -> list[torch.Tensor]:
     _drop_no_ops(gm)
     return constants
 
+
+
+class Fold:
+    """The part of a recorded graph that reads only captured tensors (closed-over data, a
+    distribution's parameters given as numbers, factory ops such as ones/eye), computed once and
+    fed to the graph as trailing inputs instead of recomputed at every replay.
+
+    Captured tensors stay live (an in-place update of them is seen by later replays), so the folded
+    values are recomputed whenever one of their sources has a new version counter; and whenever a
+    source requires grad under grad mode, they are recomputed on every call (their autograd graph
+    belongs to that call), as the unfolded graph would.
+    """
+
+    __slots__ = ("gm", "sources", "_state", "_values")
+
+    def __init__(self, gm: torch.fx.GraphModule, sources: list[torch.Tensor]) -> None:
+        self.gm = gm
+        self.sources = sources
+        self._state: tuple | None = None
+        self._values: tuple = ()
+
+    def values(self) -> tuple:
+        """The folded values for the sources as they are now."""
+        sources = self.sources
+        state = tuple([t._version for t in sources])
+        if state == self._state:
+            if not torch.is_grad_enabled() or not any(t.requires_grad for t in sources):
+                return self._values
+        values = tuple(self.gm(*sources))
+        if torch.is_grad_enabled() and any(t.requires_grad for t in sources):
+            self._state = None
+        else:
+            self._state = state
+        self._values = values
+        return values
+
+
+def _foldable(node: torch.fx.Node) -> bool:
+    target = node.target
+    return (
+        node.op == "call_function"
+        and isinstance(target, torch._ops.OpOverload)
+        and not target._schema.is_mutable
+        and torch.Tag.nondeterministic_seeded not in target.tags
+        and isinstance(node.meta.get("val"), torch.Tensor)
+    )
+
+
+def fold_constants(gm: torch.fx.GraphModule, n_args: int, constants: list[torch.Tensor]) -> Fold | None:
+    """Move every op that reads no argument (only captured tensors and constants) out of `gm`
+    into a `Fold`; its results become new trailing placeholders of `gm`, after the captured ones.
+
+    `n_args` leading placeholders are the call's tensors, the next `len(constants)` the captured
+    tensors. Graphs with in-place ops are left alone, as are random ops. A folded value the graph
+    returns is returned as a clone (a fresh tensor per call, as before). Returns None when nothing
+    folds.
+    """
+    graph = gm.graph
+    if any(n.op == "call_function" and isinstance(n.target, torch._ops.OpOverload) and n.target._schema.is_mutable
+           for n in graph.nodes):
+        return None
+    placeholders = [n for n in graph.nodes if n.op == "placeholder"]
+    captured = {ph: constants[i] for i, ph in enumerate(placeholders[n_args:n_args + len(constants)])}
+    const: set[torch.fx.Node] = set()
+    for node in graph.nodes:
+        if _foldable(node) and all(i in const or i in captured for i in node.all_input_nodes):
+            const.add(node)
+    frontier = [n for n in graph.nodes if n in const and any(u not in const for u in n.users)]
+    if not frontier:
+        return None
+    # the folding graph: the captured placeholders it reads, then the const nodes the frontier needs
+    needed: set[torch.fx.Node] = set()
+    stack = list(frontier)
+    while stack:
+        node = stack.pop()
+        if node in needed:
+            continue
+        needed.add(node)
+        stack.extend(node.all_input_nodes)
+    fold_graph = torch.fx.Graph()
+    env: dict[torch.fx.Node, torch.fx.Node] = {}
+    sources = []
+    for ph, tensor in captured.items():
+        if ph in needed:
+            env[ph] = fold_graph.placeholder(ph.name)
+            sources.append(tensor)
+    for node in graph.nodes:
+        if node in needed and node not in env:
+            env[node] = fold_graph.node_copy(node, lambda n: env[n])
+    fold_graph.output([env[n] for n in frontier])
+    fold_gm = torch.fx.GraphModule(torch.nn.Module(), fold_graph)
+    # the recorded graph reads the folded values as trailing placeholders
+    last = placeholders[-1]
+    output = next(n for n in reversed(graph.nodes) if n.op == "output")
+    for i, node in enumerate(frontier):
+        with graph.inserting_after(last):
+            ph = graph.placeholder(f"folded_{i}")
+        ph.meta.update(node.meta)
+        last = ph
+        for user in list(node.users):
+            if user in const:
+                continue
+            if user is output:
+                with graph.inserting_before(output):
+                    fresh = graph.call_function(aten.clone.default, (ph,))
+                fresh.meta.update(node.meta)
+                user.replace_input_with(node, fresh)
+            else:
+                user.replace_input_with(node, ph)
+    graph.eliminate_dead_code()
+    gm.recompile()
+    return Fold(fold_gm, sources)

@@ -49,11 +49,14 @@ from torch.fx.experimental.proxy_tensor import make_fx
 from torch.utils._python_dispatch import TorchDispatchMode, _disable_current_modes
 from torch.utils._pytree import tree_flatten, tree_unflatten
 
+from engine import fused
 from engine.autoswitch import running
 from engine.errors import DataDependentError
-from engine.graph_passes import clean_up
+from engine.graph_passes import Fold, clean_up, fold_constants
 
 aten = torch.ops.aten
+_fused_switch = fused._local
+_FUSED_OFF = fused.OFF
 
 __all__ = ["CacheInfo", "TracedFunction", "UntraceableError", "compile", "trace"]
 
@@ -350,13 +353,15 @@ class _Entry:
 
     __slots__ = (
         "gm", "run", "constants", "tensor_pos", "select", "out_spec", "out_consts", "build", "eager", "compiled",
-        "compile_seconds", "key", "fast_keys", "first", "guards",
+        "compile_seconds", "key", "fast_keys", "first", "guards", "tier", "fused", "promotion", "fold",
+        "__weakref__",
     )
 
     def __init__(self) -> None:
         self.gm: torch.fx.GraphModule | None = None
         self.run: Callable | None = None
-        self.constants: tuple[torch.Tensor, ...] = ()
+        self.constants: tuple[torch.Tensor, ...] = ()  # the captured tensors, live
+        self.fold: Fold | None = None  # what reads only captured tensors: fed after them, computed once
         self.tensor_pos: list[int] = []
         self.select: list[int] | None = None  # tensor_pos, or None when every leaf is a tensor, in order
         self.out_spec: Any = None
@@ -369,21 +374,53 @@ class _Entry:
         self.fast_keys: list[Hashable] = []
         self.first: list[torch.Tensor] | None = None  # the traced run's results, returned by the tracing call
         self.guards: list[str] = []  # where the guarded conditions were read; the graph's last output checks them
+        # The fused tier (engine.fused): `tier` counts replays toward a compile while it may pay,
+        # `promotion` keeps that state for inspection, `fused` is the compiled program once ready.
+        self.tier: fused.Tier | None = None
+        self.promotion: fused.Tier | None = None
+        self.fused: fused.FusedProgram | None = None
 
     def inputs(self, flat: list) -> list:
-        return [flat[i] for i in self.tensor_pos] + list(self.constants)
+        return [flat[i] for i in self.tensor_pos] + list(self.feed())
+
+    def feed(self) -> tuple:
+        """The graph's trailing inputs: the captured tensors, then the folded values."""
+        fold = self.fold
+        return self.constants if fold is None else self.constants + fold.values()
 
     def call(self, flat: list) -> Any:
-        select = self.select
-        if select is None:
-            outs = self.run(*flat, *self.constants)
+        mode = _fused_switch.mode
+        if mode is _FUSED_OFF or (self.fused is None and self.tier is None):
+            select = self.select
+            if select is None:
+                outs = self.run(*flat, *self.feed())
+            else:
+                outs = self.run(*[flat[i] for i in select], *self.feed())
         else:
-            outs = self.run(*[flat[i] for i in select], *self.constants)
+            outs = self._tiered(flat, mode)
         if self.guards:
             if not outs[-1]:
                 raise _GuardFailed()
             outs = outs[:-1]
         return self.build(outs)
+
+    def _tiered(self, flat: list, mode: str) -> Any:
+        """A call with the fused tier on: the program when it is ready and its checks hold, else
+        the replay, timed for the tier's counters while the signature may still move up."""
+        select = self.select
+        inputs = [*flat, *self.feed()] if select is None else [*[flat[i] for i in select], *self.feed()]
+        program = self.fused
+        if program is not None:
+            outs = program(inputs)
+            if outs is not None:
+                return outs
+            return self.run(*inputs)
+        start = time.perf_counter()
+        outs = self.run(*inputs)
+        tier = self.tier
+        if tier is not None:
+            tier.seen(time.perf_counter() - start, inputs, mode)
+        return outs
 
 
 # torch.compile keywords the direct inductor path can honour: `mode` and `options` become inductor
@@ -518,6 +555,24 @@ class TracedFunction:
         self._fast.clear()
         self._mru = None
 
+    def tiers(self) -> list[dict[str, Any]]:
+        """Each recorded signature's fused-tier state, least recently used first: 'state' (replay,
+        pending, fused, failed, ineligible, or None when its graph cannot be fused), the replays
+        counted toward the move up, the compile's (or the load's) seconds, and any error."""
+        out = []
+        for e in self._cache.values():
+            p = e.promotion
+            job = p.job if p is not None else None
+            out.append({
+                "state": None if p is None else p.state,
+                "replays": 0 if p is None else p.replays,
+                "replay_seconds": 0.0 if p is None else p.replay_seconds,
+                "compile_seconds": None if job is None else job.seconds,
+                "from_disk": job is not None and job.known is not None,
+                "error": None if p is None else p.error,
+            })
+        return out
+
     def graphs(self) -> list[torch.fx.GraphModule]:
         """The recorded graphs, least recently used first (for inspection and tests)."""
         return [e.gm for e in self._cache.values() if e.gm is not None]
@@ -628,6 +683,7 @@ class TracedFunction:
             guard.undo_writes()
             return self._refuse(entry, err)
         entry.constants = tuple(clean_up(gm))
+        entry.fold = fold_constants(gm, len(entry.tensor_pos), list(entry.constants))
         if self._auto and _writes_into_inputs(gm):
             # Automatic tracing replays only graphs without writes into inputs or captured tensors
             # (whose effects on aliases and version counters it does not prove); this call was the
@@ -658,6 +714,8 @@ class TracedFunction:
         entry.out_consts = out_info["consts"]
         entry.build = _output_builder(entry.out_spec, entry.out_consts)
         entry.first = out_info["values"]
+        if self.compile_kwargs is None and fused.candidate(gm):
+            entry.tier = entry.promotion = fused.Tier(entry)
         return entry
 
     def _compile(self, entry: _Entry, flat: list) -> None:
@@ -669,6 +727,8 @@ class TracedFunction:
         with distribution_validation_kept():
             if not _graph_outputs(entry.gm):
                 compiled = entry.run  # only non-tensor results: nothing to compile
+            elif _direct_inductor(kwargs) and fused.candidate(entry.gm) and not _needs_grad(inputs):
+                compiled = _direct_program(entry.gm, inputs, kwargs)
             elif _direct_inductor(kwargs):
                 compiled = _compile_with_inductor(entry.gm, inputs, kwargs)
             else:
@@ -677,6 +737,27 @@ class TracedFunction:
         entry.compile_seconds = self.compile_seconds = time.perf_counter() - start
         entry.compiled = compiled
         entry.run = compiled
+
+
+def _needs_grad(inputs: list) -> bool:
+    return torch.is_grad_enabled() and any(t.requires_grad for t in inputs)
+
+
+def _direct_program(gm: torch.fx.GraphModule, inputs: list, kwargs: dict) -> Callable:
+    """engine.compile's graph as the fused tier's program (inductor's generated call, no AOTAutograd
+    wrapper: see engine.fused), replaying instead where its checks do not hold (an input needing
+    autograd). Falls back to standalone_compile when the direct compile fails."""
+    try:
+        program = fused.compile_now(gm, inputs, _inductor_patches(kwargs))
+    except (RuntimeError, ValueError):
+        return _compile_with_inductor(gm, inputs, kwargs)
+    replay = gm.forward
+
+    def run(*args: torch.Tensor) -> Any:
+        outs = program(list(args))
+        return replay(*args) if outs is None else outs
+
+    return run
 
 
 def _writes_into_inputs(gm: torch.fx.GraphModule) -> bool:

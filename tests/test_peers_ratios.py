@@ -32,8 +32,11 @@ def test_a_named_workload_without_a_peer_is_refused(monkeypatch: pytest.MonkeyPa
 
 def test_measures_checked_methods_side_by_side() -> None:
     w = workloads.get("rosenbrock_hessian")
-    row = peer_ratios.measure_workload(w, "d=8", rounds=3, budget_s=0.2)
+    row = peer_ratios.measure_workload(w, "d=8", rounds=3, budget_s=0.2, fused=False)
     assert row.ours == "engine_traced"
+    assert set(row.first_call) == {"engine_traced", "jax"} and all(v["cold"] > 0 for v in row.first_call.values())
+    assert row.fused_state == "replay"  # the fused tier was off: nothing compiled
+    assert "| rosenbrock_hessian |" in peer_ratios.compile_markdown([row])
     assert set(row.samples) == {"engine_traced", "torch_func", "jax"} and not row.failed and not row.skipped
     assert len({len(s) for s in row.samples.values()}) == 1 and len(row.samples["jax"]) >= 3  # one per round
     assert all(s > 0 for s in row.seconds.values())
@@ -59,11 +62,12 @@ def test_a_method_failing_its_check_is_reported_and_not_timed(monkeypatch: pytes
             raise AssertionError("rosenbrock_hessian jax: output 0 differs from the float64 loop")
         return real_check(state, methods)
     monkeypatch.setattr(w, "check", check)
-    row = peer_ratios.measure_workload(w, "d=8", rounds=3, budget_s=0.2, jax_reason=None)
+    row = peer_ratios.measure_workload(w, "d=8", rounds=3, budget_s=0.2, jax_reason=None, fused=False)
     assert "jax" not in row.samples and "differs from the float64 loop" in row.failed["jax"]
     assert row.best_peer is None and math.isnan(row.ratio("engine_traced", row.best_peer))
     assert any("jax FAILED" in line for line in peer_ratios.notes([row]))
-    skipped = peer_ratios.measure_workload(w, "d=8", rounds=3, budget_s=0.2, jax_reason="no jax here")
+    skipped = peer_ratios.measure_workload(w, "d=8", rounds=3, budget_s=0.2, jax_reason="no jax here",
+                                            fused=False)
     assert skipped.skipped == {"jax": "no jax here"}
 
 

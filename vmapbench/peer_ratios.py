@@ -40,6 +40,9 @@ PEERS: tuple[str, ...] = ("jax", "opacus_hooks", "opacus_ew", "opacus_functorch"
 # The engine's replayed path: the first of these the workload lists.
 OURS: tuple[str, ...] = ("engine_traced", "engine_compiled")
 REFERENCE = "torch_func"
+# Our replayed graph with the fused tier off, timed beside the settled default path (the fused
+# program where the tier compiled one): what the tier buys, in the same rounds.
+REPLAY = "ours_replay"
 DEFAULT_ROUNDS = 15
 DEFAULT_BUDGET_S = 4.0
 
@@ -55,6 +58,23 @@ class Row:
     samples: dict[str, list[float]] = field(default_factory=dict)
     skipped: dict[str, str] = field(default_factory=dict)
     failed: dict[str, str] = field(default_factory=dict)
+    # Seconds of the first call of a freshly built method, cold (nothing cached: ours' trace plus
+    # the fused compile, jax.jit's trace and XLA compile) and warm (a second build in the same
+    # process: ours loads the program from the on-disk index, jax finds what its caches hold).
+    first_call: dict[str, dict[str, float]] = field(default_factory=dict)
+    fused_state: str | None = None  # the fused tier's state of ours after settling (fused, failed: why, ...)
+
+    def break_even(self, method: str) -> float:
+        """Calls after which `method` (cold first call, then steady calls) has cost less in total
+        than as many torch.func calls; inf when its steady call is not faster; NaN if unmeasured."""
+        first = self.first_call.get(method, {}).get("cold")
+        seconds = self.seconds
+        if first is None or method not in seconds or REFERENCE not in seconds:
+            return math.nan
+        steady, reference = seconds[method], seconds[REFERENCE]
+        if steady >= reference:
+            return math.inf
+        return max(1.0, math.ceil((first - steady) / (reference - steady)))
 
     @property
     def seconds(self) -> dict[str, float]:
@@ -129,14 +149,25 @@ def jax_unavailable() -> str | None:
 
 
 def measure_workload(workload: Any, size: str, rounds: int, budget_s: float,
-                     jax_reason: str | None = None) -> Row:
-    """Build, first-call and check every contender of `workload` at `size`, then time them interleaved."""
+                     jax_reason: str | None = None, fused: bool = True) -> Row:
+    """Build, first-call and check every contender of `workload` at `size`, then time them interleaved.
+
+    With `fused` (the default) ours' first build forces the fused tier's compile (what the default
+    path reaches after enough calls) and its timings run after `engine.settle()`; without it the
+    whole measurement runs with the fused tier off (ours is the replay)."""
+    import engine
+
+    if not fused:
+        with engine.fused_tier(False):
+            return measure_workload(workload, size, rounds, budget_s, jax_reason, fused=True)
     from suite import probes
     from workloads.peers import PeerUnavailable
 
+
     ours = ours_of(workload)
     row = Row(workload.name, size, ours)
-    state = workload.setup(workload.params(size), "cpu")
+    params = workload.params(size)
+    state = workload.setup(params, "cpu")
     calls: dict[str, Callable[[], Any]] = {}
     for method in (ours, REFERENCE, *PEERS):
         if method not in workload.methods:
@@ -145,6 +176,15 @@ def measure_workload(workload: Any, size: str, rounds: int, budget_s: float,
             row.skipped[method] = jax_reason
             continue
         try:
+            if method in (ours, "jax"):
+                from engine import fused
+
+                seen = len(fused.HISTORY)
+                cold = _first_call(workload, method, state)
+                if method == ours:
+                    row.fused_state = _fused_state(fused.HISTORY[seen:])
+                warm = _first_call(workload, method, workload.setup(params, "cpu"))
+                row.first_call[method] = {"cold": cold, "warm": warm}
             workload.check(state, [method])  # builds it, first call (trace/compile/jit), float64 loop check
         except PeerUnavailable as exc:
             row.skipped[method] = str(exc)
@@ -153,9 +193,47 @@ def measure_workload(workload: Any, size: str, rounds: int, budget_s: float,
             row.failed[method] = f"{type(exc).__name__}: {exc}".splitlines()[0][:300]
             continue
         calls[method] = functools.partial(workload.run, method, state)
+    if ours in calls and engine.fused.fused_mode() != "off":
+        calls[REPLAY] = functools.partial(_replayed, workload, ours, state)
+    engine.settle()  # nothing compiles while the timings run
     if calls:
         row.samples = probes.interleaved_samples(calls, "cpu", rounds=rounds, budget_s=budget_s)
     return row
+
+
+def _first_call(workload: Any, method: str, state: Any) -> float:
+    """Seconds until `method`, freshly built on `state`, runs at its steady tier: its first call,
+    and for ours the second, which with the fused tier forced compiles (or loads) its program."""
+    import time
+
+    import engine
+
+    start = time.perf_counter()
+    workload.run(method, state)
+    if method in OURS and engine.fused.fused_mode() != "off":
+        with engine.fused_tier("force"):
+            workload.run(method, state)
+        engine.settle()
+    return time.perf_counter() - start
+
+
+def _replayed(workload: Any, method: str, state: Any) -> Any:
+    import engine
+
+    with engine.fused_tier(False):
+        return workload.run(method, state)
+
+
+def _fused_state(jobs: list[dict[str, Any]]) -> str:
+    """What the fused tier did for ours' first build: 'compiled' or 'from disk' (the cold figure
+    then includes no compile: clear TORCHINDUCTOR_CACHE_DIR for a cold one), 'failed: why', or
+    'replay' when no graph of it could be fused (in-place writes, autograd outputs)."""
+    if not jobs:
+        return "replay"
+    failed = [j for j in jobs if j["error"]]
+    if failed:
+        return f"failed: {failed[0]['error'][:160]}"
+    return "from disk" if all(j["from_disk"] for j in jobs) else "compiled"
 
 
 def _ms(seconds: float | None) -> str:
@@ -194,6 +272,33 @@ def markdown(rows: Sequence[Row]) -> str:
     return "\n".join(lines)
 
 
+def compile_markdown(rows: Sequence[Row]) -> str:
+    """Compile cost on the record: per workload, ours and jax.jit's cold and warm first call, the
+    steady call, and the break-even number of calls against torch.func."""
+    lines = [
+        "| workload | ours replay ms | ours steady ms | ours tier | ours cold first s | ours warm first s "
+        "| ours break-even calls | jax steady ms | jax cold first s | jax warm first s | jax break-even calls |",
+        "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |",
+    ]
+
+    def first(r: Row, m: str, which: str) -> str:
+        v = r.first_call.get(m, {}).get(which)
+        return "-" if v is None else f"{v:.2f}"
+
+    def calls(v: float) -> str:
+        return "-" if math.isnan(v) else "never" if math.isinf(v) else f"{v:.0f}"
+
+    for r in rows:
+        sec = r.seconds
+        lines.append(
+            f"| {r.workload} | {_ms(sec.get(REPLAY))} | {_ms(sec.get(r.ours))} | {r.fused_state or '-'} "
+            f"| {first(r, r.ours, 'cold')} | {first(r, r.ours, 'warm')} | {calls(r.break_even(r.ours))} "
+            f"| {_ms(sec.get('jax'))} | {first(r, 'jax', 'cold')} | {first(r, 'jax', 'warm')} "
+            f"| {calls(r.break_even('jax'))} |"
+        )
+    return "\n".join(lines)
+
+
 def notes(rows: Sequence[Row]) -> list[str]:
     """One line per method that was skipped or failed."""
     out = []
@@ -217,6 +322,64 @@ def write(rows: Sequence[Row], threads: int) -> Path:
     return path
 
 
+def overhead(rounds: int, budget_s: float) -> dict[str, list[float]]:
+    """Per-call cost of an empty-ish program (`x + 1` on 8 floats), interleaved: what each way of
+    running a recorded graph adds on top of its one kernel. torch eager is one aten call from
+    Python; replay is engine.trace's graph op by op; fused is the fused tier's program through
+    TracedFunction (signature, checks); program is inductor's generated `call` alone; artifact is
+    standalone_compile's (AOTAutograd's runtime wrapper); jax.jit is XLA's, result ready."""
+    import engine
+    from engine.trace import _compile_with_inductor
+    from suite import probes
+
+    x = torch.randn(8)
+    replay, fused_fn = engine.trace(lambda t: t + 1), engine.trace(lambda t: t + 1)
+    replay(x)
+    with engine.fused_tier("force"):
+        fused_fn(x), fused_fn(x)
+    engine.settle()
+    (entry,) = fused_fn._cache.values()
+    if entry.fused is None:
+        raise RuntimeError(f"the fused tier did not compile the empty-ish graph: {fused_fn.tiers()}")
+    program = entry.fused.call
+    artifact = _compile_with_inductor(entry.gm, [x], {})
+    calls: dict[str, Callable[[], Any]] = {
+        "torch eager": lambda: x + 1,
+        "replay": lambda: _replay_off(replay, x),
+        "fused": lambda: fused_fn(x),
+        "program": lambda: program([x]),
+        "artifact": lambda: artifact(x),
+    }
+    if jax_unavailable() is None:
+        import jax
+        import jax.numpy as jnp
+
+        jitted, xj = jax.jit(lambda t: t + 1), jnp.ones(8, dtype=jnp.float32)
+        jitted(xj).block_until_ready()
+        calls["jax.jit"] = lambda: jitted(xj).block_until_ready()
+    return probes.interleaved_samples(calls, "cpu", rounds=rounds, budget_s=budget_s)
+
+
+def _replay_off(fn: Callable[[Any], Any], x: Any) -> Any:
+    import engine
+
+    with engine.fused_tier(False):
+        return fn(x)
+
+
+def overhead_markdown(samples: dict[str, list[float]]) -> str:
+    """Median microseconds per call, with each round's ratio to jax.jit (median, interquartile range)."""
+    lines = ["| path | us per call | / jax.jit |", "| --- | --- | --- |"]
+    for name, values in samples.items():
+        spread = "-"
+        if "jax.jit" in samples:
+            ratios = [a / b for a, b in zip(values, samples["jax.jit"], strict=True)]
+            q1, _, q3 = statistics.quantiles(ratios, n=4, method="inclusive")
+            spread = f"{statistics.median(ratios):.2f} ({q1:.2f}-{q3:.2f})"
+        lines.append(f"| {name} | {statistics.median(values) * 1e6:.2f} | {spread} |")
+    return "\n".join(lines)
+
+
 def configure(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("-w", "--workload", action="append", dest="workloads", metavar="W",
                         help="workload (repeatable); default: every workload with a jax method")
@@ -228,6 +391,10 @@ def configure(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--budget-s", type=float, default=DEFAULT_BUDGET_S,
                         help=f"timing budget per workload in seconds; rounds shrink to fit, never below 3 "
                              f"(default {DEFAULT_BUDGET_S})")
+    parser.add_argument("--overhead", action="store_true",
+                        help="only the per-call overhead of an empty-ish program: replay, fused, jax.jit, ...")
+    parser.add_argument("--no-fused", action="store_true",
+                        help="measure with the fused tier off (ours is the replayed graph; no compiles)")
     parser.add_argument("--write", action="store_true", help="store the rows under results/peer_ratios/")
 
 
@@ -235,6 +402,10 @@ def main(args: argparse.Namespace) -> int:
     if args.size is not None and len(args.workloads or ()) != 1:
         raise SystemExit("peer_ratios: --size needs exactly one -w WORKLOAD")
     torch.set_num_threads(args.threads)  # before jax is imported: load_jax matches XLA's threads to it
+    if args.overhead:
+        print(f"torch {torch.__version__}, {args.threads} thread(s): x + 1 on 8 float32, interleaved rounds")
+        print(overhead_markdown(overhead(args.rounds, args.budget_s)))
+        return 0
     chosen = selected_workloads(args.workloads, args.family)
     if not chosen:
         raise SystemExit("peer_ratios: no workload selected")
@@ -243,11 +414,13 @@ def main(args: argparse.Namespace) -> int:
     for w in chosen:
         size = args.size or default_size(w)
         print(f"{w.name} [{size}] ...", file=sys.stderr, flush=True)
-        rows.append(measure_workload(w, size, args.rounds, args.budget_s, jax_reason))
+        rows.append(measure_workload(w, size, args.rounds, args.budget_s, jax_reason, fused=not args.no_fused))
     print(f"torch {torch.__version__}, {args.threads} thread(s), float32, cpu; interleaved rounds (up to "
           f"{args.rounds}, {args.budget_s:g} s per workload): median per call, ratios median of the per-round "
           "ratios (interquartile range); every method checked against the float64 loop first")
     print(markdown(rows))
+    print()
+    print(compile_markdown(rows))
     for line in notes(rows):
         print(line)
     if args.write:

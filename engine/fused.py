@@ -1,0 +1,456 @@
+"""The fused tier: a replayed graph that pays becomes one inductor program, compiled without
+blocking anyone.
+
+Tiers, per signature of an `engine.trace`d (or automatically traced) function:
+eager (the first call, which records the graph) -> replay (the graph's aten ops one by one from
+Python, engine.trace) -> fused (one inductor program for the whole graph). A signature moves up to
+fused when its own counters say it pays: `pays(replays, replay_seconds, compile_seconds)`, that is
+the time the fused program is expected to save over the calls seen so far (as many calls again are
+expected) reaches the compile's cost; a graph whose program is already on disk (a compile of an
+earlier process, see `GraphIndex`) costs only its load and moves up after `MIN_REPLAYS` replays.
+
+The compile runs in a worker process (engine.fused_worker: a compile thread would hold the GIL and
+stall every op of the replays it is meant not to block); a thread of this process talks to it and
+loads the result. Calls keep replaying until the program is ready, then switch at their next call.
+`settle()` waits for the pending compiles (benchmarks call it so no timing mixes tiers).
+
+The program is inductor's generated `call` for the graph, decomposed with inductor's
+decompositions and compiled by `compile_fx_inner` directly (no AOTAutograd runtime wrapper, no
+dynamo guards): the engine's signature is the guard, plus a check of the input strides and data
+alignment the program was specialised to (a mismatch replays). Random ops run as aten calls
+(`fallback_random`), so the fused program draws what the replay would.
+
+Switch: `fused_tier(False)` (a context manager, this thread) or VMAPBENCH_FUSED=0 keep every call
+on the replay path, exactly as without this tier; `fused_tier("force")` / VMAPBENCH_FUSED=force
+compile at the first replay of every signature and wait for it (a test mode: every replay runs
+fused). Only graphs without in-place writes are fused, and only calls that need no autograd graph
+(grad mode off, or no input or captured tensor requiring grad).
+"""
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import os
+import queue
+import subprocess
+import sys
+import threading
+import time
+import weakref
+from pathlib import Path
+from typing import Any, Callable, Iterator
+
+import torch
+import torch.fx
+
+from engine.fused_worker import encode, read_message, write_message
+
+__all__ = ["FusedProgram", "Tier", "compile_now", "fused_mode", "fused_tier", "pays", "settle"]
+
+OFF, ON, FORCE = "off", "on", "force"
+
+# The policy's constants. A compile nobody has timed on this machine is assumed to cost
+# COLD_COMPILE_S (inductor on a 2-core CPU: 10-40 s); a fused program is assumed to save
+# EXPECTED_SAVING of a replay's time (measured: 0.3-0.9 on the workloads); a signature needs
+# MIN_REPLAYS replays before anything is spent on it (a function called a few times never compiles).
+COLD_COMPILE_S = 20.0
+EXPECTED_SAVING = 0.5
+MIN_REPLAYS = 8
+
+
+def _mode_from(value: str) -> str:
+    value = value.strip().lower()
+    if value in ("0", "false", "off", "no"):
+        return OFF
+    if value == FORCE:
+        return FORCE
+    return ON
+
+
+_DEFAULT = _mode_from(os.environ.get("VMAPBENCH_FUSED", "1"))
+
+
+class _Local(threading.local):
+    mode: str = _DEFAULT
+
+
+_local = _Local()
+
+
+@contextlib.contextmanager
+def fused_tier(enabled: bool | str) -> Iterator[None]:
+    """Turn the fused tier on (True), off (False) or to "force" inside the block (this thread).
+
+    Off, replays run the recorded graph op by op (exactly the replay path), and no compile starts;
+    programs already compiled are kept for when it is on again. "force" compiles at the first
+    replay of each signature and waits for it. The process default is on; VMAPBENCH_FUSED=0 turns
+    it off, VMAPBENCH_FUSED=force forces it.
+    """
+    if enabled is True:
+        mode = ON
+    elif enabled is False:
+        mode = OFF
+    elif enabled == FORCE:
+        mode = FORCE
+    else:
+        raise TypeError(f"engine.fused_tier: enabled must be True, False or 'force', got {enabled!r}")
+    old, _local.mode = _local.mode, mode
+    try:
+        yield
+    finally:
+        _local.mode = old
+
+
+def fused_mode() -> str:
+    """'on', 'off' or 'force' for this thread."""
+    return _local.mode
+
+
+def pays(replays: int, replay_seconds: float, compile_seconds: float) -> bool:
+    """Whether compiling a signature pays: after MIN_REPLAYS replays, once the time the program is
+    expected to save over as many calls again as were seen reaches the compile's cost."""
+    return replays >= MIN_REPLAYS and replay_seconds * EXPECTED_SAVING >= compile_seconds
+
+
+# ------------------------------------------------------------------------------------------------
+# graphs as data, and the on-disk index of compiled programs
+
+
+def describe_graph(gm: torch.fx.GraphModule) -> list:
+    """The graph as plain picklable data (what the worker rebuilds): one (kind, target, args,
+    kwargs) per node, node arguments as positions. Raises ValueError for nodes it cannot carry."""
+    index: dict = {}
+    out = []
+    for i, node in enumerate(gm.graph.nodes):
+        index[node] = i
+        if node.op == "placeholder":
+            out.append(("placeholder", node.name, None, None))
+        elif node.op == "output":
+            out.append(("output", None, encode(node.args[0], index), None))
+        elif node.op == "call_function":
+            target = node.target
+            if isinstance(target, torch._ops.OpOverload):
+                name = f"{target.namespace}::{target._schema.name.split('::')[1]}.{target._overloadname}"
+            elif target.__name__ == "getitem" and target.__module__ == "_operator":
+                name = "getitem"
+            else:
+                raise ValueError(f"the fused tier cannot carry a call of {target!r}")
+            out.append(("call_function", name, encode(node.args, index), encode(node.kwargs, index)))
+        else:
+            raise ValueError(f"the fused tier cannot carry a {node.op} node")
+    return out
+
+
+def _inputs_meta(inputs: list) -> list:
+    return [(tuple(t.shape), tuple(t.stride()), t.dtype, t.device) for t in inputs]
+
+
+# Inductor settings of every fused program: random ops as aten calls (the replay's draws), and no
+# per-call size/stride asserts (FusedProgram checks strides itself, and falls back instead of raising).
+PATCHES: dict[str, Any] = {"fallback_random": True, "size_asserts": False}
+
+
+def graph_key(description: list, inputs_meta: list, patches: dict) -> str:
+    """What identifies a compiled program on disk: torch's version, the graph, the input layouts."""
+    text = repr((torch.__version__, description, inputs_meta, sorted(patches.items())))
+    return hashlib.sha256(text.encode()).hexdigest()[:40]
+
+
+class GraphIndex:
+    """Generated program sources by graph key, under inductor's cache directory
+    (TORCHINDUCTOR_CACHE_DIR; the kernels the sources load are in inductor's own caches there),
+    so a later process loads the program of a graph it has seen instead of compiling it."""
+
+    def __init__(self, root: Path | None = None) -> None:
+        self._root = root
+
+    @property
+    def root(self) -> Path:
+        if self._root is None:
+            base = os.environ.get("TORCHINDUCTOR_CACHE_DIR")
+            if not base:
+                from torch._inductor.runtime.cache_dir_utils import cache_dir
+
+                base = cache_dir()
+            self._root = Path(base) / "vmapbench-fused"
+        return self._root
+
+    def get(self, key: str) -> str | None:
+        try:
+            return (self.root / f"{key}.py").read_text()
+        except OSError:
+            return None
+
+    def put(self, key: str, source: str) -> None:
+        try:
+            self.root.mkdir(parents=True, exist_ok=True)
+            tmp = self.root / f"{key}.{os.getpid()}.tmp"
+            tmp.write_text(source)
+            os.replace(tmp, self.root / f"{key}.py")
+        except OSError:
+            pass  # a read-only cache only costs the next process a compile
+
+
+INDEX = GraphIndex()
+
+
+# ------------------------------------------------------------------------------------------------
+# the program
+
+
+class FusedProgram:
+    """Inductor's generated `call` for one graph, with the checks the engine's signature leaves
+    open: the strides and 16-byte data alignment the program was compiled for, and that no input
+    needs autograd. `__call__` returns None when they do not hold (the caller replays)."""
+
+    __slots__ = ("call", "strides", "key", "seconds", "source")
+
+    def __init__(self, call: Callable, strides: tuple, key: str, seconds: float, source: str) -> None:
+        self.call = call
+        self.strides = strides
+        self.key = key
+        self.seconds = seconds  # what this program cost to get: the compile, or the load from disk
+        self.source = source
+
+    def __call__(self, inputs: list) -> Any:
+        grad = torch.is_grad_enabled()
+        for t, stride in zip(inputs, self.strides):
+            if t.stride() != stride or t.data_ptr() % 16 or (grad and t.requires_grad):
+                return None
+        return self.call(list(inputs))
+
+
+def load_program(source: str) -> Callable:
+    """Import a generated module (its kernels come from inductor's caches) and return its `call`."""
+    from torch._inductor.codecache import PyCodeCache
+
+    return PyCodeCache.load(source).call
+
+
+# ------------------------------------------------------------------------------------------------
+# the compile worker
+
+
+class Job:
+    """One signature's compile: requested by the calling thread, done by the compiler thread."""
+
+    def __init__(self, tier: "Tier | None", description: list, meta: list, key: str, known: str | None,
+                 patches: dict[str, Any] | None = None) -> None:
+        self.tier = tier
+        self.patches = PATCHES if patches is None else patches
+        self.description = description
+        self.meta = meta
+        self.key = key
+        self.known = known  # the source from the on-disk index, if this graph was compiled before
+        self.done = threading.Event()
+        self.program: FusedProgram | None = None
+        self.error: str | None = None
+        self.seconds: float | None = None
+
+
+class _Compiler:
+    """A thread of this process feeding the compile worker process, one job at a time."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._queue: queue.Queue[Job] = queue.Queue()
+        self._thread: threading.Thread | None = None
+        self._process: subprocess.Popen | None = None
+        self._pending: set[Job] = set()
+        self._jobs = 0
+
+    def submit(self, job: Job) -> None:
+        with self._lock:
+            self._pending.add(job)
+            if self._thread is None or not self._thread.is_alive():
+                self._thread = threading.Thread(target=self._run, name="engine-fused-compiler", daemon=True)
+                self._thread.start()
+        self._queue.put(job)
+
+    def pending(self) -> int:
+        with self._lock:
+            return len(self._pending)
+
+    def settle(self, timeout: float | None) -> bool:
+        deadline = None if timeout is None else time.monotonic() + timeout
+        while True:
+            with self._lock:
+                jobs = list(self._pending)
+            if not jobs:
+                return True
+            for job in jobs:
+                left = None if deadline is None else max(0.0, deadline - time.monotonic())
+                if not job.done.wait(left):
+                    return False
+
+    def _run(self) -> None:
+        while True:
+            job = self._queue.get()
+            start = time.perf_counter()
+            try:
+                source = job.known if job.known is not None else self._compile(job)
+                call = load_program(source)
+                job.seconds = time.perf_counter() - start
+                job.program = FusedProgram(call, tuple(m[1] for m in job.meta), job.key, job.seconds, source)
+                if job.known is None:
+                    INDEX.put(job.key, source)
+            except Exception as exc:  # noqa: BLE001 - the signature keeps replaying; the error is kept
+                job.error = f"{type(exc).__name__}: {exc}"
+                job.seconds = time.perf_counter() - start
+            if job.tier is not None:
+                job.tier.finished(job)
+            HISTORY.append({"key": job.key, "seconds": job.seconds, "from_disk": job.known is not None,
+                            "error": job.error})
+            with self._lock:
+                self._pending.discard(job)
+            job.done.set()
+
+    def _worker(self) -> subprocess.Popen:
+        if self._process is None or self._process.poll() is not None:
+            script = Path(__file__).with_name("fused_worker.py")
+            # run_path, not the script itself: the script's folder (engine/) on sys.path would
+            # shadow standard modules (trace, functional) in the worker
+            code = f"import runpy; runpy.run_path({str(script)!r}, run_name='__main__')"
+            self._process = subprocess.Popen([sys.executable, "-c", code], stdin=subprocess.PIPE,
+                                             stdout=subprocess.PIPE, stderr=subprocess.DEVNULL)
+        return self._process
+
+    def _compile(self, job: Job) -> str:
+        process = self._worker()
+        self._jobs += 1
+        write_message(process.stdin, (self._jobs, job.description, job.meta, job.patches))
+        reply = read_message(process.stdout)
+        if reply is None:
+            self._process = None
+            raise RuntimeError("the compile worker process exited")
+        _, status, payload, _seconds = reply
+        if status != "ok":
+            raise RuntimeError(f"inductor could not compile the graph: {payload}")
+        return payload
+
+
+_COMPILER = _Compiler()
+# Every finished job of this process, in order: what benchmarks read to put compile cost on the record.
+HISTORY: list[dict[str, Any]] = []
+
+
+def settle(timeout: float | None = None) -> bool:
+    """Wait until every fused-tier compile started so far is done (ready or failed); True if all
+    are, False if `timeout` seconds passed first. Benchmarks call it before timing, so no timing
+    mixes the replay and fused tiers."""
+    return _COMPILER.settle(timeout)
+
+
+def compile_now(gm: torch.fx.GraphModule, inputs: list, patches: dict[str, Any]) -> FusedProgram:
+    """The program of `gm` for `inputs`' layouts, compiled (or loaded from disk) and waited for:
+    engine.compile's direct inductor path. `patches` are inductor settings on top of PATCHES.
+    Raises RuntimeError when inductor cannot compile the graph."""
+    description = describe_graph(gm)
+    patches = {**PATCHES, **patches}
+    meta = _inputs_meta(inputs)
+    key = graph_key(description, meta, patches)
+    job = Job(None, description, meta, key, INDEX.get(key), patches)
+    _COMPILER.submit(job)
+    job.done.wait()
+    if job.program is None:
+        raise RuntimeError(job.error)
+    return job.program
+
+
+def pending() -> int:
+    """Compiles started and not finished."""
+    return _COMPILER.pending()
+
+
+# ------------------------------------------------------------------------------------------------
+# one signature's way up
+
+
+class Tier:
+    """The fused tier's state for one recorded signature (an engine.trace entry).
+
+    Counts the replays and their time until the signature moves up (or cannot), then holds the
+    compile job. `entry` is held weakly: an evicted signature's compile finishes into nothing.
+    """
+
+    __slots__ = ("replays", "replay_seconds", "state", "job", "error", "_entry", "__weakref__")
+
+    def __init__(self, entry: Any) -> None:
+        self.replays = 0
+        self.replay_seconds = 0.0
+        self.state = "replay"  # -> pending -> fused | failed; or ineligible
+        self.job: Job | None = None
+        self.error: str | None = None
+        self._entry = weakref.ref(entry)
+
+    def seen(self, seconds: float, inputs: list, mode: str) -> None:
+        """A replay of `seconds` ran on `inputs` (graph inputs, captured tensors last)."""
+        self.replays += 1
+        self.replay_seconds += seconds
+        if mode == FORCE:
+            self.promote(inputs, wait=True)
+        elif self.replays >= MIN_REPLAYS:
+            entry = self._entry()
+            if entry is None:
+                return
+            if pays(self.replays, self.replay_seconds, COLD_COMPILE_S) or self._known(entry, inputs):
+                self.promote(inputs, wait=False)
+
+    def _known(self, entry: Any, inputs: list) -> bool:
+        """Whether the graph's program is on disk already (checked once, at MIN_REPLAYS)."""
+        if self.replays != MIN_REPLAYS:
+            return False
+        try:
+            key = graph_key(describe_graph(entry.gm), _inputs_meta(inputs), PATCHES)
+        except ValueError:
+            return False
+        return INDEX.get(key) is not None
+
+    def promote(self, inputs: list, wait: bool) -> None:
+        """Start the compile (in the background unless `wait`)."""
+        entry = self._entry()
+        if entry is None or self.state != "replay":
+            return
+        if torch.is_grad_enabled() and any(t.requires_grad for t in inputs):
+            self.state = "ineligible"  # the call builds an autograd graph, which the program does not
+            entry.tier = None
+            return
+        try:
+            description = describe_graph(entry.gm)
+        except ValueError as exc:
+            self.state, self.error = "ineligible", str(exc)
+            entry.tier = None
+            return
+        meta = _inputs_meta(inputs)
+        key = graph_key(description, meta, PATCHES)
+        self.state = "pending"
+        self.job = Job(self, description, meta, key, INDEX.get(key))
+        entry.tier = None  # no more counting: the entry replays until the program is ready
+        _COMPILER.submit(self.job)
+        if wait:
+            self.job.done.wait()
+
+    def finished(self, job: Job) -> None:
+        """Called by the compiler thread: switch the entry to the program (or record the failure)."""
+        if job.program is None:
+            self.state, self.error = "failed", job.error
+            return
+        self.state = "fused"
+        entry = self._entry()
+        if entry is not None:
+            entry.fused = job.program
+
+
+def candidate(gm: torch.fx.GraphModule) -> bool:
+    """Whether a recorded graph can be fused at all: tensor outputs, and no in-place writes (the
+    program is a functional compile; the replay keeps the writes' exact semantics)."""
+    has_output = False
+    for node in gm.graph.nodes:
+        if node.op == "call_function":
+            target = node.target
+            if isinstance(target, torch._ops.OpOverload) and target._schema.is_mutable:
+                return False
+        elif node.op == "output":
+            outs = node.args[0] if isinstance(node.args[0], (list, tuple)) else [node.args[0]]
+            has_output = any(isinstance(o, torch.fx.Node) for o in outs)
+    return has_output

@@ -1,0 +1,139 @@
+"""The fused tier's compile worker: a separate process that turns recorded aten graphs into
+inductor programs (engine.fused starts it; run as a script, it imports torch only).
+
+Why a process and not a thread: inductor's compile is seconds of Python, and a replay in the
+calling process releases the GIL at every op; with a compile thread holding it, each op would wait
+up to the interpreter's switch interval (5 ms) to get it back, so "keep replaying while it compiles"
+would stall as badly as blocking. In a process the compile costs the caller nothing but a core.
+
+Protocol (stdin/stdout, each message a 4-byte big-endian length then a pickle):
+request  (job id, graph description from engine.fused.describe_graph, input metadata, config patches)
+reply    (job id, "ok", generated module source, seconds) or (job id, "error", message, seconds).
+The compiled kernels land in inductor's on-disk caches (TORCHINDUCTOR_CACHE_DIR, shared with the
+caller), so the caller's import of the module source finds them there instead of compiling again.
+"""
+from __future__ import annotations
+
+import operator
+import pickle
+import struct
+import sys
+import time
+import traceback
+from typing import Any, BinaryIO
+
+
+def read_message(stream: BinaryIO) -> Any:
+    header = stream.read(4)
+    if len(header) < 4:
+        return None
+    (size,) = struct.unpack(">I", header)
+    return pickle.loads(stream.read(size))
+
+
+def write_message(stream: BinaryIO, message: Any) -> None:
+    data = pickle.dumps(message, protocol=pickle.HIGHEST_PROTOCOL)
+    stream.write(struct.pack(">I", len(data)) + data)
+    stream.flush()
+
+
+def encode(x: Any, index: dict) -> Any:
+    """A node argument as plain picklable data: node references become ("n", position)."""
+    if x.__class__.__name__ == "Node" and x in index:
+        return ("n", index[x])
+    if isinstance(x, list):
+        return ("l", [encode(y, index) for y in x])
+    if isinstance(x, tuple):
+        return ("t", tuple(encode(y, index) for y in x))
+    if isinstance(x, dict):
+        return ("d", {k: encode(v, index) for k, v in x.items()})
+    return ("v", x)
+
+
+def decode(x: Any, nodes: list) -> Any:
+    tag, value = x
+    if tag == "n":
+        return nodes[value]
+    if tag == "l":
+        return [decode(y, nodes) for y in value]
+    if tag == "t":
+        return tuple(decode(y, nodes) for y in value)
+    if tag == "d":
+        return {k: decode(v, nodes) for k, v in value.items()}
+    return value
+
+
+def _target(name: str) -> Any:
+    import torch
+
+    if name == "getitem":
+        return operator.getitem
+    namespace, rest = name.split("::")
+    op, _, overload = rest.partition(".")
+    packet = getattr(getattr(torch.ops, namespace), op)
+    return getattr(packet, overload or "default")
+
+
+def build_graph(description: list) -> Any:
+    """The torch.fx.GraphModule a description (engine.fused.describe_graph) stands for."""
+    import torch
+    import torch.fx
+
+    graph = torch.fx.Graph()
+    nodes: list = []
+
+    for kind, target, args, kwargs in description:
+        if kind == "placeholder":
+            nodes.append(graph.placeholder(target))
+        elif kind == "output":
+            graph.output(decode(args, nodes))
+            nodes.append(None)
+        else:
+            nodes.append(graph.call_function(_target(target), decode(args, nodes), decode(kwargs, nodes)))
+    return torch.fx.GraphModule(torch.nn.Module(), graph)
+
+
+def compile_description(description: list, inputs_meta: list, patches: dict) -> str:
+    """Inductor's generated module source for the described graph, compiled for inputs of the
+    given (shape, stride, dtype, device); kernels are written to the on-disk caches."""
+    import torch
+    from torch._inductor import config
+    from torch._inductor.compile_fx import compile_fx_inner
+    from torch._inductor.decomposition import select_decomp_table
+    from torch.fx.experimental.proxy_tensor import make_fx
+
+    gm = build_graph(description)
+    inputs = [torch.empty_strided(shape, stride, dtype=dtype, device=device).zero_()
+              for shape, stride, dtype, device in inputs_meta]
+    with torch.no_grad():
+        decomposed = make_fx(gm, decomposition_table=select_decomp_table(), tracing_mode="fake")(*inputs)
+    if any(n.op == "get_attr" for n in decomposed.graph.nodes):
+        raise RuntimeError("the decomposed graph holds tensor constants, which a directly loaded program cannot feed")
+    with config.patch(patches), torch.no_grad():
+        compiled = compile_fx_inner(decomposed, inputs)
+    return compiled.source_code
+
+
+def serve(stdin: BinaryIO, stdout: BinaryIO) -> None:
+    while True:
+        request = read_message(stdin)
+        if request is None:
+            return
+        job, description, inputs_meta, patches = request
+        start = time.perf_counter()
+        try:
+            source = compile_description(description, inputs_meta, patches)
+        except Exception as exc:  # noqa: BLE001 - sent back: the caller keeps replaying
+            detail = "".join(traceback.format_exception_only(type(exc), exc)).strip()
+            write_message(stdout, (job, "error", detail[:2000], time.perf_counter() - start))
+            continue
+        write_message(stdout, (job, "ok", source, time.perf_counter() - start))
+
+
+if __name__ == "__main__":
+    import torch
+
+    torch.set_num_threads(1)
+    out = sys.stdout.buffer
+    sys.stdout = sys.stderr  # anything inductor prints must not corrupt the message stream
+    serve(sys.stdin.buffer, out)

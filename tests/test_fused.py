@@ -1,0 +1,242 @@
+"""The fused tier (engine.fused): when a signature moves up, that calls never wait for its compile,
+that the switch restores the replay path exactly, and (slow) that inductor's program agrees with
+the replay and is found on disk by a later compile of the same graph."""
+from __future__ import annotations
+
+import threading
+
+import pytest
+import torch
+
+import engine
+from engine import fused
+from engine.fused_worker import build_graph
+
+# A generated-module stand-in for inductor's output: the same arithmetic as `_double_plus_one`'s
+# graph, counting its calls so a test can tell which tier answered.
+FAKE_SOURCE = """
+CALLS = [0]
+
+def call(args):
+    (x,) = args
+    args.clear()
+    CALLS[0] += 1
+    return (x * 2 + 1,)
+"""
+
+
+def _double_plus_one(x: torch.Tensor) -> torch.Tensor:
+    return x * 2 + 1
+
+
+@pytest.fixture
+def quick_tier(monkeypatch, tmp_path):
+    """Move up after two replays, with an index of programs of this test only, and a compile
+    that waits for the test's go before handing back FAKE_SOURCE."""
+    monkeypatch.setattr(fused, "MIN_REPLAYS", 2)
+    monkeypatch.setattr(fused, "COLD_COMPILE_S", 0.0)
+    monkeypatch.setattr(fused, "INDEX", fused.GraphIndex(tmp_path))
+    started, release = threading.Event(), threading.Event()
+
+    def compile_after_release(job: fused.Job) -> str:
+        started.set()
+        if not release.wait(60):
+            raise RuntimeError("the test never released the compile")
+        return FAKE_SOURCE
+
+    monkeypatch.setattr(fused._COMPILER, "_compile", compile_after_release)
+    yield started, release
+    release.set()
+    fused.settle(60)
+
+
+def _entry(traced: engine.trace) -> object:
+    (entry,) = traced._cache.values()
+    return entry
+
+
+def test_a_call_while_the_compile_is_pending_replays_without_waiting(quick_tier):
+    started, release = quick_tier
+    traced = engine.trace(_double_plus_one)
+    x = torch.randn(6)
+    with engine.fused_tier(True):
+        traced(x)  # the trace
+        traced(x), traced(x)  # two replays: the signature moves up, its compile starts
+        assert started.wait(30)
+        out = traced(x)  # the compile is blocked until release: this call must not wait for it
+        job = _entry(traced).promotion.job
+        assert not job.done.is_set() and fused.pending() == 1
+        assert traced.tiers()[0]["state"] == "pending" and _entry(traced).fused is None
+        torch.testing.assert_close(out, x * 2 + 1, rtol=0, atol=0)
+        release.set()
+        assert engine.settle(30)
+        assert traced.tiers()[0]["state"] == "fused"
+        calls = _entry(traced).fused.call.__globals__["CALLS"]
+        before = calls[0]
+        torch.testing.assert_close(traced(x), x * 2 + 1, rtol=0, atol=0)
+        assert calls[0] == before + 1  # the program answered
+
+
+def test_switching_the_tier_off_restores_the_replay_path_exactly(quick_tier):
+    _, release = quick_tier
+    release.set()
+    fn = engine.vmap(engine.grad(lambda w: (w.sin() * w).sum()))
+    traced = engine.trace(_double_plus_one)
+    x = torch.randn(5)
+    with engine.fused_tier(True):
+        for _ in range(4):
+            traced(x)
+        assert engine.settle(30)
+    calls = _entry(traced).fused.call.__globals__["CALLS"]
+    before = calls[0]
+    with engine.fused_tier(False):
+        out = traced(x)
+        reference = _entry(traced).gm(x)[0]
+    assert calls[0] == before  # the program did not run
+    assert torch.equal(out, reference)
+    # off, nothing is counted and nothing is compiled
+    other = engine.trace(fn)
+    with engine.fused_tier(False):
+        for _ in range(5):
+            other(x.reshape(5, 1))
+    assert other.tiers()[0]["state"] == "replay" and other.tiers()[0]["replays"] == 0
+
+
+def test_force_compiles_at_the_first_replay_and_waits(quick_tier):
+    _, release = quick_tier
+    release.set()
+    traced = engine.trace(_double_plus_one)
+    x = torch.randn(3)
+    with engine.fused_tier("force"):
+        traced(x)
+        traced(x)  # the first replay: compiles and waits
+        assert traced.tiers()[0]["state"] == "fused"
+        calls = _entry(traced).fused.call.__globals__["CALLS"]  # shared by the tests' identical programs
+        before = calls[0]
+        torch.testing.assert_close(traced(x), x * 2 + 1, rtol=0, atol=0)
+        assert calls[0] == before + 1
+
+
+def test_calls_that_build_an_autograd_graph_stay_on_the_replay(quick_tier):
+    _, release = quick_tier
+    release.set()
+    traced = engine.trace(_double_plus_one)
+    x = torch.randn(4, requires_grad=True)
+    with engine.fused_tier("force"):
+        traced(x)
+        out = traced(x)
+    assert traced.tiers()[0]["state"] == "ineligible" and fused.pending() == 0
+    assert out.requires_grad  # the replay's autograd graph, as before
+
+
+def test_a_program_refuses_inputs_of_other_strides_or_alignment():
+    program = fused.FusedProgram(lambda args: ("ran",), ((1,),), "key", 0.0, "")
+    assert program([torch.zeros(4)]) == ("ran",)
+    assert program([torch.zeros(8)[::2]]) is None  # stride 2
+    assert program([torch.zeros(5)[1:]]) is None  # 4 bytes past an aligned start
+
+
+def test_graphs_with_in_place_writes_are_not_candidates():
+    def writes(x: torch.Tensor) -> torch.Tensor:
+        y = x * 2
+        y.add_(1)
+        return y
+
+    traced = engine.trace(writes)
+    traced(torch.randn(3))
+    assert traced.tiers()[0]["state"] is None or traced.tiers()[0]["state"] == "replay"
+    gm = traced.graphs()[0]
+    has_write = any(isinstance(n.target, torch._ops.OpOverload) and n.target._schema.is_mutable for n in gm.graph.nodes)
+    assert fused.candidate(gm) is (not has_write)
+
+
+def test_in_place_arithmetic_on_fresh_tensors_becomes_out_of_place():
+    def mean_in_place(x: torch.Tensor) -> torch.Tensor:
+        y = x * 2
+        y.div_(3)  # a fresh tensor nothing else reads: the graph is functional after the pass
+        return y + 1
+
+    traced = engine.trace(mean_in_place)
+    x = torch.randn(4)
+    traced(x)
+    gm = traced.graphs()[0]
+    assert fused.candidate(gm)
+    torch.testing.assert_close(traced(x), x * 2 / 3 + 1)
+
+
+def test_a_write_seen_through_a_view_stays_in_place():
+    def through_view(x: torch.Tensor) -> torch.Tensor:
+        y = x * 2
+        v = y[:2]
+        y.mul_(10)  # v sees it
+        return v + 0
+
+    traced = engine.trace(through_view)
+    x = torch.randn(4)
+    traced(x)
+    assert not fused.candidate(traced.graphs()[0])
+    torch.testing.assert_close(traced(x), x[:2] * 20)
+
+
+def test_described_graph_rebuilds_to_the_same_computation():
+    X = torch.randn(20, 4)
+
+    def logp(w: torch.Tensor) -> torch.Tensor:
+        return -torch.nn.functional.softplus(X @ w).sum() - 0.5 * (w * w).sum()
+
+    traced = engine.trace(engine.vmap(engine.hessian(logp)))
+    w = torch.randn(3, 4)
+    traced(w)
+    entry = _entry(traced)
+    rebuilt = build_graph(fused.describe_graph(entry.gm))
+    inputs = entry.inputs([w])
+    for got, want in zip(rebuilt(*inputs), entry.gm(*inputs), strict=True):
+        assert torch.equal(got, want)
+
+
+def test_policy_and_switch_parsing():
+    assert not fused.pays(fused.MIN_REPLAYS - 1, 1e9, 0.0)
+    assert fused.pays(fused.MIN_REPLAYS, 2 * fused.COLD_COMPILE_S / fused.EXPECTED_SAVING, fused.COLD_COMPILE_S)
+    assert not fused.pays(10 ** 6, 1.0, fused.COLD_COMPILE_S)
+    assert [fused._mode_from(v) for v in ("0", "off", "FORCE", "1", "")] == ["off", "off", "force", "on", "on"]
+    with pytest.raises(TypeError, match="True, False or 'force'"):
+        with engine.fused_tier("yes"):
+            pass
+    with engine.fused_tier(False):
+        assert fused.fused_mode() == "off"
+        with engine.fused_tier("force"):
+            assert fused.fused_mode() == "force"
+        assert fused.fused_mode() == "off"
+
+
+@pytest.mark.slow
+def test_inductor_program_matches_the_replay_and_a_second_compile_loads_from_disk(monkeypatch, tmp_path):
+    monkeypatch.setattr(fused, "INDEX", fused.GraphIndex(tmp_path))
+    g = torch.Generator().manual_seed(0)
+    X, y = torch.randn(50, 6, generator=g), (torch.rand(50, generator=g) > 0.5).float()
+
+    def logp(w: torch.Tensor) -> torch.Tensor:
+        z = X @ w
+        return (y * z - torch.nn.functional.softplus(z)).sum() - 0.5 * (w * w).sum()
+
+    fn = engine.vmap(engine.hessian(logp))
+    w = torch.randn(4, 6, generator=g)
+    first = engine.trace(fn)
+    with engine.fused_tier("force"):
+        first(w)
+        first(w)
+    state = first.tiers()[0]
+    assert state["state"] == "fused", state
+    assert not state["from_disk"]
+    for seed in range(3):
+        w2 = torch.randn(4, 6, generator=torch.Generator().manual_seed(seed))
+        with engine.fused_tier(False):
+            replayed = first(w2)
+        torch.testing.assert_close(first(w2), replayed, atol=1e-5, rtol=1e-5)
+        torch.testing.assert_close(first(w2), torch.func.vmap(torch.func.hessian(logp))(w2), atol=1e-4, rtol=1e-4)
+    second = engine.trace(fn)
+    with engine.fused_tier("force"):
+        second(w)
+        second(w)
+    assert second.tiers()[0]["state"] == "fused" and second.tiers()[0]["from_disk"]
+    torch.testing.assert_close(second(w), first(w), atol=0, rtol=0)
