@@ -52,6 +52,8 @@ from engine._batched import _active
 from engine._dispatch import record_fallbacks
 from engine._guards import _Depth, _State
 from engine.autoswitch import running
+from engine.fused import OFF as fused_off
+from engine.fused import _local as fused_mode
 from engine.errors import ReplayMismatchError
 from engine.guardstate import StateGuard, torch_globals
 from engine.trace import _PLAIN, TracedFunction, _fast_signature, _signature, exact_value
@@ -163,14 +165,15 @@ class AutoTraced:
         """Shadow verification: the replay, then the eager call from the same random state, compared
         (exactly; within the dtype's default tolerance where the result came from a fused program).
         The replay's result is returned; the eager call is not counted in `eager_calls`."""
-        if not self._will_replay(args, kwargs, fast):  # the recording run or an eager run: nothing to compare
+        entry = self._replay_entry(args, kwargs, fast)
+        if entry is None:  # the recording run or an eager run: nothing to compare
             return running(self.traced._call, args, kwargs, fast)
         generators = [g for g in tree_flatten((args, kwargs))[0] if isinstance(g, torch.Generator)]
         generators += self._guard.generators if self._guard is not None else []
         states = [g.get_state() for g in generators]
         rng = torch.get_rng_state()
         out = running(self.traced._call, args, kwargs, fast)
-        fused = bool(getattr(self.traced, "last_call_fused", False))
+        fused = entry.fused is not None and fused_mode.mode is not fused_off  # the program may have run
         torch.set_rng_state(rng)
         for g, state in zip(generators, states):
             g.set_state(state)
@@ -188,16 +191,16 @@ class AutoTraced:
         return out
 
 
-    def _will_replay(self, args: tuple, kwargs: dict, fast: Any) -> bool:
-        """Whether the traced call will replay a recorded graph (not record one, nor run eagerly
-        because its graph writes into its inputs: running such a function twice would not be a
-        shadow, it would write twice)."""
+    def _replay_entry(self, args: tuple, kwargs: dict, fast: Any) -> Any:
+        """The recorded entry the traced call will replay (or run as a fused program), or None when
+        it will record one or run eagerly because its graph writes into its inputs: running such a
+        function twice would not be a shadow, it would write twice."""
         traced = self.traced
         if fast is not None:
             entry = traced._fast.get(fast[0])
         else:
             entry = traced._cache.get(_signature(args, kwargs, traced._strides)[0])
-        return entry is not None and not entry.eager and entry.first is None
+        return entry if entry is not None and not entry.eager and entry.first is None else None
 
 
 def _describe(key: Any) -> str:
