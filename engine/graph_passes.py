@@ -474,33 +474,52 @@ class Fold:
     fed to the graph as trailing inputs instead of recomputed at every replay.
 
     Captured tensors stay live (an in-place update of them is seen by later replays), so the folded
-    values are recomputed whenever one of their sources has a new version counter; and whenever a
-    source requires grad under grad mode, they are recomputed on every call (their autograd graph
-    belongs to that call), as the unfolded graph would.
+    values are recomputed whenever one of their sources changed: a new version counter or storage,
+    or contents that differ bit for bit from those the values were computed from. The contents are
+    compared because not every write moves the version counter: BatchNorm's kernels update its
+    running statistics in place without it. A source larger than FOLD_WATCH_ELEMENTS is not
+    compared, so the values are recomputed on every call; and whenever a source requires grad
+    under grad mode, they are recomputed on every call (their autograd graph belongs to that
+    call), as the unfolded graph would.
     """
 
-    __slots__ = ("gm", "sources", "_state", "_values")
+    __slots__ = ("gm", "sources", "_state", "_values", "_contents", "_watchable")
 
     def __init__(self, gm: torch.fx.GraphModule, sources: list[torch.Tensor]) -> None:
         self.gm = gm
         self.sources = sources
         self._state: tuple | None = None
         self._values: tuple = ()
+        self._contents: list[torch.Tensor] = []
+        self._watchable = all(t.layout == torch.strided and t.numel() <= FOLD_WATCH_ELEMENTS for t in sources)
 
     def values(self) -> tuple:
         """The folded values for the sources as they are now."""
         sources = self.sources
-        state = tuple([t._version for t in sources])
-        if state == self._state:
+        state = tuple([(t._version, t.data_ptr()) for t in sources])
+        if state == self._state and all(map(_same_bits, sources, self._contents)):
             if not torch.is_grad_enabled() or not any(t.requires_grad for t in sources):
                 return self._values
         values = tuple(self.gm(*sources))
-        if torch.is_grad_enabled() and any(t.requires_grad for t in sources):
+        if not self._watchable or (torch.is_grad_enabled() and any(t.requires_grad for t in sources)):
             self._state = None
         else:
             self._state = state
+            self._contents = [t.detach().clone() for t in sources]
         self._values = values
         return values
+
+
+FOLD_WATCH_ELEMENTS = 1 << 16  # sources up to this size are compared to keep their folded values
+
+
+def _same_bits(t: torch.Tensor, saved: torch.Tensor) -> bool:
+    """Bit-for-bit equality (NaN payloads aside, a NaN counts as changed; -0.0 differs from 0.0)."""
+    if t.is_complex():
+        t, saved = torch.view_as_real(t.resolve_conj()), torch.view_as_real(saved)
+    if not torch.equal(t, saved):
+        return False
+    return not t.is_floating_point() or torch.equal(torch.signbit(t), torch.signbit(saved))
 
 
 def _foldable(node: torch.fx.Node) -> bool:

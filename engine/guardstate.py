@@ -39,11 +39,13 @@ from __future__ import annotations
 
 import array
 import builtins
+import collections
 import enum
 import gc
 import functools
 import itertools
 import operator
+import threading
 import types
 from typing import Any, Iterable
 
@@ -125,6 +127,7 @@ class StateGuard:
         self.buffers: list[tuple[Any, tuple]] = []  # (object exposing memory, (format, shape, strides, bytes) recorded)
         self.generators: list[torch.Generator] = []  # random generators reached (shadow verification restores them)
         self.unprovable: str | None = None
+        self._library_types: set[type] = {torch.Tensor}  # classes whose methods torch's code calls
         self._seen: set[int] = set()
         self._names_seen: set[tuple[int, str]] = set()
         self._pymodules: list[types.ModuleType] = []  # Python modules reached, however
@@ -145,6 +148,13 @@ class StateGuard:
             for module in self._pymodules[done:] if len(self._attr_names) == self._names_done else self._pymodules:
                 self._module_attrs(module, stack)
             done, self._names_done = len(self._pymodules), len(self._attr_names)
+        # What torch's own code calls without user code naming it (nn.GELU.forward -> F.gelu,
+        # Module.__call__ -> Linear.forward, x.sin()): the namespaces it is found in, guarded by
+        # version (a monkeypatch moves it), not walked.
+        for namespace in _library_namespaces(self._library_types):
+            if id(namespace) not in self._seen:
+                self._seen.add(id(namespace))
+                self.dicts.append(namespace)
         self._plain = [d for d in self.dicts if isinstance(d, dict)]  # dicts, OrderedDicts: version tags
         self._others = [d for d in self.dicts if not isinstance(d, dict)]  # classes' mappingproxies
         self._seqs_checked = [q for q in self.seqs if not isinstance(q, (tuple, frozenset))]
@@ -241,9 +251,12 @@ class StateGuard:
             self.seqs.append(obj.args)
             self._dict(obj.keywords, stack)
             return
-        if isinstance(obj, (list, tuple, set, frozenset)):
+        if isinstance(obj, (list, tuple, set, frozenset, collections.deque)):
             self.seqs.append(obj)
             stack.extend(obj)
+            return
+        if isinstance(obj, threading.local):
+            self.unprovable = "it reaches a threading.local, whose attributes differ from thread to thread"
             return
         if isinstance(obj, dict):
             self._dict(obj, stack)
@@ -252,6 +265,7 @@ class StateGuard:
             self.unprovable = f"it reaches an iterator ({type(obj).__name__}), which a replay would not advance"
             return
         if isinstance(obj, torch.nn.Module):
+            self._library_types.add(type(obj))
             for name in _MODULE_DICTS:
                 d = obj.__dict__.get(name)
                 if isinstance(d, dict):
@@ -284,6 +298,8 @@ class StateGuard:
             # Library globals are not rebound by user code; its closures were followed. (The
             # file, not __module__: functools.wraps gives the engine's wrappers the user's.)
             return
+        # A function's code and defaults can be swapped in place (autoreload, `f.__defaults__ = ...`).
+        self.slotted += [(fn, "__code__"), (fn, "__defaults__"), (fn, "__kwdefaults__")]
         namespace = fn.__globals__
         names = _code_names(fn.__code__)
         self._attr_names |= names
@@ -421,6 +437,14 @@ def _tensor_guard(tensors: list[torch.Tensor]) -> Any:
 
 
 _cell_contents = operator.attrgetter("cell_contents")
+
+
+def _library_namespaces(classes: Iterable[type]) -> list[dict]:
+    """torch.nn.functional's globals and the dicts of the library classes in `classes`' MROs."""
+    namespaces = [vars(torch.nn.functional)]
+    for cls in {klass for c in classes for klass in c.__mro__ if klass is not object and _is_library(klass)}:
+        namespaces += [d for d in gc.get_referents(cls.__dict__) if isinstance(d, dict)]
+    return namespaces
 
 
 def _buffer_state(view: memoryview) -> tuple:

@@ -36,6 +36,7 @@ import contextlib
 import functools
 import operator
 import struct
+import threading
 import time
 import traceback
 import warnings
@@ -80,6 +81,7 @@ class CacheInfo:
 
 
 _PACK_DOUBLE = struct.Struct("<d").pack
+_RECORDING = threading.RLock()
 
 
 def exact_value(x: Any) -> Hashable:
@@ -652,6 +654,10 @@ class TracedFunction:
         return entry
 
     def _trace(self, flat: list, spec: Any, args: tuple, kwargs: dict) -> _Entry:
+        with _RECORDING:  # make_fx patches process-wide state: one recording at a time
+            return self._record(flat, spec, args, kwargs)
+
+    def _record(self, flat: list, spec: Any, args: tuple, kwargs: dict) -> _Entry:
         entry = _Entry()
         entry.tensor_pos = [i for i, x in enumerate(flat) if isinstance(x, torch.Tensor)]
         entry.select = None if len(entry.tensor_pos) == len(flat) else entry.tensor_pos
