@@ -293,7 +293,8 @@ class StateGuard:
             except ValueError:  # an empty cell (a name assigned later)
                 pass
         stack.extend(fn.__defaults__ or ())
-        stack.extend((fn.__kwdefaults__ or {}).values())
+        if fn.__kwdefaults__:  # a dict: `f.__kwdefaults__["scale"] = ...` writes into it
+            self._dict(fn.__kwdefaults__, stack)
         if _is_library(fn) or _is_torch_or_engine(fn.__code__.co_filename):
             # Library globals are not rebound by user code; its closures were followed. (The
             # file, not __module__: functools.wraps gives the engine's wrappers the user's.)

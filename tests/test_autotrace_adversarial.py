@@ -109,10 +109,6 @@ ENGINE_THREADS = (
 )
 
 # Holes found: a replay returned a stale result (the xfail tests below are their minimal repros).
-GETATTR_OF_MODULE = (
-    "hole: attributes of a global user module are guarded only when the code names them "
-    "(co_names); getattr(mod, 'NAME') names a string constant"
-)
 
 
 # ------------------------------------------------------------------------------------------------
@@ -359,7 +355,6 @@ def test_global_of_another_module_rebound():
     _after(g, X)
 
 
-@pytest.mark.xfail(strict=True, reason=GETATTR_OF_MODULE)
 def test_attribute_of_a_global_module_read_with_getattr():
     other = _module("adv_getattr_mod", HELPERS_SRC)
     globals()["_ADV_CFG"] = other
@@ -721,7 +716,6 @@ def test_mutable_default_list_mutated():
 DEFAULTS_REBOUND = "hole: a function's __defaults__ / __kwdefaults__ are walked for their items, but rebinding them is not guarded"
 
 
-@pytest.mark.xfail(strict=True, reason=DEFAULTS_REBOUND)
 def test_function_defaults_rebound():
     def f(x, scale=2.0):
         return x * scale
@@ -732,7 +726,6 @@ def test_function_defaults_rebound():
     _after(g, X)
 
 
-@pytest.mark.xfail(strict=True, reason=DEFAULTS_REBOUND)
 def test_keyword_only_default_changed():
     def f(x, *, scale=2.0):
         return x * scale
@@ -780,7 +773,6 @@ def test_nested_hyperparameter_dict_mutated():
 DEQUE = "hole: a collections.deque is not walked (not a list, no __dict__), so its items are not guarded"
 
 
-@pytest.mark.xfail(strict=True, reason=DEQUE)
 def test_deque_of_recent_tensors_rotated():
     recent = collections.deque([torch.ones(4), torch.full((4,), 2.0)], maxlen=2)
 
@@ -793,13 +785,8 @@ def test_deque_of_recent_tensors_rotated():
     _after(g, X)
 
 
-DICT_VIEW = (
-    "hole: a view over a mutable mapping (d.values(), types.MappingProxyType(d)) held by the function is "
-    "not walked, so the dict behind it is not guarded"
-)
 
 
-@pytest.mark.xfail(strict=True, reason=DICT_VIEW)
 def test_dict_values_view_over_a_mutated_dict():
     state = {"a": torch.ones(4), "b": torch.full((4,), 2.0)}
     weights = state.values()
@@ -813,7 +800,6 @@ def test_dict_values_view_over_a_mutated_dict():
     _after(g, X)
 
 
-@pytest.mark.xfail(strict=True, reason=DICT_VIEW)
 def test_read_only_mapping_proxy_over_a_mutated_config():
     settings = {"scale": 2.0}
     public = types.MappingProxyType(settings)  # the read-only view a config module exports
@@ -843,15 +829,12 @@ def test_context_variable_changed_between_calls():
     _after(g, X)
 
 
-THREAD_LOCAL = "hole: a threading.local's attributes are guarded through the recording thread's __dict__ only"
-
-
-@pytest.mark.xfail(strict=True, reason=THREAD_LOCAL)
 def test_thread_local_config_read_from_another_thread():
+    """A threading.local's attributes differ by thread: a function reaching one stays eager."""
     local = threading.local()
     local.scale = 2.0
     g = engine.vmap(lambda x: x * local.scale)
-    _warm(g, X)
+    _warm(g, X, replay=False)
     results = {}
 
     def worker():
@@ -887,7 +870,6 @@ def test_environment_variable_read_by_the_function(monkeypatch):
 CODE_SWAP = "hole: a function's __code__ is not guarded, so an in-place code swap (IPython autoreload) replays the old code"
 
 
-@pytest.mark.xfail(strict=True, reason=CODE_SWAP)
 def test_function_code_swapped_in_place_as_autoreload_does():
     def act(x):
         return x.tanh()
@@ -1116,11 +1098,6 @@ def test_layernorm_eps_and_elementwise_affine_weight_replaced():
 # monkeypatching torch
 
 
-LIBRARY_ATTR = (
-    "hole: functions of torch's modules and classes that the run reached without user code naming them "
-    "(F.gelu called by nn.GELU.forward, nn.Linear.forward found by Module.__call__, Tensor.sin as a "
-    "method) are not guarded, so monkeypatching them between calls replays the old function"
-)
 
 
 def test_monkeypatched_functional_used_by_user_code(monkeypatch):
@@ -1130,7 +1107,6 @@ def test_monkeypatched_functional_used_by_user_code(monkeypatch):
     _after(g, X)
 
 
-@pytest.mark.xfail(strict=True, reason=LIBRARY_ATTR)
 def test_monkeypatched_functional_used_inside_an_nn_module(monkeypatch):
     model = _frozen(nn.Sequential(nn.Linear(4, 4), nn.GELU()))
     g = engine.vmap(model)
@@ -1139,7 +1115,6 @@ def test_monkeypatched_functional_used_inside_an_nn_module(monkeypatch):
     _after(g, X)
 
 
-@pytest.mark.xfail(strict=True, reason=LIBRARY_ATTR)
 def test_monkeypatched_library_class_forward(monkeypatch):
     model = _frozen(nn.Linear(4, 3))
     g = engine.vmap(model)
@@ -1495,12 +1470,6 @@ def test_threads_with_their_own_grad_mode_and_shapes():
     assert not errors, errors
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "hole: two threads recording graphs at once share torch.fx's global patcher (make_fx); when the first "
-    "to start finishes first, the other fails with 'CURRENT_PATCHER is None in finally block' (and its "
-    "patches were reverted mid-recording). Seen with 8 threads of different shapes calling one "
-    "engine.vmap(f) in 7 of 10 runs; made deterministic here with events"
-))
 def test_two_threads_recording_at_once_finish_out_of_order():
     a_in, b_in, a_done = threading.Event(), threading.Event(), threading.Event()
 
@@ -1590,18 +1559,13 @@ class _Quantity(float):
     unit_scale = 1.0
 
 
-ATOM_SUBCLASS = (
-    "hole: an instance of a float subclass is keyed as an immutable atom by its float value, but its "
-    "instance attributes can change (and are not part of the key)"
-)
 
 
-@pytest.mark.xfail(strict=True, reason=ATOM_SUBCLASS)
 def test_float_subclass_argument_with_a_mutable_attribute():
     step = _Quantity(0.5)
     step.unit_scale = 1.0
     g = engine.vmap(lambda x, s: x * s * s.unit_scale, in_dims=(0, None))
-    _warm(g, X, step)
+    _warm(g, X, step, replay=False)
     step.unit_scale = 1000.0  # the same object, now in other units
     _after(g, X, step)
 
@@ -1685,7 +1649,6 @@ def test_torch_function_mode_entered_around_a_replayed_call():
     _after(g, X)
 
 
-@pytest.mark.xfail(strict=True, reason=LIBRARY_ATTR)
 def test_monkeypatched_tensor_method(monkeypatch):
     g = engine.vmap(lambda x: x.sin() * 2.0)
     _warm(g, X)
@@ -1783,13 +1746,8 @@ def test_python_random_drawn_through_a_builtin(how):
 # state hanging off tensors and arrays, and names that did not exist when recorded
 
 
-TENSOR_ATTRS = (
-    "hole: a tensor reached is guarded by its metadata only: its Python attributes (`p.lr_scale`) and "
-    "its .grad (a new tensor after zero_grad(set_to_none) and backward) are not guarded"
-)
 
 
-@pytest.mark.xfail(strict=True, reason=TENSOR_ATTRS)
 def test_python_attribute_on_a_parameter_changed():
     w = nn.Parameter(torch.ones(4), requires_grad=False)
     w.lr_scale = 2.0  # per-parameter tags, as Megatron / optimizer param groups set them
@@ -1799,7 +1757,6 @@ def test_python_attribute_on_a_parameter_changed():
     _after(g, X)
 
 
-@pytest.mark.xfail(strict=True, reason=TENSOR_ATTRS)
 def test_gradient_read_after_zero_grad_and_backward():
     model = nn.Linear(4, 1)
     opt = torch.optim.SGD(model.parameters(), lr=0.1)
@@ -1823,13 +1780,8 @@ def test_parameter_read_through_data_after_data_rebound():
     _after(g, X)
 
 
-NUMPY_META = (
-    "hole: a numpy array is guarded by its bytes, not by its shape/dtype/strides: `arr.shape = ...` or "
-    "`arr.dtype = ...` in place keeps the bytes and the replay keeps the old view"
-)
 
 
-@pytest.mark.xfail(strict=True, reason=NUMPY_META)
 @pytest.mark.parametrize("change", ["shape", "dtype"])
 def test_numpy_array_reshaped_or_retyped_in_place(change):
     arr = np.array([[1.0, 2.0], [3.0, 4.0]], dtype=np.float32)
@@ -1842,17 +1794,12 @@ def test_numpy_array_reshaped_or_retyped_in_place(change):
     _after(g, X)
 
 
-BUILTIN_SHADOW = (
-    "hole: a name the code resolved from builtins when recorded is not guarded in the module's globals, "
-    "so a later global of that name (a notebook cell `def abs(...)`) is not seen"
-)
 
 
 def _uses_abs(x):
     return x * abs(-2.0)
 
 
-@pytest.mark.xfail(strict=True, reason=BUILTIN_SHADOW)
 def test_global_defined_later_shadows_a_builtin():
     g = engine.vmap(_uses_abs)
     _warm(g, X)
