@@ -5,140 +5,24 @@ the backward pass (batched vector-Jacobian products) works without special cases
 """
 from __future__ import annotations
 
-import contextlib
 import functools
-import warnings
-from collections import Counter
 from functools import lru_cache
-from typing import Any, Callable, Iterator
+from typing import Any, Callable
 
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
 from engine import _gradsum
 from engine._batched import BatchedTensor, LevelInfo, _active, _make_wrapper, add_batch_dim, install_dispatch, wrap
+from engine._fallbacks import FallbackRecord, _note_fallback, fallback_policy, record_fallbacks  # noqa: F401  (engine's API)
+from engine._opmeta import _OpMeta, op_meta, op_name, out_of_place_view  # noqa: F401  (read here and by engine.trace)
 from engine.custom_ops import custom_vmap_rule, run_custom_op
-from engine.errors import DataDependentError, FallbackError, FallbackWarning, RandomnessError, VmapError
+from engine.errors import DataDependentError, FallbackError, RandomnessError, VmapError
 from engine.rules._helpers import python_binding
 from engine.rules._table import PLANS, lookup
+from engine.rules.random_ops import draw_unbatched, fresh_per_element
 
 aten = torch.ops.aten
-
-# ---------------------------------------------------------------------------------------------
-# fallback policy and accounting
-
-
-class _FallbackState:
-    policy = "warn"
-    warned: set[str] = set()
-    recorders: list["FallbackRecord"] = []
-
-
-class FallbackRecord:
-    """Result object of `record_fallbacks()`: `.counts` maps op name to fallback calls."""
-
-    def __init__(self) -> None:
-        self.counts: Counter[str] = Counter()
-
-    @property
-    def total(self) -> int:
-        return sum(self.counts.values())
-
-    def __repr__(self) -> str:
-        return f"FallbackRecord({dict(self.counts)})"
-
-
-@contextlib.contextmanager
-def fallback_policy(mode: str) -> Iterator[None]:
-    """'warn' (default: a FallbackWarning once per op per process), 'error' (raise FallbackError), 'silent'."""
-    if mode not in ("warn", "error", "silent"):
-        raise ValueError(f"fallback_policy: mode must be 'warn', 'error' or 'silent', got {mode!r}")
-    old, _FallbackState.policy = _FallbackState.policy, mode
-    try:
-        yield
-    finally:
-        _FallbackState.policy = old
-
-
-@contextlib.contextmanager
-def record_fallbacks() -> Iterator[FallbackRecord]:
-    """Count for-loop fallback calls per op while active (nested recorders all count)."""
-    rec = FallbackRecord()
-    _FallbackState.recorders.append(rec)
-    try:
-        yield rec
-    finally:
-        _FallbackState.recorders.remove(rec)
-
-
-def op_name(func: Any) -> str:
-    name = func.name() if hasattr(func, "name") else str(func)
-    overload = getattr(func, "_overloadname", "default") or "default"
-    base = name.split(".")[0]
-    return f"{base}.{overload}"
-
-
-def _note_fallback(func: Any) -> None:
-    name = op_name(func)
-    for rec in _FallbackState.recorders:
-        rec.counts[name] += 1
-    policy = _FallbackState.policy
-    if policy == "error":
-        raise FallbackError(name)
-    if policy == "warn" and name not in _FallbackState.warned:
-        _FallbackState.warned.add(name)
-        warnings.warn(
-            f"Batching rule not implemented for {name}; falling back to slow (for loop) implementation",
-            FallbackWarning,
-            stacklevel=4,
-        )
-
-
-# ---------------------------------------------------------------------------------------------
-# op metadata
-
-
-class _OpMeta:
-    __slots__ = ("mutated", "returns_tensors", "random", "returns_self", "has_lists", "n_returns", "n_positional")
-
-    def __init__(self, func: Any):
-        schema = func._schema
-        self.mutated = tuple(
-            i for i, a in enumerate(schema.arguments) if a.alias_info is not None and a.alias_info.is_write and not a.kwarg_only
-        )
-        self.returns_tensors = all(
-            isinstance(r.type, (torch.TensorType, torch.OptionalType, torch.ListType))
-            and ("Tensor" in str(r.type))
-            for r in schema.returns
-        )
-        self.random = torch.Tag.nondeterministic_seeded in func.tags
-        # In-place/out ops return (an alias of) their first mutated argument.
-        self.returns_self = bool(self.mutated) and len(schema.returns) == 1 and schema.returns[0].alias_info is not None
-        # Whether a positional argument can be a list of tensors (the level scan then looks inside lists).
-        self.has_lists = any(isinstance(a.type, torch.ListType) and "Tensor" in str(a.type) for a in schema.arguments)
-        self.n_returns = len(schema.returns)
-        self.n_positional = sum(not a.kwarg_only for a in schema.arguments)
-
-
-@lru_cache(maxsize=None)
-def op_meta(func: Any) -> _OpMeta:
-    return _OpMeta(func)
-
-
-@lru_cache(maxsize=None)
-def out_of_place_view(op: Any) -> Any:
-    """The out-of-place twin of an in-place view op, same arguments: squeeze_.dim -> squeeze.dim,
-    transpose_.default -> transpose.int; None if there is none."""
-    packet = getattr(aten, op._schema.name.split("::")[1].rstrip("_"), None)
-    if packet is None:
-        return None
-    n_args = len(op._schema.arguments)
-    for name in (op._overloadname, "int", "default", *packet.overloads()):
-        candidate = getattr(packet, name, None)
-        if candidate is not None and not candidate._schema.is_mutable and len(candidate._schema.arguments) == n_args:
-            return candidate
-    return None
-
 
 _DATA_DEPENDENT = {aten._local_scalar_dense.default, aten.is_nonzero.default, aten.equal.default}
 
@@ -778,15 +662,11 @@ class VmapMode(TorchDispatchMode):
         if call is not _SPECIAL:  # neither random nor a fresh-memory factory: the op itself
             return call(*args, **kwargs)
         if func in _FRESH and self.info.randomness == "different":
-            from engine.rules.random_ops import fresh_per_element
-
             return fresh_per_element(func, self.info, args, kwargs)
         if torch.Tag.nondeterministic_seeded in func.tags and _draws(lookup(func), args, kwargs):
             randomness = self.info.randomness
             if randomness == "error":
                 raise _randomness_error(func)
             if randomness == "different":
-                from engine.rules.random_ops import draw_unbatched
-
                 return draw_unbatched(func, self.info, args, kwargs)
         return func(*args, **kwargs)

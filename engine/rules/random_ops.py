@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import torch
 
+from engine._batched import add_batch_dim
+from engine._opmeta import op_meta
 from engine.errors import RandomnessError
 from engine.rules._helpers import materialize, ops_of, pad_batched
 from engine.rules._table import RULES
@@ -158,9 +160,6 @@ def draw_unbatched(func, info, args: tuple, kwargs: dict):
     over the batch; anything else (randperm) draws once per element. An in-place fill of an
     unbatched tensor cannot hold a draw per element and is refused.
     """
-    from engine._batched import add_batch_dim
-    from engine._dispatch import op_meta
-
     B = info.batch_size
     if op_meta(func).mutated:
         raise RandomnessError(
@@ -198,8 +197,6 @@ def fresh_per_element(func, info, args: tuple, kwargs: dict):
     input, in the same order from the random stream (one draw over [B, *shape]), instead of being
     refused as an in-place draw into an unbatched tensor.
     """
-    from engine._batched import add_batch_dim
-
     B = info.batch_size
     if func is aten.empty_like.default:
         x = args[0]
