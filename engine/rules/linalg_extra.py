@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import torch
 
-from engine.rules._helpers import lrank, materialize, ops_of, pad_batched
+from engine.rules._helpers import leading_dims_flat, lrank, materialize, ops_of, pad_batched
 from engine.rules._table import RULES
 
 aten = torch.ops.aten
@@ -12,7 +12,7 @@ aten = torch.ops.aten
 
 def _leading_batch_rule(op):
     def rule(info, in_dims, x, *args, **kwargs):
-        out = op(x, *args, **kwargs)
+        out = op(leading_dims_flat(x), *args, **kwargs)
         return out, (tuple(0 for _ in out) if isinstance(out, (tuple, list)) else 0)
 
     return rule

@@ -25,10 +25,12 @@ def _shape_rule(func):
     return physical_rule(physical)
 
 
-for op in ops_of("view.default", "_unsafe_view.default", "reshape.default", "_reshape_alias.default"):
-    if op is aten._reshape_alias.default:
-        continue
+for op in ops_of("view.default", "reshape.default"):
     RULES[op] = _shape_rule(op)
+# `_unsafe_view` is PyTorch's reshape of a tensor it just made (kron, einsum, matmul's result), which
+# it knows to be viewable. Under vmap that tensor's layout follows its batched inputs' (a batch
+# that is physically innermost), so it may not be: reshape it, a copy where the view cannot be.
+RULES[aten._unsafe_view.default] = _shape_rule(aten.reshape.default)
 
 
 @register_rule(aten.expand.default)
