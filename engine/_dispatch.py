@@ -114,6 +114,9 @@ def _build_plan(func: Any) -> Callable[[tuple, dict], Any]:
             raise _data_dependent(func)
     elif torch.Tag.inplace_view in func.tags:
         plan = functools.partial(_run_inplace_view, func)
+    elif _random_out(func):
+        def plan(args: tuple, kwargs: dict) -> Any:
+            raise _random_out_error(func)
     else:
         plan = _rule_plan(func, op_meta(func), rule)
     PLANS[func] = plan
@@ -502,6 +505,19 @@ def _data_dependent(func: Any) -> DataDependentError:
     )
 
 
+def _random_out(func: Any) -> bool:
+    """A random op's out= variant (randn.out, normal.Tensor_Tensor_out)."""
+    return torch.Tag.nondeterministic_seeded in func.tags and any(a.is_out for a in func._schema.arguments)
+
+
+def _random_out_error(func: Any) -> RandomnessError:
+    return RandomnessError(
+        f"vmap: we do not yet support calling out variants of random operations inside of vmap ({op_name(func)}): "
+        f"under randomness='different' the draw would need a batch dim the out= tensor does not have. Call the "
+        f"op without out= and use its result (or copy it into the tensor outside vmap)."
+    )
+
+
 def _randomness_error(func: Any) -> RandomnessError:
     return RandomnessError(
         f"vmap: called random operation while in randomness error mode ({op_name(func)}). Please either use the "
@@ -573,7 +589,7 @@ def fallback(func: Any, info: LevelInfo, args: tuple, kwargs: dict) -> Any:
         dims = [0 if (type(a) is BatchedTensor and a._level == level) else None for a in args]
         _check_inplace(func, meta, dims)
     same = meta.random and info.randomness == "same"
-    rng = _RngReplay(args) if same else None
+    rng = _RngReplay(args, kwargs.get("generator")) if same else None
     results = []
     for i in range(size):
         if rng is not None:
@@ -602,14 +618,19 @@ def _stack_results(results: list, level: int) -> Any:
 class _RngReplay:
     """Replays the same random stream for each batch element (randomness='same' in the fallback)."""
 
-    def __init__(self, args: Any):
+    def __init__(self, args: Any, generator: Any = None):
         self.cpu = torch.get_rng_state()
         self.cuda = torch.cuda.get_rng_state() if torch.cuda.is_available() and torch.cuda.is_initialized() else None
+        # an explicit generator= draws from its own stream, which must be replayed too
+        self.generator = generator
+        self.generator_state = generator.get_state() if generator is not None else None
 
     def restore(self) -> None:
         torch.set_rng_state(self.cpu)
         if self.cuda is not None:
             torch.cuda.set_rng_state(self.cuda)
+        if self.generator is not None:
+            self.generator.set_state(self.generator_state)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -664,6 +685,8 @@ class VmapMode(TorchDispatchMode):
         if func in _FRESH and self.info.randomness == "different":
             return fresh_per_element(func, self.info, args, kwargs)
         if torch.Tag.nondeterministic_seeded in func.tags and _draws(lookup(func), args, kwargs):
+            if _random_out(func):
+                raise _random_out_error(func)
             randomness = self.info.randomness
             if randomness == "error":
                 raise _randomness_error(func)

@@ -524,6 +524,44 @@ _rand_case("nested_different_over_same", lambda m: m.vmap(m.vmap(lambda x: torch
 _rand_case("randomness_error_mode", lambda m: m.vmap(lambda x: torch.randn(3) + x)(_Z))
 
 
+# ---- batch dims anywhere, any layout (issue #26) --------------------------------------------------
+
+def _stacked_last(*shape: int, b: int = 3, dtype: torch.dtype = torch.float32) -> torch.Tensor:
+    """b different tensors of `shape` stacked at dim -1: contiguous, the batch dim's stride is 1."""
+    g = torch.Generator().manual_seed(1)
+    return torch.stack([torch.randn(*shape, generator=g, dtype=dtype) for _ in range(b)], dim=-1)
+
+
+for _norm in ("backward", "ortho", "forward"):
+    _rand_case(f"hfftn_{_norm}_batch_innermost", lambda m, n=_norm: m.vmap(
+        lambda t: torch.fft.hfftn(t, norm=n), in_dims=-1)(_stacked_last(5, 6, 7)))
+_rand_case("hfft2_batch_innermost", lambda m: m.vmap(torch.fft.hfft2, in_dims=-1)(_stacked_last(4, 5, 6)))
+_rand_case("conj_view_then_add", lambda m: m.vmap(lambda t: t.conj() + 1)(_stacked_last(4, 5, dtype=torch.complex64)))
+_rand_case("conj_view_then_sum_at_last", lambda m: m.vmap(lambda t: t.conj().sum(0), in_dims=-1)(
+    _stacked_last(4, 5, dtype=torch.complex64)))
+_rand_case("conj_bit_input", lambda m: m.vmap(lambda t: t * 2)(_stacked_last(4, 5, dtype=torch.complex64).conj()))
+_rand_case("matrix_exp_batch_innermost", lambda m: m.vmap(torch.matrix_exp, in_dims=-1)(_stacked_last(5, 5, 5) / 5))
+_rand_case("kron_one_batched_at_last", lambda m: m.vmap(torch.kron, in_dims=(-1, None))(_stacked_last(5, 5), torch.ones(3, 2)))
+_rand_case("kron_batch_innermost_out_dim_last", lambda m: m.vmap(torch.kron, in_dims=-1, out_dims=-1)(
+    _stacked_last(2, 3), _stacked_last(3, 2)))
+
+# random draws equal to torch.func's under the same seed, and refusals where torch.func refuses
+_IMG_LAST = torch.ones(3, 2, 5, 4)
+_STD = torch.rand(2, 20) + 0.5  # >= 16 values: the normal kernel then fills in blocks, not one by one
+for _fill in ("cauchy_", "geometric_", "log_normal_", "random_", "exponential_"):
+    _args = (0.5,) if _fill == "geometric_" else ()
+    _rand_case(f"{_fill}_batch_at_last_different", lambda m, f=_fill, a=_args: m.vmap(
+        lambda t: getattr(t, f)(*a), in_dims=-1, randomness="different")(_IMG_LAST.clone()))
+    _rand_case(f"{_fill}_generator_same", lambda m, f=_fill, a=_args: m.vmap(
+        lambda t: getattr(t, f)(*a, generator=torch.Generator().manual_seed(3)), randomness="same")(_Z.clone()))
+_rand_case("normal_unbatched_std_different", lambda m: m.vmap(
+    lambda x: torch.normal(0.0, _STD) + x[0], randomness="different")(_Z))
+_rand_case("bernoulli__same_batched_probability_refused", lambda m: m.vmap(
+    lambda t, p: t.bernoulli_(p), randomness="same")(_Z.clone(), torch.rand(4, 3)))
+_rand_case("jacfwd_random_error_mode_refused", lambda m: m.jacfwd(torch.bernoulli)(torch.rand(3, 4)))
+_rand_case("jacfwd_random_same", lambda m: m.jacfwd(torch.bernoulli, randomness="same")(torch.rand(3, 4)))
+
+
 # ---- the test over every case above ------------------------------------------------------------
 
 @pytest.mark.parametrize("name", sorted(CASES))
