@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import torch
 
-from engine.rules._helpers import lrank, materialize, pad_batched
+from engine.rules._helpers import lrank, materialize, pad_batched, require_matrices
 from engine.rules._table import RULES
 
 aten = torch.ops.aten
@@ -101,12 +101,14 @@ def householder_product_rule(info, in_dims, A, tau):
 
 
 def cholesky_inverse_rule(info, in_dims, L, upper=False):
+    require_matrices(L, 0, lambda: aten.cholesky_inverse.default(L[0], upper))
     return aten.cholesky_inverse.default(L, upper), 0
 
 
 def pinv_rule(info, in_dims, x, atol=None, rtol=None, hermitian=False):
     B = info.batch_size
     x = materialize(x, in_dims[0], B)
+    require_matrices(x, 0, lambda: aten.linalg_pinv.atol_rtol_tensor(x[0], hermitian=hermitian))
     batch_rank = x.dim() - 3  # logical batch dims of the matrix
     tols = []
     for t, d in ((atol, in_dims[1] if len(in_dims) > 1 else None), (rtol, in_dims[2] if len(in_dims) > 2 else None)):
