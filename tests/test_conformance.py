@@ -545,6 +545,12 @@ _rand_case("kron_one_batched_at_last", lambda m: m.vmap(torch.kron, in_dims=(-1,
 _rand_case("kron_batch_innermost_out_dim_last", lambda m: m.vmap(torch.kron, in_dims=-1, out_dims=-1)(
     _stacked_last(2, 3), _stacked_last(3, 2)))
 
+_rand_case("addr_beta_zero_only_bias_batched", lambda m: m.vmap(
+    lambda b: torch.addr(b, torch.ones(2), torch.ones(3), beta=0.0, alpha=0.5))(torch.full((4, 2, 3), float("nan"))))
+_rand_case("addmm_beta_zero_only_bias_batched", lambda m: m.vmap(
+    lambda b: torch.addmm(b, torch.ones(2, 5), torch.ones(5, 3), beta=0))(torch.randn(4, 2, 3)))
+_rand_case("gather_of_0dim_inputs", lambda m: m.vmap(lambda t: torch.gather(t, 0, torch.tensor(0)))(torch.arange(4.0)))
+
 # random draws equal to torch.func's under the same seed, and refusals where torch.func refuses
 _IMG_LAST = torch.ones(3, 2, 5, 4)
 _STD = torch.rand(2, 20) + 0.5  # >= 16 values: the normal kernel then fills in blocks, not one by one

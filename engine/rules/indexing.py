@@ -15,8 +15,8 @@ def gather_rule(info, in_dims, x, dim, index, sparse_grad=False):
     d = norm_dim(dim, rank)
     xm = materialize(x, in_dims[0], B)
     im = materialize(index, in_dims[2], B)
-    if rank == 0:  # 0-dim gather: logical shapes are [] so physical ones are [B]
-        return aten.gather.default(xm, 0, im, sparse_grad=sparse_grad), 0
+    if rank == 0:  # 0-dim gather: each element gathers from its own 0-dim input (one row each)
+        return aten.gather.default(xm.reshape(B, 1), 1, im.reshape(B, -1), sparse_grad=sparse_grad).reshape(im.shape), 0
     if im.dim() == 1:  # 0-dim index against a >=1-dim input
         im = im.view((B,) + (1,) * rank)
     return aten.gather.default(xm, d + 1, im, sparse_grad=sparse_grad), 0
