@@ -442,7 +442,32 @@ def _without_rule(func: Any, info: LevelInfo, args: tuple, kwargs: dict) -> Any:
         decomposed = _try_decomposition(func, args, kwargs)
         if decomposed is not NotImplemented:
             return decomposed
+    else:
+        written = _inplace_by_twin(func, info, args, kwargs)
+        if written is not NotImplemented:
+            return written
     return fallback(func, info, args, kwargs)
+
+
+def _inplace_by_twin(func: Any, info: LevelInfo, args: tuple, kwargs: dict) -> Any:
+    """`x.foo_(...)` without a rule of its own as `x.copy_(foo(x, ...))`, both batched by their
+    rules (copysign_, mish_, threshold_, index_fill_, scatter_reduce_): torch.func batches these
+    in place too. Only where that is exactly the in-place op: self is batched at this level (else
+    the check refuses, as the fallback would), nothing is random, and the out-of-place result has
+    self's logical shape and dtype (else the fallback runs the op and raises the op's own error)."""
+    meta = op_meta(func)
+    if meta.mutated != (0,) or not meta.returns_self or meta.random:
+        return NotImplemented
+    twin = out_of_place_view(func)
+    if twin is None or (lookup(twin) is None and _decomposition_for(twin) is None):
+        return NotImplemented
+    self = args[0]
+    if type(self) is not BatchedTensor or self._level != info.level:
+        return NotImplemented
+    result = twin(*args, **kwargs)
+    if not isinstance(result, torch.Tensor) or result.shape != self.shape or result.dtype != self.dtype:
+        return NotImplemented
+    return self.copy_(result)
 
 
 def _draws(rule: Any, args: tuple, kwargs: dict) -> bool:

@@ -37,7 +37,7 @@ def unknown_ops(names: list[str]) -> list[str]:
 
 def main(args: argparse.Namespace) -> int:
     from engine.coverage import report as rep
-    from engine.coverage.expectations import update
+    from engine.coverage.expectations import PINNED, update
     from engine.coverage.harness import run_harness
 
     names = [n.strip() for n in args.ops.split(",") if n.strip()] if args.ops else None
@@ -55,8 +55,13 @@ def main(args: argparse.Namespace) -> int:
         if sys.stderr.isatty() or done[0] % 50 == 0:
             print(f"\r{done[0]} ops ({r.op})".ljust(60), end="" if sys.stderr.isatty() else "\n", file=sys.stderr, flush=True)
 
+    samples, time_box = args.samples, args.time_box or None
+    if args.update_expectations:
+        samples, time_box = PINNED["samples"], PINNED["time_box"]
+        print(f"--update-expectations: running under the pinned settings ({samples} samples per op, no time box)",
+              file=sys.stderr)
     t0 = time.perf_counter()
-    results = run_harness(names, samples=args.samples, time_box=args.time_box or None, torch_func=not args.no_torch_func, vjp=args.vjp, progress=progress)
+    results = run_harness(names, samples=samples, time_box=time_box, torch_func=not args.no_torch_func, vjp=args.vjp, progress=progress)
     seconds = time.perf_counter() - t0
     print(file=sys.stderr)
     if not results:
