@@ -169,8 +169,9 @@ def test_inplace_op_without_rule_runs_its_out_of_place_rule(name: str) -> None:
     """An in-place op whose out-of-place twin has a rule is batched as twin + copy_, with no loop,
     for a batch at 0 and for one stacked innermost."""
     x, y = _data(3, 2, 4), _data(3, 2, 4, seed=1)
-    _check(INPLACE_BY_TWIN[name], (0, 0), x, y)
-    _check(INPLACE_BY_TWIN[name], (-1, -1), x.movedim(0, -1).contiguous(), y.movedim(0, -1).contiguous())
+    exact = name != "mish_"  # a transcendental: the vectorized and scalar kernels differ in the last bit
+    _check(INPLACE_BY_TWIN[name], (0, 0), x, y, exact=exact)
+    _check(INPLACE_BY_TWIN[name], (-1, -1), x.movedim(0, -1).contiguous(), y.movedim(0, -1).contiguous(), exact=exact)
 
 
 def test_inplace_twin_keeps_the_in_place_dtype_check() -> None:
