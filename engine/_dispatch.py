@@ -613,6 +613,14 @@ def fallback(func: Any, info: LevelInfo, args: tuple, kwargs: dict) -> Any:
     if meta.mutated:
         dims = [0 if (type(a) is BatchedTensor and a._level == level) else None for a in args]
         _check_inplace(func, meta, dims)
+    for name in meta.out_names:
+        out = kwargs.get(name)
+        if isinstance(out, torch.Tensor) and not (type(out) is BatchedTensor and out._level == level):
+            raise VmapError(
+                f"vmap: {op_name(func)} writes its result into out= ({name!r}), a tensor that is not batched, "
+                f"while an input is batched: each batch element would write into the same memory. Call the op "
+                f"without out= and use its result (torch.func refuses out= ops under vmap altogether)."
+            )
     same = meta.random and info.randomness == "same"
     rng = _RngReplay(args, kwargs.get("generator")) if same else None
     results = []

@@ -24,7 +24,7 @@ def op_name(func: Any) -> str:
 
 
 class _OpMeta:
-    __slots__ = ("mutated", "returns_tensors", "random", "returns_self", "has_lists", "n_returns", "n_positional")
+    __slots__ = ("mutated", "returns_tensors", "random", "returns_self", "has_lists", "n_returns", "n_positional", "out_names")
 
     def __init__(self, func: Any):
         schema = func._schema
@@ -43,6 +43,8 @@ class _OpMeta:
         self.has_lists = any(isinstance(a.type, torch.ListType) and "Tensor" in str(a.type) for a in schema.arguments)
         self.n_returns = len(schema.returns)
         self.n_positional = sum(not a.kwarg_only for a in schema.arguments)
+        # keyword-only written arguments (out=): `mutated` holds positional ones only
+        self.out_names = tuple(a.name for a in schema.arguments if a.kwarg_only and a.alias_info is not None and a.alias_info.is_write)
 
 
 @lru_cache(maxsize=None)

@@ -551,6 +551,15 @@ _rand_case("addmm_beta_zero_only_bias_batched", lambda m: m.vmap(
     lambda b: torch.addmm(b, torch.ones(2, 5), torch.ones(5, 3), beta=0))(torch.randn(4, 2, 3)))
 _rand_case("gather_of_0dim_inputs", lambda m: m.vmap(lambda t: torch.gather(t, 0, torch.tensor(0)))(torch.arange(4.0)))
 
+# checks a batched call must keep (torch raises for each element; the engine did not)
+_rand_case("out_into_unbatched_tensor_refused", lambda m: m.vmap(
+    lambda t: torch.index_select(t, 0, torch.tensor([0, 1]), out=torch.zeros(2)))(torch.randn(3, 4)))
+_rand_case("t_of_3d_elements_refused", lambda m: m.vmap(torch.t)(torch.randn(2, 3, 4, 5)))
+_rand_case("unbind_of_0dim_elements_refused", lambda m: m.vmap(lambda t: t.unbind(0))(torch.randn(3)))
+_rand_case("kthvalue_k_out_of_range_refused", lambda m: m.vmap(lambda t: torch.kthvalue(t, 5))(torch.randn(3)))
+_rand_case("masked_scatter_non_bool_mask_refused", lambda m: m.vmap(torch.masked_scatter)(
+    torch.zeros(2, 3), torch.ones(2, 3, dtype=torch.uint8), torch.ones(2, 3)))
+
 # random draws equal to torch.func's under the same seed, and refusals where torch.func refuses
 _IMG_LAST = torch.ones(3, 2, 5, 4)
 _STD = torch.rand(2, 20) + 0.5  # >= 16 values: the normal kernel then fills in blocks, not one by one

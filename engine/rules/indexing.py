@@ -216,6 +216,8 @@ def put_rule(info, in_dims, x, index, source, accumulate=False):
 
 def masked_scatter_rule(info, in_dims, x, mask, source):
     """Each example consumes its own source in order: the k-th True of its mask takes source[k]."""
+    if mask.dtype != torch.bool:
+        raise RuntimeError(f"masked_scatter_ only supports boolean masks, but got mask with dtype {mask.dtype}")
     B = info.batch_size
     xm, mm = materialize(x, in_dims[0], B), materialize(mask, in_dims[1], B)
     logical = torch.broadcast_shapes(xm.shape[1:], mm.shape[1:])
