@@ -576,7 +576,10 @@ _rand_case("bernoulli__same_batched_probability_refused", lambda m: m.vmap(
 # a matrix op over a batch of vectors: physically one matrix, so only a check refuses it
 for _name, _op in (("eig", torch.linalg.eig), ("eigvalsh", torch.linalg.eigvalsh), ("svdvals", torch.linalg.svdvals),
                    ("qr", torch.linalg.qr), ("lu", torch.linalg.lu), ("ldl_factor", torch.linalg.ldl_factor),
-                   ("pinv", torch.linalg.pinv), ("matrix_exp", torch.linalg.matrix_exp), ("cholesky_inverse", torch.cholesky_inverse)):
+                   ("pinv", torch.linalg.pinv), ("matrix_exp", torch.linalg.matrix_exp), ("cholesky_inverse", torch.cholesky_inverse),
+                   ("solve", lambda a: torch.linalg.solve(a, torch.ones(4))),
+                   ("lstsq", lambda a: torch.linalg.lstsq(a, torch.ones(4, 1))),
+                   ("solve_triangular", lambda a: torch.linalg.solve_triangular(a, torch.ones(4, 1), upper=True))):
     _rand_case(f"{_name}_of_vectors_refused", lambda m, f=_op: m.vmap(f)(torch.eye(4) + 1))
 _rand_case("jacfwd_random_error_mode_refused", lambda m: m.jacfwd(torch.bernoulli)(torch.rand(3, 4)))
 _rand_case("jacfwd_random_same", lambda m: m.jacfwd(torch.bernoulli, randomness="same")(torch.rand(3, 4)))
