@@ -32,7 +32,7 @@ def _channel_view(w: torch.Tensor, rank: int) -> torch.Tensor:
 def native_group_norm_rule(info, in_dims, x, weight, bias, N, C, HxW, group, eps):
     B = info.batch_size
     xm = materialize(x, in_dims[0], B)
-    xf = xm.flatten(0, 1)
+    xf = xm.flatten(0, 1).contiguous()  # the kernel requires it; a batch stacked innermost is not
     wd, bd = in_dims[1], in_dims[2]
     shared = wd is None and bd is None
     out, mean, rstd = aten.native_group_norm.default(xf, weight if shared else None, bias if shared else None,
@@ -58,7 +58,7 @@ def native_group_norm_backward_rule(info, in_dims, grad_out, x, mean, rstd, weig
         # a per-element weight scales the incoming gradient instead (the kernel's weight is shared)
         gk = g * _channel_view(weight, g.dim() - 1) if wd is not None else g
         grad_input = aten.native_group_norm_backward.default(
-            gk.flatten(0, 1), xm.flatten(0, 1), mean_m.flatten(0, 1), rstd_m.flatten(0, 1),
+            gk.flatten(0, 1).contiguous(), xm.flatten(0, 1).contiguous(), mean_m.flatten(0, 1), rstd_m.flatten(0, 1),
             weight if wd is None else None, B * N, C, HxW, group, [True, False, False])[0].unflatten(0, (B, N))
     g3 = g.reshape(B, N, C, HxW)
     if output_mask[1]:

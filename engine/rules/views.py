@@ -33,6 +33,15 @@ for op in ops_of("view.default", "reshape.default"):
 RULES[aten._unsafe_view.default] = _shape_rule(aten.reshape.default)
 
 
+@register_rule(aten.view_copy.default)
+@physical_rule
+def _view_copy(x, size):
+    """view_copy is a copy in the viewed shape, defined for any strides: a reshape, then a copy
+    where the reshape was a view."""
+    out = x.reshape([x.shape[0], *size])
+    return out.clone() if out._base is not None or torch._C._is_alias_of(out, x) else out
+
+
 @register_rule(aten.expand.default)
 @physical_rule
 def _expand(x, size, implicit=False):
