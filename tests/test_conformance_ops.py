@@ -68,6 +68,14 @@ def test_histogram_matches_loop(name: str) -> None:
     _check(HISTOGRAM[name], (0, None, None), x, w, e[0], exact=name != "range_weight_density")
 
 
+def test_histograms_of_empty_examples_match_loop() -> None:
+    """No values: the edges span the kernel's default range [0, 1], not a widened point."""
+    x = torch.randn(3, 5, 0, 5)
+    _check(lambda t: torch.histogram(t, 1), (0,), x)
+    _check(lambda t: torch.histogramdd(t.reshape(0, 2), bins=[2, 3]), (0,), torch.randn(3, 0, 2))
+    _check(lambda t: torch.histc(t, bins=3), (0,), x)
+
+
 def test_histogramdd_matches_loop() -> None:
     x = _data(3, 50, 2)
     edges = [torch.tensor([-3.0, 0.0, 1.0, 4.0]), torch.tensor([-1.0, 1.0])]
