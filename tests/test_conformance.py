@@ -560,6 +560,11 @@ _rand_case("kthvalue_k_out_of_range_refused", lambda m: m.vmap(lambda t: torch.k
 _rand_case("masked_scatter_non_bool_mask_refused", lambda m: m.vmap(torch.masked_scatter)(
     torch.zeros(2, 3), torch.ones(2, 3, dtype=torch.uint8), torch.ones(2, 3)))
 
+_rand_case("masked_fill_batched_value_not_0dim_refused", lambda m: m.vmap(
+    lambda t, v: t.masked_fill(t > 0, v))(torch.randn(3, 2, 2), torch.randn(3, 1)))
+_rand_case("masked_fill_batched_0dim_value", lambda m: m.vmap(
+    lambda t, v: t.masked_fill(t > 0, v))(torch.randn(3, 2, 2), torch.randn(3)))
+
 # random draws equal to torch.func's under the same seed, and refusals where torch.func refuses
 _IMG_LAST = torch.ones(3, 2, 5, 4)
 _STD = torch.rand(2, 20) + 0.5  # >= 16 values: the normal kernel then fills in blocks, not one by one

@@ -145,6 +145,9 @@ def _masked_fill_tensor(info, in_dims, self, mask, value):
     m = pad_batched(mask, rank) if in_dims[1] is not None else mask
     if in_dims[2] is None:
         return torch.ops.aten.masked_fill.Tensor(s, m, value), 0
+    if value.dim() != 1:  # each element's value must be 0-dim, as the op requires (a where() would broadcast it)
+        raise RuntimeError(f"masked_fill_ only supports a 0-dimensional value tensor, but got tensor with "
+                           f"{value.dim() - 1} dimension(s)")
     v = pad_batched(value, rank)
     return torch.where(m, v.to(self.dtype), s), 0
 
