@@ -209,6 +209,11 @@ class _RemoveBatchDim(torch.autograd.Function):
 
 
 def enter(x: torch.Tensor, level: int, batch_size: int) -> torch.Tensor:
+    """`x` (batch at dim 0) as a vmap input of `level`. A conjugate or negative view is resolved
+    first (a copy): rules run below PyTorch's Conjugate/Negative keys and would read its raw memory
+    (engine.rules.complex_ops)."""
+    if x.is_conj() or x.is_neg():
+        x = x.resolve_conj().resolve_neg()
     if x.requires_grad and torch.is_grad_enabled():
         return _AddBatchDim.apply(x, level, batch_size)
     return add_batch_dim(x, level)

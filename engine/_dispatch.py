@@ -5,140 +5,24 @@ the backward pass (batched vector-Jacobian products) works without special cases
 """
 from __future__ import annotations
 
-import contextlib
 import functools
-import warnings
-from collections import Counter
 from functools import lru_cache
-from typing import Any, Callable, Iterator
+from typing import Any, Callable
 
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
 from engine import _gradsum
 from engine._batched import BatchedTensor, LevelInfo, _active, _make_wrapper, add_batch_dim, install_dispatch, wrap
+from engine._fallbacks import FallbackRecord, _note_fallback, fallback_policy, record_fallbacks  # noqa: F401  (engine's API)
+from engine._opmeta import _OpMeta, op_meta, op_name, out_of_place_view  # noqa: F401  (read here and by engine.trace)
 from engine.custom_ops import custom_vmap_rule, run_custom_op
-from engine.errors import DataDependentError, FallbackError, FallbackWarning, RandomnessError, VmapError
+from engine.errors import DataDependentError, FallbackError, RandomnessError, VmapError
 from engine.rules._helpers import python_binding
 from engine.rules._table import PLANS, lookup
+from engine.rules.random_ops import draw_unbatched, fresh_per_element
 
 aten = torch.ops.aten
-
-# ---------------------------------------------------------------------------------------------
-# fallback policy and accounting
-
-
-class _FallbackState:
-    policy = "warn"
-    warned: set[str] = set()
-    recorders: list["FallbackRecord"] = []
-
-
-class FallbackRecord:
-    """Result object of `record_fallbacks()`: `.counts` maps op name to fallback calls."""
-
-    def __init__(self) -> None:
-        self.counts: Counter[str] = Counter()
-
-    @property
-    def total(self) -> int:
-        return sum(self.counts.values())
-
-    def __repr__(self) -> str:
-        return f"FallbackRecord({dict(self.counts)})"
-
-
-@contextlib.contextmanager
-def fallback_policy(mode: str) -> Iterator[None]:
-    """'warn' (default: a FallbackWarning once per op per process), 'error' (raise FallbackError), 'silent'."""
-    if mode not in ("warn", "error", "silent"):
-        raise ValueError(f"fallback_policy: mode must be 'warn', 'error' or 'silent', got {mode!r}")
-    old, _FallbackState.policy = _FallbackState.policy, mode
-    try:
-        yield
-    finally:
-        _FallbackState.policy = old
-
-
-@contextlib.contextmanager
-def record_fallbacks() -> Iterator[FallbackRecord]:
-    """Count for-loop fallback calls per op while active (nested recorders all count)."""
-    rec = FallbackRecord()
-    _FallbackState.recorders.append(rec)
-    try:
-        yield rec
-    finally:
-        _FallbackState.recorders.remove(rec)
-
-
-def op_name(func: Any) -> str:
-    name = func.name() if hasattr(func, "name") else str(func)
-    overload = getattr(func, "_overloadname", "default") or "default"
-    base = name.split(".")[0]
-    return f"{base}.{overload}"
-
-
-def _note_fallback(func: Any) -> None:
-    name = op_name(func)
-    for rec in _FallbackState.recorders:
-        rec.counts[name] += 1
-    policy = _FallbackState.policy
-    if policy == "error":
-        raise FallbackError(name)
-    if policy == "warn" and name not in _FallbackState.warned:
-        _FallbackState.warned.add(name)
-        warnings.warn(
-            f"Batching rule not implemented for {name}; falling back to slow (for loop) implementation",
-            FallbackWarning,
-            stacklevel=4,
-        )
-
-
-# ---------------------------------------------------------------------------------------------
-# op metadata
-
-
-class _OpMeta:
-    __slots__ = ("mutated", "returns_tensors", "random", "returns_self", "has_lists", "n_returns", "n_positional")
-
-    def __init__(self, func: Any):
-        schema = func._schema
-        self.mutated = tuple(
-            i for i, a in enumerate(schema.arguments) if a.alias_info is not None and a.alias_info.is_write and not a.kwarg_only
-        )
-        self.returns_tensors = all(
-            isinstance(r.type, (torch.TensorType, torch.OptionalType, torch.ListType))
-            and ("Tensor" in str(r.type))
-            for r in schema.returns
-        )
-        self.random = torch.Tag.nondeterministic_seeded in func.tags
-        # In-place/out ops return (an alias of) their first mutated argument.
-        self.returns_self = bool(self.mutated) and len(schema.returns) == 1 and schema.returns[0].alias_info is not None
-        # Whether a positional argument can be a list of tensors (the level scan then looks inside lists).
-        self.has_lists = any(isinstance(a.type, torch.ListType) and "Tensor" in str(a.type) for a in schema.arguments)
-        self.n_returns = len(schema.returns)
-        self.n_positional = sum(not a.kwarg_only for a in schema.arguments)
-
-
-@lru_cache(maxsize=None)
-def op_meta(func: Any) -> _OpMeta:
-    return _OpMeta(func)
-
-
-@lru_cache(maxsize=None)
-def out_of_place_view(op: Any) -> Any:
-    """The out-of-place twin of an in-place view op, same arguments: squeeze_.dim -> squeeze.dim,
-    transpose_.default -> transpose.int; None if there is none."""
-    packet = getattr(aten, op._schema.name.split("::")[1].rstrip("_"), None)
-    if packet is None:
-        return None
-    n_args = len(op._schema.arguments)
-    for name in (op._overloadname, "int", "default", *packet.overloads()):
-        candidate = getattr(packet, name, None)
-        if candidate is not None and not candidate._schema.is_mutable and len(candidate._schema.arguments) == n_args:
-            return candidate
-    return None
-
 
 _DATA_DEPENDENT = {aten._local_scalar_dense.default, aten.is_nonzero.default, aten.equal.default}
 
@@ -230,6 +114,9 @@ def _build_plan(func: Any) -> Callable[[tuple, dict], Any]:
             raise _data_dependent(func)
     elif torch.Tag.inplace_view in func.tags:
         plan = functools.partial(_run_inplace_view, func)
+    elif _random_out(func):
+        def plan(args: tuple, kwargs: dict) -> Any:
+            raise _random_out_error(func)
     else:
         plan = _rule_plan(func, op_meta(func), rule)
     PLANS[func] = plan
@@ -555,7 +442,32 @@ def _without_rule(func: Any, info: LevelInfo, args: tuple, kwargs: dict) -> Any:
         decomposed = _try_decomposition(func, args, kwargs)
         if decomposed is not NotImplemented:
             return decomposed
+    else:
+        written = _inplace_by_twin(func, info, args, kwargs)
+        if written is not NotImplemented:
+            return written
     return fallback(func, info, args, kwargs)
+
+
+def _inplace_by_twin(func: Any, info: LevelInfo, args: tuple, kwargs: dict) -> Any:
+    """`x.foo_(...)` without a rule of its own as `x.copy_(foo(x, ...))`, both batched by their
+    rules (copysign_, mish_, threshold_, index_fill_, scatter_reduce_): torch.func batches these
+    in place too. Only where that is exactly the in-place op: self is batched at this level (else
+    the check refuses, as the fallback would), nothing is random, and the out-of-place result has
+    self's logical shape and dtype (else the fallback runs the op and raises the op's own error)."""
+    meta = op_meta(func)
+    if meta.mutated != (0,) or not meta.returns_self or meta.random:
+        return NotImplemented
+    twin = out_of_place_view(func)
+    if twin is None or (lookup(twin) is None and _decomposition_for(twin) is None):
+        return NotImplemented
+    self = args[0]
+    if type(self) is not BatchedTensor or self._level != info.level:
+        return NotImplemented
+    result = twin(*args, **kwargs)
+    if not isinstance(result, torch.Tensor) or result.shape != self.shape or result.dtype != self.dtype:
+        return NotImplemented
+    return self.copy_(result)
 
 
 def _draws(rule: Any, args: tuple, kwargs: dict) -> bool:
@@ -615,6 +527,19 @@ def _data_dependent(func: Any) -> DataDependentError:
         f"vmap: {op_name(func)} needs the value of a batched tensor in Python (e.g. `.item()`, "
         f"`if tensor:`, `float(tensor)`), which differs per batch element. Data-dependent Python control "
         f"flow cannot be vmapped: use tensor ops such as torch.where instead."
+    )
+
+
+def _random_out(func: Any) -> bool:
+    """A random op's out= variant (randn.out, normal.Tensor_Tensor_out)."""
+    return torch.Tag.nondeterministic_seeded in func.tags and any(a.is_out for a in func._schema.arguments)
+
+
+def _random_out_error(func: Any) -> RandomnessError:
+    return RandomnessError(
+        f"vmap: we do not yet support calling out variants of random operations inside of vmap ({op_name(func)}): "
+        f"under randomness='different' the draw would need a batch dim the out= tensor does not have. Call the "
+        f"op without out= and use its result (or copy it into the tensor outside vmap)."
     )
 
 
@@ -688,8 +613,16 @@ def fallback(func: Any, info: LevelInfo, args: tuple, kwargs: dict) -> Any:
     if meta.mutated:
         dims = [0 if (type(a) is BatchedTensor and a._level == level) else None for a in args]
         _check_inplace(func, meta, dims)
+    for name in meta.out_names:
+        out = kwargs.get(name)
+        if isinstance(out, torch.Tensor) and not (type(out) is BatchedTensor and out._level == level):
+            raise VmapError(
+                f"vmap: {op_name(func)} writes its result into out= ({name!r}), a tensor that is not batched, "
+                f"while an input is batched: each batch element would write into the same memory. Call the op "
+                f"without out= and use its result (torch.func refuses out= ops under vmap altogether)."
+            )
     same = meta.random and info.randomness == "same"
-    rng = _RngReplay(args) if same else None
+    rng = _RngReplay(args, kwargs.get("generator")) if same else None
     results = []
     for i in range(size):
         if rng is not None:
@@ -718,14 +651,19 @@ def _stack_results(results: list, level: int) -> Any:
 class _RngReplay:
     """Replays the same random stream for each batch element (randomness='same' in the fallback)."""
 
-    def __init__(self, args: Any):
+    def __init__(self, args: Any, generator: Any = None):
         self.cpu = torch.get_rng_state()
         self.cuda = torch.cuda.get_rng_state() if torch.cuda.is_available() and torch.cuda.is_initialized() else None
+        # an explicit generator= draws from its own stream, which must be replayed too
+        self.generator = generator
+        self.generator_state = generator.get_state() if generator is not None else None
 
     def restore(self) -> None:
         torch.set_rng_state(self.cpu)
         if self.cuda is not None:
             torch.cuda.set_rng_state(self.cuda)
+        if self.generator is not None:
+            self.generator.set_state(self.generator_state)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -778,15 +716,13 @@ class VmapMode(TorchDispatchMode):
         if call is not _SPECIAL:  # neither random nor a fresh-memory factory: the op itself
             return call(*args, **kwargs)
         if func in _FRESH and self.info.randomness == "different":
-            from engine.rules.random_ops import fresh_per_element
-
             return fresh_per_element(func, self.info, args, kwargs)
         if torch.Tag.nondeterministic_seeded in func.tags and _draws(lookup(func), args, kwargs):
+            if _random_out(func):
+                raise _random_out_error(func)
             randomness = self.info.randomness
             if randomness == "error":
                 raise _randomness_error(func)
             if randomness == "different":
-                from engine.rules.random_ops import draw_unbatched
-
                 return draw_unbatched(func, self.info, args, kwargs)
         return func(*args, **kwargs)

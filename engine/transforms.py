@@ -18,7 +18,7 @@ from engine import _gradsum
 from engine._batched import LevelInfo, _is_outer, clock, mark_inner
 from engine._guards import _Depth, requires_grad, transform_scope
 from engine._vmap import vmap
-from engine.errors import TransformError, UnsupportedInTransformError, VmapError
+from engine.errors import RandomnessError, TransformError, UnsupportedInTransformError, VmapError
 
 __all__ = ["TransformError", "grad", "grad_and_value", "hessian", "jacfwd", "jacrev", "jvp", "linearize", "vjp"]
 
@@ -501,7 +501,14 @@ def jacfwd(func: Callable, argnums: Any = 0, has_aux: bool = False, *, randomnes
             return o
 
         diff = [args[i] for i in nums]
+        # f runs once, outside the vmap over the basis; under randomness='error' a draw in it must
+        # still raise as torch.func's (which runs f inside that vmap): the global stream moved
+        before = torch.get_rng_state() if randomness == "error" else None
         out, jvp_fn, _ = _linearize(partial, tuple(diff), "jacfwd(f, ...)")
+        if before is not None and not torch.equal(before, torch.get_rng_state()):
+            raise RandomnessError(
+                f"jacfwd({getattr(func, '__name__', 'f')}, ...): called random operation while in randomness error "
+                f"mode. Pass randomness='same' or 'different' to jacfwd, or draw outside the transformed function.")
         flat_in, in_spec = tree_flatten(diff)
         basis = _basis(flat_in)
         cols = vmap(lambda *b: jvp_fn(*tree_unflatten(list(b), in_spec)), randomness=randomness)(*basis)

@@ -68,6 +68,14 @@ def test_histogram_matches_loop(name: str) -> None:
     _check(HISTOGRAM[name], (0, None, None), x, w, e[0], exact=name != "range_weight_density")
 
 
+def test_histograms_of_empty_examples_match_loop() -> None:
+    """No values: the edges span the kernel's default range [0, 1], not a widened point."""
+    x = torch.randn(3, 5, 0, 5)
+    _check(lambda t: torch.histogram(t, 1), (0,), x)
+    _check(lambda t: torch.histogramdd(t.reshape(0, 2), bins=[2, 3]), (0,), torch.randn(3, 0, 2))
+    _check(lambda t: torch.histc(t, bins=3), (0,), x)
+
+
 def test_histogramdd_matches_loop() -> None:
     x = _data(3, 50, 2)
     edges = [torch.tensor([-3.0, 0.0, 1.0, 4.0]), torch.tensor([-1.0, 1.0])]
@@ -153,3 +161,27 @@ def test_traced_histograms_never_bake_data() -> None:
     assert torch.equal(traced(x2), torch.stack([fixed(t) for t in x2]))
     with pytest.raises(engine.UntraceableError):
         engine.trace(engine.vmap(lambda t: torch.histc(t, bins=5)))(x1)
+
+
+INPLACE_BY_TWIN = {
+    "copysign_": lambda a, b: a.clone().copysign_(b),
+    "mish_": lambda a, b: torch.nn.functional.mish(a.clone(), inplace=True),
+    "threshold_": lambda a, b: torch.nn.functional.threshold(a.clone(), 0.1, 2.0, inplace=True),
+    "index_fill_": lambda a, b: a.clone().index_fill_(1, torch.tensor([1, 2]), 5.0),
+    "scatter_reduce_": lambda a, b: a.clone().scatter_reduce_(1, torch.tensor([[1, 0, 1, 2]]).expand(2, 4), b, "amax"),
+}
+
+
+@pytest.mark.parametrize("name", sorted(INPLACE_BY_TWIN))
+def test_inplace_op_without_rule_runs_its_out_of_place_rule(name: str) -> None:
+    """An in-place op whose out-of-place twin has a rule is batched as twin + copy_, with no loop,
+    for a batch at 0 and for one stacked innermost."""
+    x, y = _data(3, 2, 4), _data(3, 2, 4, seed=1)
+    exact = name != "mish_"  # a transcendental: the vectorized and scalar kernels differ in the last bit
+    _check(INPLACE_BY_TWIN[name], (0, 0), x, y, exact=exact)
+    _check(INPLACE_BY_TWIN[name], (-1, -1), x.movedim(0, -1).contiguous(), y.movedim(0, -1).contiguous(), exact=exact)
+
+
+def test_inplace_twin_keeps_the_in_place_dtype_check() -> None:
+    with pytest.raises(RuntimeError, match="can't be cast"):
+        engine.vmap(lambda a: a.clone().copysign_(torch.tensor(-1.0)))(torch.arange(12).reshape(3, 4))

@@ -220,7 +220,7 @@ def _no_rule_op():
 
 
 def test_fallback_warns_names_op_and_counts():
-    engine._dispatch._FallbackState.warned.discard("aten::bincount.default")
+    engine._fallbacks._FallbackState.warned.discard("aten::bincount.default")
     x = torch.rand(B, 10)
     with engine.fallback_policy("warn"), warnings.catch_warnings(record=True) as w, engine.record_fallbacks() as rec:
         warnings.simplefilter("always")

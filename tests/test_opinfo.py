@@ -3,14 +3,16 @@
 Each op's engine status (native / fallback / error / skip) must equal tests/opinfo_expectations.json,
 so a regression and an unrecorded improvement both fail; regenerate with
 `vmapbench coverage --update-expectations`. A mismatch (wrong values) always fails unless the op has
-an entry under "xfail" with the reason it is accepted. The default run covers a representative
-subset; the whole database runs under @pytest.mark.slow.
+an entry under "xfail" with the reason it is accepted. Each op runs its first PINNED["samples"]
+samples under every batch-dim pattern of the harness (batch at 0, -1 and in the middle, contiguous
+and as views, expanded, one argument batched, out_dims=-1). The default run covers a
+representative subset; the whole database runs under @pytest.mark.slow.
 """
 from __future__ import annotations
 
 import pytest
 
-from engine.coverage.expectations import load
+from engine.coverage.expectations import PINNED, load
 from engine.coverage.harness import check_op, iter_opinfos, op_key
 
 # Representative subset: every family, the ops the workloads lean on, and a few known fallbacks.
@@ -31,7 +33,7 @@ _ALL = {op_key(o): o for o in iter_opinfos()}
 
 
 def _check(key: str) -> None:
-    res = check_op(_ALL[key], torch_func=False)
+    res = check_op(_ALL[key], torch_func=False, **PINNED)
     xfail = _EXPECT["xfail"].get(key)
     if res.engine == "mismatch" and not xfail:
         pytest.fail(f"{key}: engine.vmap gives wrong values ({res.detail.get('engine')}); fix the rule or add a reasoned xfail")

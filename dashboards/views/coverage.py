@@ -1,5 +1,6 @@
-"""Engine coverage: OpInfo ops the engine batches natively, by fallback, or not at all, per family,
-against torch.func on the same ops (from the coverage report), and the suite's fallback counts.
+"""Engine coverage: OpInfo ops the engine batches natively, by fallback, or not at all, per family
+and per batch-dim pattern, against torch.func on the same ops (from the coverage report), and the
+suite's fallback counts.
 """
 from __future__ import annotations
 
@@ -40,6 +41,57 @@ def coverage_figure(report: CoverageReport) -> dict:
             }, side)
     panels.layout["barmode"] = "stack"
     return panels.fig
+
+
+def _pattern_names(report: CoverageReport) -> list[str]:
+    """The batch-dim patterns the report's ops ran under, in the harness's order of first appearance."""
+    names: list[str] = []
+    for o in report.ops:
+        for p in o.get("patterns") or {}:
+            if p not in names:
+                names.append(p)
+    return names
+
+
+def pattern_figure(report: CoverageReport) -> dict | None:
+    """Per batch-dim pattern (batch at 0, -1, middle; stacked or a view; expanded; one argument
+    batched; out_dims=-1): how many ops each side batches natively, by fallback, wrongly or not at
+    all; None for a report written before the harness kept patterns."""
+    names = _pattern_names(report)
+    if not names:
+        return None
+    panel_sides = [s for s in ("engine", "torch_func") if s in sides(report)]
+    panels = Panels(panel_sides, titles=[SIDE_LABELS[s] for s in panel_sides], y_title="OpInfo ops")
+    for side in panel_sides:
+        for status in ("native", "fallback", "mismatch", "error"):
+            panels.add({
+                "type": "bar", "x": names, "name": status,
+                "y": [sum(1 for o in report.ops if (o.get("patterns") or {}).get(p, {}).get(side) == status) for p in names],
+                "marker": {"color": STATUS_COLORS.get(status, "#8c564b")},
+                "hovertemplate": f"{SIDE_LABELS[side]} · batch dims %{{x}}<br>{status}: %{{y}} ops<extra></extra>",
+            }, side)
+    panels.layout["barmode"] = "stack"
+    return panels.fig
+
+
+def _pattern_table(report: CoverageReport) -> str:
+    """Ops not native under every pattern on some side: one cell per pattern, 'engine / torch.func'."""
+    names = _pattern_names(report)
+    if not names:
+        return ""
+    rows = []
+    for o in sorted(report.ops, key=lambda o: str(o["op"])):
+        pats = o.get("patterns") or {}
+        if all(c.get(s) in ("native", None) for c in pats.values() for s in ("engine", "torch_func")):
+            continue
+        cells = [(esc(o["op"]), o["op"])]
+        for p in names:
+            c = pats.get(p, {})
+            cells.append((f"{esc(c.get('engine', '-'))} / {esc(c.get('torch_func', '-'))}", c.get("engine")))
+        rows.append((cells, {}))
+    body = table(["op", *names], rows) if rows else "<p>none</p>"
+    return (f"<details><summary>Ops not native under every batch-dim pattern: {len(rows)} "
+            f"(each cell: engine / torch.func)</summary>{body}</details>")
 
 
 def _difference_tables(report: CoverageReport) -> str:
@@ -107,6 +159,16 @@ def render(ctx: Context) -> Page:
         page.figure(coverage_figure(report), title="OpInfo ops by family",
                     note=f"{summary}. Report <code>{esc(report.path.name)}</code> ({meta}).")
         page.add(_difference_tables(report))
+        fig = pattern_figure(report)
+        if fig is not None:
+            page.figure(fig, title="OpInfo ops by batch-dim pattern", note=(
+                "Each op's worst status over its samples under each pattern: <code>0</code>, "
+                "<code>-1</code>, <code>mid</code> a batch dim stacked there (contiguous; at -1 its "
+                "stride is 1), <code>.view</code> the same position as a non-contiguous view, "
+                "<code>expand</code> a stride-0 batch, <code>first</code> / <code>first-1</code> / "
+                "<code>last-1</code> one tensor argument batched (at 0 or -1), <code>out-1</code> "
+                "out_dims=-1."))
+            page.add(_pattern_table(report))
     fig = fallback_figure(ctx)
     if fig is None:
         page.notice("The suite results record no fallback counts (<code>track_fallbacks</code>).")

@@ -9,7 +9,9 @@ from pathlib import Path
 
 def configure(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--ops", default=None, help="comma-separated op keys to run (default: every float32 CPU op)")
-    parser.add_argument("--samples", type=int, default=3, help="sample inputs per op (default 3)")
+    parser.add_argument("--samples", type=int, default=None, help="at most this many sample inputs per op (default: all)")
+    parser.add_argument("--time-box", type=float, default=2.0,
+                        help="seconds per op after which no further sample starts (default 2; 0: no limit)")
     parser.add_argument("--no-torch-func", action="store_true", help="skip the torch.func reference column")
     parser.add_argument("--vjp", action="store_true", help="also run the vmap-over-vjp column (slower)")
     parser.add_argument("--out-dir", type=Path, default=None, help="where to write the JSON (default results/coverage)")
@@ -35,7 +37,7 @@ def unknown_ops(names: list[str]) -> list[str]:
 
 def main(args: argparse.Namespace) -> int:
     from engine.coverage import report as rep
-    from engine.coverage.expectations import update
+    from engine.coverage.expectations import PINNED, update
     from engine.coverage.harness import run_harness
 
     names = [n.strip() for n in args.ops.split(",") if n.strip()] if args.ops else None
@@ -53,8 +55,13 @@ def main(args: argparse.Namespace) -> int:
         if sys.stderr.isatty() or done[0] % 50 == 0:
             print(f"\r{done[0]} ops ({r.op})".ljust(60), end="" if sys.stderr.isatty() else "\n", file=sys.stderr, flush=True)
 
+    samples, time_box = args.samples, args.time_box or None
+    if args.update_expectations:
+        samples, time_box = PINNED["samples"], PINNED["time_box"]
+        print(f"--update-expectations: running under the pinned settings ({samples} samples per op, no time box)",
+              file=sys.stderr)
     t0 = time.perf_counter()
-    results = run_harness(names, samples=args.samples, torch_func=not args.no_torch_func, vjp=args.vjp, progress=progress)
+    results = run_harness(names, samples=samples, time_box=time_box, torch_func=not args.no_torch_func, vjp=args.vjp, progress=progress)
     seconds = time.perf_counter() - t0
     print(file=sys.stderr)
     if not results:

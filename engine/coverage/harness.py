@@ -3,8 +3,12 @@
 For each sample of an op, every tensor leaf is turned into B=3 *different* copies (floating tensors
 get relative noise; integer and bool tensors are repeated, which keeps index tensors valid). If the
 noise breaks the op's domain (the loop reference raises or turns finite values non-finite), scaled
-copies are used instead, which keep symmetry, positivity and definiteness. Three in_dims patterns
-are tried: every leaf batched at 0, every leaf batched at -1, only the first leaf batched.
+copies are used instead, which keep symmetry, positivity and definiteness. Every sample runs under
+every pattern of PATTERNS: the batch dim at 0, at -1 and in the middle, each as a contiguous tensor
+stacked there (at -1 the batch stride is 1) and as a non-contiguous view; an expanded (stride-0)
+batch; only the first or the last tensor batched (at 0 or -1), the others not; out_dims=-1. A rule
+that assumes one memory layout or one batch position fails one of them. Each op is time-boxed:
+once its budget is spent no further sample starts.
 """
 from __future__ import annotations
 
@@ -36,6 +40,8 @@ class OpResult:
     vjp_engine: str | None = None
     detail: dict[str, str] = field(default_factory=dict)
     fallback_ops: list[str] = field(default_factory=list)
+    patterns: dict[str, dict[str, str]] = field(default_factory=dict)
+    samples: int = 0
     seconds: float = 0.0
 
     def as_dict(self) -> dict[str, Any]:
@@ -46,6 +52,9 @@ class OpResult:
             d["detail"] = self.detail
         if self.fallback_ops:
             d["fallback_ops"] = self.fallback_ops
+        if self.patterns:
+            d["patterns"] = self.patterns
+        d["samples"] = self.samples
         d["seconds"] = round(self.seconds, 4)
         return d
 
@@ -181,24 +190,80 @@ def _prepare(opinfo: Any, sample: Any, gen: torch.Generator) -> tuple[list, Any,
     return None
 
 
-def _patterns(n_tensors: int) -> list[str]:
-    return ["all0", "last", "first"] if n_tensors > 1 else ["all0", "last"]
+@dataclass(frozen=True)
+class Pattern:
+    """How the B copies of a sample's tensors enter vmap.
+
+    `where`: the batch dim's position in each batched input, 0, -1 or "mid" (the middle dim);
+    `layout`: "stack" (a contiguous tensor stacked there: at -1 the batch stride is 1), "view" (the
+    dim-0 stack moved there, a non-contiguous view) or "expand" (copy 0 expanded, stride 0);
+    `only`: None batches every tensor leaf, "first" / "last" only that tensor leaf (the others take
+    copy 0, unbatched); `out_dim`: vmap's out_dims.
+    """
+
+    name: str
+    where: Any = 0
+    layout: str = "stack"
+    only: str | None = None
+    out_dim: int = 0
 
 
-def _run_pattern(vmap_impl: Callable, fn: Callable, flat: list, spec: Any, kwargs: dict, stacked: dict, pattern: str) -> Any:
+PATTERNS = (
+    Pattern("0"),
+    Pattern("-1", where=-1),
+    Pattern("-1.view", where=-1, layout="view"),
+    Pattern("mid", where="mid"),
+    Pattern("mid.view", where="mid", layout="view"),
+    Pattern("expand", layout="expand"),
+    Pattern("first", only="first"),
+    Pattern("first-1", where=-1, only="first"),
+    Pattern("last-1", where=-1, only="last"),
+    Pattern("out-1", out_dim=-1),
+)
+PATTERN_NAMES = tuple(p.name for p in PATTERNS)
+
+
+def _patterns(n_tensors: int) -> list[Pattern]:
+    """The patterns worth running: with one tensor leaf, the only-one patterns repeat others."""
+    if n_tensors > 1:
+        return list(PATTERNS)
+    return [p for p in PATTERNS if p.only is None]
+
+
+def _batched_leaves(stacked: dict, pattern: Pattern) -> list[int]:
     idx = sorted(stacked)
-    if pattern == "first":
-        idx = idx[:1]
-    batched = []
-    dims = []
+    if pattern.only == "first":
+        return idx[:1]
+    if pattern.only == "last":
+        return idx[-1:]
+    return idx
+
+
+def _in_dim(s: torch.Tensor, where: Any) -> int:
+    """The batch dim of a stacked [B, *shape] tensor under `where` (the middle of its dims for "mid")."""
+    if where == "mid":
+        return s.dim() // 2
+    return 0 if where == 0 or s.dim() == 1 else where
+
+
+def _place(s: torch.Tensor, pattern: Pattern) -> tuple[torch.Tensor, int]:
+    """The stacked copies s ([B, *shape]) laid out as `pattern` asks, and their in_dim."""
+    if pattern.layout == "expand":
+        return s[0].unsqueeze(0).expand(s.shape), 0
+    d = _in_dim(s, pattern.where)
+    if d == 0:
+        return s, 0
+    moved = s.movedim(0, d)
+    return (moved if pattern.layout == "view" else moved.contiguous()), d
+
+
+def _run_pattern(vmap_impl: Callable, fn: Callable, flat: list, spec: Any, kwargs: dict, stacked: dict, pattern: Pattern) -> Any:
+    idx = _batched_leaves(stacked, pattern)
+    batched, dims = [], []
     for j in idx:
-        s = stacked[j]
-        if pattern == "last":
-            batched.append(s.movedim(0, -1))
-            dims.append(-1)
-        else:
-            batched.append(s)
-            dims.append(0)
+        t, d = _place(stacked[j], pattern)
+        batched.append(t)
+        dims.append(d)
     # Unbatched leaves take the first copy (equal to the original sample) so the reference holds.
     fixed = [stacked[j][0] if j in stacked else a for j, a in enumerate(flat)]
 
@@ -208,7 +273,24 @@ def _run_pattern(vmap_impl: Callable, fn: Callable, flat: list, spec: Any, kwarg
             leaves[j] = b
         return _call(fn, leaves, spec, kwargs)
 
-    return vmap_impl(f, in_dims=tuple(dims))(*batched), idx
+    return vmap_impl(f, in_dims=tuple(dims), out_dims=pattern.out_dim)(*batched)
+
+
+def _reference(fn: Callable, flat: list, spec: Any, kwargs: dict, stacked: dict, pattern: Pattern, cache: dict) -> list:
+    """The for-loop answer for a pattern, stacked at `pattern.out_dim` (cached per batched set)."""
+    idx = tuple(_batched_leaves(stacked, pattern))
+    key = (idx, pattern.layout == "expand")
+    if key not in cache:
+        if key[1]:
+            use = {j: stacked[j][:1].expand(stacked[j].shape) for j in idx}
+        else:
+            use = {j: stacked[j] for j in idx}
+        fixed = [stacked[j][0] if j in stacked and j not in use else a for j, a in enumerate(flat)]
+        cache[key] = _stack_outputs(_loop_reference(fn, fixed, spec, kwargs, use))
+    expected = cache[key]
+    if pattern.out_dim == 0:
+        return expected
+    return [e.movedim(0, pattern.out_dim) for e in expected]
 
 
 def _compare(actual: Any, expected: list) -> str | None:
@@ -233,17 +315,17 @@ def _compare(actual: Any, expected: list) -> str | None:
 # one vmap implementation on one op
 
 
-def _engine_vmap(f: Callable, in_dims: Any) -> Callable:
-    return engine.vmap(f, in_dims=in_dims)
+def _engine_vmap(f: Callable, in_dims: Any, out_dims: Any = 0) -> Callable:
+    return engine.vmap(f, in_dims=in_dims, out_dims=out_dims)
 
 
-def _torch_vmap(f: Callable, in_dims: Any) -> Callable:
-    return torch.func.vmap(f, in_dims=in_dims)
+def _torch_vmap(f: Callable, in_dims: Any, out_dims: Any = 0) -> Callable:
+    return torch.func.vmap(f, in_dims=in_dims, out_dims=out_dims)
 
 
 def _run_engine(fn, flat, spec, kwargs, stacked, pattern, fallbacks: set) -> Any:
     with engine.fallback_policy("silent"), engine.record_fallbacks() as rec:
-        out, _ = _run_pattern(_engine_vmap, fn, flat, spec, kwargs, stacked, pattern)
+        out = _run_pattern(_engine_vmap, fn, flat, spec, kwargs, stacked, pattern)
     fallbacks.update(rec.counts)
     return out, bool(rec.counts)
 
@@ -253,7 +335,7 @@ def _run_torch(fn, flat, spec, kwargs, stacked, pattern, fallbacks: set) -> Any:
     try:
         with warnings.catch_warnings(record=True) as caught:
             warnings.simplefilter("always")
-            out, _ = _run_pattern(_torch_vmap, fn, flat, spec, kwargs, stacked, pattern)
+            out = _run_pattern(_torch_vmap, fn, flat, spec, kwargs, stacked, pattern)
     finally:
         torch._C._debug_only_display_vmap_fallback_warnings(False)
     looped = [w for w in caught if _TORCH_FALLBACK_TEXT in str(w.message)]
@@ -324,56 +406,71 @@ def _vjp_check(opinfo: Any, sample: Any, gen: torch.Generator) -> str:
     return "fallback" if rec.counts else "native"
 
 
-def check_op(opinfo: Any, *, samples: int = 3, torch_func: bool = True, vjp: bool = False, seed: int = 0) -> OpResult:
-    """Classify one OpInfo entry under engine.vmap (and torch.func.vmap as a reference)."""
+def _samples(opinfo: Any) -> Iterator[Any]:
+    return iter(opinfo.sample_inputs("cpu", torch.float32, requires_grad=False))
+
+
+def check_op(opinfo: Any, *, samples: int | None = None, time_box: float | None = 2.0, torch_func: bool = True,
+             vjp: bool = False, seed: int = 0) -> OpResult:
+    """Classify one OpInfo entry under engine.vmap (and torch.func.vmap as a reference).
+
+    Every sample (or the first `samples`) runs under every pattern of PATTERNS; once `time_box`
+    seconds are spent on the op, no further sample starts (the first usable one always runs
+    whole). The op's status is its worst over samples and patterns; `res.patterns` keeps the worst
+    per pattern."""
     t0 = time.perf_counter()
     res = OpResult(op_key(opinfo), family_of(opinfo))
     gen = torch.Generator().manual_seed(seed)
     torch.manual_seed(seed)
-    try:
-        all_samples = opinfo.sample_inputs("cpu", torch.float32, requires_grad=False)
-        chosen = []
-        for s in all_samples:
-            chosen.append(s)
-            if len(chosen) >= samples:
-                break
-    except Exception as exc:  # noqa: BLE001
-        res.detail["skip"] = f"sample_inputs failed: {exc}"
-        return res
-    if not chosen:
-        res.detail["skip"] = "no samples"
-        return res
     if "empty" in opinfo.name:
         # Uninitialized memory: values differ run to run, so there is nothing to compare.
         res.detail["skip"] = "returns uninitialized memory"
         return res
-    if _is_random(opinfo, chosen[0]):
+    try:
+        it = _samples(opinfo)
+        first = next(it, None)
+    except Exception as exc:  # noqa: BLE001
+        res.detail["skip"] = f"sample_inputs failed: {exc}"
+        return res
+    if first is None:
+        res.detail["skip"] = "no samples"
+        return res
+    if _is_random(opinfo, first):
         res.detail["skip"] = "random op (results differ per call)"
         return res
     impls = {"engine": _run_engine}
     if torch_func:
         impls["torch_func"] = _run_torch
     status = {k: None for k in impls}
+    per_pattern: dict[str, dict[str, str]] = {}
     fallbacks: dict[str, set] = {k: set() for k in impls}
-    used = 0
-    for sample in chosen:
+    used = seen = 0
+
+    def all_samples() -> Iterator[Any]:
+        yield first
+        try:
+            yield from it
+        except Exception:  # noqa: BLE001 - a sample generator that fails part way: keep what it gave
+            return
+
+    for sample in all_samples():
+        if samples is not None and seen >= samples:
+            break
+        if used and time_box is not None and time.perf_counter() - t0 > time_box:
+            res.detail["time_box"] = f"stopped after {seen} samples ({time_box} s per op)"
+            break
+        seen += 1
         prep = _prepare(opinfo, sample, gen)
         if prep is None:
             continue
         used += 1
         flat, spec, kwargs, stacked, expected = prep
+        cache = {(tuple(sorted(stacked)), False): expected}
         for pattern in _patterns(len(stacked)):
-            if pattern == "first":
-                idx0 = min(stacked)
-                stacked_ref = {idx0: stacked[idx0]}
-                fixed = {j: stacked[j][0] for j in stacked if j != idx0}
-                flat_p = [fixed.get(j, a) for j, a in enumerate(flat)]
-                try:
-                    exp = _stack_outputs(_loop_reference(opinfo.op, flat_p, spec, kwargs, stacked_ref))
-                except Exception:  # noqa: BLE001
-                    continue
-            else:
-                exp = expected
+            try:
+                exp = _reference(opinfo.op, flat, spec, kwargs, stacked, pattern, cache)
+            except Exception:  # noqa: BLE001 - no loop answer (the op rejects this mix): nothing to compare
+                continue
             for name, runner in impls.items():
                 try:
                     out, looped = runner(opinfo.op, flat, spec, kwargs, stacked, pattern, fallbacks[name])
@@ -381,10 +478,14 @@ def check_op(opinfo: Any, *, samples: int = 3, torch_func: bool = True, vjp: boo
                     st = "mismatch" if why is not None else ("fallback" if looped else "native")
                 except Exception as exc:  # noqa: BLE001 - recorded as the op's error status
                     st, why = "error", f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}"[:300]
+                cell = per_pattern.setdefault(pattern.name, {})
+                if name not in cell or _RANK[st] > _RANK[cell[name]]:
+                    cell[name] = st
                 if status[name] is None or _RANK[st] > _RANK[status[name]]:
                     status[name] = st
                     if why:
-                        res.detail[name] = f"[{pattern}] {why}"[:300]
+                        res.detail[name] = f"[{pattern.name}] {why}"[:300]
+    res.samples = used
     if used == 0:
         res.detail["skip"] = "no sample usable for batching"
         res.seconds = time.perf_counter() - t0
@@ -397,10 +498,11 @@ def check_op(opinfo: Any, *, samples: int = 3, torch_func: bool = True, vjp: boo
     res.engine = status["engine"] or "skip"
     if torch_func:
         res.torch_func = status["torch_func"] or "skip"
+    res.patterns = per_pattern
     res.fallback_ops = sorted(fallbacks["engine"])
     if vjp and opinfo.supports_autograd:
         try:
-            res.vjp_engine = _vjp_check(opinfo, chosen[0], gen)
+            res.vjp_engine = _vjp_check(opinfo, first, gen)
         except Exception:  # noqa: BLE001
             res.vjp_engine = "error"
     res.seconds = time.perf_counter() - t0
@@ -410,7 +512,8 @@ def check_op(opinfo: Any, *, samples: int = 3, torch_func: bool = True, vjp: boo
 def run_harness(
     names: Iterable[str] | None = None,
     *,
-    samples: int = 3,
+    samples: int | None = None,
+    time_box: float | None = 2.0,
     torch_func: bool = True,
     vjp: bool = False,
     progress: Callable[[OpResult], None] | None = None,
@@ -420,7 +523,7 @@ def run_harness(
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         for opinfo in iter_opinfos(names):
-            r = check_op(opinfo, samples=samples, torch_func=torch_func, vjp=vjp)
+            r = check_op(opinfo, samples=samples, time_box=time_box, torch_func=torch_func, vjp=vjp)
             results.append(r)
             if progress is not None:
                 progress(r)

@@ -33,6 +33,31 @@ def pad_batched(x: torch.Tensor, rank: int) -> torch.Tensor:
     return x.view((x.shape[0],) + (1,) * missing + tuple(x.shape[1:]))
 
 
+def require_matrices(x: torch.Tensor, d: Any, on_one_element: Any) -> None:
+    """Raise unless each element of x is at least a matrix. A matrix kernel given a batch of vectors
+    ([B, n] physically) would take it for one matrix and answer; `on_one_element()` runs the op on
+    one element so the op raises its own error, as it does outside vmap."""
+    if lrank(x, d) >= 2:
+        return
+    on_one_element()
+    raise RuntimeError(f"expected each input to have at least 2 dimensions, got {lrank(x, d)}")
+
+
+def leading_dims_flat(x: torch.Tensor, keep: int = 2) -> torch.Tensor:
+    """x, or a contiguous copy of it when its leading dims (all but the last `keep`) cannot be merged
+    by a view. Kernels that treat every leading dim as a batch dim (matrix_exp, the linalg family)
+    `view` them into one; a batch dim that is physically innermost (an input stacked at dim -1 and
+    moved to 0) makes that view fail where the same op on each element works."""
+    if x.dim() <= keep + 1:
+        return x
+    lead = x.shape[:-keep]
+    strides = x.stride()[:-keep]
+    for i in range(len(lead) - 1):
+        if lead[i] != 1 and lead[i + 1] != 1 and strides[i] != strides[i + 1] * lead[i + 1]:
+            return x.contiguous()
+    return x
+
+
 def materialize(x: torch.Tensor, d: Any, size: int) -> torch.Tensor:
     """A batched view of x: unbatched arguments are expanded along a new dim 0."""
     if d is not None:

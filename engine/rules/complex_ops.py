@@ -1,10 +1,35 @@
 """complex(real, imag) and polar(abs, angle): elementwise constructors of complex tensors that the
-`pointwise` tag does not cover, batched by the pointwise family's rule."""
+`pointwise` tag does not cover, batched by the pointwise family's rule; and the conjugate/negative
+views, made physical (see below)."""
 from __future__ import annotations
+
+import torch
 
 from engine.rules._helpers import ops_of
 from engine.rules._table import RULES
 from engine.rules.pointwise import pointwise_rule
 
+aten = torch.ops.aten
+
 for _op in ops_of("complex.default", "polar.default"):
     RULES[_op] = pointwise_rule(_op)
+
+
+# Conjugate and negative *views* (the conj/neg bits): rules run inside __torch_dispatch__, below
+# PyTorch's Conjugate and Negative keys, so a physical kernel there reads a bit-carrying tensor's
+# raw memory as if the bit were not set (a silently wrong result: `t.conj() + 1` added to t, and
+# `fft.hfftn`, which takes a conj view, came out wrong). A batched tensor's physical tensor
+# therefore never carries the bits: the view is made physical here (a copy; torch.func returns a
+# view) and engine._batched.enter resolves the bits of a vmap input.
+
+
+def _conj_rule(info, in_dims, x):
+    return torch.conj_physical(x), 0
+
+
+def _neg_view_rule(info, in_dims, x):
+    return torch.neg(x), 0
+
+
+RULES[aten._conj.default] = _conj_rule
+RULES[aten._neg_view.default] = _neg_view_rule

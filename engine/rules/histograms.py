@@ -31,8 +31,8 @@ def _outer_edges(x: torch.Tensor, rng: Sequence[float] | None, widen: float) -> 
         lo, hi = x.aminmax(dim=1)
         # .item() (not .tolist()) so engine.trace sees the data-dependent read and refuses to bake it
         out = [[(lo[b, d].item(), hi[b, d].item()) for d in range(D)] for b in range(B)]
-    else:
-        out = [[(0.0, 0.0)] * D for _ in range(B)]
+    else:  # no values: the kernel's default range [0, 1] (not a widened point)
+        out = [[(0.0, 1.0)] * D for _ in range(B)]
     fixed = []
     for pairs in out:
         row = []

@@ -15,8 +15,8 @@ def gather_rule(info, in_dims, x, dim, index, sparse_grad=False):
     d = norm_dim(dim, rank)
     xm = materialize(x, in_dims[0], B)
     im = materialize(index, in_dims[2], B)
-    if rank == 0:  # 0-dim gather: logical shapes are [] so physical ones are [B]
-        return aten.gather.default(xm, 0, im, sparse_grad=sparse_grad), 0
+    if rank == 0:  # 0-dim gather: each element gathers from its own 0-dim input (one row each)
+        return aten.gather.default(xm.reshape(B, 1), 1, im.reshape(B, -1), sparse_grad=sparse_grad).reshape(im.shape), 0
     if im.dim() == 1:  # 0-dim index against a >=1-dim input
         im = im.view((B,) + (1,) * rank)
     return aten.gather.default(xm, d + 1, im, sparse_grad=sparse_grad), 0
@@ -216,6 +216,8 @@ def put_rule(info, in_dims, x, index, source, accumulate=False):
 
 def masked_scatter_rule(info, in_dims, x, mask, source):
     """Each example consumes its own source in order: the k-th True of its mask takes source[k]."""
+    if mask.dtype != torch.bool:
+        raise RuntimeError(f"masked_scatter_ only supports boolean masks, but got mask with dtype {mask.dtype}")
     B = info.batch_size
     xm, mm = materialize(x, in_dims[0], B), materialize(mask, in_dims[1], B)
     logical = torch.broadcast_shapes(xm.shape[1:], mm.shape[1:])

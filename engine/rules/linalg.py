@@ -74,37 +74,44 @@ def _outer(info, in_dims, a, b):
     return a.unsqueeze(-1) * b.unsqueeze(-2), 0
 
 
-def _add_bias(bias, bias_dim, prod, beta, alpha, rank):
+def _any(dims) -> bool:
+    return any(d is not None for d in dims)
+
+
+def _add_bias(bias, bias_dim, prod, beta, alpha, rank, prod_batched=True):
+    """beta * bias + alpha * prod, and the result's out_dim. With beta == 0 the bias's values are
+    ignored (NaN included) as the op ignores them; a product of unbatched operands is then the same
+    for every element (out_dim None), not a batched tensor."""
     if alpha != 1:
         prod = prod * alpha
     if beta == 0:
-        return prod
+        return prod, (0 if prod_batched else None)
     if bias_dim is not None:
         bias = pad_batched(bias, rank)
-    return prod + (bias if beta == 1 else bias * beta)
+    return prod + (bias if beta == 1 else bias * beta), 0
 
 
 @register_rule(aten.addmm.default)
 def _addmm(info, in_dims, bias, a, b, *, beta=1, alpha=1):
-    return _add_bias(bias, in_dims[0], _matmul(a, b), beta, alpha, 2), 0
+    return _add_bias(bias, in_dims[0], _matmul(a, b), beta, alpha, 2, _any(in_dims[1:]))
 
 
 @register_rule(aten.addmv.default)
 def _addmv(info, in_dims, bias, a, v, *, beta=1, alpha=1):
-    return _add_bias(bias, in_dims[0], torch.matmul(a, v.unsqueeze(-1)).squeeze(-1), beta, alpha, 1), 0
+    return _add_bias(bias, in_dims[0], torch.matmul(a, v.unsqueeze(-1)).squeeze(-1), beta, alpha, 1, _any(in_dims[1:]))
 
 
 @register_rule(aten.baddbmm.default)
 def _baddbmm(info, in_dims, bias, a, b, *, beta=1, alpha=1):
-    return _add_bias(bias, in_dims[0], _matmul(a, b), beta, alpha, 3), 0
+    return _add_bias(bias, in_dims[0], _matmul(a, b), beta, alpha, 3, _any(in_dims[1:]))
 
 
 @register_rule(aten.addbmm.default)
 def _addbmm(info, in_dims, bias, a, b, *, beta=1, alpha=1):
     prod = torch.matmul(a, b).sum(-3)
-    return _add_bias(bias, in_dims[0], prod, beta, alpha, 2), 0
+    return _add_bias(bias, in_dims[0], prod, beta, alpha, 2, _any(in_dims[1:]))
 
 
 @register_rule(aten.addr.default)
 def _addr(info, in_dims, bias, u, v, *, beta=1, alpha=1):
-    return _add_bias(bias, in_dims[0], u.unsqueeze(-1) * v.unsqueeze(-2), beta, alpha, 2), 0
+    return _add_bias(bias, in_dims[0], u.unsqueeze(-1) * v.unsqueeze(-2), beta, alpha, 2, _any(in_dims[1:]))

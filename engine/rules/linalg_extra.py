@@ -1,10 +1,11 @@
 """Single-matrix linalg kernels treat every leading dim as a batch dim, so the batch dim at 0 is
-just one more: call the op as is (one LAPACK batch instead of the loop)."""
+just one more: call the op as is (one LAPACK batch instead of the loop), once each element is
+known to be a matrix (a batch of vectors would pass physically as one matrix)."""
 from __future__ import annotations
 
 import torch
 
-from engine.rules._helpers import lrank, materialize, ops_of, pad_batched
+from engine.rules._helpers import leading_dims_flat, lrank, materialize, ops_of, pad_batched, require_matrices
 from engine.rules._table import RULES
 
 aten = torch.ops.aten
@@ -12,7 +13,8 @@ aten = torch.ops.aten
 
 def _leading_batch_rule(op):
     def rule(info, in_dims, x, *args, **kwargs):
-        out = op(x, *args, **kwargs)
+        require_matrices(x, 0, lambda: op(x[0], *args, **kwargs))
+        out = op(leading_dims_flat(x), *args, **kwargs)
         return out, (tuple(0 for _ in out) if isinstance(out, (tuple, list)) else 0)
 
     return rule

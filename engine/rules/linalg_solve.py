@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import torch
 
-from engine.rules._helpers import lrank, materialize, pad_batched
+from engine.rules._helpers import lrank, materialize, pad_batched, require_matrices
 from engine.rules._table import RULES
 
 aten = torch.ops.aten
@@ -25,6 +25,11 @@ def _operands(info, in_dims, *tensors):
     return [pad_batched(t, rank) for t in ts]
 
 
+def _one(t, d):
+    """One element of an argument (itself when unbatched): to let the op raise its own error."""
+    return t[0] if d is not None else t
+
+
 def _is_vector_rhs(A, da, b, db) -> bool:
     la, lb = lrank(A, da), lrank(b, db)
     a_shape = A.shape[1:] if da is not None else A.shape
@@ -34,6 +39,7 @@ def _is_vector_rhs(A, da, b, db) -> bool:
 
 
 def solve_ex_rule(info, in_dims, A, b, left=True, check_errors=False):
+    require_matrices(A, in_dims[0], lambda: aten._linalg_solve_ex.default(_one(A, in_dims[0]), _one(b, in_dims[1]), left=left))
     B = info.batch_size
     vector = _is_vector_rhs(A, in_dims[0], b, in_dims[1])
     if vector:
@@ -47,12 +53,16 @@ def solve_ex_rule(info, in_dims, A, b, left=True, check_errors=False):
 
 
 def lu_solve_rule(info, in_dims, LU, pivots, b, left=True, adjoint=False):
+    require_matrices(LU, in_dims[0], lambda: aten.linalg_lu_solve.default(
+        _one(LU, in_dims[0]), _one(pivots, in_dims[1]), _one(b, in_dims[2]), left=left, adjoint=adjoint))
     LUm, bm = _operands(info, (in_dims[0], in_dims[2]), LU, b)
     piv = pad_batched(materialize(pivots, in_dims[1], info.batch_size), LUm.dim() - 2)
     return aten.linalg_lu_solve.default(LUm, piv, bm, left=left, adjoint=adjoint), 0
 
 
 def solve_triangular_rule(info, in_dims, A, b, *, upper, left=True, unitriangular=False):
+    require_matrices(A, in_dims[0], lambda: aten.linalg_solve_triangular.default(
+        _one(A, in_dims[0]), _one(b, in_dims[1]), upper=upper, left=left, unitriangular=unitriangular))
     Am, bm = _operands(info, in_dims[:2], A, b)
     return aten.linalg_solve_triangular.default(Am, bm, upper=upper, left=left, unitriangular=unitriangular), 0
 
@@ -69,6 +79,7 @@ def cholesky_solve_rule(info, in_dims, b, L, upper=False):
 
 
 def lstsq_rule(info, in_dims, A, b, rcond=None, *, driver=None):
+    require_matrices(A, in_dims[0], lambda: aten.linalg_lstsq.default(_one(A, in_dims[0]), _one(b, in_dims[1]), rcond, driver=driver))
     B = info.batch_size
     vector = _is_vector_rhs(A, in_dims[0], b, in_dims[1])
     if vector:
@@ -101,12 +112,14 @@ def householder_product_rule(info, in_dims, A, tau):
 
 
 def cholesky_inverse_rule(info, in_dims, L, upper=False):
+    require_matrices(L, 0, lambda: aten.cholesky_inverse.default(L[0], upper))
     return aten.cholesky_inverse.default(L, upper), 0
 
 
 def pinv_rule(info, in_dims, x, atol=None, rtol=None, hermitian=False):
     B = info.batch_size
     x = materialize(x, in_dims[0], B)
+    require_matrices(x, 0, lambda: aten.linalg_pinv.atol_rtol_tensor(x[0], hermitian=hermitian))
     batch_rank = x.dim() - 3  # logical batch dims of the matrix
     tols = []
     for t, d in ((atol, in_dims[1] if len(in_dims) > 1 else None), (rtol, in_dims[2] if len(in_dims) > 2 else None)):

@@ -1,4 +1,4 @@
-"""Group normalization (nn.GroupNorm) and batch norm's running statistics under a batched input.
+"""Group normalization (nn.GroupNorm), and batch norm's op variants on top of engine.rules.norms_fast.
 
 `native_group_norm` and its backward:
 
@@ -9,13 +9,9 @@ are summed over N by the kernel; per batch element they must not be summed over 
 they are computed here from the normalized input (grad_weight = sum(grad * x_hat), grad_bias =
 sum(grad)) per element, while the input gradient comes from the kernel.
 
-Batch norm in training mode with a batched input and UNBATCHED running statistics (torch.func
-refuses this case): the per-example loop updates the shared buffers once per example, in order,
-r <- (1 - m) r + m s_k, so after B examples r_B = (1 - m)^B r_0 + sum_k m (1 - m)^(B-1-k) s_k. The
-kernel computes every m s_k at once (per-example buffers that start at zero hold exactly m s_k after
-the call, with the kernel's own unbiased-variance correction), and the closed form is then written
-into each shared buffer with one in-place copy per call. The `_native_batch_norm_legit` and
-`_batch_norm_with_update` variants are the same computation.
+Batch norm's variants (`_native_batch_norm_legit`, `_batch_norm_with_update`) are the same computation
+as `native_batch_norm` (engine.rules.norms_fast), which owns batch norm's rules, the shared running
+statistics included.
 """
 from __future__ import annotations
 
@@ -36,7 +32,7 @@ def _channel_view(w: torch.Tensor, rank: int) -> torch.Tensor:
 def native_group_norm_rule(info, in_dims, x, weight, bias, N, C, HxW, group, eps):
     B = info.batch_size
     xm = materialize(x, in_dims[0], B)
-    xf = xm.flatten(0, 1)
+    xf = xm.flatten(0, 1).contiguous()  # the kernel requires it; a batch stacked innermost is not
     wd, bd = in_dims[1], in_dims[2]
     shared = wd is None and bd is None
     out, mean, rstd = aten.native_group_norm.default(xf, weight if shared else None, bias if shared else None,
@@ -62,7 +58,7 @@ def native_group_norm_backward_rule(info, in_dims, grad_out, x, mean, rstd, weig
         # a per-element weight scales the incoming gradient instead (the kernel's weight is shared)
         gk = g * _channel_view(weight, g.dim() - 1) if wd is not None else g
         grad_input = aten.native_group_norm_backward.default(
-            gk.flatten(0, 1), xm.flatten(0, 1), mean_m.flatten(0, 1), rstd_m.flatten(0, 1),
+            gk.flatten(0, 1).contiguous(), xm.flatten(0, 1).contiguous(), mean_m.flatten(0, 1), rstd_m.flatten(0, 1),
             weight if wd is None else None, B * N, C, HxW, group, [True, False, False])[0].unflatten(0, (B, N))
     g3 = g.reshape(B, N, C, HxW)
     if output_mask[1]:
@@ -72,33 +68,6 @@ def native_group_norm_backward_rule(info, in_dims, grad_out, x, mean, rstd, weig
         grad_bias = g3.sum((1, 3))
     outs = (grad_input, grad_weight, grad_bias)
     return outs, tuple(None if o is None else 0 for o in outs)
-
-
-def shared_running_stats_rule(info, in_dims, x, weight, bias, running_mean, running_var, training, momentum, eps):
-    """`native_batch_norm` in training mode where a running statistic is not batched (see the module
-    docstring): per-example statistics from one kernel call, then the loop's sequential update in
-    closed form, written once into each shared buffer."""
-    B = info.batch_size
-    stats, dims, shared = [], [], []
-    for t, d in ((running_mean, in_dims[3]), (running_var, in_dims[4])):
-        if t is not None and d is None:
-            per_example = torch.zeros((B,) + tuple(t.shape), dtype=t.dtype, device=t.device)
-            stats.append(per_example)
-            dims.append(0)
-            shared.append((t, per_example))
-        else:
-            stats.append(t)
-            dims.append(d)
-    outs, out_dims = native_batch_norm_rule(info, (*in_dims[:3], *dims, *in_dims[5:]), x, weight, bias, *stats,
-                                            training, momentum, eps)
-    decay = 1.0 - momentum
-    # weight of example k's contribution m s_k after the B - 1 - k updates that follow it
-    weights = [decay ** (B - 1 - k) for k in range(B)]
-    with torch.no_grad():
-        for t, contributions in shared:
-            w = torch.tensor(weights, dtype=contributions.dtype, device=t.device).reshape((B,) + (1,) * t.dim())
-            t.copy_(t * (decay ** B) + (contributions * w).sum(0))
-    return outs, out_dims
 
 
 def native_batch_norm_legit_no_stats_rule(info, in_dims, x, weight, bias, training, momentum, eps):

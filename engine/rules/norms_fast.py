@@ -10,8 +10,12 @@ per-element statistics, output, and per-element weight/bias gradients exactly, w
 vectors (weight, bias, running stats, saved stats) repeated or flattened to B*C. instance_norm
 reaches this op as a batch norm over [1, N*C, *s], so it is covered too. In training mode the
 kernel writes the running statistics: batched ones are updated per element; unbatched ones with a
-batched input are updated by each element in turn in the loop, which engine.rules.norms reproduces
-in closed form (torch.func refuses this case).
+batched input are updated by each element in turn in the loop, which `shared_running_stats_rule`
+reproduces in closed form (torch.func refuses this case): the loop updates a shared buffer once per
+example, in order, r <- (1 - m) r + m s_k, so after B examples r_B = (1 - m)^B r_0 + sum_k m (1 - m)^(B-1-k) s_k. The
+kernel computes every m s_k at once (per-example buffers that start at zero hold exactly m s_k after
+the call, with the kernel's own unbiased-variance correction), and the closed form is then written
+into each shared buffer with one in-place copy per call.
 
 `native_layer_norm_backward`: normalization is over trailing dims, so the batch is one more
 leading dim for the input gradient; the kernel's weight/bias gradients would sum over the batch,
@@ -42,8 +46,6 @@ def _per_channel(t, d, B: int):
 
 def native_batch_norm_rule(info, in_dims, x, weight, bias, running_mean, running_var, training, momentum, eps):
     if training and any(t is not None and d is None for t, d in ((running_mean, in_dims[3]), (running_var, in_dims[4]))):
-        from engine.rules.norms import shared_running_stats_rule
-
         return shared_running_stats_rule(info, in_dims, x, weight, bias, running_mean, running_var, training, momentum, eps)
     B = info.batch_size
     xf = _fold_channels(x, in_dims[0], B)
@@ -58,6 +60,33 @@ def native_batch_norm_rule(info, in_dims, x, weight, bias, running_mean, running
                 t.copy_(tf.view(t.shape))
     saved = [(s.unflatten(0, (B, C)), 0) if s.numel() else (s, None) for s in (save_mean, save_invstd)]
     return (out.unflatten(1, (B, C)), saved[0][0], saved[1][0]), (1, saved[0][1], saved[1][1])
+
+
+def shared_running_stats_rule(info, in_dims, x, weight, bias, running_mean, running_var, training, momentum, eps):
+    """`native_batch_norm` in training mode where a running statistic is not batched (see the module
+    docstring): per-example statistics from one kernel call, then the loop's sequential update in
+    closed form, written once into each shared buffer."""
+    B = info.batch_size
+    stats, dims, shared = [], [], []
+    for t, d in ((running_mean, in_dims[3]), (running_var, in_dims[4])):
+        if t is not None and d is None:
+            per_example = torch.zeros((B,) + tuple(t.shape), dtype=t.dtype, device=t.device)
+            stats.append(per_example)
+            dims.append(0)
+            shared.append((t, per_example))
+        else:
+            stats.append(t)
+            dims.append(d)
+    outs, out_dims = native_batch_norm_rule(info, (*in_dims[:3], *dims, *in_dims[5:]), x, weight, bias, *stats,
+                                            training, momentum, eps)
+    decay = 1.0 - momentum
+    # weight of example k's contribution m s_k after the B - 1 - k updates that follow it
+    weights = [decay ** (B - 1 - k) for k in range(B)]
+    with torch.no_grad():
+        for t, contributions in shared:
+            w = torch.tensor(weights, dtype=contributions.dtype, device=t.device).reshape((B,) + (1,) * t.dim())
+            t.copy_(t * (decay ** B) + (contributions * w).sum(0))
+    return outs, out_dims
 
 
 def native_batch_norm_backward_rule(info, in_dims, grad_out, x, weight, running_mean, running_var, save_mean,

@@ -128,7 +128,7 @@ UNTAGGED = ops_of(
     "mish_backward.default", "hardsigmoid_backward.default", "hardswish_backward.default",
     "relu.default", "relu_.default", "gelu.default", "silu.default", "sigmoid_backward.default",
     "tanh_backward.default", "masked_fill.Scalar", "masked_fill_.Scalar", "isnan.default",
-    "positive.default", "_conj.default", "resolve_conj.default", "resolve_neg.default",
+    "positive.default", "resolve_conj.default", "resolve_neg.default",
     "logical_not.default", "sign.default", "nan_to_num.default", "lerp.Scalar", "lerp.Tensor",
     "_softmax_backward_data.out",  # filtered below (out variant)
     # conversions: decompositions (group_norm, layer_norm backward) call them on batched tensors
@@ -145,6 +145,9 @@ def _masked_fill_tensor(info, in_dims, self, mask, value):
     m = pad_batched(mask, rank) if in_dims[1] is not None else mask
     if in_dims[2] is None:
         return torch.ops.aten.masked_fill.Tensor(s, m, value), 0
+    if value.dim() != 1:  # each element's value must be 0-dim, as the op requires (a where() would broadcast it)
+        raise RuntimeError(f"masked_fill_ only supports a 0-dimensional value tensor, but got tensor with "
+                           f"{value.dim() - 1} dimension(s)")
     v = pad_batched(value, rank)
     return torch.where(m, v.to(self.dtype), s), 0
 

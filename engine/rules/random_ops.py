@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import torch
 
+from engine._batched import add_batch_dim
+from engine._opmeta import op_meta
 from engine.errors import RandomnessError
 from engine.rules._helpers import materialize, ops_of, pad_batched
 from engine.rules._table import RULES
@@ -55,14 +57,14 @@ RULES[aten.native_dropout.default] = _native_dropout
 
 
 def _bernoulli_inplace(func):
-    """bernoulli_(self, p): fills self; 'same' draws one logical tensor and copies it to every element."""
+    """bernoulli_(self, p): fills self; 'same' draws one logical tensor and copies it to every element
+    (refused when p is batched: per-element probabilities have no single draw)."""
 
     def rule(info, in_dims, self, p=0.5, *, generator=None):
         if info.randomness == "same" and isinstance(p, torch.Tensor) and in_dims[1] is not None:
-            # per-element probabilities, one shared uniform draw
-            u = torch.rand(self.shape[1:], dtype=self.dtype, device=self.device, generator=generator)
-            self.copy_((u < pad_batched(p, self.dim() - 1)).to(self.dtype).expand_as(self))
-        elif info.randomness == "same":
+            # probabilities that differ per element have no single draw to share (torch.func refuses too)
+            raise _same_with_batched_input(func)
+        if info.randomness == "same":
             draw = torch.empty(self.shape[1:], dtype=self.dtype, device=self.device)
             func(draw, p, generator=generator)
             self.copy_(draw.expand_as(self))
@@ -79,7 +81,8 @@ for op in ops_of("bernoulli_.float", "bernoulli_.Tensor"):
 
 
 def _fill_random_inplace(func):
-    """uniform_/normal_/exponential_ on a batched self."""
+    """uniform_/normal_/exponential_/random_/cauchy_/geometric_/log_normal_ on a batched self: one
+    physical fill for the whole batch, in torch.func's order of the random stream."""
 
     def rule(info, in_dims, self, *args, **kwargs):
         if info.randomness == "same":
@@ -93,7 +96,8 @@ def _fill_random_inplace(func):
     return rule
 
 
-for op in ops_of("uniform_.default", "normal_.default", "exponential_.default", "random_.default", "random_.from", "random_.to"):
+for op in ops_of("uniform_.default", "normal_.default", "exponential_.default", "random_.default", "random_.from", "random_.to",
+                 "cauchy_.default", "geometric_.default", "log_normal_.default"):
     RULES[op] = _fill_random_inplace(op)
 
 
@@ -154,13 +158,10 @@ def draw_unbatched(func, info, args: tuple, kwargs: dict):
     """A random op with no batched argument under randomness='different' (VmapMode calls this).
 
     As torch.func: a factory draws once with the batch prepended to its size; an op on an unbatched
-    tensor (rand_like, bernoulli, native_dropout, multinomial) draws once on that tensor expanded
-    over the batch; anything else (randperm) draws once per element. An in-place fill of an
-    unbatched tensor cannot hold a draw per element and is refused.
+    tensor (rand_like, bernoulli, native_dropout, multinomial, normal(0., std)) draws once with every
+    tensor argument expanded over the batch; anything else (randperm) draws once per element. An
+    in-place fill of an unbatched tensor cannot hold a draw per element and is refused.
     """
-    from engine._batched import add_batch_dim
-    from engine._dispatch import op_meta
-
     B = info.batch_size
     if op_meta(func).mutated:
         raise RandomnessError(
@@ -176,12 +177,13 @@ def draw_unbatched(func, info, args: tuple, kwargs: dict):
     if pos is not None and "size" in kwargs:
         kwargs = dict(kwargs, size=[B, *kwargs["size"]])
         return add_batch_dim(func(*args, **kwargs), info.level)
-    if args and isinstance(args[0], torch.Tensor):
+    if args and isinstance(args[0], torch.Tensor) and func is aten.multinomial.default and args[0].dim() == 2:
         x = args[0]
-        if func is aten.multinomial.default and x.dim() == 2:
-            out = func(x.unsqueeze(0).expand(B, *x.shape).flatten(0, 1), *args[1:], **kwargs)
-            return add_batch_dim(out.unflatten(0, (B, x.shape[0])), info.level)
-        args[0] = x.unsqueeze(0).expand(B, *x.shape)
+        out = func(x.unsqueeze(0).expand(B, *x.shape).flatten(0, 1), *args[1:], **kwargs)
+        return add_batch_dim(out.unflatten(0, (B, x.shape[0])), info.level)
+    if any(isinstance(a, torch.Tensor) for a in args):
+        # every tensor argument, wherever it stands (normal(mean: float, std: Tensor)), expanded
+        args = [a.unsqueeze(0).expand(B, *a.shape) if isinstance(a, torch.Tensor) else a for a in args]
         out = func(*args, **kwargs)
         if isinstance(out, (tuple, list)):
             return type(out)(add_batch_dim(o, info.level) for o in out)
@@ -198,8 +200,6 @@ def fresh_per_element(func, info, args: tuple, kwargs: dict):
     input, in the same order from the random stream (one draw over [B, *shape]), instead of being
     refused as an in-place draw into an unbatched tensor.
     """
-    from engine._batched import add_batch_dim
-
     B = info.batch_size
     if func is aten.empty_like.default:
         x = args[0]

@@ -48,6 +48,9 @@ def dim_rule(func: Any, dim_pos: int, n_tensors: int = 1, all_when_none: bool = 
         rank = args[0].dim() - 1
         scalar = rank == 0
         if scalar:
+            # a 0-dim element taken as [1]: an argument a 0-dim tensor cannot take (unbind's dim,
+            # kthvalue's k > 1) would pass, so one element checks the call first (its own error)
+            op(*[a[0] if i < n_tensors and isinstance(a, torch.Tensor) else a for i, a in enumerate(args)], **kwargs)
             for i in range(n_tensors):
                 if isinstance(args[i], torch.Tensor):
                     args[i] = args[i].unsqueeze(-1)

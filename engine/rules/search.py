@@ -8,6 +8,8 @@ from __future__ import annotations
 
 import torch
 
+from engine._fallbacks import _note_fallback
+from engine.errors import DataDependentError
 from engine.rules._helpers import lrank, materialize, pad_batched
 from engine.rules._table import RULES
 
@@ -44,9 +46,6 @@ def masked_select_rule(info, in_dims, x, mask):
     B = info.batch_size
     if in_dims[1] is not None:
         # Per-example masks may select different counts: a counted loop, which must find one size.
-        from engine._dispatch import _note_fallback
-        from engine.errors import DataDependentError
-
         _note_fallback(aten.masked_select.default)
         xm = materialize(x, in_dims[0], B)
         outs = [torch.masked_select(xm[i], mask[i]) for i in range(B)]

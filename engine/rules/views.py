@@ -25,10 +25,21 @@ def _shape_rule(func):
     return physical_rule(physical)
 
 
-for op in ops_of("view.default", "_unsafe_view.default", "reshape.default", "_reshape_alias.default"):
-    if op is aten._reshape_alias.default:
-        continue
+for op in ops_of("view.default", "reshape.default"):
     RULES[op] = _shape_rule(op)
+# `_unsafe_view` is PyTorch's reshape of a tensor it just made (kron, einsum, matmul's result), which
+# it knows to be viewable. Under vmap that tensor's layout follows its batched inputs' (a batch
+# that is physically innermost), so it may not be: reshape it, a copy where the view cannot be.
+RULES[aten._unsafe_view.default] = _shape_rule(aten.reshape.default)
+
+
+@register_rule(aten.view_copy.default)
+@physical_rule
+def _view_copy(x, size):
+    """view_copy is a copy in the viewed shape, defined for any strides: a reshape, then a copy
+    where the reshape was a view."""
+    out = x.reshape([x.shape[0], *size])
+    return out.clone() if out._base is not None or torch._C._is_alias_of(out, x) else out
 
 
 @register_rule(aten.expand.default)
@@ -61,6 +72,8 @@ def _transpose(x, d0, d1):
 @register_rule(aten.t.default)
 @physical_rule
 def _t(x):
+    if x.dim() > 3:  # t of an element with more than 2 dims: the op's own error
+        aten.t.default(x[0])
     return x.transpose(1, 2) if x.dim() == 3 else x
 
 
