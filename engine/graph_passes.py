@@ -513,13 +513,20 @@ class Fold:
 FOLD_WATCH_ELEMENTS = 1 << 16  # sources up to this size are compared to keep their folded values
 
 
+_BITS = {1: torch.uint8, 2: torch.int16, 4: torch.int32, 8: torch.int64}
+
+
 def _same_bits(t: torch.Tensor, saved: torch.Tensor) -> bool:
-    """Bit-for-bit equality (NaN payloads aside, a NaN counts as changed; -0.0 differs from 0.0)."""
+    """Bit-for-bit equality: the values' bits compared as integers (-0.0 differs from 0.0, a NaN
+    equals the same NaN); a tensor that cannot be viewed so compares values and sign bits."""
     if t.is_complex():
         t, saved = torch.view_as_real(t.resolve_conj()), torch.view_as_real(saved)
-    if not torch.equal(t, saved):
-        return False
-    return not t.is_floating_point() or torch.equal(torch.signbit(t), torch.signbit(saved))
+    if not t.is_floating_point():
+        return torch.equal(t, saved)
+    bits = _BITS.get(t.element_size())
+    if bits is not None and t.is_contiguous():
+        return torch.equal(t.view(bits), saved.view(bits))
+    return torch.equal(t, saved) and torch.equal(torch.signbit(t), torch.signbit(saved))
 
 
 def _foldable(node: torch.fx.Node) -> bool:
