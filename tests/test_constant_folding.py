@@ -104,16 +104,17 @@ def test_random_ops_are_not_folded():
 def test_folded_values_follow_a_write_that_does_not_move_the_version_counter():
     """BatchNorm's kernels update its running statistics in place without moving their version
     counter: a fold keyed on versions alone replayed stale statistics (issue 25's net caught it)."""
-    bn = torch.nn.BatchNorm1d(4).requires_grad_(False).eval()
-    fn = engine.vmap(lambda x: bn(x[None])[0])
-    traced = engine.trace(fn)
+    bn = torch.nn.BatchNorm1d(4)
+    model = torch.nn.Sequential(torch.nn.Linear(4, 4), bn).requires_grad_(False).eval()
+    traced = engine.trace(engine.vmap(lambda x: model(x[None])[0]))
     x = torch.randn(3, 4)
     traced(x)
-    assert _entry(traced).fold is not None  # rsqrt(running_var + eps) and friends read no argument
+    assert _entry(traced).fold is not None  # the statistics, expanded over the batch, read no argument
     version = bn.running_var._version
     bn.train()
-    bn(torch.randn(16, 4) * 3 + 1)
+    model(torch.randn(16, 4) * 3 + 1)
     bn.eval()
     assert bn.running_var._version == version  # the write that versions do not see
-    torch.testing.assert_close(traced(x), torch.func.vmap(lambda x: bn(x[None])[0])(x), rtol=0, atol=0)
+    want = torch.func.vmap(lambda x: model(x[None])[0])(x)
+    torch.testing.assert_close(traced(x), want, rtol=0, atol=0)
 
