@@ -108,7 +108,8 @@ def test_folded_values_follow_a_write_that_does_not_move_the_version_counter():
     model = torch.nn.Sequential(torch.nn.Linear(4, 4), bn).requires_grad_(False).eval()
     traced = engine.trace(engine.vmap(lambda x: model(x[None])[0]))
     x = torch.randn(3, 4)
-    traced(x)
+    traced(x)  # the recording
+    traced(x)  # the first replay computes the folded values
     assert _entry(traced).fold is not None  # the statistics, expanded over the batch, read no argument
     version = bn.running_var._version
     bn.train()
