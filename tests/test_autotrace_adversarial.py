@@ -1611,11 +1611,6 @@ def test_distribution_argument_validation_after_replay():
         Normal.set_default_validate_args(True)
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "engine bug (eager vmap, not tracing): the conjugate bit of a complex argument is dropped: "
-    "engine.vmap(lambda a: a * 2.0)(z.conj()) returns 2 * z where torch.func.vmap returns 2 * conj(z) "
-    "(every op tried: mul, exp, a + a; a.real raises in the view_as_real rule)"
-))
 def test_conjugate_view_argument_equals_torch_func():
     z = torch.tensor([[1 + 2j, -3j], [0.5, 2 - 1j]], dtype=torch.complex64)
     f = lambda a: (a * torch.tensor([2.0, -1.0])).exp()  # noqa: E731
