@@ -19,6 +19,8 @@ from typing import Any, Callable
 
 import torch
 
+from engine.errors import DataDependentError
+
 
 @dataclass
 class LevelInfo:
@@ -106,13 +108,9 @@ class BatchedTensor(torch.Tensor):
 
     # Tensor.tolist()/numpy() on a batched tensor are data-dependent: say so, do not segfault.
     def tolist(self):  # type: ignore[override]
-        from engine.errors import DataDependentError
-
         raise DataDependentError("vmap: .tolist() on a batched tensor depends on its data; return the tensor instead.")
 
     def numpy(self, *args, **kwargs):  # type: ignore[override]
-        from engine.errors import DataDependentError
-
         raise DataDependentError("vmap: .numpy() on a batched tensor depends on its data; return the tensor from the vmapped function instead.")
 
 

@@ -13,6 +13,8 @@ from typing import Any, Callable
 
 import torch
 
+from engine.errors import DataDependentError
+
 
 def _opdef(func: Any) -> Any:
     if not isinstance(func, torch._ops.OpOverload) or func.namespace in ("aten", "prim", "prims"):
@@ -50,8 +52,6 @@ def run_custom_op(func: Any, args: tuple, kwargs: dict) -> Any:
     so are implementations that leave torch (`.numpy()`, `.item()`): they raise DataDependentError
     on batched tensors and then run per element in the fallback.
     """
-    from engine.errors import DataDependentError
-
     fn = python_impl(func)
     if fn is None or any(a.alias_info is not None and a.alias_info.is_write for a in func._schema.arguments):
         return NotImplemented

@@ -15,7 +15,7 @@ import torch
 from torch.utils._pytree import tree_flatten, tree_map, tree_unflatten
 
 from engine import _gradsum
-from engine._batched import LevelInfo, _is_outer, clock, mark_inner
+from engine._batched import LevelInfo, _active, _is_outer, batch_levels, clock, mark_inner
 from engine._guards import _Depth, requires_grad, transform_scope
 from engine._vmap import vmap
 from engine.errors import RandomnessError, TransformError, UnsupportedInTransformError, VmapError
@@ -127,8 +127,6 @@ def _check_no_dead_level(g: Any) -> None:
     engine._gradsum sums such gradients over the finished batch on the edge where they leave the
     level; this guard turns any node it missed into an error instead of a wrong answer.
     """
-    from engine._batched import _active, batch_levels
-
     dead = [lvl for lvl in batch_levels(g) if lvl not in _active]
     if dead:
         raise TransformError(
