@@ -97,11 +97,6 @@ def _module(name: str, source: str) -> types.ModuleType:
 X = torch.linspace(-1.5, 2.0, 12).reshape(3, 4)
 VERIFY = os.environ.get("VMAPBENCH_AUTO_TRACE", "").lower() == "verify"  # the CI run with shadow verification
 
-VERIFY_GENERATOR = (
-    "verify-mode bug: shadow verification restores the global RNG state before its eager call but not a "
-    "torch.Generator the function draws from, so it reports a false ReplayMismatchError and advances the "
-    "generator twice per call"
-)
 ENGINE_THREADS = (
     "engine bug (eager, not tracing): the transform depth is process-global (engine._guards._State, _Depth), "
     "so engine.grad in one thread sees another thread's transform running and returns its result attached "
@@ -1153,7 +1148,6 @@ def test_manual_seed_before_each_call_gives_the_eager_draws_and_rng_state():
     assert _replaying(g)
 
 
-@pytest.mark.xfail(VERIFY, strict=True, reason=VERIFY_GENERATOR)
 def test_generator_closed_over_reseeded_before_each_call():
     gen = torch.Generator().manual_seed(0)
     g = engine.vmap(lambda x: x + torch.randn(4, generator=gen), randomness="same")
@@ -1166,7 +1160,6 @@ def test_generator_closed_over_reseeded_before_each_call():
         _exact(got_next, want_next)
 
 
-@pytest.mark.xfail(VERIFY, strict=True, reason=VERIFY_GENERATOR)
 def test_generator_closed_over_keeps_advancing():
     gen = torch.Generator().manual_seed(0)
     twin = torch.Generator().manual_seed(0)
@@ -1176,7 +1169,6 @@ def test_generator_closed_over_keeps_advancing():
         _exact(g(X), ref(X))
 
 
-@pytest.mark.xfail(VERIFY, strict=True, reason=VERIFY_GENERATOR)
 def test_generator_rebound_in_the_closure():
     gen = torch.Generator().manual_seed(0)
     g = engine.vmap(lambda x: x + torch.randn(4, generator=gen), randomness="same")
