@@ -117,5 +117,5 @@ def test_folded_values_follow_a_write_that_does_not_move_the_version_counter():
     bn.eval()
     assert bn.running_var._version == version  # the write that versions do not see
     want = torch.func.vmap(lambda x: model(x[None])[0])(x)
-    torch.testing.assert_close(traced(x), want, rtol=0, atol=0)
+    torch.testing.assert_close(traced(x), want)  # (a fused program may differ in the last bit)
 
