@@ -30,16 +30,22 @@ _ORIGINAL_APPLY = vars(torch.autograd.Function)["apply"]  # the classmethod obje
 _lock = threading.Lock()
 
 
-class _State:
+class _StateLocal(threading.local):
     depth = 0   # transforms (vmap, grad, vjp, jvp, ...) currently running a user function
     vmap = 0    # of which vmaps
 
 
-class _Depth:
-    """Differentiating transforms (grad, vjp, jvp, jacrev, jacfwd) running on this process: their
+class _DepthLocal(threading.local):
+    """Differentiating transforms (grad, vjp, jvp, jacrev, jacfwd) running on this thread: their
     state lives here, below the transforms that count it and the automatic tracing that reads it."""
 
     value = 0
+
+
+# Per thread: a transform running in one thread must not change what a transform in another does
+# (process-wide, a grad in one thread made another thread's results require grad).
+_State = _StateLocal()
+_Depth = _DepthLocal()
 
 
 def requires_grad(t: torch.Tensor, flag: bool = True) -> torch.Tensor:

@@ -79,6 +79,7 @@ class AutoTraced:
         self.traced = TracedFunction(fn, fallback="eager", cache_size=cache_size, auto=True)
         self.impure: str | None = None
         self.eager_calls = 0
+        self._state_changes = 0  # watched runs during which the state they read changed
         self._guard: StateGuard | None = None  # the state the verified signatures ran under
         self._signatures: dict[Any, str] = {}  # signature key -> _REPLAY / _EAGER (valid under _guard)
         self._modules: dict[int, torch.nn.Module] = {}  # Modules seen running, guarded from then on
@@ -145,7 +146,14 @@ class AutoTraced:
         elif fallbacks.total:
             self._mark_impure(f"its eager run used the for-loop fallback ({', '.join(fallbacks.counts)})")
         elif not before.holds() or _settings() != settings:
-            self._mark_impure("the state it reads (or a torch setting) changed while it ran")
+            # Once may be a library settling (a lazy import rebinding torch.manual_seed): verify
+            # again from scratch; twice is the function's own doing: eager for good.
+            self._state_changes += 1
+            if self._state_changes >= 2:
+                self._mark_impure("the state it reads (or a torch setting) changed while it ran")
+            else:
+                self._reset()
+                return out
         if self.impure is not None:
             return out
         self._modules.update(seen.modules)
