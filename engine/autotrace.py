@@ -17,8 +17,9 @@ loop, pays nothing), then:
    (stores into globals, attributes, captured containers or nonlocals; print/I/O, Python `random`,
    `time`, list.append...; stateful torch calls such as manual_seed, backward, Module.train). A
    run with any effect, or that used the engine's for-loop fallback (which must keep warning or
-   raising per its policy), or during which the state below changed, makes the function eager
-   for good. A run whose result requires grad (it is part of an outer autograd graph a replay
+   raising per its policy), makes the function eager for good; a run during which the state
+   below changed is verified again once (a library may settle during a first call), and makes
+   it eager for good the second time. A run whose result requires grad (it is part of an outer autograd graph a replay
    would not rebuild), or holds non-tensor values other than atoms, keeps that signature eager;
 2. the state the run depended on is recorded by engine.guardstate (closure cells and globals the
    code names, attributes and hooks of the Modules that ran or are reachable, captured containers,
@@ -33,8 +34,17 @@ loop, pays nothing), then:
    replay whose branch differs runs eagerly.
 Random ops stay ops in the graph, so replays draw fresh values like eager calls.
 
+What is guarded, by class of state (scalars by their exact bits, buffers by content, attribute
+reads through anything reached, modules however reached), is written down in engine.guardstate.
+
+What is recorded belongs to what a callable is, not to the callable object: the public transforms
+are `traced_transform`s, and equal constructions (the same transform chain, options and root
+function) share one AutoTraced, so `engine.grad(f)(x)` written inline in a loop replays too.
+
 What is not proven stays eager, silently: the results are always the eager ones. Switch it off
-with `engine.auto_tracing(False)` (a context manager) or VMAPBENCH_AUTO_TRACE=0.
+with `engine.auto_tracing(False)` (a context manager) or VMAPBENCH_AUTO_TRACE=0. Shadow
+verification (`engine.auto_tracing(verify=True)`, VMAPBENCH_AUTO_TRACE=verify) runs the eager call
+beside every replay and raises ReplayMismatchError where they differ: the net under every change.
 """
 from __future__ import annotations
 
