@@ -21,7 +21,7 @@ import statistics
 import tempfile
 import threading
 import time
-from contextlib import contextmanager
+from contextlib import contextmanager, suppress
 from typing import Any, Callable, Iterable, Iterator, Mapping
 
 import torch
@@ -233,7 +233,13 @@ def fallback_count(fn: Callable[[], Any]) -> int:
 
 @contextmanager
 def fresh_inductor_cache() -> Iterator[str]:
-    """Point TORCHINDUCTOR_CACHE_DIR at an empty folder for the block (removed afterwards)."""
+    """Point TORCHINDUCTOR_CACHE_DIR at an empty folder for the block, then merge what the block
+    compiled into the previous cache folder (if one was set) and remove the temporary one.
+
+    The block measures a cold compile; merging its artifacts afterwards means the run's other
+    processes (the case's pass, which calls the same compiled method) find them on disk instead
+    of compiling cold a second time (26 s of `make bench` for compiled_logreg_hessian alone).
+    """
     previous = os.environ.get("TORCHINDUCTOR_CACHE_DIR")
     folder = tempfile.mkdtemp(prefix="vmapbench-inductor-")
     os.environ["TORCHINDUCTOR_CACHE_DIR"] = folder
@@ -244,6 +250,8 @@ def fresh_inductor_cache() -> Iterator[str]:
             os.environ.pop("TORCHINDUCTOR_CACHE_DIR", None)
         else:
             os.environ["TORCHINDUCTOR_CACHE_DIR"] = previous
+            with suppress(OSError):  # a cache that cannot be written only costs time
+                shutil.copytree(folder, previous, dirs_exist_ok=True)
         shutil.rmtree(folder, ignore_errors=True)
 
 

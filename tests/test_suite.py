@@ -303,11 +303,25 @@ def test_interleaved_seconds_alternates_and_times_every_callable():
     assert calls["a"] >= 4 and calls["b"] >= 4  # one estimate call + at least 3 rounds
 
 
-def test_fresh_inductor_cache_is_empty_and_restored(monkeypatch):
-    monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", "/somewhere")
+def test_fresh_inductor_cache_is_empty_restored_and_merged(monkeypatch, tmp_path):
+    previous = tmp_path / "cache"
+    (previous / "old").mkdir(parents=True)
+    monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", str(previous))
     with probes.fresh_inductor_cache() as folder:
         assert os.environ["TORCHINDUCTOR_CACHE_DIR"] == folder and not os.listdir(folder)
-    assert os.environ["TORCHINDUCTOR_CACHE_DIR"] == "/somewhere" and not os.path.exists(folder)
+        os.makedirs(os.path.join(folder, "fxgraph", "ab"))
+        with open(os.path.join(folder, "fxgraph", "ab", "entry"), "w") as f:
+            f.write("compiled")
+    assert os.environ["TORCHINDUCTOR_CACHE_DIR"] == str(previous) and not os.path.exists(folder)
+    # what the cold compile wrote is kept for the run's later processes, beside what was there
+    assert (previous / "fxgraph" / "ab" / "entry").read_text() == "compiled" and (previous / "old").is_dir()
+
+
+def test_fresh_inductor_cache_without_a_previous_one(monkeypatch):
+    monkeypatch.delenv("TORCHINDUCTOR_CACHE_DIR", raising=False)
+    with probes.fresh_inductor_cache() as folder:
+        assert os.environ["TORCHINDUCTOR_CACHE_DIR"] == folder
+    assert "TORCHINDUCTOR_CACHE_DIR" not in os.environ and not os.path.exists(folder)
 
 
 def test_overhead_chain_is_the_same_computation_for_every_method():
