@@ -333,3 +333,11 @@ def test_the_probe_measures_the_suites_overhead_chain():
     times, errors = gate_probe.measure_overhead(budget_s=0.05, clock=gate_probe.CLOCKS["cpu"])
     assert not errors, errors
     assert {"native", "engine"} <= set(times) and all(t > 0 for v in times.values() for t in v)
+
+
+def test_probes_measure_one_tier(tmp_path, monkeypatch):
+    """The gate's measuring processes keep the fused tier off whatever the caller's environment
+    says: a program loaded from an earlier run's disk index mid-timing would switch tiers."""
+    monkeypatch.setenv("VMAPBENCH_FUSED", "1")
+    env = gate.probe_env(tmp_path)
+    assert env["VMAPBENCH_FUSED"] == "0" and env["PYTHONPATH"] == str(tmp_path)

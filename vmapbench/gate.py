@@ -255,6 +255,9 @@ def probe_env(tree: Path) -> dict[str, str]:
     env["PYTHONPATH"] = str(tree)
     env["OMP_NUM_THREADS"] = env["MKL_NUM_THREADS"] = "1"  # CPU time of one thread: no spin-waits
     env["PYTHONHASHSEED"] = "0"  # the same dict and set orders in every process: counts repeat
+    # The replay tier, never a fused program loaded mid-timing from what an earlier run left on
+    # disk (see suite/__init__.py): a fresh runner and this machine measure the same paths.
+    env["VMAPBENCH_FUSED"] = "0"
     env.setdefault("TORCHINDUCTOR_CACHE_DIR", str(Path.cwd() / ".inductor-cache"))
     return env
 
