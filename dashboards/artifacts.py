@@ -1,6 +1,7 @@
-"""The non-ASV inputs of the dashboard: the engine's OpInfo coverage report and profile folders.
+"""The non-ASV inputs of the dashboard: the engine's OpInfo coverage report, profile folders, the
+memory-limit experiment and the peer comparison (`python -m vmapbench.peer_ratios --write`).
 
-Both are optional. `make coverage` writes results/coverage/<name>.json; `make profile` writes one
+All are optional. `make coverage` writes results/coverage/<name>.json; `make profile` writes one
 folder per profiled case under results/profiles/, each with a summary.json next to its artifacts.
 """
 from __future__ import annotations
@@ -188,3 +189,40 @@ def load_memlimit(results_dir: str | Path) -> pd.DataFrame:
     if not frames:
         return pd.DataFrame(columns=MEMLIMIT_COLUMNS)
     return pd.concat(frames, ignore_index=True)
+
+
+PEER_RATIOS_DIR = "peer_ratios"
+
+
+@dataclass
+class PeerReport:
+    """One machine's newest peer comparison (results/peer_ratios/<machine>/<commit8>.json)."""
+
+    machine: str
+    commit: str
+    threads: Any
+    rows: list[dict[str, Any]]
+    path: Path
+
+
+def load_peer_ratios(results_dir: str | Path) -> list[PeerReport]:
+    """Per machine, its newest readable peer_ratios report (by the file's modification time, then
+    name); a file that is not such a report is skipped with a CorruptResultWarning naming it."""
+    root = Path(results_dir) / PEER_RATIOS_DIR
+    out = []
+    for machine_dir in sorted(p for p in root.glob("*") if p.is_dir()):
+        candidates = sorted(machine_dir.glob("*.json"), key=lambda p: (p.stat().st_mtime, p.name), reverse=True)
+        for path in candidates:
+            try:
+                data = json.loads(path.read_text(encoding="utf-8"))
+                rows = data["rows"]
+                if not isinstance(rows, list) or not all(isinstance(r, dict) and "workload" in r for r in rows):
+                    raise ValueError("'rows' must be a list of objects with a 'workload'")
+            except (OSError, ValueError, KeyError, TypeError) as exc:
+                warnings.warn(f"skipping {path}: not a peer_ratios report ({exc})", CorruptResultWarning,
+                              stacklevel=2)
+                continue
+            out.append(PeerReport(str(data.get("machine") or machine_dir.name), str(data.get("commit") or ""),
+                                  data.get("threads"), rows, path))
+            break
+    return out

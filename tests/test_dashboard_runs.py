@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
+import os
 import re
 import subprocess
 from pathlib import Path
@@ -183,3 +185,26 @@ def test_batched_estimates_are_the_gates_own() -> None:
             assert got is None
         else:
             assert got == pytest.approx((want.value, want.lo, want.hi, want.n), rel=1e-12)
+
+
+def test_peers_page_shows_compile_cost_from_peer_ratios(tmp_path: Path) -> None:
+    results = tmp_path / "results"
+    write_results(results, commits=1, machines=1, extras=False, workloads=(PEERS,))
+    folder = results / "peer_ratios" / "cpu-box"
+    folder.mkdir(parents=True)
+    row = {"workload": "bayes_hmc", "size": "model=logreg,chains=8", "ours": "engine_traced",
+           "samples": {"engine_traced": [0.002, 0.0021, 0.0019], "jax": [0.001, 0.001, 0.001],
+                       "torch_func": [0.01, 0.011, 0.009]},
+           "seconds": {"engine_traced": 0.002, "jax": 0.001, "torch_func": 0.01},
+           "first_call": {"engine_traced": {"cold": 31.5, "warm": 0.8}, "jax": {"cold": 1.2, "warm": 0.01}},
+           "break_even": {"engine_traced": 3938, "jax": math.inf}, "fused_state": "fused",
+           "skipped": {"backpack": "not a per-sample workload"}, "failed": {}}
+    (folder / "0a1b2c3d.json").write_text(json.dumps({"machine": "cpu-box", "commit": "0a1b2c3d" * 5,
+                                                      "threads": 1, "rows": [row]}))
+    (folder / "broken.json").write_text("{not json")
+    os.utime(folder / "broken.json", (0, 0))  # older: the newest readable report is the one shown
+    build_dashboard(results, tmp_path / "out")
+    page = (tmp_path / "out" / "peers.html").read_text(encoding="utf-8")
+    assert "Against jax.jit, compile cost included" in page and "commit <code>0a1b2c3d</code>" in page
+    assert "31.5 s / 800 ms" in page and ">3938<" in page and ">never<" in page
+    assert re.search(r"2(\.0+)?×", page) and "not a per-sample workload" in page

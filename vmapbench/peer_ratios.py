@@ -317,7 +317,8 @@ def write(rows: Sequence[Row], threads: int) -> Path:
     path = root / "results" / "peer_ratios" / machine / f"{commit[:8]}.json"
     path.parent.mkdir(parents=True, exist_ok=True)
     document = {"machine": machine, "commit": commit, "torch": torch.__version__, "threads": threads,
-                "rows": [{**asdict(r), "seconds": r.seconds, "best_peer": r.best_peer} for r in rows]}
+                "rows": [{**asdict(r), "seconds": r.seconds, "best_peer": r.best_peer,
+                          "break_even": {m: r.break_even(m) for m in r.first_call}} for r in rows]}
     path.write_text(json.dumps(document, indent=1) + "\n")
     return path
 

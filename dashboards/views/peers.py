@@ -7,6 +7,11 @@ the limit of its workload, and the largest batch each fits in a memory budget.
 - Memory limit: results/memlimit/<machine>/<commit8>.json (vmapbench memlimit, see
   dashboards.artifacts.load_memlimit): per workload and method the largest batch that ran within
   the budget, with its time per call there; methods that failed or were skipped say why.
+- Against jax.jit, compile cost included: results/peer_ratios/<machine>/<commit8>.json
+  (`python -m vmapbench.peer_ratios --write`): per workload ours (the default path after
+  engine.settle()), jax.jit and torch.func per call, ours / jax with the interval of its per-round
+  ratios, and ours' and jax's cold and warm first calls and break-even calls against torch.func.
+  A tier that costs more than it saves shows here, beside what it saves.
 Methods are read from the data (no fixed list): a method this dashboard has never heard of still
 gets a column, after the known ones.
 """
@@ -16,13 +21,13 @@ import math
 
 import pandas as pd
 
-from dashboards.artifacts import load_memlimit
+from dashboards.artifacts import PeerReport, load_memlimit, load_peer_ratios
 from dashboards.context import Context
 from dashboards.figures import ratio_bars
 from dashboards.numbers import KEY, change, figure_of, format_estimate, rows_by
 from dashboards.page import Page, esc, table
 from dashboards.theme import LIMIT_METHODS, format_value, method_color, method_label, method_order
-from vmapbench.stats import Estimate
+from vmapbench.stats import Estimate, estimate
 
 
 def distances(ctx: Context) -> tuple[pd.DataFrame, list[str]]:
@@ -146,6 +151,78 @@ def _num(value: object) -> bool:
     return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
 
 
+def _ms(seconds: object) -> str:
+    return format_value(seconds, "seconds") if _num(seconds) else "—"
+
+
+def _calls(n: object) -> str:
+    """Break-even calls as peer_ratios writes them: a count, inf (never: its steady call is not
+    faster than torch.func's), or NaN / missing (not measured)."""
+    if isinstance(n, (int, float)) and not isinstance(n, bool):
+        if n == math.inf:
+            return "never"
+        return f"{int(n)}" if math.isfinite(n) else "—"
+    return "—"
+
+
+def _peer_row(r: dict) -> tuple[list[tuple[str, object]], dict]:
+    samples = r.get("samples") or {}
+    seconds = r.get("seconds") or {}
+    first = r.get("first_call") or {}
+    even = r.get("break_even") or {}
+    ours = str(r.get("ours") or "")
+    vs_jax: tuple[str, object] = ("—", None)
+    if samples.get(ours) and samples.get("jax"):
+        per_round = [a / b for a, b in zip(samples[ours], samples["jax"]) if _num(a) and _num(b) and b > 0]
+        if per_round:
+            est = estimate(per_round)
+            css = ' class="vb-best"' if est.hi < 1 else ""
+            vs_jax = (f"<span{css}>{esc(format_estimate(est, 'x'))}</span>", est.value)
+
+    def first_calls(method: str) -> str:
+        f = first.get(method) or {}
+        return f"{esc(_ms(f.get('cold')))} / {esc(_ms(f.get('warm')))}"
+
+    state = r.get("fused_state")
+    cells = [(f"<b>{esc(r['workload'])}</b><br><small>{esc(r.get('size', ''))}</small>", r["workload"]),
+             (f"{esc(method_label(ours))}" + (f"<br><small>{esc(str(state)[:60])}</small>" if state else ""), ours),
+             (esc(_ms(seconds.get(ours))), seconds.get(ours)), (esc(_ms(seconds.get("jax"))), seconds.get("jax")),
+             (esc(_ms(seconds.get("torch_func"))), seconds.get("torch_func")), vs_jax,
+             (first_calls(ours), (first.get(ours) or {}).get("cold")), (esc(_calls(even.get(ours))), None),
+             (first_calls("jax"), (first.get("jax") or {}).get("cold")), (esc(_calls(even.get("jax"))), None)]
+    failed = {**(r.get("failed") or {}), **(r.get("skipped") or {})}
+    if failed:
+        cells[0] = (cells[0][0] + "".join(f'<br><small title="{esc(why)}">{esc(m)}: {esc(str(why)[:50])}</small>'
+                                          for m, why in failed.items()), r["workload"])
+    return cells, {"workload": r["workload"]}
+
+
+def _peer_ratios_section(page: Page, ctx: Context) -> None:
+    page.add("<h2>Against jax.jit, compile cost included</h2>")
+    reports: list[PeerReport] = load_peer_ratios(ctx.results.results_dir) if ctx.results.results_dir else []
+    if not reports:
+        page.notice("No peer comparison in <code>results/peer_ratios/&lt;machine&gt;/</code>. Run "
+                    "<code>python -m vmapbench.peer_ratios --write</code> (ours, jax.jit, torch.func and the "
+                    "other peers timed interleaved in one process, first calls cold and warm).")
+        return
+    page.add("<p>From <code>python -m vmapbench.peer_ratios</code>: every method timed interleaved in one "
+             "process, per call (median of the rounds); <b>ours ÷ jax</b> is the median of the per-round "
+             "ratios with its interval (highlighted where the whole interval is below 1). <b>First call, "
+             "cold / warm</b>: a fresh build's first call with nothing cached (ours: trace plus the fused "
+             "tier's compile; jax: trace plus XLA compile), then a second build's (ours loads its program "
+             "from the on-disk index). <b>Break-even</b>: calls after which the method, first call "
+             "included, has cost less than as many torch.func calls (never: its steady call is not "
+             "faster).</p>")
+    headers = ["workload · size", "ours", "ours per call", "jax per call", "torch.func per call", "ours ÷ jax",
+               "ours first call, cold / warm", "ours break-even", "jax first call, cold / warm",
+               "jax break-even"]
+    for rep in reports:
+        body = [_peer_row(r) for r in rep.rows]
+        threads = f" · {esc(str(rep.threads))} thread(s)" if rep.threads is not None else ""
+        page.add(f'<h3 class="vb-f" data-machine="{esc(rep.machine)}">{esc(rep.machine)}{threads} · commit '
+                 f'<code>{esc(rep.commit[:8])}</code></h3>' + table(headers, body, css="vb-compact"))
+
+
 def render(ctx: Context) -> Page:
     page = Page("peers.html", "Peers & limits", intro=(
         "<p>Every method side by side, ours and the peers a user would pick (torch.func, JAX "
@@ -169,4 +246,5 @@ def render(ctx: Context) -> Page:
         page.notice("No closed form / hand-vectorized method to measure against: "
                     + ", ".join(f"<code>{esc(w)}</code>" for w in without) + ".")
     _memlimit_section(page, ctx)
+    _peer_ratios_section(page, ctx)
     return page
