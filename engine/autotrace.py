@@ -116,12 +116,24 @@ class AutoTraced:
         guard = self._guard
         if guard is not None and not guard.holds():
             self._reset()
+        switch = _switch
+        if fast is not None and not switch.verify:
+            # The trace holds entries only for signatures verified for replay (_REPLAY): _reset and
+            # the bound on signatures clear both together. So a recorded entry is a replay verdict,
+            # found with one lookup.
+            traced = self.traced
+            entry = traced._fast.get(key)
+            if entry is not None:
+                switch.depth += 1  # engine.autoswitch.running, inlined: the transforms it reaches run eagerly
+                try:
+                    return traced._replay_hit(entry, args, kwargs, fast[1])
+                finally:
+                    switch.depth -= 1
         mode = self._signatures.get(key)
         if mode is _REPLAY:
-            switch = _switch
             if switch.verify:
                 return self._shadow(args, kwargs, fast, key)
-            switch.depth += 1  # engine.autoswitch.running, inlined: the transforms it reaches run eagerly
+            switch.depth += 1
             try:
                 return self.traced._call(args, kwargs, fast)
             finally:
@@ -131,6 +143,7 @@ class AutoTraced:
         if mode is None:  # a first call: a function called once pays nothing for being watched
             if len(self._signatures) >= _MAX_SIGNATURES:
                 self._signatures.clear()
+                self.traced.cache_clear()  # its entries stand for _REPLAY verdicts (see _call)
             self._signatures[key] = _SEEN
             return self._eager(args, kwargs)
         return self._verify(args, kwargs, key)
