@@ -31,9 +31,18 @@ function (a replay would not advance it), a buffer it cannot read or larger than
 more reachable state than `MAX_ITEMS` (guarding it would cost more than the replay saves):
 `unprovable` names it, and the caller keeps eager.
 
-The check is made cheap by doing in C what can be: identities are read with map/chain over the
-guarded containers (no Python frame per item), tuples and frozensets are not re-read (immutable:
-their items are guarded where they can change), and the comparison is one `operator.is_` map.
+The check is made cheap by doing in C what can be. Per call, `holds()` runs one tree of torch's
+C++ guards (`_NativeGuard`: the guard manager torch.compile's own guards run on) that checks every
+guarded dict by its version tag (a dict's tag moves on every write into it, so an unchanged tag
+proves unchanged contents without reading them), every tensor by torch's tensor-match guard, and
+cells, names, slots, list items and classes by identity, in one call with no Python frame per
+item; then torch's process settings and the few things the tree cannot express, in Python. Where
+the tree fails, the Python comparison decides (identities read with map/chain over the guarded
+containers; tuples and frozensets are not re-read, being immutable): a write that restored what
+was there holds, and the tags are taken anew. The check stays linear in the number of guarded
+containers (about 16 per Module), at a few tens of nanoseconds each: without dict watchers
+(Python 3.12's PyDict_AddWatcher) a write into a dict cannot announce itself, so a constant-time
+check would have to trust that nothing wrote, which is not proven.
 """
 from __future__ import annotations
 
