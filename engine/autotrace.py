@@ -99,6 +99,8 @@ class AutoTraced:
         return (self.fn,)
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        if _switch.depth:  # part of a traced run (transform_entry checks this before _call itself)
+            return self._eager(args, kwargs)
         return self._call(args, kwargs)
 
     def _call(self, args: tuple, kwargs: dict) -> Any:
@@ -121,23 +123,17 @@ class AutoTraced:
             # The trace holds entries only for signatures verified for replay (_REPLAY): _reset and
             # the bound on signatures clear both together. So a recorded entry is a replay verdict,
             # found with one lookup.
+            # The replay runs no Python of the function (a graph of aten ops; a failed branch check
+            # reruns it eagerly through running()), so it needs no traced-run depth of its own.
             traced = self.traced
             entry = traced._fast.get(key)
             if entry is not None:
-                switch.depth += 1  # engine.autoswitch.running, inlined: the transforms it reaches run eagerly
-                try:
-                    return traced._replay_hit(entry, args, kwargs, fast[1])
-                finally:
-                    switch.depth -= 1
+                return traced._replay_hit(entry, args, kwargs, fast[1])
         mode = self._signatures.get(key)
         if mode is _REPLAY:
             if switch.verify:
                 return self._shadow(args, kwargs, fast, key)
-            switch.depth += 1
-            try:
-                return self.traced._call(args, kwargs, fast)
-            finally:
-                switch.depth -= 1
+            return running(self.traced._call, args, kwargs, fast)  # it may record: a run of the function
         if mode is _EAGER:
             return self._eager(args, kwargs)
         if mode is None:  # a first call: a function called once pays nothing for being watched
@@ -350,12 +346,12 @@ _compiling = torch.compiler.is_compiling
 
 def _outermost() -> bool:
     """No transform, trace, mode or foreign transform is running: this call stands on its own.
-    (The checks are bound once: a module attribute lookup per check per call is most of their cost.)"""
+    (The checks are bound once: a module attribute lookup per check per call is most of their cost.
+    Being part of a traced run, `_switch.depth`, is checked by the callers, before they get here.)"""
     return (
         not _active
         and _State.depth == 0
         and _Depth.value == 0
-        and not _switch.depth
         and not _dispatch_modes()
         and not _function_modes()
         and _interpreters() is None
