@@ -22,7 +22,7 @@ AutoTraceOverhead: what automatic tracing (on by default) costs per call over an
 `engine.trace` of the same function, on the replay tier, for a tiny function and MLPs of 2, 16
 and 64 blocks (the models of `python -m vmapbench.bench_guards`):
 
-- track_auto_vs_trace_ratio: the default call's CPU time / engine.trace's, round by round,
+- track_ratio_vs_trace: the default call's CPU time / engine.trace's, round by round,
   interleaved in one process (time.process_time), the median over rounds (lower is better; 1.0
   would be free guards; issue #25 asks for at most 1.10 on every size).
 
@@ -247,7 +247,7 @@ class AutoTraceOverhead:
             raise NotImplementedError("AutoTraceOverhead measures on cpu, which is not in this run's devices")
         self.auto, self.traced = auto_and_traced(model)
 
-    def track_auto_vs_trace_ratio(self, model: str) -> float:
+    def track_ratio_vs_trace(self, model: str) -> float:
         import engine
 
         with engine.fused_tier(False):  # the replay tier on both sides: the guards' cost, not a tier's
@@ -255,8 +255,8 @@ class AutoTraceOverhead:
                                                  budget_s=1.0 if self.quick else 4.0, clock=time.process_time)
         return statistics.median(a / t for a, t in zip(samples["auto"], samples["trace"]))
 
-    track_auto_vs_trace_ratio.unit = "ratio"  # type: ignore[attr-defined]
-    track_auto_vs_trace_ratio.rounds = 1  # type: ignore[attr-defined]
+    track_ratio_vs_trace.unit = "ratio"  # type: ignore[attr-defined]
+    track_ratio_vs_trace.rounds = 1  # type: ignore[attr-defined]
 
 
 def report(sizes: list[str], modes: list[str], repeat: int, budget_s: float, device: str = "cpu") -> list[dict]:
