@@ -536,6 +536,17 @@ class TracedFunction:
                     return self._guard_failed(entry, args, kwargs)
         return self._call_slow(args, kwargs, fast)
 
+    def _replay_hit(self, entry: _Entry, args: tuple, kwargs: dict, flat: list) -> Any:
+        """`_call`'s hit path, for engine.autotrace, which found `entry` in `_fast` itself."""
+        self._hits += 1
+        if entry is not self._mru:
+            self._cache.move_to_end(entry.key)
+            self._mru = entry
+        try:
+            return self._replay(entry, flat)
+        except _GuardFailed:
+            return self._guard_failed(entry, args, kwargs)
+
     def _replay(self, entry: _Entry, flat: list) -> Any:
         if not self._auto:
             return entry.call(flat)

@@ -18,6 +18,14 @@ of it, what the engine does by default: eager first, watched, recorded, then rep
   in this process, interleaved (lower is better).
 - track_ratio_vs_torch_func: method's time / torch.func's, interleaved in this process.
 
+AutoTraceOverhead: what automatic tracing (on by default) costs per call over an explicit
+`engine.trace` of the same function, on the replay tier, for a tiny function and MLPs of 2, 16
+and 64 blocks (the models of `python -m vmapbench.bench_guards`):
+
+- track_ratio_vs_trace: the default call's CPU time / engine.trace's, round by round,
+  interleaved in one process (time.process_time), the median over rounds (lower is better; 1.0
+  would be free guards; issue #25 asks for at most 1.10 on every size).
+
 `python -m suite.bench_overhead` prints µs/op of every method and the ratios to torch.func for
 every size and mode, each measured interleaved in one process, `--repeat` times (min-max range).
 """
@@ -25,6 +33,7 @@ from __future__ import annotations
 
 import argparse
 import statistics
+import time
 from typing import Any, Callable
 
 import torch
@@ -181,6 +190,73 @@ class PerOpOverhead:
     track_ratio_vs_torch_func.skip_params = [  # type: ignore[attr-defined]
         (m, s, mo, d) for m in ("native", "torch_func") for s in SIZES for mo in MODES for d in selection.ALL_DEVICES
     ]
+
+
+AUTO_MODELS = ("tiny", "blocks=2", "blocks=16", "blocks=64")
+
+
+def auto_model(model: str) -> Callable[[torch.Tensor], torch.Tensor]:
+    """The loss a row of `vmap(grad(loss))` computes: `tiny` (sin, scale, sum) or an MLP of
+    `blocks=N` Linear(16, 16) + Tanh blocks, parameters frozen (a result that needs no grad is what
+    automatic tracing replays). Built here, not imported, so that older commits can be measured."""
+    if model == "tiny":
+        return lambda x: (x.sin() * 2).sum()
+    if not model.startswith("blocks=") or model not in AUTO_MODELS:
+        raise ValueError(f"unknown model {model!r}; valid: {', '.join(AUTO_MODELS)}")
+    layers: list[torch.nn.Module] = []
+    for _ in range(int(model.split("=")[1])):
+        layers += [torch.nn.Linear(16, 16), torch.nn.Tanh()]
+    net = torch.nn.Sequential(*layers).requires_grad_(False)
+    return lambda x: net(x).sum()
+
+
+def auto_and_traced(model: str) -> tuple[Callable[[], Any], Callable[[], Any]]:
+    """(the default call `engine.vmap(engine.grad(loss))(x)`, brought to replay; engine.trace of the
+    same transform), for a batch of 8 rows. NotImplementedError where this commit has no automatic
+    tracing, or the default call does not reach replay (the figure would not be the guards' cost)."""
+    import engine
+
+    if not hasattr(engine, "auto_tracing") or not hasattr(engine, "fused_tier"):
+        raise NotImplementedError("automatic tracing (engine.auto_tracing) does not exist at this commit")
+    from engine.autotrace import autotraced_state
+
+    torch.manual_seed(0)
+    loss = auto_model(model)
+    auto = engine.vmap(engine.grad(loss))
+    traced = engine.trace(engine.vmap(engine.grad(loss)))
+    x = torch.randn(8, 16, generator=torch.Generator().manual_seed(0))
+    with engine.fused_tier(False):
+        for _ in range(4):  # eager, watched, recorded, replayed
+            auto(x), traced(x)
+    state = autotraced_state(auto)
+    if state is None or state.impure is not None or state.traced.cache_info().hits == 0:
+        raise NotImplementedError(f"{model}: the default call did not reach replay ({state and state.impure})")
+    return (lambda: auto(x)), (lambda: traced(x))
+
+
+class AutoTraceOverhead:
+    params = [list(AUTO_MODELS)]
+    param_names = ["model"]
+    version = selection.SUITE_VERSION
+    timeout = 300.0
+    quick = selection.active_profile() == "quick"
+
+    def setup(self, model: str) -> None:
+        probes.pin_threads()
+        if "cpu" not in selection.active_devices():
+            raise NotImplementedError("AutoTraceOverhead measures on cpu, which is not in this run's devices")
+        self.auto, self.traced = auto_and_traced(model)
+
+    def track_ratio_vs_trace(self, model: str) -> float:
+        import engine
+
+        with engine.fused_tier(False):  # the replay tier on both sides: the guards' cost, not a tier's
+            samples = probes.interleaved_samples({"auto": self.auto, "trace": self.traced}, "cpu", rounds=9,
+                                                 budget_s=1.0 if self.quick else 4.0, clock=time.process_time)
+        return statistics.median(a / t for a, t in zip(samples["auto"], samples["trace"]))
+
+    track_ratio_vs_trace.unit = "ratio"  # type: ignore[attr-defined]
+    track_ratio_vs_trace.rounds = 1  # type: ignore[attr-defined]
 
 
 def report(sizes: list[str], modes: list[str], repeat: int, budget_s: float, device: str = "cpu") -> list[dict]:

@@ -338,6 +338,20 @@ def test_overhead_chain_is_the_same_computation_for_every_method():
             torch.testing.assert_close(out, ref, rtol=1e-4, atol=1e-5)
 
 
+def test_auto_trace_overhead_compares_the_default_call_with_engine_trace(quick_profile):
+    from suite import bench_overhead
+
+    case = bench_overhead.AutoTraceOverhead()
+    asv_setup(case, "track_ratio_vs_trace", "tiny")
+    # Both callables compute the same thing: the default call replays engine.trace's graph.
+    torch.testing.assert_close(case.auto(), case.traced(), rtol=0, atol=0)
+    ratio = case.track_ratio_vs_trace("tiny")
+    assert math.isfinite(ratio) and ratio > 0
+    assert bench_overhead.AutoTraceOverhead.params == [["tiny", "blocks=2", "blocks=16", "blocks=64"]]
+    with pytest.raises(ValueError, match="unknown model"):
+        bench_overhead.auto_model("blocks=3")
+
+
 # --- the drivers -------------------------------------------------------------------------------
 
 def test_na_row_filter_drops_only_rows_without_values():
