@@ -434,7 +434,8 @@ install_dispatch(_torch_dispatch)
 
 def _without_rule(func: Any, info: LevelInfo, args: tuple, kwargs: dict) -> Any:
     """An op without a rule (or with a batched keyword argument): a custom op's own implementation,
-    else its decomposition, else the for-loop fallback."""
+    else its decomposition, else the for-loop fallback. An out= variant is refused first (`_check_out`)."""
+    _check_out(func, info.level, kwargs)
     if not op_meta(func).mutated:
         custom = run_custom_op(func, args, kwargs)
         if custom is not NotImplemented:
@@ -447,6 +448,24 @@ def _without_rule(func: Any, info: LevelInfo, args: tuple, kwargs: dict) -> Any:
         if written is not NotImplemented:
             return written
     return fallback(func, info, args, kwargs)
+
+
+def _check_out(func: Any, level: int, kwargs: dict) -> None:
+    """Refuse an out= variant called with an out= tensor while an input is batched."""
+    meta = op_meta(func)
+    for name in meta.out_names:
+        out = kwargs.get(name)
+        if isinstance(out, torch.Tensor):
+            # Refused whether or not `out` is batched, as torch.func refuses it: an unbatched out= would
+            # take every element's write into the same memory, and a batched one is resized per element
+            # when the result's shape differs (a slice of the batch resized over its neighbours' memory).
+            batched = type(out) is BatchedTensor and out._level == level
+            why = ("each element's result would be resized inside the batched out= tensor" if batched else
+                   "it is not batched, so each batch element would write into the same memory")
+            raise VmapError(
+                f"vmap: {op_name(func)} writes its result into out= ({name!r}) while an input is batched: {why}. "
+                f"Call the op without out= and use its result (torch.func refuses out= ops under vmap too)."
+            )
 
 
 def _inplace_by_twin(func: Any, info: LevelInfo, args: tuple, kwargs: dict) -> Any:
@@ -613,14 +632,6 @@ def fallback(func: Any, info: LevelInfo, args: tuple, kwargs: dict) -> Any:
     if meta.mutated:
         dims = [0 if (type(a) is BatchedTensor and a._level == level) else None for a in args]
         _check_inplace(func, meta, dims)
-    for name in meta.out_names:
-        out = kwargs.get(name)
-        if isinstance(out, torch.Tensor) and not (type(out) is BatchedTensor and out._level == level):
-            raise VmapError(
-                f"vmap: {op_name(func)} writes its result into out= ({name!r}), a tensor that is not batched, "
-                f"while an input is batched: each batch element would write into the same memory. Call the op "
-                f"without out= and use its result (torch.func refuses out= ops under vmap altogether)."
-            )
     same = meta.random and info.randomness == "same"
     rng = _RngReplay(args, kwargs.get("generator")) if same else None
     results = []

@@ -10,7 +10,7 @@ from torch.utils._pytree import _broadcast_to_and_flatten, tree_flatten, tree_un
 from engine._batched import BatchedTensor, enter, is_batched_at, leave, pop_level, push_level
 from engine._dispatch import VmapMode
 from engine._guards import checked, transform_scope
-from engine.errors import VmapError
+from engine.errors import OutDimError, VmapError
 from engine.rules.rnn import batched_initial_state
 
 _RANDOMNESS = ("error", "different", "same")
@@ -72,12 +72,14 @@ def _tensor_in_dims(in_dims: Any, args: tuple) -> list | None:
 
 
 def _flat_in_dims(func: Callable, in_dims: Any, args: tuple, spec: Any) -> list:
-    if isinstance(in_dims, list):
-        in_dims = tuple(in_dims)
+    # A top-level list is refused as torch.func refuses it: the positional arguments are a tuple,
+    # so a list prefix would only match by a conversion torch.func does not make (and a list
+    # argument's in_dims is then ambiguous). Lists deeper in the tree match list arguments.
     if not isinstance(in_dims, (int, tuple)) and in_dims is not None:
+        hint = f" Pass a tuple: in_dims={tuple(in_dims)!r}." if isinstance(in_dims, list) else ""
         raise VmapError(
-            f"vmap({_fname(func)}, in_dims={in_dims!r}, ...): expected in_dims to be int or a (potentially "
-            f"nested) tuple matching the structure of inputs, got: {type(in_dims).__name__}."
+            f"vmap({_fname(func)}, in_dims={in_dims!r}, ...): expected `in_dims` to be int or a (potentially "
+            f"nested) tuple matching the structure of inputs, got: {type(in_dims).__name__}.{hint}"
         )
     if isinstance(in_dims, tuple) and len(in_dims) != len(args):
         raise VmapError(
@@ -144,15 +146,7 @@ def _vmap_call(func, flat_args, flat_dims, spec, size, out_dims, randomness, kwa
 def _unwrap_outputs(func, out, out_dims, level, size, entries=None):
     if type(out_dims) is int and isinstance(out, torch.Tensor):  # one tensor out: no pytree walk
         return _unwrap_one(func, 0, out, out_dims, level, size, entries)
-    flat_out, out_spec = tree_flatten(out)
-    if isinstance(out_dims, list):
-        out_dims = tuple(out_dims)
-    flat_dims = _broadcast_to_and_flatten(out_dims, out_spec)
-    if flat_dims is None:
-        raise VmapError(
-            f"vmap({_fname(func)}, ..., out_dims={out_dims!r})(<inputs>): out_dims is not compatible with the "
-            f"structure of `outputs`. out_dims has structure {tree_flatten(out_dims)[1]} but outputs has structure {out_spec}."
-        )
+    flat_out, out_spec, flat_dims = _out_dims_for(func, out, out_dims)
     result = [_unwrap_one(func, i, o, d, level, size, entries) for i, (o, d) in enumerate(zip(flat_out, flat_dims))]
     return tree_unflatten(result, out_spec)
 
@@ -176,18 +170,18 @@ def _unwrap_one(func, i, o, d, level, size, entries=None):
         return o
     if not isinstance(d, int):
         raise VmapError(f"vmap({_fname(func)}, ...): out_dims entries must be int or None, got {d!r}.")
+    nd = o.dim() + 1
+    if not -nd <= d < nd:
+        raise OutDimError(
+            f"vmap({_fname(func)}, ..., out_dims={d}): Dimension out of range: output {i} has {nd} dims (batch "
+            f"dim included), so out_dim must satisfy -{nd} <= out_dim < {nd}."
+        )
     base = o._base if entries and type(o) is BatchedTensor else None
     if base is None and entries and id(o) in entries and o._elem is entries[id(o)] and o._version == 0 and d % (o.dim() + 1) == 0:
         return o._elem  # the input itself, returned untouched: torch.func returns that tensor too
     t = leave(o, level, size)
     if base is not None and id(base) in entries:
         t = _as_view_of_input(t, entries[id(base)], base)
-    nd = t.dim()
-    if not -nd <= d < nd:
-        raise VmapError(
-            f"vmap({_fname(func)}, ..., out_dims={d}): output {i} has {nd} dims (batch dim included), so out_dim "
-            f"must satisfy -{nd} <= out_dim < {nd}."
-        )
     return t if d % nd == 0 else t.movedim(0, d)
 
 
@@ -240,10 +234,20 @@ def _call_single(func, flat_args, flat_dims, spec, i, kwargs):
 
 
 def _out_dims_for(func, out, out_dims):
+    """The outputs flattened, their spec, and one out_dim per output. out_dims is a pytree prefix
+    of the outputs (a list matches a list output only, as in torch.func); a function returning one
+    tensor also accepts a 1-tuple `(d,)`, as torch.func does."""
     flat, out_spec = tree_flatten(out)
-    dims = _broadcast_to_and_flatten(tuple(out_dims) if isinstance(out_dims, list) else out_dims, out_spec)
+    if isinstance(out, torch.Tensor) and type(out_dims) is tuple and len(out_dims) == 1:
+        out_dims = out_dims[0]
+    dims = _broadcast_to_and_flatten(out_dims, out_spec)
     if dims is None:
-        raise VmapError(f"vmap({_fname(func)}, ..., out_dims={out_dims!r}): out_dims is not compatible with the outputs' structure {out_spec}.")
+        raise VmapError(
+            f"vmap({_fname(func)}, ..., out_dims={out_dims!r})(<inputs>): out_dims is not compatible with the "
+            f"structure of `outputs`. out_dims has structure {tree_flatten(out_dims)[1]} but outputs has structure "
+            f"{out_spec}. Give one int or None per output, nested as the outputs are (tuples for tuples, lists "
+            f"for lists), or one int for all."
+        )
     return flat, out_spec, dims
 
 

@@ -11,6 +11,10 @@ class VmapError(ValueError, RuntimeError):
     """A vmap call that cannot be honoured as written (bad in_dims, mismatched sizes, ...)."""
 
 
+class OutDimError(VmapError, IndexError):
+    """An out_dim outside an output's dims (torch.func raises IndexError there)."""
+
+
 class TransformError(RuntimeError, ValueError):
     """A transform called in a way it cannot honour (non-scalar grad, bad argnums, bad has_aux output)."""
 

@@ -247,23 +247,49 @@ def vjp(func: Callable, *primals: Any, has_aux: bool = False) -> tuple:
     _check_outputs(func, flat_out, "vjp(f, *primals)")
     create = create or _outer_dependence(flat_out, entry)
 
-    def vjp_fn(*cotangents: Any) -> tuple:
-        cts = cotangents[0] if len(cotangents) == 1 and not isinstance(out, tuple) else cotangents
-        flat_ct, ct_spec = tree_flatten(cts)
-        if len(flat_ct) != len(flat_out):
-            raise TransformError(
-                f"vjp_fn: expected cotangents with the structure of the output ({out_spec}), got {ct_spec}."
-            )
+    def vjp_fn(cotangents: Any, *more: Any, retain_graph: bool = True, create_graph: bool | None = None) -> tuple:
+        """The gradients for `cotangents` (one per output, with the outputs' structure), like
+        torch.func's `vjp_fn(cotangents, retain_graph=True, create_graph=None)`. Extra positional
+        bools/None are those two flags (torch.func's positional form); extra positional tensors
+        spread a tuple output's cotangents over the arguments (`vjp_fn(ca, cb)` for `(a, b)`)."""
+        if more and len(more) <= 2 and all(m is None or isinstance(m, bool) for m in more):
+            retain_graph, create_graph = (*more, create_graph)[:2] if len(more) == 2 else (more[0], create_graph)
+            more = ()
+        cts = _match_cotangents(cotangents, more, out_spec)
+        flat_ct = tree_flatten(cts)[0]
         for o, c in zip(flat_out, flat_ct):
+            if not isinstance(c, torch.Tensor):
+                raise TransformError(f"vjp_fn: expected a tensor cotangent for each output, got a {type(c).__name__}.")
             if o.shape != c.shape:
                 raise TransformError(f"vjp_fn: cotangent of shape {tuple(c.shape)} for an output of shape {tuple(o.shape)}.")
         with _no_inference(), torch.enable_grad():
-            gs = _grads(flat_out, inputs, flat_ct, create_graph=create or _create_graph(flat_ct))
+            # The graph is kept when something outside differentiates through the result (the engine's
+            # rule, which gives torch.func's results); create_graph=False drops it as torch.func does,
+            # and True asks for nothing more: with no outer transform, torch.func's graph ends at the
+            # level that returns, so its gradients come back constant too.
+            make_graph = create_graph is not False and (create or _create_graph(flat_ct))
+            gs = _grads(flat_out, inputs, flat_ct, create_graph=make_graph, retain_graph=retain_graph)
         return tree_unflatten(gs, spec)
 
     if has_aux:
         return _out(out, create), vjp_fn, _detach_aux(aux, create)
     return _out(out, create), vjp_fn
+
+
+def _match_cotangents(first: Any, more: tuple, out_spec: Any) -> Any:
+    """The cotangents given to a vjp_fn, with exactly the outputs' pytree structure: `first` itself,
+    or `(first, *more)` when spread over positional arguments. Anything else is refused (counting
+    leaves alone would pair cotangents with the wrong outputs when the nesting differs)."""
+    if not more and tree_flatten(first)[1] == out_spec:
+        return first
+    spread = (first, *more)
+    if tree_flatten(spread)[1] == out_spec:
+        return spread
+    raise TransformError(
+        f"vjp_fn: Expected pytree structure of the cotangents to match the outputs': the outputs have structure "
+        f"{out_spec}, the cotangents {tree_flatten(first if not more else spread)[1]}. "
+        f"Pass one cotangent per output, nested as the outputs are."
+    )
 
 
 def _out(out: Any, keep: bool) -> Any:

@@ -560,6 +560,44 @@ _rand_case("kthvalue_k_out_of_range_refused", lambda m: m.vmap(lambda t: torch.k
 _rand_case("masked_scatter_non_bool_mask_refused", lambda m: m.vmap(torch.masked_scatter)(
     torch.zeros(2, 3), torch.ones(2, 3, dtype=torch.uint8), torch.ones(2, 3)))
 
+# argument checks of vmap and vjp_fn (functorch's own tests, issue #26)
+_X3, _Y3 = torch.arange(3.0), torch.arange(3.0) + 1
+_rand_case("in_dims_top_level_list_refused", lambda m: m.vmap(torch.mul, [0, 0])(_X3, _Y3))
+_rand_case("in_dims_list_for_a_list_argument_refused", lambda m: m.vmap(lambda z: z[0] + z[1], in_dims=[0, 0])([_X3, _Y3]))
+_rand_case("in_dims_set_refused", lambda m: m.vmap(torch.mul, {0})(_X3, _Y3))
+_rand_case("in_dims_nested_list_matches_a_list_argument", lambda m: m.vmap(lambda z: z[0] * z[1], in_dims=([0, None],))(
+    [_X3, torch.tensor(2.0)]))
+for _d in (3, -4):
+    # the identity function returns its input untouched: the range is checked before that shortcut
+    _rand_case(f"out_dims_{_d}_out_of_range_identity", lambda m, d=_d: m.vmap(lambda t: t, out_dims=d)(torch.ones(2, 3, 5)))
+    _rand_case(f"out_dims_{_d}_out_of_range", lambda m, d=_d: m.vmap(lambda t: t * 2, out_dims=d)(torch.ones(2, 3, 5)))
+_rand_case("out_dims_one_tuple_for_one_tensor", lambda m: m.vmap(lambda t: t, out_dims=(1,))(torch.randn(2, 3)))
+_rand_case("out_dims_one_tuple_for_one_tensor_inplace", lambda m: m.vmap(torch.Tensor.acos_, out_dims=(1,))(torch.rand(2, 5)))
+_rand_case("out_dims_list_for_tuple_outputs_refused", lambda m: m.vmap(lambda t: (t, t), out_dims=[0, 1])(torch.randn(2, 3)))
+_rand_case("out_dims_list_for_list_outputs", lambda m: m.vmap(lambda t: [t, t * 2], out_dims=[0, 1])(torch.randn(2, 3)))
+_rand_case("equal_of_batched_refused", lambda m: m.vmap(torch.equal)(torch.randn(2, 3), torch.randn(2, 3)))
+_rand_case("out_into_batched_tensor_refused", lambda m: m.vmap(lambda a, b: torch.abs(a, out=b))(
+    torch.randn(2, 3), torch.zeros(2, 3)))
+_rand_case("out_resized_per_element_refused", lambda m: m.vmap(lambda a, b: torch.sum(a, 0, out=b))(
+    torch.randn(2, 3, 4), torch.zeros(2, 3)))
+for _fmt in ("channels_last", "channels_last_3d"):
+    _rand_case(f"is_contiguous_{_fmt}_refused", lambda m, f=_fmt: m.vmap(
+        lambda t: t * float(t.is_contiguous(memory_format=getattr(torch, f))))(torch.randn(3, 2, 7, 3)))
+_rand_case("is_contiguous_batch_not_in_front", lambda m: m.vmap(
+    m.vmap(lambda t: torch.tensor(float(t.is_contiguous())), in_dims=1))(torch.randn(3, 4, 5)))
+
+
+def _vjp_fn_call(m: Any, cotangents: Any, *flags: Any) -> Any:
+    _, fn = m.vjp(lambda x: (x.sin(), (x.cos(), x * 2)), torch.linspace(-1, 1, 3))
+    return fn(cotangents, *flags)
+
+
+_C3 = torch.ones(3)
+_rand_case("vjp_fn_cotangents_nested_otherwise_refused", lambda m: _vjp_fn_call(m, ((_C3, (_C3, _C3)),)))
+_rand_case("vjp_fn_cotangents_flat_refused", lambda m: _vjp_fn_call(m, (_C3, _C3, _C3)))
+_rand_case("vjp_fn_cotangents_as_the_outputs", lambda m: _vjp_fn_call(m, (_C3, (_C3 * 2, _C3 * 3))))
+_rand_case("vjp_fn_positional_retain_and_create_graph", lambda m: _vjp_fn_call(m, (_C3, (_C3, _C3)), True, True)[0].requires_grad)
+
 _rand_case("masked_fill_batched_value_not_0dim_refused", lambda m: m.vmap(
     lambda t, v: t.masked_fill(t > 0, v))(torch.randn(3, 2, 2), torch.randn(3, 1)))
 _rand_case("masked_fill_batched_0dim_value", lambda m: m.vmap(

@@ -114,6 +114,10 @@ def _tagged_pointwise_ops() -> list[Any]:
             continue
         if _is_out_variant(op) or any("[]" in str(a.type) for a in op._schema.arguments):
             continue
+        # `equal` is tagged pointwise but answers one Python bool for the whole tensor: a value that
+        # differs per batch element, which engine._dispatch refuses as data-dependent.
+        if any(str(r.type) != "Tensor" for r in op._schema.returns):
+            continue
         ops.append(op)
     return ops
 
