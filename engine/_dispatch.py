@@ -440,7 +440,7 @@ def _without_rule(func: Any, info: LevelInfo, args: tuple, kwargs: dict) -> Any:
         custom = run_custom_op(func, args, kwargs)
         if custom is not NotImplemented:
             return custom
-        decomposed = _try_decomposition(func, args, kwargs)
+        decomposed = _try_decomposition(func, args, kwargs, info.level)
         if decomposed is not NotImplemented:
             return decomposed
     else:
@@ -587,10 +587,11 @@ class _DecompositionFailed(Exception):
     pass
 
 
-def _try_decomposition(func: Any, args: tuple, kwargs: dict) -> Any:
+def _try_decomposition(func: Any, args: tuple, kwargs: dict, level: int) -> Any:
     decomp = _decomposition_for(func)
     if decomp is None:
         return NotImplemented
+    _check_arguments(func, args, kwargs, level)
     _DecompGuard.depth += 1
     try:
         if _DecompGuard.depth > 8:  # a decomposition that calls itself back: give up on decomposing
@@ -607,6 +608,43 @@ def _try_decomposition(func: Any, args: tuple, kwargs: dict) -> Any:
 
 class _DecompGuard:
     depth = 0
+
+
+# Signatures (op, argument shapes/dtypes, other arguments) whose per-element call the op accepts.
+_ACCEPTED: set = set()
+_ACCEPTED_KEPT = 4096
+
+
+def _signature(x: Any) -> Any:
+    if isinstance(x, torch.Tensor):
+        return (tuple(x.shape), x.dtype, x.device.type)
+    if type(x) in (list, tuple):
+        return tuple(_signature(b) for b in x)
+    return x if isinstance(x, (int, float, bool, str, type(None), torch.dtype, torch.device, torch.layout, torch.memory_format)) else repr(x)
+
+
+def _check_arguments(func: Any, args: tuple, kwargs: dict, level: int) -> None:
+    """Raise the op's own error when the per-element call is one the op refuses.
+
+    A decomposition checks less than the op (index_add's decomposition broadcasts a source of the
+    wrong shape where index_add refuses it), so running it on the batch would answer silently
+    where every element's call raises. The op itself runs once on the first element of each new
+    signature (op, shapes, dtypes, other arguments; meta kernels skip some of these checks), and
+    its error, if it raises one, is raised. Random ops are not run (the check would draw)."""
+    if op_meta(func).random:
+        return
+    try:
+        key = (func, _signature(args), _signature(tuple(sorted(kwargs.items()))))
+        hash(key)
+    except TypeError:
+        return
+    if key in _ACCEPTED:
+        return
+    if _find_level(args, kwargs)[1]:
+        func(*_slice(args, 0, level), **_slice_kwargs(kwargs, 0, level))
+    if len(_ACCEPTED) >= _ACCEPTED_KEPT:
+        _ACCEPTED.clear()
+    _ACCEPTED.add(key)
 
 
 # ---------------------------------------------------------------------------------------------

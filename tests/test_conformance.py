@@ -586,6 +586,24 @@ for _fmt in ("channels_last", "channels_last_3d"):
 _rand_case("is_contiguous_batch_not_in_front", lambda m: m.vmap(
     m.vmap(lambda t: torch.tensor(float(t.is_contiguous())), in_dims=1))(torch.randn(3, 4, 5)))
 
+# a decomposed op keeps the op's own argument checks (index_add's decomposition would broadcast)
+_rand_case("index_add_source_of_wrong_shape_refused", lambda m: m.vmap(lambda i: torch.index_add(torch.zeros(3, 2), 0, i, torch.ones(2)))(
+    torch.tensor([[0, 1], [1, 2]])))
+_rand_case("index_add_batched_self_source_of_wrong_shape_refused", lambda m: m.vmap(
+    lambda t, s: torch.index_add(t, 0, torch.tensor([0, 1]), s))(torch.zeros(2, 3, 2), torch.ones(2, 2)))
+_rand_case("index_add_batched_index", lambda m: m.vmap(lambda i: torch.index_add(torch.zeros(3, 2), 0, i, torch.ones(2, 2)))(
+    torch.tensor([[0, 1], [1, 2]])))
+# masked_fill with a batched value its self's dtype cannot hold
+_rand_case("masked_fill_batched_value_overflow_refused", lambda m: m.vmap(lambda t, v: t.masked_fill(t == 0, v))(
+    torch.zeros(3, 2, dtype=torch.uint8), torch.tensor([1.0, 2.0, 300.0])))
+_rand_case("masked_fill_batched_complex_value_into_real_refused", lambda m: m.vmap(lambda t, v: t.masked_fill(t == 0, v))(
+    torch.zeros(2, 2), torch.tensor([1 + 1j, 2 + 0j])))
+_rand_case("masked_fill_batched_value_that_fits", lambda m: m.vmap(lambda t, v: t.masked_fill(t == 0, v))(
+    torch.zeros(3, 2, dtype=torch.uint8), torch.tensor([1.0, 2.0, 255.0])))
+# a matrix op over an empty batch of vectors: no element to ask, still refused
+for _name, _op in (("qr", torch.linalg.qr), ("svdvals", torch.linalg.svdvals), ("svd", torch.linalg.svd), ("pinv", torch.linalg.pinv)):
+    _rand_case(f"{_name}_of_an_empty_batch_of_vectors_refused", lambda m, f=_op: m.vmap(f)(torch.empty(0, 0)))
+
 
 def _vjp_fn_call(m: Any, cotangents: Any, *flags: Any) -> Any:
     _, fn = m.vjp(lambda x: (x.sin(), (x.cos(), x * 2)), torch.linspace(-1, 1, 3))
