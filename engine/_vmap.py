@@ -176,13 +176,31 @@ def _unwrap_one(func, i, o, d, level, size, entries=None):
             f"vmap({_fname(func)}, ..., out_dims={d}): Dimension out of range: output {i} has {nd} dims (batch "
             f"dim included), so out_dim must satisfy -{nd} <= out_dim < {nd}."
         )
-    base = o._base if entries and type(o) is BatchedTensor else None
+    base = _view_source(o, entries) if entries and type(o) is BatchedTensor else None
     if base is None and entries and id(o) in entries and o._elem is entries[id(o)] and o._version == 0 and d % (o.dim() + 1) == 0:
         return o._elem  # the input itself, returned untouched: torch.func returns that tensor too
     t = leave(o, level, size)
-    if base is not None and id(base) in entries:
-        t = _as_view_of_input(t, entries[id(base)], base)
+    if base is not None:
+        a = entries[id(base)]
+        t = _as_view_of_input(t, a, base)
+        if type(t) is BatchedTensor and type(a) is BatchedTensor:
+            # Batched at an outer level: a view made here is recorded nowhere the outer vmap looks
+            # (its ops ran below autograd's view tracking), so the relation is kept on the wrapper
+            # for `_view_source` of the outer vmap, which re-views the plain result there.
+            t._vb_view_of = a
     return t if d % nd == 0 else t.movedim(0, d)
+
+
+def _view_source(o: torch.Tensor, entries: dict) -> Any:
+    """The batched entry (a key of `entries`) that `o` is a view of, or None: `o._base`, or the
+    relation an inner vmap recorded on a wrapper it returned (`_vb_view_of`), followed through
+    views of views (a movedim for out_dims, an inner vmap's result viewed again here)."""
+    b = o._base if o._base is not None else getattr(o, "_vb_view_of", None)
+    for _ in range(16):
+        if b is None or id(b) in entries:
+            return b
+        b = b._base if b._base is not None else getattr(b, "_vb_view_of", None)
+    return None
 
 
 def _as_view_of_input(t: torch.Tensor, a: torch.Tensor, entry: torch.Tensor) -> torch.Tensor:
@@ -198,17 +216,42 @@ def _as_view_of_input(t: torch.Tensor, a: torch.Tensor, entry: torch.Tensor) -> 
     long as nothing was written in place into `entry` or its views (its version is still 0); else,
     and for other dtypes or conj/neg bits, the result is left as is.
     """
-    if type(t) is not torch.Tensor or type(a) is not torch.Tensor or t is a:
+    if type(t) is not torch.Tensor or type(a) is not torch.Tensor:
         return t
-    if torch.is_grad_enabled() and (t.requires_grad or a.requires_grad):
+    grad = torch.is_grad_enabled() and (t.requires_grad or a.requires_grad)
+    if grad:
         if entry._version != 0:
             return t
-    elif t._base is not None:  # already a recorded view (of the entry's movedim, or an expansion)
+    elif t._base is not None and t is not a:  # already a recorded view (of the entry's movedim, or an expansion)
         return t
-    if (torch._C._is_alias_of(t, a) and a.dtype == t.dtype and a.is_conj() == t.is_conj()
-            and a.is_neg() == t.is_neg() and a.device == t.device):
+    if t is a:  # a view op whose rule returned the input's own memory (squeeze of a 0-dim element)
+        return a.view_as(a)
+    if not (torch._C._is_alias_of(t, a) and a.is_conj() == t.is_conj() and a.is_neg() == t.is_neg()
+            and a.device == t.device):
+        return t
+    if a.dtype == t.dtype:
         return a.as_strided(t.shape, t.stride(), t.storage_offset())
-    return t
+    if grad:  # a dtype-changing view (real, imag, view_as_real/complex) is re-viewed without gradients only
+        return t
+    return _dtype_view_of(a, t)
+
+
+def _dtype_view_of(a: torch.Tensor, t: torch.Tensor) -> torch.Tensor:
+    """`t`, a real view of complex `a`'s memory (torch.real, imag, view_as_real) or a complex view of
+    real `a`'s (view_as_complex), as a view of `a`: `a`'s whole storage viewed flat and
+    reinterpreted by view_as_real/view_as_complex (views that keep `_base`), then strided as `t`
+    is. Other dtype pairs, or a storage the pairing does not fit, leave `t` as is."""
+    n = a.untyped_storage().nbytes() // a.element_size()
+    try:
+        if a.is_complex() and t.dtype == a.dtype.to_real():
+            flat = torch.view_as_real(a.as_strided((n,), (1,), 0)).flatten()
+        elif t.is_complex() and a.dtype == t.dtype.to_real() and n % 2 == 0:
+            flat = torch.view_as_complex(a.as_strided((n // 2, 2), (2, 1), 0))
+        else:
+            return t
+        return flat.as_strided(t.shape, t.stride(), t.storage_offset())
+    except RuntimeError:
+        return t
 
 
 def _chunked(func, flat_args, flat_dims, spec, size, out_dims, randomness, kwargs, chunk_size):

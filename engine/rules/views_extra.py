@@ -9,6 +9,7 @@ import torch
 
 from engine.rules._helpers import lrank, materialize, norm_dim, pad_batched
 from engine.rules._table import RULES
+from engine.errors import DimOutOfRangeError
 
 aten = torch.ops.aten
 prims = torch.ops.prims
@@ -17,6 +18,11 @@ prims = torch.ops.prims
 def squeeze_dims_rule(info, in_dims, x, dims):
     rank = lrank(x, in_dims[0])
     dims = [dims] if isinstance(dims, int) else list(dims)
+    if rank == 0:  # a 0-dim element takes dims 0 and -1 (and squeezes nothing), as the op does
+        for d in dims:
+            if d not in (0, -1):
+                raise DimOutOfRangeError(f"squeeze: Dimension out of range (expected to be in range of [-1, 0], "
+                                         f"but got {d}): each element is 0-dim")
     phys = [norm_dim(d, rank) + 1 for d in dims if rank > 0]
     phys = [d for d in phys if x.shape[d] == 1]
     return (x.squeeze(phys) if phys else x), 0
