@@ -177,8 +177,12 @@ def _unwrap_one(func, i, o, d, level, size, entries=None):
             f"dim included), so out_dim must satisfy -{nd} <= out_dim < {nd}."
         )
     base = _view_source(o, entries) if entries and type(o) is BatchedTensor else None
-    if base is None and entries and id(o) in entries and o._elem is entries[id(o)] and o._version == 0 and d % (o.dim() + 1) == 0:
-        return o._elem  # the input itself, returned untouched: torch.func returns that tensor too
+    if base is None and entries and id(o) in entries and o._version == 0:
+        a = entries[id(o)]
+        if o._elem is a and d % nd == 0:
+            return a  # the input itself, returned untouched: torch.func returns that tensor too
+        if type(a) is torch.Tensor and type(o._elem) is torch.Tensor and _same_geometry(o._elem.movedim(0, d), a):
+            return a  # the same, entered at another dim and asked back at it (Tensor.contiguous returned self)
     t = leave(o, level, size)
     if base is not None:
         a = entries[id(base)]
@@ -189,6 +193,12 @@ def _unwrap_one(func, i, o, d, level, size, entries=None):
             # for `_view_source` of the outer vmap, which re-views the plain result there.
             t._vb_view_of = a
     return t if d % nd == 0 else t.movedim(0, d)
+
+
+def _same_geometry(t: torch.Tensor, a: torch.Tensor) -> bool:
+    """Whether `t` is `a`'s memory with `a`'s sizes, strides and offset (the same tensor seen twice)."""
+    return (t.shape == a.shape and t.stride() == a.stride() and t.storage_offset() == a.storage_offset()
+            and t.dtype == a.dtype and torch._C._is_alias_of(t, a))
 
 
 def _view_source(o: torch.Tensor, entries: dict) -> Any:

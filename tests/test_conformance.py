@@ -604,6 +604,16 @@ _rand_case("masked_fill_batched_value_that_fits", lambda m: m.vmap(lambda t, v: 
 for _name, _op in (("qr", torch.linalg.qr), ("svdvals", torch.linalg.svdvals), ("svd", torch.linalg.svd), ("pinv", torch.linalg.pinv)):
     _rand_case(f"{_name}_of_an_empty_batch_of_vectors_refused", lambda m, f=_op: m.vmap(f)(torch.empty(0, 0)))
 
+# linalg outputs and operands with batch dims of their own
+_rand_case("lu_unpack_of_an_empty_batch_of_matrices", lambda m: m.vmap(torch.lu_unpack)(
+    torch.randn(2, 0, 3, 5), torch.ones(2, 0, 3, dtype=torch.int32)))
+_SPD = torch.randn(4, 2, 3, 3)
+_SPD = _SPD @ _SPD.mT + 3 * torch.eye(3)
+_rand_case("ldl_solve_element_batch_beside_an_unbatched_rhs", lambda m: m.vmap(
+    lambda ld, p: torch.linalg.ldl_solve(ld, p, torch.ones(3, 2)))(*torch.linalg.ldl_factor(_SPD)))
+_rand_case("ldl_solve_rhs_batched_at_last", lambda m: m.vmap(
+    lambda ld, p, b: torch.linalg.ldl_solve(ld, p, b), in_dims=(None, None, -1))(*torch.linalg.ldl_factor(_SPD[0]), torch.randn(3, 2, 4)))
+
 
 def _vjp_fn_call(m: Any, cotangents: Any, *flags: Any) -> Any:
     _, fn = m.vjp(lambda x: (x.sin(), (x.cos(), x * 2)), torch.linspace(-1, 1, 3))

@@ -98,3 +98,16 @@ def test_squeeze_of_a_0dim_element_checks_the_dim() -> None:
     with pytest.raises(IndexError):
         engine.vmap(lambda t: torch.squeeze(t, dim=1))(torch.rand(4))
     torch.testing.assert_close(engine.vmap(lambda t: torch.squeeze(t, dim=-1))(torch.arange(4.0)), torch.arange(4.0))
+
+
+@pytest.mark.parametrize("fn_name", ["contiguous", "identity"])
+@pytest.mark.parametrize("in_dim,out_dim", [(2, 2), (2, 0), (0, 0), (-1, -1)])
+def test_returned_input_is_the_input_itself_as_in_torch_func(fn_name: str, in_dim: int, out_dim: int) -> None:
+    """A function that returns its input (Tensor.contiguous of an already contiguous element returns
+    self) gives back the very input tensor when asked at the dim it entered at, as torch.func does."""
+    fn = torch.Tensor.contiguous if fn_name == "contiguous" else (lambda t: t)
+    x = torch.randn(B0, 2, 5, 7).movedim(0, 2)
+    ref = tf.vmap(fn, in_dims=in_dim, out_dims=out_dim)(x)
+    got = engine.vmap(fn, in_dims=in_dim, out_dims=out_dim)(x)
+    torch.testing.assert_close(got, ref)
+    assert (got is x) == (ref is x)
