@@ -223,7 +223,8 @@ def _check_outputs(func: Callable, flat_out: list, api: str) -> None:
 
 
 def _detach_aux(aux: Any, keep: bool = True) -> Any:
-    return tree_map(lambda t: t.detach() if isinstance(t, torch.Tensor) and (not keep or not _Depth.value) else t, aux)
+    with _no_inference():  # as in `_out`
+        return tree_map(lambda t: t.detach() if isinstance(t, torch.Tensor) and (not keep or not _Depth.value) else t, aux)
 
 
 # ------------------------------------------------------------------------------------------------
@@ -293,7 +294,14 @@ def _match_cotangents(first: Any, more: tuple, out_spec: Any) -> Any:
 
 
 def _out(out: Any, keep: bool) -> Any:
-    return out if keep else tree_map(lambda t: t.detach() if isinstance(t, torch.Tensor) else t, out)
+    """The function's output, detached unless something outside differentiates through it. The
+    detach runs outside inference mode: under `torch.inference_mode()` a batched output (made by a
+    vmap inside, not an inference tensor) cannot be detached into an inference tensor sharing its
+    version counter, and torch.func returns such outputs as normal tensors too."""
+    if keep:
+        return out
+    with _no_inference():
+        return tree_map(lambda t: t.detach() if isinstance(t, torch.Tensor) else t, out)
 
 
 def grad_and_value(func: Callable, argnums: Any = 0, has_aux: bool = False) -> Callable:

@@ -371,3 +371,20 @@ def test_grad_of_vmap_over_a_closure_on_the_grad_input(outer):
     want = getattr(torch.func, outer)(f(torch.func))(W)
     torch.testing.assert_close(got, want)
     torch.testing.assert_close(got, X.sum(0))
+
+
+def test_transforms_under_inference_mode_return_normal_tensors_as_torch_func():
+    """grad/vjp called inside torch.inference_mode(): the output was detached in inference mode, which
+    a batched output (made by a vmap inside) cannot be ('Cannot set version_counter for inference
+    tensor'). torch.func answers with normal (non-inference) tensors."""
+    loss = lambda w: (w.sin() * w).sum()  # noqa: E731
+    x = torch.randn(3, 4)
+    with torch.inference_mode():
+        got = engine.vmap(engine.grad(loss))(x)
+        want = torch.func.vmap(torch.func.grad(loss))(x)
+        g, v = engine.vmap(engine.grad_and_value(loss))(x)
+        out, _ = engine.vjp(engine.vmap(torch.sin), x)
+    torch.testing.assert_close(got, want)
+    assert got.is_inference() == want.is_inference() == False  # noqa: E712
+    assert not v.is_inference() and not out.is_inference()
+    torch.testing.assert_close(v, (x.sin() * x).sum(1))
