@@ -236,9 +236,14 @@ def vjp(func: Callable, *primals: Any, has_aux: bool = False) -> tuple:
     flat, spec = tree_flatten(primals)
     outer = torch.is_grad_enabled()
     create = _create_graph(flat)
+    # Whether gradients made later by vjp_fn are differentiable by autograd outside, when vjp_fn is
+    # called with grad enabled: decided by the grad mode of that call, not of this one (torch.func:
+    # vjp under no_grad, vjp_fn outside it gives gradients that depend on the primals).
+    outside = _Depth.value > 0 or any(isinstance(t, torch.Tensor) and t.requires_grad for t in flat)
     entry = clock()
     with _differentiating():
-        inputs = [_prepare(t, outer) for t in flat]
+        # connected to the primals' graph even under no_grad, for that later vjp_fn
+        inputs = [_prepare(t, True) for t in flat]
         captures = _Captures(func)
         with transform_scope():
             raw = func(*tree_unflatten(inputs, spec))
@@ -246,7 +251,9 @@ def vjp(func: Callable, *primals: Any, has_aux: bool = False) -> tuple:
         out, aux = _split_aux(func, raw, has_aux, "vjp")
     flat_out, out_spec = tree_flatten(out)
     _check_outputs(func, flat_out, "vjp(f, *primals)")
-    create = create or _outer_dependence(flat_out, entry)
+    with torch.enable_grad():
+        outside = outside or _outer_dependence(flat_out, entry)
+    create = create or (outer and outside)
 
     def vjp_fn(cotangents: Any, *more: Any, retain_graph: bool = True, create_graph: bool | None = None) -> tuple:
         """The gradients for `cotangents` (one per output, with the outputs' structure), like
@@ -263,12 +270,13 @@ def vjp(func: Callable, *primals: Any, has_aux: bool = False) -> tuple:
                 raise TransformError(f"vjp_fn: expected a tensor cotangent for each output, got a {type(c).__name__}.")
             if o.shape != c.shape:
                 raise TransformError(f"vjp_fn: cotangent of shape {tuple(c.shape)} for an output of shape {tuple(o.shape)}.")
+        # The graph is kept when something outside differentiates through the result (the engine's
+        # rule, which gives torch.func's results) and grad is enabled at this call (under no_grad the
+        # gradients are constants, as torch.func's); create_graph=False drops it as torch.func does,
+        # and True asks for nothing more: with no outer transform, torch.func's graph ends at the
+        # level that returns, so its gradients come back constant too.
+        make_graph = create_graph is not False and torch.is_grad_enabled() and (outside or _create_graph(flat_ct))
         with _no_inference(), torch.enable_grad():
-            # The graph is kept when something outside differentiates through the result (the engine's
-            # rule, which gives torch.func's results); create_graph=False drops it as torch.func does,
-            # and True asks for nothing more: with no outer transform, torch.func's graph ends at the
-            # level that returns, so its gradients come back constant too.
-            make_graph = create_graph is not False and (create or _create_graph(flat_ct))
             gs = _grads(flat_out, inputs, flat_ct, create_graph=make_graph, retain_graph=retain_graph)
         return tree_unflatten(gs, spec)
 
