@@ -111,3 +111,17 @@ def test_returned_input_is_the_input_itself_as_in_torch_func(fn_name: str, in_di
     got = engine.vmap(fn, in_dims=in_dim, out_dims=out_dim)(x)
     torch.testing.assert_close(got, ref)
     assert (got is x) == (ref is x)
+
+
+def test_stft_of_a_signal_batched_innermost_in_memory_matches_torch_func() -> None:
+    """stft frames its 1-D input with as_strided; with the batch dim innermost in memory the
+    examples interleave, and the view still reads only each example's own samples."""
+    f = lambda t: torch.stft(t, 7, center=False, return_complex=True, window=torch.ones(7))  # noqa: E731
+    x = torch.randn(10, 3)
+    torch.testing.assert_close(engine.vmap(f, in_dims=-1)(x), tf.vmap(f, in_dims=-1)(x))
+    torch.testing.assert_close(engine.vmap(f, in_dims=-1)(x), torch.stack([f(x[:, i]) for i in range(3)]))
+
+
+def test_as_strided_reading_a_neighbour_of_an_interleaved_batch_is_refused() -> None:
+    with pytest.raises(RuntimeError, match="as_strided"):
+        engine.vmap(lambda t: t.as_strided((2,), (1,)), in_dims=-1)(torch.randn(4, 3))
