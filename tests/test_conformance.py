@@ -614,6 +614,12 @@ _rand_case("ldl_solve_element_batch_beside_an_unbatched_rhs", lambda m: m.vmap(
 _rand_case("ldl_solve_rhs_batched_at_last", lambda m: m.vmap(
     lambda ld, p, b: torch.linalg.ldl_solve(ld, p, b), in_dims=(None, None, -1))(*torch.linalg.ldl_factor(_SPD[0]), torch.randn(3, 2, 4)))
 
+_NZ = torch.ops.aten._new_zeros_with_same_feature_meta.default
+_rand_case("new_zeros_with_same_feature_meta_self_batched", lambda m: m.vmap(lambda a, b: _NZ(a, b, self_num_batch_dims=1),
+                                                                           in_dims=(0, None))(torch.randn(3, 4, 5), torch.randn(2, 3)))
+_rand_case("new_zeros_with_same_feature_meta_other_batched", lambda m: m.vmap(lambda a, b: _NZ(a, b), in_dims=(None, -1))(
+    torch.randn(5), torch.randn(2, 3, 4)))
+
 
 def _vjp_fn_call(m: Any, cotangents: Any, *flags: Any) -> Any:
     _, fn = m.vjp(lambda x: (x.sin(), (x.cos(), x * 2)), torch.linspace(-1, 1, 3))
