@@ -106,6 +106,20 @@ class BatchedTensor(torch.Tensor):
         value = "\n".join("    " + line if line else line for line in repr(self._elem).split("\n"))
         return f"BatchedTensor(lvl={depth}, bdim=0, value=\n{value}\n)"
 
+    def is_contiguous(self, memory_format: torch.memory_format = torch.contiguous_format) -> bool:  # type: ignore[override]
+        """The logical tensor's answer for the default format. Other formats (channels_last, ...) are
+        refused, as torch.func refuses them: the layout a rule gives a result with the batch dim in
+        front is not the layout each element would have had, so the answer would not be the
+        per-example one that code branching on it expects."""
+        if memory_format is not torch.contiguous_format:
+            from engine.errors import VmapError
+            raise VmapError(
+                f"vmap: is_contiguous(memory_format={memory_format}) cannot be answered for a batched tensor "
+                f"(only torch.contiguous_format can): call .contiguous(memory_format={memory_format}) "
+                f"instead of asking, or ask outside vmap."
+            )
+        return torch.Tensor.is_contiguous(self)
+
     # Tensor.tolist()/numpy() on a batched tensor are data-dependent: say so, do not segfault.
     def tolist(self):  # type: ignore[override]
         raise DataDependentError("vmap: .tolist() on a batched tensor depends on its data; return the tensor instead.")

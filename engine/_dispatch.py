@@ -434,12 +434,13 @@ install_dispatch(_torch_dispatch)
 
 def _without_rule(func: Any, info: LevelInfo, args: tuple, kwargs: dict) -> Any:
     """An op without a rule (or with a batched keyword argument): a custom op's own implementation,
-    else its decomposition, else the for-loop fallback."""
+    else its decomposition, else the for-loop fallback. An out= variant is refused first (`_check_out`)."""
+    _check_out(func, info.level, kwargs)
     if not op_meta(func).mutated:
         custom = run_custom_op(func, args, kwargs)
         if custom is not NotImplemented:
             return custom
-        decomposed = _try_decomposition(func, args, kwargs)
+        decomposed = _try_decomposition(func, args, kwargs, info.level)
         if decomposed is not NotImplemented:
             return decomposed
     else:
@@ -447,6 +448,24 @@ def _without_rule(func: Any, info: LevelInfo, args: tuple, kwargs: dict) -> Any:
         if written is not NotImplemented:
             return written
     return fallback(func, info, args, kwargs)
+
+
+def _check_out(func: Any, level: int, kwargs: dict) -> None:
+    """Refuse an out= variant called with an out= tensor while an input is batched."""
+    meta = op_meta(func)
+    for name in meta.out_names:
+        out = kwargs.get(name)
+        if isinstance(out, torch.Tensor):
+            # Refused whether or not `out` is batched, as torch.func refuses it: an unbatched out= would
+            # take every element's write into the same memory, and a batched one is resized per element
+            # when the result's shape differs (a slice of the batch resized over its neighbours' memory).
+            batched = type(out) is BatchedTensor and out._level == level
+            why = ("each element's result would be resized inside the batched out= tensor" if batched else
+                   "it is not batched, so each batch element would write into the same memory")
+            raise VmapError(
+                f"vmap: {op_name(func)} writes its result into out= ({name!r}) while an input is batched: {why}. "
+                f"Call the op without out= and use its result (torch.func refuses out= ops under vmap too)."
+            )
 
 
 def _inplace_by_twin(func: Any, info: LevelInfo, args: tuple, kwargs: dict) -> Any:
@@ -568,10 +587,11 @@ class _DecompositionFailed(Exception):
     pass
 
 
-def _try_decomposition(func: Any, args: tuple, kwargs: dict) -> Any:
+def _try_decomposition(func: Any, args: tuple, kwargs: dict, level: int) -> Any:
     decomp = _decomposition_for(func)
     if decomp is None:
         return NotImplemented
+    _check_arguments(func, args, kwargs, level)
     _DecompGuard.depth += 1
     try:
         if _DecompGuard.depth > 8:  # a decomposition that calls itself back: give up on decomposing
@@ -588,6 +608,43 @@ def _try_decomposition(func: Any, args: tuple, kwargs: dict) -> Any:
 
 class _DecompGuard:
     depth = 0
+
+
+# Signatures (op, argument shapes/dtypes, other arguments) whose per-element call the op accepts.
+_ACCEPTED: set = set()
+_ACCEPTED_KEPT = 4096
+
+
+def _signature(x: Any) -> Any:
+    if isinstance(x, torch.Tensor):
+        return (tuple(x.shape), x.dtype, x.device.type)
+    if type(x) in (list, tuple):
+        return tuple(_signature(b) for b in x)
+    return x if isinstance(x, (int, float, bool, str, type(None), torch.dtype, torch.device, torch.layout, torch.memory_format)) else repr(x)
+
+
+def _check_arguments(func: Any, args: tuple, kwargs: dict, level: int) -> None:
+    """Raise the op's own error when the per-element call is one the op refuses.
+
+    A decomposition checks less than the op (index_add's decomposition broadcasts a source of the
+    wrong shape where index_add refuses it), so running it on the batch would answer silently
+    where every element's call raises. The op itself runs once on the first element of each new
+    signature (op, shapes, dtypes, other arguments; meta kernels skip some of these checks), and
+    its error, if it raises one, is raised. Random ops are not run (the check would draw)."""
+    if op_meta(func).random:
+        return
+    try:
+        key = (func, _signature(args), _signature(tuple(sorted(kwargs.items()))))
+        hash(key)
+    except TypeError:
+        return
+    if key in _ACCEPTED:
+        return
+    if _find_level(args, kwargs)[1]:
+        func(*_slice(args, 0, level), **_slice_kwargs(kwargs, 0, level))
+    if len(_ACCEPTED) >= _ACCEPTED_KEPT:
+        _ACCEPTED.clear()
+    _ACCEPTED.add(key)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -613,14 +670,6 @@ def fallback(func: Any, info: LevelInfo, args: tuple, kwargs: dict) -> Any:
     if meta.mutated:
         dims = [0 if (type(a) is BatchedTensor and a._level == level) else None for a in args]
         _check_inplace(func, meta, dims)
-    for name in meta.out_names:
-        out = kwargs.get(name)
-        if isinstance(out, torch.Tensor) and not (type(out) is BatchedTensor and out._level == level):
-            raise VmapError(
-                f"vmap: {op_name(func)} writes its result into out= ({name!r}), a tensor that is not batched, "
-                f"while an input is batched: each batch element would write into the same memory. Call the op "
-                f"without out= and use its result (torch.func refuses out= ops under vmap altogether)."
-            )
     same = meta.random and info.randomness == "same"
     rng = _RngReplay(args, kwargs.get("generator")) if same else None
     results = []

@@ -10,7 +10,7 @@ from torch.utils._pytree import _broadcast_to_and_flatten, tree_flatten, tree_un
 from engine._batched import BatchedTensor, enter, is_batched_at, leave, pop_level, push_level
 from engine._dispatch import VmapMode
 from engine._guards import checked, transform_scope
-from engine.errors import VmapError
+from engine.errors import OutDimError, VmapError
 from engine.rules.rnn import batched_initial_state
 
 _RANDOMNESS = ("error", "different", "same")
@@ -72,12 +72,14 @@ def _tensor_in_dims(in_dims: Any, args: tuple) -> list | None:
 
 
 def _flat_in_dims(func: Callable, in_dims: Any, args: tuple, spec: Any) -> list:
-    if isinstance(in_dims, list):
-        in_dims = tuple(in_dims)
+    # A top-level list is refused as torch.func refuses it: the positional arguments are a tuple,
+    # so a list prefix would only match by a conversion torch.func does not make (and a list
+    # argument's in_dims is then ambiguous). Lists deeper in the tree match list arguments.
     if not isinstance(in_dims, (int, tuple)) and in_dims is not None:
+        hint = f" Pass a tuple: in_dims={tuple(in_dims)!r}." if isinstance(in_dims, list) else ""
         raise VmapError(
-            f"vmap({_fname(func)}, in_dims={in_dims!r}, ...): expected in_dims to be int or a (potentially "
-            f"nested) tuple matching the structure of inputs, got: {type(in_dims).__name__}."
+            f"vmap({_fname(func)}, in_dims={in_dims!r}, ...): expected `in_dims` to be int or a (potentially "
+            f"nested) tuple matching the structure of inputs, got: {type(in_dims).__name__}.{hint}"
         )
     if isinstance(in_dims, tuple) and len(in_dims) != len(args):
         raise VmapError(
@@ -144,15 +146,7 @@ def _vmap_call(func, flat_args, flat_dims, spec, size, out_dims, randomness, kwa
 def _unwrap_outputs(func, out, out_dims, level, size, entries=None):
     if type(out_dims) is int and isinstance(out, torch.Tensor):  # one tensor out: no pytree walk
         return _unwrap_one(func, 0, out, out_dims, level, size, entries)
-    flat_out, out_spec = tree_flatten(out)
-    if isinstance(out_dims, list):
-        out_dims = tuple(out_dims)
-    flat_dims = _broadcast_to_and_flatten(out_dims, out_spec)
-    if flat_dims is None:
-        raise VmapError(
-            f"vmap({_fname(func)}, ..., out_dims={out_dims!r})(<inputs>): out_dims is not compatible with the "
-            f"structure of `outputs`. out_dims has structure {tree_flatten(out_dims)[1]} but outputs has structure {out_spec}."
-        )
+    flat_out, out_spec, flat_dims = _out_dims_for(func, out, out_dims)
     result = [_unwrap_one(func, i, o, d, level, size, entries) for i, (o, d) in enumerate(zip(flat_out, flat_dims))]
     return tree_unflatten(result, out_spec)
 
@@ -176,19 +170,47 @@ def _unwrap_one(func, i, o, d, level, size, entries=None):
         return o
     if not isinstance(d, int):
         raise VmapError(f"vmap({_fname(func)}, ...): out_dims entries must be int or None, got {d!r}.")
-    base = o._base if entries and type(o) is BatchedTensor else None
-    if base is None and entries and id(o) in entries and o._elem is entries[id(o)] and o._version == 0 and d % (o.dim() + 1) == 0:
-        return o._elem  # the input itself, returned untouched: torch.func returns that tensor too
-    t = leave(o, level, size)
-    if base is not None and id(base) in entries:
-        t = _as_view_of_input(t, entries[id(base)], base)
-    nd = t.dim()
+    nd = o.dim() + 1
     if not -nd <= d < nd:
-        raise VmapError(
-            f"vmap({_fname(func)}, ..., out_dims={d}): output {i} has {nd} dims (batch dim included), so out_dim "
-            f"must satisfy -{nd} <= out_dim < {nd}."
+        raise OutDimError(
+            f"vmap({_fname(func)}, ..., out_dims={d}): Dimension out of range: output {i} has {nd} dims (batch "
+            f"dim included), so out_dim must satisfy -{nd} <= out_dim < {nd}."
         )
+    base = _view_source(o, entries) if entries and type(o) is BatchedTensor else None
+    if base is None and entries and id(o) in entries and o._version == 0:
+        a = entries[id(o)]
+        if o._elem is a and d % nd == 0:
+            return a  # the input itself, returned untouched: torch.func returns that tensor too
+        if type(a) is torch.Tensor and type(o._elem) is torch.Tensor and _same_geometry(o._elem.movedim(0, d), a):
+            return a  # the same, entered at another dim and asked back at it (Tensor.contiguous returned self)
+    t = leave(o, level, size)
+    if base is not None:
+        a = entries[id(base)]
+        t = _as_view_of_input(t, a, base)
+        if type(t) is BatchedTensor and type(a) is BatchedTensor:
+            # Batched at an outer level: a view made here is recorded nowhere the outer vmap looks
+            # (its ops ran below autograd's view tracking), so the relation is kept on the wrapper
+            # for `_view_source` of the outer vmap, which re-views the plain result there.
+            t._vb_view_of = a
     return t if d % nd == 0 else t.movedim(0, d)
+
+
+def _same_geometry(t: torch.Tensor, a: torch.Tensor) -> bool:
+    """Whether `t` is `a`'s memory with `a`'s sizes, strides and offset (the same tensor seen twice)."""
+    return (t.shape == a.shape and t.stride() == a.stride() and t.storage_offset() == a.storage_offset()
+            and t.dtype == a.dtype and torch._C._is_alias_of(t, a))
+
+
+def _view_source(o: torch.Tensor, entries: dict) -> Any:
+    """The batched entry (a key of `entries`) that `o` is a view of, or None: `o._base`, or the
+    relation an inner vmap recorded on a wrapper it returned (`_vb_view_of`), followed through
+    views of views (a movedim for out_dims, an inner vmap's result viewed again here)."""
+    b = o._base if o._base is not None else getattr(o, "_vb_view_of", None)
+    for _ in range(16):
+        if b is None or id(b) in entries:
+            return b
+        b = b._base if b._base is not None else getattr(b, "_vb_view_of", None)
+    return None
 
 
 def _as_view_of_input(t: torch.Tensor, a: torch.Tensor, entry: torch.Tensor) -> torch.Tensor:
@@ -204,17 +226,42 @@ def _as_view_of_input(t: torch.Tensor, a: torch.Tensor, entry: torch.Tensor) -> 
     long as nothing was written in place into `entry` or its views (its version is still 0); else,
     and for other dtypes or conj/neg bits, the result is left as is.
     """
-    if type(t) is not torch.Tensor or type(a) is not torch.Tensor or t is a:
+    if type(t) is not torch.Tensor or type(a) is not torch.Tensor:
         return t
-    if torch.is_grad_enabled() and (t.requires_grad or a.requires_grad):
+    grad = torch.is_grad_enabled() and (t.requires_grad or a.requires_grad)
+    if grad:
         if entry._version != 0:
             return t
-    elif t._base is not None:  # already a recorded view (of the entry's movedim, or an expansion)
+    elif t._base is not None and t is not a:  # already a recorded view (of the entry's movedim, or an expansion)
         return t
-    if (torch._C._is_alias_of(t, a) and a.dtype == t.dtype and a.is_conj() == t.is_conj()
-            and a.is_neg() == t.is_neg() and a.device == t.device):
+    if t is a:  # a view op whose rule returned the input's own memory (squeeze of a 0-dim element)
+        return a.view_as(a)
+    if not (torch._C._is_alias_of(t, a) and a.is_conj() == t.is_conj() and a.is_neg() == t.is_neg()
+            and a.device == t.device):
+        return t
+    if a.dtype == t.dtype:
         return a.as_strided(t.shape, t.stride(), t.storage_offset())
-    return t
+    if grad:  # a dtype-changing view (real, imag, view_as_real/complex) is re-viewed without gradients only
+        return t
+    return _dtype_view_of(a, t)
+
+
+def _dtype_view_of(a: torch.Tensor, t: torch.Tensor) -> torch.Tensor:
+    """`t`, a real view of complex `a`'s memory (torch.real, imag, view_as_real) or a complex view of
+    real `a`'s (view_as_complex), as a view of `a`: `a`'s whole storage viewed flat and
+    reinterpreted by view_as_real/view_as_complex (views that keep `_base`), then strided as `t`
+    is. Other dtype pairs, or a storage the pairing does not fit, leave `t` as is."""
+    n = a.untyped_storage().nbytes() // a.element_size()
+    try:
+        if a.is_complex() and t.dtype == a.dtype.to_real():
+            flat = torch.view_as_real(a.as_strided((n,), (1,), 0)).flatten()
+        elif t.is_complex() and a.dtype == t.dtype.to_real() and n % 2 == 0:
+            flat = torch.view_as_complex(a.as_strided((n // 2, 2), (2, 1), 0))
+        else:
+            return t
+        return flat.as_strided(t.shape, t.stride(), t.storage_offset())
+    except RuntimeError:
+        return t
 
 
 def _chunked(func, flat_args, flat_dims, spec, size, out_dims, randomness, kwargs, chunk_size):
@@ -240,10 +287,20 @@ def _call_single(func, flat_args, flat_dims, spec, i, kwargs):
 
 
 def _out_dims_for(func, out, out_dims):
+    """The outputs flattened, their spec, and one out_dim per output. out_dims is a pytree prefix
+    of the outputs (a list matches a list output only, as in torch.func); a function returning one
+    tensor also accepts a 1-tuple `(d,)`, as torch.func does."""
     flat, out_spec = tree_flatten(out)
-    dims = _broadcast_to_and_flatten(tuple(out_dims) if isinstance(out_dims, list) else out_dims, out_spec)
+    if isinstance(out, torch.Tensor) and type(out_dims) is tuple and len(out_dims) == 1:
+        out_dims = out_dims[0]
+    dims = _broadcast_to_and_flatten(out_dims, out_spec)
     if dims is None:
-        raise VmapError(f"vmap({_fname(func)}, ..., out_dims={out_dims!r}): out_dims is not compatible with the outputs' structure {out_spec}.")
+        raise VmapError(
+            f"vmap({_fname(func)}, ..., out_dims={out_dims!r})(<inputs>): out_dims is not compatible with the "
+            f"structure of `outputs`. out_dims has structure {tree_flatten(out_dims)[1]} but outputs has structure "
+            f"{out_spec}. Give one int or None per output, nested as the outputs are (tuples for tuples, lists "
+            f"for lists), or one int for all."
+        )
     return flat, out_spec, dims
 
 

@@ -11,6 +11,15 @@ class VmapError(ValueError, RuntimeError):
     """A vmap call that cannot be honoured as written (bad in_dims, mismatched sizes, ...)."""
 
 
+class OutDimError(VmapError, IndexError):
+    """An out_dim outside an output's dims (torch.func raises IndexError there)."""
+
+
+class DimOutOfRangeError(IndexError, RuntimeError):
+    """A dim outside a tensor's dims where torch.func raises RuntimeError and eager PyTorch
+    IndexError (squeeze of a 0-dim element): an instance of both, so either handler catches it."""
+
+
 class TransformError(RuntimeError, ValueError):
     """A transform called in a way it cannot honour (non-scalar grad, bad argnums, bad has_aux output)."""
 

@@ -223,7 +223,8 @@ def _check_outputs(func: Callable, flat_out: list, api: str) -> None:
 
 
 def _detach_aux(aux: Any, keep: bool = True) -> Any:
-    return tree_map(lambda t: t.detach() if isinstance(t, torch.Tensor) and (not keep or not _Depth.value) else t, aux)
+    with _no_inference():  # as in `_out`
+        return tree_map(lambda t: t.detach() if isinstance(t, torch.Tensor) and (not keep or not _Depth.value) else t, aux)
 
 
 # ------------------------------------------------------------------------------------------------
@@ -235,9 +236,14 @@ def vjp(func: Callable, *primals: Any, has_aux: bool = False) -> tuple:
     flat, spec = tree_flatten(primals)
     outer = torch.is_grad_enabled()
     create = _create_graph(flat)
+    # Whether gradients made later by vjp_fn are differentiable by autograd outside, when vjp_fn is
+    # called with grad enabled: decided by the grad mode of that call, not of this one (torch.func:
+    # vjp under no_grad, vjp_fn outside it gives gradients that depend on the primals).
+    outside = _Depth.value > 0 or any(isinstance(t, torch.Tensor) and t.requires_grad for t in flat)
     entry = clock()
     with _differentiating():
-        inputs = [_prepare(t, outer) for t in flat]
+        # connected to the primals' graph even under no_grad, for that later vjp_fn
+        inputs = [_prepare(t, True) for t in flat]
         captures = _Captures(func)
         with transform_scope():
             raw = func(*tree_unflatten(inputs, spec))
@@ -245,20 +251,33 @@ def vjp(func: Callable, *primals: Any, has_aux: bool = False) -> tuple:
         out, aux = _split_aux(func, raw, has_aux, "vjp")
     flat_out, out_spec = tree_flatten(out)
     _check_outputs(func, flat_out, "vjp(f, *primals)")
-    create = create or _outer_dependence(flat_out, entry)
+    with torch.enable_grad():
+        outside = outside or _outer_dependence(flat_out, entry)
+    create = create or (outer and outside)
 
-    def vjp_fn(*cotangents: Any) -> tuple:
-        cts = cotangents[0] if len(cotangents) == 1 and not isinstance(out, tuple) else cotangents
-        flat_ct, ct_spec = tree_flatten(cts)
-        if len(flat_ct) != len(flat_out):
-            raise TransformError(
-                f"vjp_fn: expected cotangents with the structure of the output ({out_spec}), got {ct_spec}."
-            )
+    def vjp_fn(cotangents: Any, *more: Any, retain_graph: bool = True, create_graph: bool | None = None) -> tuple:
+        """The gradients for `cotangents` (one per output, with the outputs' structure), like
+        torch.func's `vjp_fn(cotangents, retain_graph=True, create_graph=None)`. Extra positional
+        bools/None are those two flags (torch.func's positional form); extra positional tensors
+        spread a tuple output's cotangents over the arguments (`vjp_fn(ca, cb)` for `(a, b)`)."""
+        if more and len(more) <= 2 and all(m is None or isinstance(m, bool) for m in more):
+            retain_graph, create_graph = (*more, create_graph)[:2] if len(more) == 2 else (more[0], create_graph)
+            more = ()
+        cts = _match_cotangents(cotangents, more, out_spec)
+        flat_ct = tree_flatten(cts)[0]
         for o, c in zip(flat_out, flat_ct):
+            if not isinstance(c, torch.Tensor):
+                raise TransformError(f"vjp_fn: expected a tensor cotangent for each output, got a {type(c).__name__}.")
             if o.shape != c.shape:
                 raise TransformError(f"vjp_fn: cotangent of shape {tuple(c.shape)} for an output of shape {tuple(o.shape)}.")
+        # The graph is kept when something outside differentiates through the result (the engine's
+        # rule, which gives torch.func's results) and grad is enabled at this call (under no_grad the
+        # gradients are constants, as torch.func's); create_graph=False drops it as torch.func does,
+        # and True asks for nothing more: with no outer transform, torch.func's graph ends at the
+        # level that returns, so its gradients come back constant too.
+        make_graph = create_graph is not False and torch.is_grad_enabled() and (outside or _create_graph(flat_ct))
         with _no_inference(), torch.enable_grad():
-            gs = _grads(flat_out, inputs, flat_ct, create_graph=create or _create_graph(flat_ct))
+            gs = _grads(flat_out, inputs, flat_ct, create_graph=make_graph, retain_graph=retain_graph)
         return tree_unflatten(gs, spec)
 
     if has_aux:
@@ -266,8 +285,31 @@ def vjp(func: Callable, *primals: Any, has_aux: bool = False) -> tuple:
     return _out(out, create), vjp_fn
 
 
+def _match_cotangents(first: Any, more: tuple, out_spec: Any) -> Any:
+    """The cotangents given to a vjp_fn, with exactly the outputs' pytree structure: `first` itself,
+    or `(first, *more)` when spread over positional arguments. Anything else is refused (counting
+    leaves alone would pair cotangents with the wrong outputs when the nesting differs)."""
+    if not more and tree_flatten(first)[1] == out_spec:
+        return first
+    spread = (first, *more)
+    if tree_flatten(spread)[1] == out_spec:
+        return spread
+    raise TransformError(
+        f"vjp_fn: Expected pytree structure of the cotangents to match the outputs': the outputs have structure "
+        f"{out_spec}, the cotangents {tree_flatten(first if not more else spread)[1]}. "
+        f"Pass one cotangent per output, nested as the outputs are."
+    )
+
+
 def _out(out: Any, keep: bool) -> Any:
-    return out if keep else tree_map(lambda t: t.detach() if isinstance(t, torch.Tensor) else t, out)
+    """The function's output, detached unless something outside differentiates through it. The
+    detach runs outside inference mode: under `torch.inference_mode()` a batched output (made by a
+    vmap inside, not an inference tensor) cannot be detached into an inference tensor sharing its
+    version counter, and torch.func returns such outputs as normal tensors too."""
+    if keep:
+        return out
+    with _no_inference():
+        return tree_map(lambda t: t.detach() if isinstance(t, torch.Tensor) else t, out)
 
 
 def grad_and_value(func: Callable, argnums: Any = 0, has_aux: bool = False) -> Callable:

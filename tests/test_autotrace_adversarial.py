@@ -1211,10 +1211,6 @@ def test_grad_modes_around_calls():
     _after(g, X)
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "engine bug (eager, not tracing): engine.grad under torch.inference_mode raises 'Cannot set "
-    "version_counter for inference tensor' (engine/transforms.py detaches its output) where torch.func.grad returns"
-))
 def test_grad_called_under_inference_mode_after_replay():
     loss = lambda w: (w.sin() * w).sum()  # noqa: E731
     g = engine.vmap(engine.grad(loss))

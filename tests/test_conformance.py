@@ -560,6 +560,78 @@ _rand_case("kthvalue_k_out_of_range_refused", lambda m: m.vmap(lambda t: torch.k
 _rand_case("masked_scatter_non_bool_mask_refused", lambda m: m.vmap(torch.masked_scatter)(
     torch.zeros(2, 3), torch.ones(2, 3, dtype=torch.uint8), torch.ones(2, 3)))
 
+# argument checks of vmap and vjp_fn (functorch's own tests, issue #26)
+_X3, _Y3 = torch.arange(3.0), torch.arange(3.0) + 1
+_rand_case("in_dims_top_level_list_refused", lambda m: m.vmap(torch.mul, [0, 0])(_X3, _Y3))
+_rand_case("in_dims_list_for_a_list_argument_refused", lambda m: m.vmap(lambda z: z[0] + z[1], in_dims=[0, 0])([_X3, _Y3]))
+_rand_case("in_dims_set_refused", lambda m: m.vmap(torch.mul, {0})(_X3, _Y3))
+_rand_case("in_dims_nested_list_matches_a_list_argument", lambda m: m.vmap(lambda z: z[0] * z[1], in_dims=([0, None],))(
+    [_X3, torch.tensor(2.0)]))
+for _d in (3, -4):
+    # the identity function returns its input untouched: the range is checked before that shortcut
+    _rand_case(f"out_dims_{_d}_out_of_range_identity", lambda m, d=_d: m.vmap(lambda t: t, out_dims=d)(torch.ones(2, 3, 5)))
+    _rand_case(f"out_dims_{_d}_out_of_range", lambda m, d=_d: m.vmap(lambda t: t * 2, out_dims=d)(torch.ones(2, 3, 5)))
+_rand_case("out_dims_one_tuple_for_one_tensor", lambda m: m.vmap(lambda t: t, out_dims=(1,))(torch.randn(2, 3)))
+_rand_case("out_dims_one_tuple_for_one_tensor_inplace", lambda m: m.vmap(torch.Tensor.acos_, out_dims=(1,))(torch.rand(2, 5)))
+_rand_case("out_dims_list_for_tuple_outputs_refused", lambda m: m.vmap(lambda t: (t, t), out_dims=[0, 1])(torch.randn(2, 3)))
+_rand_case("out_dims_list_for_list_outputs", lambda m: m.vmap(lambda t: [t, t * 2], out_dims=[0, 1])(torch.randn(2, 3)))
+_rand_case("equal_of_batched_refused", lambda m: m.vmap(torch.equal)(torch.randn(2, 3), torch.randn(2, 3)))
+_rand_case("out_into_batched_tensor_refused", lambda m: m.vmap(lambda a, b: torch.abs(a, out=b))(
+    torch.randn(2, 3), torch.zeros(2, 3)))
+_rand_case("out_resized_per_element_refused", lambda m: m.vmap(lambda a, b: torch.sum(a, 0, out=b))(
+    torch.randn(2, 3, 4), torch.zeros(2, 3)))
+for _fmt in ("channels_last", "channels_last_3d"):
+    _rand_case(f"is_contiguous_{_fmt}_refused", lambda m, f=_fmt: m.vmap(
+        lambda t: t * float(t.is_contiguous(memory_format=getattr(torch, f))))(torch.randn(3, 2, 7, 3)))
+_rand_case("is_contiguous_batch_not_in_front", lambda m: m.vmap(
+    m.vmap(lambda t: torch.tensor(float(t.is_contiguous())), in_dims=1))(torch.randn(3, 4, 5)))
+
+# a decomposed op keeps the op's own argument checks (index_add's decomposition would broadcast)
+_rand_case("index_add_source_of_wrong_shape_refused", lambda m: m.vmap(lambda i: torch.index_add(torch.zeros(3, 2), 0, i, torch.ones(2)))(
+    torch.tensor([[0, 1], [1, 2]])))
+_rand_case("index_add_batched_self_source_of_wrong_shape_refused", lambda m: m.vmap(
+    lambda t, s: torch.index_add(t, 0, torch.tensor([0, 1]), s))(torch.zeros(2, 3, 2), torch.ones(2, 2)))
+_rand_case("index_add_batched_index", lambda m: m.vmap(lambda i: torch.index_add(torch.zeros(3, 2), 0, i, torch.ones(2, 2)))(
+    torch.tensor([[0, 1], [1, 2]])))
+# masked_fill with a batched value its self's dtype cannot hold
+_rand_case("masked_fill_batched_value_overflow_refused", lambda m: m.vmap(lambda t, v: t.masked_fill(t == 0, v))(
+    torch.zeros(3, 2, dtype=torch.uint8), torch.tensor([1.0, 2.0, 300.0])))
+_rand_case("masked_fill_batched_complex_value_into_real_refused", lambda m: m.vmap(lambda t, v: t.masked_fill(t == 0, v))(
+    torch.zeros(2, 2), torch.tensor([1 + 1j, 2 + 0j])))
+_rand_case("masked_fill_batched_value_that_fits", lambda m: m.vmap(lambda t, v: t.masked_fill(t == 0, v))(
+    torch.zeros(3, 2, dtype=torch.uint8), torch.tensor([1.0, 2.0, 255.0])))
+# a matrix op over an empty batch of vectors: no element to ask, still refused
+for _name, _op in (("qr", torch.linalg.qr), ("svdvals", torch.linalg.svdvals), ("svd", torch.linalg.svd), ("pinv", torch.linalg.pinv)):
+    _rand_case(f"{_name}_of_an_empty_batch_of_vectors_refused", lambda m, f=_op: m.vmap(f)(torch.empty(0, 0)))
+
+# linalg outputs and operands with batch dims of their own
+_rand_case("lu_unpack_of_an_empty_batch_of_matrices", lambda m: m.vmap(torch.lu_unpack)(
+    torch.randn(2, 0, 3, 5), torch.ones(2, 0, 3, dtype=torch.int32)))
+_SPD = torch.randn(4, 2, 3, 3)
+_SPD = _SPD @ _SPD.mT + 3 * torch.eye(3)
+_rand_case("ldl_solve_element_batch_beside_an_unbatched_rhs", lambda m: m.vmap(
+    lambda ld, p: torch.linalg.ldl_solve(ld, p, torch.ones(3, 2)))(*torch.linalg.ldl_factor(_SPD)))
+_rand_case("ldl_solve_rhs_batched_at_last", lambda m: m.vmap(
+    lambda ld, p, b: torch.linalg.ldl_solve(ld, p, b), in_dims=(None, None, -1))(*torch.linalg.ldl_factor(_SPD[0]), torch.randn(3, 2, 4)))
+
+_NZ = torch.ops.aten._new_zeros_with_same_feature_meta.default
+_rand_case("new_zeros_with_same_feature_meta_self_batched", lambda m: m.vmap(lambda a, b: _NZ(a, b, self_num_batch_dims=1),
+                                                                           in_dims=(0, None))(torch.randn(3, 4, 5), torch.randn(2, 3)))
+_rand_case("new_zeros_with_same_feature_meta_other_batched", lambda m: m.vmap(lambda a, b: _NZ(a, b), in_dims=(None, -1))(
+    torch.randn(5), torch.randn(2, 3, 4)))
+
+
+def _vjp_fn_call(m: Any, cotangents: Any, *flags: Any) -> Any:
+    _, fn = m.vjp(lambda x: (x.sin(), (x.cos(), x * 2)), torch.linspace(-1, 1, 3))
+    return fn(cotangents, *flags)
+
+
+_C3 = torch.ones(3)
+_rand_case("vjp_fn_cotangents_nested_otherwise_refused", lambda m: _vjp_fn_call(m, ((_C3, (_C3, _C3)),)))
+_rand_case("vjp_fn_cotangents_flat_refused", lambda m: _vjp_fn_call(m, (_C3, _C3, _C3)))
+_rand_case("vjp_fn_cotangents_as_the_outputs", lambda m: _vjp_fn_call(m, (_C3, (_C3 * 2, _C3 * 3))))
+_rand_case("vjp_fn_positional_retain_and_create_graph", lambda m: _vjp_fn_call(m, (_C3, (_C3, _C3)), True, True)[0].requires_grad)
+
 _rand_case("masked_fill_batched_value_not_0dim_refused", lambda m: m.vmap(
     lambda t, v: t.masked_fill(t > 0, v))(torch.randn(3, 2, 2), torch.randn(3, 1)))
 _rand_case("masked_fill_batched_0dim_value", lambda m: m.vmap(

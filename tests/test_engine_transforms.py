@@ -371,3 +371,44 @@ def test_grad_of_vmap_over_a_closure_on_the_grad_input(outer):
     want = getattr(torch.func, outer)(f(torch.func))(W)
     torch.testing.assert_close(got, want)
     torch.testing.assert_close(got, X.sum(0))
+
+
+def test_transforms_under_inference_mode_return_normal_tensors_as_torch_func():
+    """grad/vjp called inside torch.inference_mode(): the output was detached in inference mode, which
+    a batched output (made by a vmap inside) cannot be ('Cannot set version_counter for inference
+    tensor'). torch.func answers with normal (non-inference) tensors."""
+    loss = lambda w: (w.sin() * w).sum()  # noqa: E731
+    x = torch.randn(3, 4)
+    with torch.inference_mode():
+        got = engine.vmap(engine.grad(loss))(x)
+        want = torch.func.vmap(torch.func.grad(loss))(x)
+        g, v = engine.vmap(engine.grad_and_value(loss))(x)
+        out, _ = engine.vjp(engine.vmap(torch.sin), x)
+    torch.testing.assert_close(got, want)
+    assert got.is_inference() == want.is_inference() == False  # noqa: E712
+    assert not v.is_inference() and not out.is_inference()
+    torch.testing.assert_close(v, (x.sin() * x).sum(1))
+
+
+def _no_grad_patterns(vjp):
+    h = lambda x: x ** 2  # noqa: E731
+    x = torch.tensor(3.14, requires_grad=True)
+    out, fn = vjp(h, x)
+    with torch.no_grad():
+        y, = fn(torch.tensor(1.0))
+    first = (y.requires_grad, out.requires_grad, torch.autograd.grad(out, x)[0])
+    with torch.no_grad():
+        out, fn = vjp(h, x)
+    y, = fn(torch.tensor(1.0))
+    second = (out.requires_grad, y.requires_grad, torch.autograd.grad(y, x)[0] if y.requires_grad else None)
+    return first, second
+
+
+def test_vjp_fn_follows_the_grad_mode_of_its_own_call_as_torch_func():
+    """vjp_fn under no_grad gives constant gradients (it kept a graph); vjp under no_grad with vjp_fn
+    called outside it gives gradients that depend on the primals (they were cut off)."""
+    got, want = _no_grad_patterns(engine.vjp), _no_grad_patterns(torch.func.vjp)
+    assert got[0][:2] == want[0][:2] == (False, True)
+    assert got[1][:2] == want[1][:2] == (False, True)
+    torch.testing.assert_close(got[0][2], want[0][2])
+    torch.testing.assert_close(got[1][2], want[1][2])

@@ -296,7 +296,7 @@ def test_error_in_dims_structure():
         engine.vmap(torch.add, in_dims=(0, 0, 0))(torch.randn(3), torch.randn(3))
     with pytest.raises(VmapError, match="in_dims is not compatible"):
         engine.vmap(lambda d: d["a"], in_dims=({"b": 0},))({"a": torch.randn(3)})
-    with pytest.raises(VmapError, match="expected in_dims to be int or a"):
+    with pytest.raises(VmapError, match="expected `in_dims` to be int or a"):
         engine.vmap(torch.sin, in_dims="0")(torch.randn(3))
 
 

@@ -36,11 +36,14 @@ def pad_batched(x: torch.Tensor, rank: int) -> torch.Tensor:
 def require_matrices(x: torch.Tensor, d: Any, on_one_element: Any) -> None:
     """Raise unless each element of x is at least a matrix. A matrix kernel given a batch of vectors
     ([B, n] physically) would take it for one matrix and answer; `on_one_element()` runs the op on
-    one element so the op raises its own error, as it does outside vmap."""
+    one element so the op raises its own error, as it does outside vmap (an empty batch has no
+    element: the message below is raised, as every element's call would raise)."""
     if lrank(x, d) >= 2:
         return
-    on_one_element()
-    raise RuntimeError(f"expected each input to have at least 2 dimensions, got {lrank(x, d)}")
+    if d is None or x.shape[d] > 0:
+        on_one_element()
+    raise RuntimeError(f"expected each input to have at least 2 dimensions, got {lrank(x, d)}: this op "
+                       f"takes matrices (or batches of them); vmap over a batch of matrices instead")
 
 
 def leading_dims_flat(x: torch.Tensor, keep: int = 2) -> torch.Tensor:

@@ -35,3 +35,17 @@ for op in ops_of("new_zeros.default", "new_ones.default", "new_empty.default", "
 RULES[aten.new_empty_strided.default] = _new_empty_strided
 for op in ops_of("zeros_like.default", "ones_like.default", "empty_like.default", "full_like.default"):
     RULES[op] = _like_rule(op)
+
+
+def _new_zeros_with_same_feature_meta(info, in_dims, self, other, *, self_num_batch_dims=0):
+    """Zeros shaped `self.shape[:n] + other.shape` with other's dtype and feature strides (forward-mode
+    AD makes tangents with it). vmap's batch joins self's batch dims as the outermost one: self is
+    taken batched (expanded when it is not) with one more batch dim, and other stands in by an
+    empty tensor with one element's sizes and strides (only its metadata is read)."""
+    B = info.batch_size
+    s = self if in_dims[0] is not None else self.unsqueeze(0).expand(B, *self.shape)
+    o = other if in_dims[1] is None else other.new_empty_strided(other.shape[1:], other.stride()[1:])
+    return aten._new_zeros_with_same_feature_meta.default(s, o, self_num_batch_dims=self_num_batch_dims + 1), 0
+
+
+RULES[aten._new_zeros_with_same_feature_meta.default] = _new_zeros_with_same_feature_meta

@@ -103,7 +103,10 @@ def lu_unpack_rule(info, in_dims, LU, pivots, unpack_data=True, unpack_pivots=Tr
     B = info.batch_size
     P, L, U = aten.lu_unpack.default(materialize(LU, in_dims[0], B), materialize(pivots, in_dims[1], B),
                                      unpack_data, unpack_pivots)
-    return (P, L, U), tuple(0 if o.numel() else None for o in (P, L, U))
+    # An output not asked for (unpack_data/unpack_pivots False) is a 1-D empty tensor, the same for
+    # every element; an asked-for one is a batch of matrices, empty or not (a batch of 0 x 3 x 3
+    # matrices is still batched: reading emptiness as "unbatched" expanded it into a wrong shape).
+    return (P, L, U), tuple(0 if o.dim() > 1 else None for o in (P, L, U))
 
 
 def householder_product_rule(info, in_dims, A, tau):
@@ -141,16 +144,23 @@ RULES[aten.cholesky_inverse.default] = cholesky_inverse_rule
 RULES[aten.linalg_pinv.atol_rtol_tensor] = pinv_rule
 
 
-def _all_batched(op):
-    """Ops whose operands must share the batch dims exactly (ormqr, ldl_solve): batch them all."""
+def _all_batched(op, cores: tuple | None = None):
+    """Ops whose operands must share the batch dims (ormqr, ldl_solve): batch them all. Where the op
+    broadcasts its operands' own batch dims (ldl_solve; `cores` gives each operand's number of
+    non-batch dims), each is padded with size-1 dims after the vmap batch dim to the largest number
+    of batch dims, so the vmap dim lines up with the vmap dim (an element [0, 2, 2] beside [2, 5]
+    broadcasts to [0, 2, 5]; without padding the vmap dim of one met a batch dim of the other)."""
 
     def rule(info, in_dims, *args, **kwargs):
         B = info.batch_size
         new = [materialize(a, d, B) if isinstance(a, torch.Tensor) else a for a, d in zip(args, in_dims)]
+        if cores is not None:
+            lead = max(lrank(a, d) - c for a, d, c in zip(args, in_dims, cores))
+            new = [pad_batched(a, lead + c) for a, c in zip(new, cores)]
         return op(*new, **kwargs), 0
 
     return rule
 
 
-for _op in (aten.ormqr.default, aten.linalg_ldl_solve.default):
-    RULES[_op] = _all_batched(_op)
+RULES[aten.ormqr.default] = _all_batched(aten.ormqr.default)
+RULES[aten.linalg_ldl_solve.default] = _all_batched(aten.linalg_ldl_solve.default, cores=(2, 1, 2))

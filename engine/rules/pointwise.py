@@ -114,6 +114,10 @@ def _tagged_pointwise_ops() -> list[Any]:
             continue
         if _is_out_variant(op) or any("[]" in str(a.type) for a in op._schema.arguments):
             continue
+        # `equal` is tagged pointwise but answers one Python bool for the whole tensor: a value that
+        # differs per batch element, which engine._dispatch refuses as data-dependent.
+        if any(str(r.type) != "Tensor" for r in op._schema.returns):
+            continue
         ops.append(op)
     return ops
 
@@ -148,8 +152,24 @@ def _masked_fill_tensor(info, in_dims, self, mask, value):
     if value.dim() != 1:  # each element's value must be 0-dim, as the op requires (a where() would broadcast it)
         raise RuntimeError(f"masked_fill_ only supports a 0-dimensional value tensor, but got tensor with "
                            f"{value.dim() - 1} dimension(s)")
+    _check_values_fit(value, self.dtype)
     v = pad_batched(value, rank)
     return torch.where(m, v.to(self.dtype), s), 0
+
+
+def _check_values_fit(value: torch.Tensor, dtype: torch.dtype) -> None:
+    """masked_fill refuses a value its self's dtype cannot hold (1e30 into int64, a complex number
+    with an imaginary part into a real tensor); the where() the batched value becomes would cast it
+    silently. Where the cast can lose anything, each element's value is put through masked_fill on a
+    0-dim tensor of `dtype`, so the op's own check raises its own error for the first that fails."""
+    if value.dtype == dtype or (torch.promote_types(value.dtype, dtype) == dtype
+                                and value.dtype.itemsize <= dtype.itemsize):
+        return
+    while type(value) is not torch.Tensor and hasattr(value, "_elem"):  # batched at inner levels too
+        value = value._elem
+    target, everywhere = torch.zeros((), dtype=dtype, device=value.device), torch.ones((), dtype=torch.bool, device=value.device)
+    for v in value.reshape(-1):
+        torch.ops.aten.masked_fill.Tensor(target, everywhere, v)
 
 
 def _masked_fill_tensor_(info, in_dims, self, mask, value):

@@ -9,6 +9,7 @@ import torch
 
 from engine.rules._helpers import lrank, materialize, norm_dim, pad_batched
 from engine.rules._table import RULES
+from engine.errors import DimOutOfRangeError
 
 aten = torch.ops.aten
 prims = torch.ops.prims
@@ -17,6 +18,11 @@ prims = torch.ops.prims
 def squeeze_dims_rule(info, in_dims, x, dims):
     rank = lrank(x, in_dims[0])
     dims = [dims] if isinstance(dims, int) else list(dims)
+    if rank == 0:  # a 0-dim element takes dims 0 and -1 (and squeezes nothing), as the op does
+        for d in dims:
+            if d not in (0, -1):
+                raise DimOutOfRangeError(f"squeeze: Dimension out of range (expected to be in range of [-1, 0], "
+                                         f"but got {d}): each element is 0-dim")
     phys = [norm_dim(d, rank) + 1 for d in dims if rank > 0]
     phys = [d for d in phys if x.shape[d] == 1]
     return (x.squeeze(phys) if phys else x), 0
@@ -125,13 +131,19 @@ def _as_strided_physical(func, x, size, stride, storage_offset):
     each example behaves as if it were its own tensor). A view reaching past one example's memory
     would read its neighbour's: refused, as torch.func refuses it."""
     span = _reach(x.shape[1:], x.stride()[1:]) if all(n > 0 for n in x.shape) else 0
-    if x.shape[0] > 1 and x.stride(0) != 0 and x.stride(0) < span:
-        raise RuntimeError(
-            "vmap: Calling Tensor.as_strided is not supported unless the batch dims being vmapped over are at "
-            "the front of the tensor (in memory layout). Call .contiguous() on the input first."
-        )
     offset = x.storage_offset() if storage_offset is None else storage_offset
     start = offset - x.storage_offset()
+    if x.shape[0] > 1 and x.stride(0) != 0 and x.stride(0) < span:
+        # The examples' memory interleaves (the batch dim is not outermost in memory, e.g. stacked
+        # at dim -1): allowed when the view reads only the example's own elements (stft's framing
+        # of a 1-D signal whose stride is the batch size), checked position by position.
+        if not _reads_only_own(x, size, stride, start):
+            raise RuntimeError(
+                "vmap: Calling Tensor.as_strided is not supported unless the batch dims being vmapped over are at "
+                "the front of the tensor (in memory layout), or the view reads only each element's own memory. "
+                "Call .contiguous() on the input first."
+            )
+        return func(x, [x.shape[0], *size], [x.stride(0), *stride], offset)
     if all(n > 0 for n in size) and (start < 0 or start + _reach(size, stride) > span):
         raise RuntimeError(
             f"vmap: as_strided(size={list(size)}, stride={list(stride)}, storage_offset={storage_offset}) would read "
@@ -139,6 +151,32 @@ def _as_strided_physical(func, x, size, stride, storage_offset):
             f"{x.storage_offset()}), so different elements would see each other's data. Use view ops instead."
         )
     return func(x, [x.shape[0], *size], [x.stride(0), *stride], offset)
+
+
+_OWN_CHECK_LIMIT = 1 << 22  # positions compared at most; larger interleaved views are refused
+
+
+def _offsets(size, stride) -> torch.Tensor:
+    """Every memory offset a strided view of `size`/`stride` reads, relative to its start."""
+    out = torch.zeros((), dtype=torch.int64)
+    for n, st in zip(size, stride):
+        out = out.unsqueeze(-1) + torch.arange(n, dtype=torch.int64) * st
+    return out.reshape(-1)
+
+
+def _reads_only_own(x, size, stride, start: int) -> bool:
+    """Whether the view (offset `start` from each example's first element) reads only positions
+    that belong to the example itself (x's per-example sizes and strides)."""
+    own_n, view_n = 1, 1
+    for n in x.shape[1:]:
+        own_n *= n
+    for n in size:
+        view_n *= n
+    if view_n == 0:
+        return True
+    if own_n == 0 or own_n > _OWN_CHECK_LIMIT or view_n > _OWN_CHECK_LIMIT:
+        return False
+    return bool(torch.isin(_offsets(size, stride) + start, _offsets(x.shape[1:], x.stride()[1:])).all())
 
 
 def as_strided_rule(info, in_dims, x, size, stride, storage_offset=None):
