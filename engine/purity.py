@@ -26,7 +26,8 @@ they call back (the transformed function, a Module's forward, a hook) is checked
 code. Third-party packages other than torch are user code.
 
 `watch()` also reports the nn.Modules that ran (their state is then guarded by the caller) and the
-global names user frames read through their module's namespace.
+global names user frames read or write through their module's namespace (by the
+instructions that do: an attribute that shares a global's name is not one).
 """
 from __future__ import annotations
 
@@ -183,6 +184,34 @@ def _resize(stack: list, n: int) -> None:
     del stack[max(0, n):]
 
 
+# Bytecode that reads or writes a name in the module's namespace (LOAD_NAME: a class body's or
+# module-level code's fallback to globals; an import binds a name that is then read).
+_GLOBAL_OPS = frozenset({
+    "LOAD_GLOBAL", "STORE_GLOBAL", "DELETE_GLOBAL", "LOAD_NAME", "STORE_NAME", "DELETE_NAME",
+    "LOAD_FROM_DICT_OR_GLOBALS", "IMPORT_NAME",
+})
+_global_cache: dict[types.CodeType, frozenset[str]] = {}
+
+
+def global_names(code: types.CodeType) -> frozenset[str]:
+    """The names this code (and the code nested in it: comprehensions, lambdas, inner functions)
+    reads or writes through its module's namespace, by the instructions that do.
+
+    Not co_names: those also hold every attribute name (`F.cross_entropy` puts `cross_entropy`
+    there), and a global that merely shares an attribute's name is state the code never reads;
+    following it walked whatever that global reaches (a lazy module proxy, `sys.modules`, the
+    whole interpreter) and made functions unprovable for nothing. Cached per code object."""
+    cached = _global_cache.get(code)
+    if cached is not None:
+        return cached
+    names = {ins.argval for ins in dis.get_instructions(code) if ins.opname in _GLOBAL_OPS}
+    for const in code.co_consts:
+        if isinstance(const, types.CodeType):
+            names |= global_names(const)
+    result = _global_cache[code] = frozenset(names)
+    return result
+
+
 _code_verdicts: dict[types.CodeType, str | None] = {}
 
 
@@ -317,7 +346,7 @@ class _Profiler:
                 if why is not None:
                     self.obs.effects.append(why)
                 namespace = frame.f_globals
-                for name in code.co_names:
+                for name in global_names(code):
                     if name in namespace:
                         self.obs.global_slots[(id(namespace), name)] = (namespace, name)
         elif event == "c_call":
