@@ -23,7 +23,9 @@ The rules, by class of state rather than by case:
   `__slots__` values, class attributes (properties, staticmethods and classmethods are followed
   to their functions), functools.partial's arguments, and the attributes of Python modules
   however reached (a global, a closure cell, a default, an attribute): every name the walked
-  user code reads (its co_names) that a reached module holds is guarded like a global.
+  user code reads (its co_names) that a reached module holds is guarded like a global. A
+  function's own globals are the names its instructions read as globals (engine.purity's
+  global_names), not every co_name: an attribute read is not a global read.
 - **Tensors** reached are guarded by metadata (their values are read live by the replay).
 
 What it cannot see is refused rather than trusted: an iterator or generator reachable from the
@@ -52,7 +54,7 @@ from typing import Any, Iterable
 import torch
 from torch.distributions import Distribution as _Distribution
 
-from engine.purity import _is_torch_or_engine
+from engine.purity import _is_torch_or_engine, global_names
 
 __all__ = ["StateGuard"]
 
@@ -302,9 +304,8 @@ class StateGuard:
         # A function's code and defaults can be swapped in place (autoreload, `f.__defaults__ = ...`).
         self.slotted += [(fn, "__code__"), (fn, "__defaults__"), (fn, "__kwdefaults__")]
         namespace = fn.__globals__
-        names = _code_names(fn.__code__)
-        self._attr_names |= names
-        for name in sorted(names):
+        self._attr_names |= _code_names(fn.__code__)
+        for name in sorted(global_names(fn.__code__)):  # read as globals (not `F.cross_entropy`'s attribute)
             if name in namespace:
                 self._name(namespace, name, stack)
             elif name in _BUILTIN_NAMES:  # resolved from builtins: a global of that name defined later shadows it
