@@ -43,7 +43,7 @@ import contextlib
 
 import torch
 
-__all__ = ["Observation", "watch"]
+__all__ = ["Observation", "generated", "global_names", "watch"]
 
 _TORCH_DIR = os.path.dirname(torch.__file__) + os.sep
 _ENGINE_DIR = os.path.dirname(os.path.abspath(__file__)) + os.sep
@@ -273,6 +273,7 @@ class Observation:
 
     def __init__(self) -> None:
         self.effects: list[str] = []
+        self.effect_codes: dict[types.CodeType, str] = {}  # the user code each effect was made by (its first)
         self.modules: dict[int, torch.nn.Module] = {}
         self.global_slots: dict[tuple[int, str], tuple[dict, str]] = {}
         self.user_codes: set[types.CodeType] = set()
@@ -280,6 +281,12 @@ class Observation:
     @property
     def pure(self) -> bool:
         return not self.effects
+
+
+def generated(code: types.CodeType) -> bool:
+    """Code compiled at run time from a string (exec/eval: dataclass and namedtuple methods,
+    torch's make_fx signature lambdas, a user's eval'd function), not read from a file."""
+    return code.co_filename.startswith("<") and not code.co_filename.startswith("<frozen ")
 
 
 _MODULE_CALL_CODES = frozenset(
@@ -325,6 +332,10 @@ class _Profiler:
         local = frame.f_locals
         return any(local.get(name) is owner for name in names)
 
+    def _effect(self, code: types.CodeType, why: str) -> None:
+        self.obs.effects.append(why)
+        self.obs.effect_codes.setdefault(code, why)
+
     def __call__(self, frame: types.FrameType, event: str, arg: Any) -> None:
         if event == "call":
             self.frames.pop(id(frame), None)  # a new frame may reuse a dead one's id
@@ -337,14 +348,17 @@ class _Profiler:
                 back = frame.f_back
                 while back is not None and back.f_code.co_filename in _WRAPPER_FILES:
                     back = back.f_back
-                if back is not None and code.co_name in _STATEFUL_TORCH_NAMES and not self._trusted(back):
-                    self.obs.effects.append(f"{code.co_qualname} (a torch call a replay would not repeat) from {back.f_code.co_name}")
+                # (An API entry point, not a closure: a weakref callback of torch's, `remove`, runs
+                # on top of whatever frame the garbage collector interrupted.)
+                if back is not None and code.co_name in _STATEFUL_TORCH_NAMES and "<locals>" not in code.co_qualname \
+                        and not self._trusted(back):
+                    self._effect(back.f_code, f"{code.co_qualname} (a torch call a replay would not repeat) from {back.f_code.co_name}")
                 return
             if code not in self.obs.user_codes:
                 self.obs.user_codes.add(code)
                 why = code_effect(code)
                 if why is not None:
-                    self.obs.effects.append(why)
+                    self._effect(code, why)
                 namespace = frame.f_globals
                 for name in global_names(code):
                     if name in namespace:
@@ -354,7 +368,7 @@ class _Profiler:
                 return
             why = c_call_effect(arg)
             if why is not None and not self._fresh_mutation(frame, arg):
-                self.obs.effects.append(f"{frame.f_code.co_name} calls {why}")
+                self._effect(frame.f_code, f"{frame.f_code.co_name} calls {why}")
         elif event == "return":
             self.frames.pop(id(frame), None)
 
