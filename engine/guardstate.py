@@ -27,6 +27,16 @@ The rules, by class of state rather than by case:
   function's own globals are the names its instructions read as globals (engine.purity's
   global_names), not every co_name: an attribute read is not a global read.
 - **Tensors** reached are guarded by metadata (their values are read live by the replay).
+- **Code that ran.** Given `ran` (the user code objects the watched runs executed), a user
+  function reached whose code never ran is guarded where it is held (the dict, list or cell
+  holding it, by identity) but not walked: its closure, defaults and globals are read by no
+  run (code compiled from a string is walked whenever reached: each trace makes new such code,
+  torch's own, so which of it ran is not tracked). A run that would reach it needs a different path through the Python that ran, which
+  reads only guarded state (tensor-valued branches are guards of the recorded graph), so it
+  fails a guard first. A dataclass holding the model's torch log joint and its JAX twin is
+  walked as far as the torch function, not into the twin's lazy `jax` proxy and `sys.modules`.
+  A function another callable wraps (`__wrapped__`: an lru_cache, whose result may come from a
+  run before the watched one, out of sight) is walked whether or not it ran.
 
 What it cannot see is refused rather than trusted: an iterator or generator reachable from the
 function (a replay would not advance it), a buffer it cannot read or larger than the bound, or
@@ -49,12 +59,12 @@ import itertools
 import operator
 import threading
 import types
-from typing import Any, Iterable
+from typing import Any, Collection, Iterable
 
 import torch
 from torch.distributions import Distribution as _Distribution
 
-from engine.purity import _is_torch_or_engine, global_names
+from engine.purity import _is_torch_or_engine, generated, global_names
 
 __all__ = ["StateGuard"]
 
@@ -118,7 +128,12 @@ class StateGuard:
 
     _names_done = 0
 
-    def __init__(self, roots: Iterable[Any], slots: Iterable[tuple[dict, str]] = ()) -> None:
+    def __init__(self, roots: Iterable[Any], slots: Iterable[tuple[dict, str]] = (),
+                 ran: Collection[types.CodeType] | None = None) -> None:
+        self._ran = ran  # the user code that ran (engine.purity); None: walk every function reached
+        self.walked: set[types.CodeType] = set()  # the code of the functions walked (reached, and run where `ran` is given)
+        self._skipped: dict[int, types.FunctionType] = {}  # functions not walked: their code did not run
+        self._wrapped: set[int] = set()  # functions another callable wraps (`__wrapped__`): walked whether or not they ran
         self.cells: list[types.CellType] = []
         self.names: list[tuple[dict, str]] = []  # (namespace dict, name)
         self.dicts: list[Any] = []  # dicts (and user classes' mappingproxies) whose keys and values are guarded
@@ -275,6 +290,11 @@ class StateGuard:
             stack.append(type(obj).forward)
         attrs = getattr(obj, "__dict__", None)
         if isinstance(attrs, dict):
+            wrapped = attrs.get("__wrapped__")
+            if isinstance(wrapped, types.FunctionType):  # an lru_cache: its result may come from an earlier run
+                self._wrapped.add(id(wrapped))
+                if self._skipped.pop(id(wrapped), None) is not None:
+                    self._function(wrapped, stack)
             self._dict(attrs, stack)
             self.objects.append(obj)
         for name in _slot_names(type(obj)):
@@ -288,6 +308,11 @@ class StateGuard:
             stack.append(call)
 
     def _function(self, fn: types.FunctionType, stack: list) -> None:
+        if self._ran is not None and fn.__code__ not in self._ran and id(fn) not in self._wrapped and not (
+                _is_library(fn) or _is_torch_or_engine(fn.__code__.co_filename) or generated(fn.__code__)):
+            self._skipped[id(fn)] = fn
+            return  # user code that never ran reads nothing (see "Code that ran" above)
+        self.walked.add(fn.__code__)
         for cell in fn.__closure__ or ():
             self.cells.append(cell)
             try:
