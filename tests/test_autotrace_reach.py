@@ -4,7 +4,10 @@ these reasons: psg_*, bayes_*, tutorial_ensemble); and it still starts over when
 read changes."""
 from __future__ import annotations
 
+import dataclasses
+import random
 import threading
+from typing import Any, Callable
 
 import torch
 import torch.nn.functional as F
@@ -66,3 +69,91 @@ def test_a_global_read_in_the_function_and_in_its_comprehension_is_still_guarded
         torch.testing.assert_close(engine.grad(_reads_scale)(x), torch.full((4,), -2.0))
     finally:
         scale = 2.0
+
+
+# --- the code that ran: state reached but never read is not walked --------------------------
+
+
+@dataclasses.dataclass(frozen=True)
+class _Model:
+    """Like workloads.bayes_models.Model: the log joint the run uses, beside a twin it never calls
+    whose state the guard cannot prove (here: attributes that differ per thread)."""
+
+    log_joint: Callable[[torch.Tensor], torch.Tensor]
+    twin: Callable[[torch.Tensor], Any]
+
+
+_per_thread = threading.local()
+
+
+def _twin(x: torch.Tensor) -> Any:
+    return _per_thread.value(x)
+
+
+def _log_joint(theta: torch.Tensor) -> torch.Tensor:
+    return torch.distributions.Normal(0.0, 1.0).log_prob(theta).sum() + (theta.sin() * scale).sum()
+
+
+def test_a_function_held_beside_the_one_that_runs_is_not_walked():
+    model = _Model(_log_joint, _twin)
+    points = torch.randn(8, 3)
+    g = engine.vmap(engine.grad(lambda theta: model.log_joint(theta)))
+    _calls(g, points)
+    assert _hits(g, points) >= CALLS - 2
+
+
+def test_state_read_by_the_function_that_runs_is_still_guarded():
+    global scale
+    model = _Model(_log_joint, _twin)
+    points = torch.randn(8, 3)
+    g = engine.vmap(engine.grad(lambda theta: model.log_joint(theta)))
+    _calls(g, points)
+    try:
+        scale = -3.0
+        with engine.auto_tracing(False):
+            expected = g(points)
+        torch.testing.assert_close(g(points), expected, rtol=0, atol=0)
+    finally:
+        scale = 2.0
+
+
+def test_code_only_the_recording_ran_is_guarded_before_it_replays():
+    """The watched run takes one branch of a tensor-valued `if`, the recording the other: what the
+    other branch reads (a captured list) is guarded before any replay of it."""
+    factor = [1.0]
+
+    def first(x):
+        return x.sin().sum()
+
+    def second(x):
+        return (x * factor[0]).sum()
+
+    def f(x):
+        if x.sum() > 0:
+            return first(x)
+        return second(x)
+
+    g = engine.grad(f)
+    pos, neg = torch.ones(3), -torch.ones(3)
+    g(pos), g(pos)  # seen, then verified: only `first` ran
+    for _ in range(CALLS + 2):  # recorded down `second`: verified again with it, then replayed
+        torch.testing.assert_close(g(neg), torch.ones(3), rtol=0, atol=0)
+    assert autotraced_state(g).traced.cache_info().hits > 0
+    factor[0] = 5.0
+    torch.testing.assert_close(g(neg), torch.full((3,), 5.0), rtol=0, atol=0)
+
+
+def test_an_effect_only_on_the_recordings_branch_keeps_the_function_eager():
+    """Python randomness on the branch only the recording took: a replay would repeat one draw."""
+
+    def f(x):
+        if x.sum() > 0:
+            return x.sin().sum()
+        return x.cos().sum() * random.random()
+
+    g = engine.grad(f)
+    pos, neg = torch.ones(3), -torch.ones(3)
+    g(pos), g(pos)
+    outs = [g(neg) for _ in range(CALLS)]
+    assert len({tuple(o.tolist()) for o in outs}) == CALLS  # a fresh draw every call, as eagerly
+    assert "Random.random" in (autotraced_state(g).impure or "")
