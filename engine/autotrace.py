@@ -27,9 +27,10 @@ loop, pays nothing), then:
    global rebound, `model.eval()`, a hook added, `model.scale = 2.0`, a captured list changed)
    drops the recorded graphs and starts over at 1.;
 3. the third call records the graph (engine.trace: the recording is a real run, its results are
-   this call's), watched like 1. (a tensor-valued branch may run other code: an effect there makes
-   the function eager, code 2. did not guard voids the recording and the signature is verified
-   again), and later calls replay it, under no_grad (1. showed the result needs none). A
+   this call's) and later calls replay it. Where the guards below could only be proven by walking
+   just the code that ran (2.), the recording is watched like 1. (a tensor-valued branch may run
+   other code: an effect there makes the function eager, code 2. did not guard voids the recording
+   and the signature is verified again). Replays run under no_grad (1. showed the result needs none). A
    graph that writes into its inputs or captured tensors is not replayed: that signature stays
    eager. Value-dependent Python (`.item()`, data-dependent shapes) makes the trace refuse and
    the signature runs eagerly; a bool read (`if t.sum() > 0`) becomes a replay guard and a
@@ -96,7 +97,8 @@ class AutoTraced:
         self._signatures: dict[Any, str] = {}  # signature key -> _REPLAY / _EAGER (valid under _guard)
         self._modules: dict[int, torch.nn.Module] = {}  # Modules seen running, guarded from then on
         self._slots: dict[tuple[int, str], tuple[dict, str]] = {}  # global names user code read
-        self._ran: set[types.CodeType] = set()  # user code the watched runs executed (guardstate walks only it)
+        self._ran: set[types.CodeType] = set()  # user code the watched runs executed
+        self._narrow = False  # the guards walk only `_ran` (the full walk was unprovable); recordings are watched
 
     def _guard_roots(self) -> tuple:
         return (self.fn,)
@@ -148,10 +150,14 @@ class AutoTraced:
         """Run eagerly, watched; on a clean run, let this signature be traced from the next call."""
         if not purity.can_watch():  # another profiler (cProfile) is installed: nothing is proven
             return self._eager(args, kwargs)
-        # Before the run, the code that will run is known from earlier watched runs only: the
-        # first walks all; where that is unprovable, the guard taken after the run (restricted to
-        # the code that ran) decides, and a change made by the run fails it at the next call.
-        before = StateGuard([self.fn, *self._modules.values()], self._slots.values(), self._ran or None)
+        # The guards walk all that is reachable; where that is unprovable (state the function
+        # holds but never reads: a JAX twin beside the torch function), they walk only the code
+        # the watched runs executed (`_narrow`), and the recording is watched as well. Then the
+        # guard taken after the run decides, and a change made by the run fails it at the next call.
+        before = StateGuard([self.fn, *self._modules.values()], self._slots.values(),
+                            self._ran if self._narrow else None)
+        if before.unprovable is not None and not self._narrow:
+            self._narrow = True
         self.eager_calls += 1
         settings = _settings()
         with record_fallbacks() as fallbacks, purity.watch() as seen:
@@ -174,7 +180,8 @@ class AutoTraced:
         self._modules.update(seen.modules)
         self._slots.update(seen.global_slots)
         self._ran |= {code for code in seen.user_codes if not purity.generated(code)}
-        guard = StateGuard([self.fn, *self._modules.values()], self._slots.values(), self._ran)
+        guard = StateGuard([self.fn, *self._modules.values()], self._slots.values(),
+                           self._ran if self._narrow else None)
         if guard.unprovable is not None:
             self._mark_impure(guard.unprovable)
             return out
@@ -182,12 +189,13 @@ class AutoTraced:
         if not _replayable_output(out, tree_flatten((args, kwargs))[0] + guard.tensors):
             self._signatures[key] = _EAGER
             return out
-        self._signatures[key] = _RECORD
+        self._signatures[key] = _RECORD if self._narrow else _REPLAY
         return out
 
     def _record(self, args: tuple, kwargs: dict, fast: Any, key: Any) -> Any:
-        """The call that records the graph, watched too: a tensor-valued branch may take it down
-        code the verified run never ran. Of the code that ran, what the function's state reaches
+        """The call that records the graph where the guards walk only the code that ran, watched
+        too (it costs: the trace runs under sys.setprofile): a tensor-valued branch may take it
+        down code the verified run never ran. Of the code that ran, what the function's state reaches
         (the guard's walk) is the function's; the rest is the tracer's own machinery (torch's
         dependencies, strings torch evaluates, lazy imports). An effect in the function's code
         makes it eager for good; its code or Modules the verified runs had not seen void the
