@@ -27,7 +27,10 @@ loop, pays nothing), then:
    global rebound, `model.eval()`, a hook added, `model.scale = 2.0`, a captured list changed)
    drops the recorded graphs and starts over at 1.;
 3. the third call records the graph (engine.trace: the recording is a real run, its results are
-   this call's) and later calls replay it, under no_grad (1. showed the result needs none). A
+   this call's) and later calls replay it. Where the guards below could only be proven by walking
+   just the code that ran (2.), the recording is watched like 1. (a tensor-valued branch may run
+   other code: an effect there makes the function eager, code 2. did not guard voids the recording
+   and the signature is verified again). Replays run under no_grad (1. showed the result needs none). A
    graph that writes into its inputs or captured tensors is not replayed: that signature stays
    eager. Value-dependent Python (`.item()`, data-dependent shapes) makes the trace refuse and
    the signature runs eagerly; a bool read (`if t.sum() > 0`) becomes a replay guard and a
@@ -70,7 +73,7 @@ from engine.trace import _PLAIN, TracedFunction, _fast_signature, _signature, ex
 
 __all__ = ["AutoTraced", "auto_trace", "autotraced_state", "traced_transform", "transform_entry"]
 
-_SEEN, _REPLAY, _EAGER = "seen", "replay", "eager"
+_SEEN, _RECORD, _REPLAY, _EAGER = "seen", "record", "replay", "eager"
 shadow_checks = 0  # replays compared with their eager call by shadow verification, in this process
 _MAX_SIGNATURES = 256
 _ATOM_OUTPUTS = (int, float, bool, complex, str, type(None), torch.dtype, torch.device)
@@ -94,6 +97,8 @@ class AutoTraced:
         self._signatures: dict[Any, str] = {}  # signature key -> _REPLAY / _EAGER (valid under _guard)
         self._modules: dict[int, torch.nn.Module] = {}  # Modules seen running, guarded from then on
         self._slots: dict[tuple[int, str], tuple[dict, str]] = {}  # global names user code read
+        self._ran: set[types.CodeType] = set()  # user code the watched runs executed
+        self._narrow = False  # the guards walk only `_ran` (the full walk was unprovable); recordings are watched
 
     def _guard_roots(self) -> tuple:
         return (self.fn,)
@@ -136,6 +141,8 @@ class AutoTraced:
             return running(self.traced._call, args, kwargs, fast)  # it may record: a run of the function
         if mode is _EAGER:
             return self._eager(args, kwargs)
+        if mode is _RECORD:
+            return self._record(args, kwargs, fast, key)
         if mode is None:  # a first call: a function called once pays nothing for being watched
             if len(self._signatures) >= _MAX_SIGNATURES:
                 self._signatures.clear()
@@ -162,10 +169,14 @@ class AutoTraced:
         """Run eagerly, watched; on a clean run, let this signature be traced from the next call."""
         if not purity.can_watch():  # another profiler (cProfile) is installed: nothing is proven
             return self._eager(args, kwargs)
-        before = StateGuard([self.fn, *self._modules.values()], self._slots.values())
-        if before.unprovable is not None:
-            self._mark_impure(before.unprovable)
-            return self._eager(args, kwargs)
+        # The guards walk all that is reachable; where that is unprovable (state the function
+        # holds but never reads: a JAX twin beside the torch function), they walk only the code
+        # the watched runs executed (`_narrow`), and the recording is watched as well. Then the
+        # guard taken after the run decides, and a change made by the run fails it at the next call.
+        before = StateGuard([self.fn, *self._modules.values()], self._slots.values(),
+                            self._ran if self._narrow else None)
+        if before.unprovable is not None and not self._narrow:
+            self._narrow = True
         self.eager_calls += 1
         settings = _settings()
         with record_fallbacks() as fallbacks, purity.watch() as seen:
@@ -174,7 +185,7 @@ class AutoTraced:
             self._mark_impure(f"it has an effect besides its result: {seen.effects[0]}")
         elif fallbacks.total:
             self._mark_impure(f"its eager run used the for-loop fallback ({', '.join(fallbacks.counts)})")
-        elif not before.holds() or _settings() != settings:
+        elif (before.unprovable is None and not before.holds()) or _settings() != settings:
             # Once may be a library settling (a lazy import rebinding torch.manual_seed): verify
             # again from scratch; twice is the function's own doing: eager for good.
             self._state_changes += 1
@@ -187,7 +198,9 @@ class AutoTraced:
             return out
         self._modules.update(seen.modules)
         self._slots.update(seen.global_slots)
-        guard = StateGuard([self.fn, *self._modules.values()], self._slots.values())
+        self._ran |= {code for code in seen.user_codes if not purity.generated(code)}
+        guard = StateGuard([self.fn, *self._modules.values()], self._slots.values(),
+                           self._ran if self._narrow else None)
         if guard.unprovable is not None:
             self._mark_impure(guard.unprovable)
             return out
@@ -195,7 +208,40 @@ class AutoTraced:
         if not _replayable_output(out, tree_flatten((args, kwargs))[0] + guard.tensors):
             self._signatures[key] = _EAGER
             return out
-        self._signatures[key] = _REPLAY
+        self._signatures[key] = _RECORD if self._narrow else _REPLAY
+        return out
+
+    def _record(self, args: tuple, kwargs: dict, fast: Any, key: Any) -> Any:
+        """The call that records the graph where the guards walk only the code that ran, watched
+        too (it costs: the trace runs under sys.setprofile): a tensor-valued branch may take it
+        down code the verified run never ran. Of the code that ran, what the function's state reaches
+        (the guard's walk) is the function's; the rest is the tracer's own machinery (torch's
+        dependencies, strings torch evaluates, lazy imports). An effect in the function's code
+        makes it eager for good; its code or Modules the verified runs had not seen void the
+        recording (the guard did not cover what they read): the signature is verified again."""
+        if not purity.can_watch():
+            return self._eager(args, kwargs)
+        with purity.watch() as seen:
+            out = running(self.traced._call, args, kwargs, fast)
+        modules = {k: m for k, m in seen.modules.items() if k not in self._modules}
+        candidates = seen.user_codes - self._ran
+        reached: set = set()
+        if candidates or modules:
+            trial = StateGuard([self.fn, *self._modules.values(), *modules.values()], self._slots.values(),
+                               self._ran | candidates)
+            if trial.unprovable is not None:
+                self._mark_impure(trial.unprovable)
+                return out
+            reached = trial.walked & candidates
+        effects = [why for code, why in seen.effect_codes.items() if code in self._ran or code in reached]
+        if effects:
+            self._mark_impure(f"it has an effect besides its result: {effects[0]}")
+        elif modules or any(not purity.generated(code) for code in reached):
+            self._ran |= {code for code in reached if not purity.generated(code)}
+            self._modules.update(modules)
+            self._reset()
+        else:
+            self._signatures[key] = _REPLAY
         return out
 
     def _shadow(self, args: tuple, kwargs: dict, fast: Any, key: Any) -> Any:

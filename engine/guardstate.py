@@ -23,8 +23,20 @@ The rules, by class of state rather than by case:
   `__slots__` values, class attributes (properties, staticmethods and classmethods are followed
   to their functions), functools.partial's arguments, and the attributes of Python modules
   however reached (a global, a closure cell, a default, an attribute): every name the walked
-  user code reads (its co_names) that a reached module holds is guarded like a global.
+  user code reads (its co_names) that a reached module holds is guarded like a global. A
+  function's own globals are the names its instructions read as globals (engine.purity's
+  global_names), not every co_name: an attribute read is not a global read.
 - **Tensors** reached are guarded by metadata (their values are read live by the replay).
+- **Code that ran.** Given `ran` (the user code objects the watched runs executed), a user
+  function reached whose code never ran is guarded where it is held (the dict, list or cell
+  holding it, by identity) but not walked: its closure, defaults and globals are read by no
+  run (code compiled from a string is walked whenever reached: each trace makes new such code,
+  torch's own, so which of it ran is not tracked). A run that would reach it needs a different path through the Python that ran, which
+  reads only guarded state (tensor-valued branches are guards of the recorded graph), so it
+  fails a guard first. A dataclass holding the model's torch log joint and its JAX twin is
+  walked as far as the torch function, not into the twin's lazy `jax` proxy and `sys.modules`.
+  A function another callable wraps (`__wrapped__`: an lru_cache, whose result may come from a
+  run before the watched one, out of sight) is walked whether or not it ran.
 
 What it cannot see is refused rather than trusted: an iterator or generator reachable from the
 function (a replay would not advance it), a buffer it cannot read or larger than the bound, or
@@ -56,12 +68,12 @@ import itertools
 import operator
 import threading
 import types
-from typing import Any, Iterable
+from typing import Any, Collection, Iterable
 
 import torch
 from torch.distributions import Distribution as _Distribution
 
-from engine.purity import _is_torch_or_engine
+from engine.purity import _is_torch_or_engine, generated, global_names
 
 __all__ = ["StateGuard"]
 
@@ -125,7 +137,12 @@ class StateGuard:
 
     _names_done = 0
 
-    def __init__(self, roots: Iterable[Any], slots: Iterable[tuple[dict, str]] = ()) -> None:
+    def __init__(self, roots: Iterable[Any], slots: Iterable[tuple[dict, str]] = (),
+                 ran: Collection[types.CodeType] | None = None) -> None:
+        self._ran = ran  # the user code that ran (engine.purity); None: walk every function reached
+        self.walked: set[types.CodeType] = set()  # the code of the functions walked (reached, and run where `ran` is given)
+        self._skipped: dict[int, types.FunctionType] = {}  # functions not walked: their code did not run
+        self._wrapped: set[int] = set()  # functions another callable wraps (`__wrapped__`): walked whether or not they ran
         self.cells: list[types.CellType] = []
         self.names: list[tuple[dict, str]] = []  # (namespace dict, name)
         self.dicts: list[Any] = []  # dicts (and user classes' mappingproxies) whose keys and values are guarded
@@ -283,6 +300,11 @@ class StateGuard:
             stack.append(type(obj).forward)
         attrs = getattr(obj, "__dict__", None)
         if isinstance(attrs, dict):
+            wrapped = attrs.get("__wrapped__")
+            if isinstance(wrapped, types.FunctionType):  # an lru_cache: its result may come from an earlier run
+                self._wrapped.add(id(wrapped))
+                if self._skipped.pop(id(wrapped), None) is not None:
+                    self._function(wrapped, stack)
             self._dict(attrs, stack)
             self.objects.append(obj)
         for name in _slot_names(type(obj)):
@@ -296,6 +318,11 @@ class StateGuard:
             stack.append(call)
 
     def _function(self, fn: types.FunctionType, stack: list) -> None:
+        if self._ran is not None and fn.__code__ not in self._ran and id(fn) not in self._wrapped and not (
+                _is_library(fn) or _is_torch_or_engine(fn.__code__.co_filename) or generated(fn.__code__)):
+            self._skipped[id(fn)] = fn
+            return  # user code that never ran reads nothing (see "Code that ran" above)
+        self.walked.add(fn.__code__)
         for cell in fn.__closure__ or ():
             self.cells.append(cell)
             try:
@@ -312,9 +339,8 @@ class StateGuard:
         # A function's code and defaults can be swapped in place (autoreload, `f.__defaults__ = ...`).
         self.slotted += [(fn, "__code__"), (fn, "__defaults__"), (fn, "__kwdefaults__")]
         namespace = fn.__globals__
-        names = _code_names(fn.__code__)
-        self._attr_names |= names
-        for name in sorted(names):
+        self._attr_names |= _code_names(fn.__code__)
+        for name in sorted(global_names(fn.__code__)):  # read as globals (not `F.cross_entropy`'s attribute)
             if name in namespace:
                 self._name(namespace, name, stack)
             elif name in _BUILTIN_NAMES:  # resolved from builtins: a global of that name defined later shadows it

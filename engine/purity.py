@@ -26,7 +26,8 @@ they call back (the transformed function, a Module's forward, a hook) is checked
 code. Third-party packages other than torch are user code.
 
 `watch()` also reports the nn.Modules that ran (their state is then guarded by the caller) and the
-global names user frames read through their module's namespace.
+global names user frames read or write through their module's namespace (by the
+instructions that do: an attribute that shares a global's name is not one).
 """
 from __future__ import annotations
 
@@ -42,7 +43,7 @@ import contextlib
 
 import torch
 
-__all__ = ["Observation", "watch"]
+__all__ = ["Observation", "generated", "global_names", "watch"]
 
 _TORCH_DIR = os.path.dirname(torch.__file__) + os.sep
 _ENGINE_DIR = os.path.dirname(os.path.abspath(__file__)) + os.sep
@@ -183,6 +184,34 @@ def _resize(stack: list, n: int) -> None:
     del stack[max(0, n):]
 
 
+# Bytecode that reads or writes a name in the module's namespace (LOAD_NAME: a class body's or
+# module-level code's fallback to globals; an import binds a name that is then read).
+_GLOBAL_OPS = frozenset({
+    "LOAD_GLOBAL", "STORE_GLOBAL", "DELETE_GLOBAL", "LOAD_NAME", "STORE_NAME", "DELETE_NAME",
+    "LOAD_FROM_DICT_OR_GLOBALS", "IMPORT_NAME",
+})
+_global_cache: dict[types.CodeType, frozenset[str]] = {}
+
+
+def global_names(code: types.CodeType) -> frozenset[str]:
+    """The names this code (and the code nested in it: comprehensions, lambdas, inner functions)
+    reads or writes through its module's namespace, by the instructions that do.
+
+    Not co_names: those also hold every attribute name (`F.cross_entropy` puts `cross_entropy`
+    there), and a global that merely shares an attribute's name is state the code never reads;
+    following it walked whatever that global reaches (a lazy module proxy, `sys.modules`, the
+    whole interpreter) and made functions unprovable for nothing. Cached per code object."""
+    cached = _global_cache.get(code)
+    if cached is not None:
+        return cached
+    names = {ins.argval for ins in dis.get_instructions(code) if ins.opname in _GLOBAL_OPS}
+    for const in code.co_consts:
+        if isinstance(const, types.CodeType):
+            names |= global_names(const)
+    result = _global_cache[code] = frozenset(names)
+    return result
+
+
 _code_verdicts: dict[types.CodeType, str | None] = {}
 
 
@@ -244,6 +273,7 @@ class Observation:
 
     def __init__(self) -> None:
         self.effects: list[str] = []
+        self.effect_codes: dict[types.CodeType, str] = {}  # the user code each effect was made by (its first)
         self.modules: dict[int, torch.nn.Module] = {}
         self.global_slots: dict[tuple[int, str], tuple[dict, str]] = {}
         self.user_codes: set[types.CodeType] = set()
@@ -251,6 +281,12 @@ class Observation:
     @property
     def pure(self) -> bool:
         return not self.effects
+
+
+def generated(code: types.CodeType) -> bool:
+    """Code compiled at run time from a string (exec/eval: dataclass and namedtuple methods,
+    torch's make_fx signature lambdas, a user's eval'd function), not read from a file."""
+    return code.co_filename.startswith("<") and not code.co_filename.startswith("<frozen ")
 
 
 _MODULE_CALL_CODES = frozenset(
@@ -296,6 +332,10 @@ class _Profiler:
         local = frame.f_locals
         return any(local.get(name) is owner for name in names)
 
+    def _effect(self, code: types.CodeType, why: str) -> None:
+        self.obs.effects.append(why)
+        self.obs.effect_codes.setdefault(code, why)
+
     def __call__(self, frame: types.FrameType, event: str, arg: Any) -> None:
         if event == "call":
             self.frames.pop(id(frame), None)  # a new frame may reuse a dead one's id
@@ -308,16 +348,19 @@ class _Profiler:
                 back = frame.f_back
                 while back is not None and back.f_code.co_filename in _WRAPPER_FILES:
                     back = back.f_back
-                if back is not None and code.co_name in _STATEFUL_TORCH_NAMES and not self._trusted(back):
-                    self.obs.effects.append(f"{code.co_qualname} (a torch call a replay would not repeat) from {back.f_code.co_name}")
+                # (An API entry point, not a closure: a weakref callback of torch's, `remove`, runs
+                # on top of whatever frame the garbage collector interrupted.)
+                if back is not None and code.co_name in _STATEFUL_TORCH_NAMES and "<locals>" not in code.co_qualname \
+                        and not self._trusted(back):
+                    self._effect(back.f_code, f"{code.co_qualname} (a torch call a replay would not repeat) from {back.f_code.co_name}")
                 return
             if code not in self.obs.user_codes:
                 self.obs.user_codes.add(code)
                 why = code_effect(code)
                 if why is not None:
-                    self.obs.effects.append(why)
+                    self._effect(code, why)
                 namespace = frame.f_globals
-                for name in code.co_names:
+                for name in global_names(code):
                     if name in namespace:
                         self.obs.global_slots[(id(namespace), name)] = (namespace, name)
         elif event == "c_call":
@@ -325,7 +368,7 @@ class _Profiler:
                 return
             why = c_call_effect(arg)
             if why is not None and not self._fresh_mutation(frame, arg):
-                self.obs.effects.append(f"{frame.f_code.co_name} calls {why}")
+                self._effect(frame.f_code, f"{frame.f_code.co_name} calls {why}")
         elif event == "return":
             self.frames.pop(id(frame), None)
 

@@ -45,9 +45,19 @@ def test_measures_checked_methods_side_by_side() -> None:
     assert q1 <= row.ratio("engine_traced", "jax") <= q3
 
 
+def test_the_default_path_is_measured_with_ours_default() -> None:
+    w = workloads.get("rosenbrock_hessian")
+    row = peer_ratios.measure_workload(w, "d=8", rounds=3, budget_s=0.2, fused=False, default_path=True)
+    assert row.ours == "engine" and set(row.first_call) == {"engine", "jax"}
+    assert set(row.samples) == {"engine", "torch_func", "jax"} and not row.failed and not row.skipped
+
+
 def test_the_compiled_family_is_measured_by_engine_compiled() -> None:
     assert peer_ratios.ours_of(workloads.get("compiled_psg_mlp")) == "engine_compiled"
     assert peer_ratios.ours_of(workloads.get("tutorial_ntk")) == "engine_traced"
+    # --ours default: the default path where the workload has it, the replayed method where not
+    assert peer_ratios.ours_of(workloads.get("tutorial_ntk"), default_path=True) == "engine"
+    assert peer_ratios.ours_of(workloads.get("compiled_psg_mlp"), default_path=True) == "engine_compiled"
     with pytest.raises(ValueError, match="has none of"):
         peer_ratios.ours_of(workloads.Workload(name="w", family="f", description="d", grid={"n": [1]},
                                                methods=("loop", "jax"), setup=None, run=None, check=None))

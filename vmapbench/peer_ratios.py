@@ -3,6 +3,7 @@
     python -m vmapbench.peer_ratios                       # every workload with a jax method
     python -m vmapbench.peer_ratios -w psg_mlp -w nn_lstm --rounds 25
     python -m vmapbench.peer_ratios --family per_sample_grads --write
+    python -m vmapbench.peer_ratios --ours default -w bayes_hmc   # the default path (engine), not engine.trace
 
 For each workload that lists `jax` (or those named with `-w`), at its first quick size (else its
 smallest; `--size` with one workload), the engine's replayed path (`engine_traced`, or
@@ -39,6 +40,9 @@ import torch
 PEERS: tuple[str, ...] = ("jax", "opacus_hooks", "opacus_ew", "opacus_functorch", "backpack")
 # The engine's replayed path: the first of these the workload lists.
 OURS: tuple[str, ...] = ("engine_traced", "engine_compiled")
+# `--ours default`: the engine as a user gets it (automatic tracing: replays where proven, else
+# eager), its fused tier forced in after the calls automatic tracing needs before it records.
+DEFAULT_PATH = "engine"
 REFERENCE = "torch_func"
 # Our replayed graph with the fused tier off, timed beside the settled default path (the fused
 # program where the tier compiled one): what the tier buys, in the same rounds.
@@ -110,8 +114,11 @@ class Row:
         return q1, q3
 
 
-def ours_of(workload: Any) -> str:
-    """The engine's replayed method of `workload`: engine_traced, else engine_compiled."""
+def ours_of(workload: Any, default_path: bool = False) -> str:
+    """The engine's replayed method of `workload`: engine_traced, else engine_compiled; with
+    `default_path`, `engine` (automatic tracing) where the workload has it."""
+    if default_path and DEFAULT_PATH in workload.methods:
+        return DEFAULT_PATH
     for method in OURS:
         if method in workload.methods:
             return method
@@ -149,7 +156,7 @@ def jax_unavailable() -> str | None:
 
 
 def measure_workload(workload: Any, size: str, rounds: int, budget_s: float,
-                     jax_reason: str | None = None, fused: bool = True) -> Row:
+                     jax_reason: str | None = None, fused: bool = True, default_path: bool = False) -> Row:
     """Build, first-call and check every contender of `workload` at `size`, then time them interleaved.
 
     With `fused` (the default) ours' first build forces the fused tier's compile (what the default
@@ -159,12 +166,12 @@ def measure_workload(workload: Any, size: str, rounds: int, budget_s: float,
 
     if not fused:
         with engine.fused_tier(False):
-            return measure_workload(workload, size, rounds, budget_s, jax_reason, fused=True)
+            return measure_workload(workload, size, rounds, budget_s, jax_reason, fused=True, default_path=default_path)
     from suite import probes
     from workloads.peers import PeerUnavailable
 
 
-    ours = ours_of(workload)
+    ours = ours_of(workload, default_path)
     row = Row(workload.name, size, ours)
     params = workload.params(size)
     state = workload.setup(params, "cpu")
@@ -210,7 +217,12 @@ def _first_call(workload: Any, method: str, state: Any) -> float:
 
     start = time.perf_counter()
     workload.run(method, state)
-    if method in OURS and engine.fused.fused_mode() != "off":
+    if method == DEFAULT_PATH:  # seen, verified, recorded: the next call is the first replay
+        from workloads.base import AUTO_TRACE_WARMUP
+
+        for _ in range(AUTO_TRACE_WARMUP):
+            workload.run(method, state)
+    if method in (*OURS, DEFAULT_PATH) and engine.fused.fused_mode() != "off":
         with engine.fused_tier("force"):
             workload.run(method, state)
         engine.settle()
@@ -396,6 +408,10 @@ def configure(parser: argparse.ArgumentParser) -> None:
                         help="only the per-call overhead of an empty-ish program: replay, fused, jax.jit, ...")
     parser.add_argument("--no-fused", action="store_true",
                         help="measure with the fused tier off (ours is the replayed graph; no compiles)")
+    parser.add_argument("--ours", choices=("traced", "default"), default="traced",
+                        help="our method: 'traced' (engine_traced: an explicit engine.trace, the default) or "
+                             "'default' (engine: the default path, automatic tracing, where it replays and eager "
+                             "where it does not); both with the fused tier forced in and settled")
     parser.add_argument("--write", action="store_true", help="store the rows under results/peer_ratios/")
 
 
@@ -415,7 +431,8 @@ def main(args: argparse.Namespace) -> int:
     for w in chosen:
         size = args.size or default_size(w)
         print(f"{w.name} [{size}] ...", file=sys.stderr, flush=True)
-        rows.append(measure_workload(w, size, args.rounds, args.budget_s, jax_reason, fused=not args.no_fused))
+        rows.append(measure_workload(w, size, args.rounds, args.budget_s, jax_reason, fused=not args.no_fused,
+                                     default_path=args.ours == "default"))
     print(f"torch {torch.__version__}, {args.threads} thread(s), float32, cpu; interleaved rounds (up to "
           f"{args.rounds}, {args.budget_s:g} s per workload): median per call, ratios median of the per-round "
           "ratios (interquartile range); every method checked against the float64 loop first")
