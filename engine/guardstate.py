@@ -237,6 +237,7 @@ class StateGuard:
                 if obj.grad is not None:
                     stack.append(obj.grad)
             self._dict(obj.__dict__, stack)  # Python attributes set on it (`p.lr_scale = 0.1`)
+            self.slotted.append((obj, "__dict__"))  # and the dict itself (`t.__dict__ = {...}`)
             return
         if isinstance(obj, _MAPPING_VIEWS):  # d.values(), MappingProxyType(d): the dict behind it
             for d in gc.get_referents(obj):
@@ -307,6 +308,7 @@ class StateGuard:
                     self._function(wrapped, stack)
             self._dict(attrs, stack)
             self.objects.append(obj)
+            self.slotted.append((obj, "__dict__"))  # `obj.__dict__ = {...}` replaces the dict guarded above
         for name in _slot_names(type(obj)):
             self.slotted.append((obj, name))
             value = getattr(obj, name, _EMPTY)
@@ -336,8 +338,10 @@ class StateGuard:
             # Library globals are not rebound by user code; its closures were followed. (The
             # file, not __module__: functools.wraps gives the engine's wrappers the user's.)
             return
-        # A function's code and defaults can be swapped in place (autoreload, `f.__defaults__ = ...`).
-        self.slotted += [(fn, "__code__"), (fn, "__defaults__"), (fn, "__kwdefaults__")]
+        # A function's code and defaults can be swapped in place (autoreload, `f.__defaults__ = ...`),
+        # and its attributes read like any object's (`helper.scale`, or `helper.__dict__ = {...}`).
+        self.slotted += [(fn, "__code__"), (fn, "__defaults__"), (fn, "__kwdefaults__"), (fn, "__dict__")]
+        self._dict(fn.__dict__, stack)
         namespace = fn.__globals__
         self._attr_names |= _code_names(fn.__code__)
         for name in sorted(global_names(fn.__code__)):  # read as globals (not `F.cross_entropy`'s attribute)

@@ -1799,3 +1799,66 @@ def test_lazy_module_attribute_through_module_getattr():
     _warm(g, X)
     lazy._values["SCALE"] = -4.0
     _after(g, X)
+
+
+# --- attribute dicts replaced wholesale, and function attributes ---------------------------------
+
+class _Settings:
+    pass
+
+
+def test_an_objects_dict_replaced_wholesale():
+    """`obj.__dict__ = {...}` leaves the old dict (the one guarded) untouched: the object's dict
+    itself is guarded by identity."""
+    cfg = _Settings()
+    cfg.scale = 2.0
+    g = engine.grad(lambda x: (x * cfg.scale).sum())
+    x = torch.randn(3)
+    _warm(g, x)
+    cfg.__dict__ = {"scale": 5.0}
+    _after(g, x)
+
+
+def test_a_holders_dict_replaced_wholesale():
+    cfg = _Settings()
+    cfg.scale = 2.0
+    holder = _Settings()
+    holder.cfg = cfg
+    g = engine.grad(lambda x: (x * holder.cfg.scale).sum())
+    x = torch.randn(3)
+    _warm(g, x)
+    other = _Settings()
+    other.scale = 7.0
+    holder.__dict__ = {"cfg": other}
+    _after(g, x)
+
+
+def _scaled_by_own_attribute(x):
+    return x * _scaled_by_own_attribute.scale
+
+
+_scaled_by_own_attribute.scale = 2.0
+
+
+def test_a_function_attribute_set_between_calls():
+    """A helper reading its own attribute (`helper.scale`), set in place or through a new __dict__."""
+    g = engine.grad(lambda x: _scaled_by_own_attribute(x).sum())
+    x = torch.randn(3)
+    try:
+        _warm(g, x)
+        _scaled_by_own_attribute.scale = 5.0
+        _after(g, x)
+        _scaled_by_own_attribute.__dict__ = {"scale": 7.0}
+        _after(g, x)
+    finally:
+        _scaled_by_own_attribute.__dict__ = {"scale": 2.0}
+
+
+def test_a_tensors_dict_replaced_wholesale():
+    t = torch.ones(3)
+    t.k = 2.0
+    g = engine.grad(lambda x: (x * t.k).sum())
+    x = torch.randn(3)
+    _warm(g, x)
+    t.__dict__ = {"k": 9.0}
+    _after(g, x)
