@@ -138,7 +138,7 @@ class AutoTraced:
         if mode is _REPLAY:
             if switch.verify:
                 return self._shadow(args, kwargs, fast, key)
-            return running(self.traced._call, args, kwargs, fast)  # it may record: a run of the function
+            return self._traced_call(args, kwargs, fast, key)  # it may record: a run of the function
         if mode is _EAGER:
             return self._eager(args, kwargs)
         if mode is _RECORD:
@@ -244,13 +244,39 @@ class AutoTraced:
             self._signatures[key] = _REPLAY
         return out
 
+    def _traced_call(self, args: tuple, kwargs: dict, fast: Any, key: Any) -> Any:
+        """The traced call of a signature verified for replay: a replay, or the call that records.
+
+        A recording that branched on tensor values (`if x.sum() > 0`, a distribution's argument
+        check) may have run code the watched run did not: these arguments can take another branch
+        than the watched call's did, and an effect there (Python `random`, a global store) would be
+        frozen into the graph unseen. Such a recording is not kept: this call's result is its real
+        run's, and the signature records again, watched (`_record`), at its next call. A recording
+        that read no tensor value ran exactly the code the watched run ran."""
+        traced = self.traced
+        recorded = self._narrow or self._cached_entry(args, kwargs, fast) is not None
+        out = running(traced._call, args, kwargs, fast)
+        if not recorded:
+            entry = self._cached_entry(args, kwargs, fast)
+            if entry is not None and entry.guards and self._signatures.get(key) is _REPLAY:
+                traced.cache_clear()  # (other signatures' entries are recorded again at their next call)
+                self._signatures[key] = _RECORD
+        return out
+
+    def _cached_entry(self, args: tuple, kwargs: dict, fast: Any) -> Any:
+        """The trace's entry for these arguments' signature, whatever its state, or None."""
+        traced = self.traced
+        if fast is not None and fast[0] in traced._fast:
+            return traced._fast[fast[0]]
+        return traced._cache.get(_signature(args, kwargs, traced._strides)[0])
+
     def _shadow(self, args: tuple, kwargs: dict, fast: Any, key: Any) -> Any:
         """Shadow verification: the replay, then the eager call from the same random state, compared
         (exactly; within the dtype's default tolerance where the result came from a fused program).
         The replay's result is returned; the eager call is not counted in `eager_calls`."""
         entry = self._replay_entry(args, kwargs, fast)
         if entry is None:  # the recording run or an eager run: nothing to compare
-            return running(self.traced._call, args, kwargs, fast)
+            return self._traced_call(args, kwargs, fast, key)
         generators = [g for g in tree_flatten((args, kwargs))[0] if isinstance(g, torch.Generator)]
         generators += self._guard.generators if self._guard is not None else []
         states = [g.get_state() for g in generators]

@@ -160,10 +160,9 @@ def test_an_effect_only_on_the_recordings_branch_keeps_the_function_eager():
     _check_random_on_one_branch(_random_on_one_branch(_Model(_log_joint, _twin)))
 
 
-@pytest.mark.xfail(strict=True, reason="known hole, older than the code-that-ran rule: where the full walk "
-                   "proves the state, the recording is not watched (it would cost ~7x the trace), so an effect "
-                   "on a branch only the recording took is frozen into the graph")
 def test_an_effect_only_on_the_recordings_branch_of_a_plain_function():
+    """Where the full walk proves the state, a recording that branched on tensor values is not
+    kept: the signature records again, watched, and the effect makes the function eager."""
     _check_random_on_one_branch(_random_on_one_branch(None))
 
 
@@ -174,3 +173,18 @@ def _check_random_on_one_branch(f) -> None:
     outs = [g(neg) for _ in range(CALLS)]
     assert len({tuple(o.tolist()) for o in outs}) == CALLS  # a fresh draw every call, as eagerly
     assert "Random.random" in (autotraced_state(g).impure or "")
+
+
+def test_a_pure_function_that_branches_on_tensor_values_still_replays():
+    """The recording that branched is recorded again, watched, once: then it replays."""
+    def f(x):
+        if x.sum() > 0:
+            return x.sin().sum()
+        return x.cos().sum()
+
+    g = engine.grad(f)
+    pos = torch.ones(3)
+    for _ in range(6):
+        torch.testing.assert_close(g(pos), torch.func.grad(f)(pos), rtol=0, atol=0)
+    state = autotraced_state(g)
+    assert state.impure is None and state.traced.cache_info().hits > 0
