@@ -214,6 +214,22 @@ def global_names(code: types.CodeType) -> frozenset[str]:
 
 _code_verdicts: dict[types.CodeType, str | None] = {}
 
+# Callables that call the callables they are given from C (map, itertools, functools, a key= of
+# sorted/min/max/list.sort): sys.setprofile reports the C functions that Python frames call, not
+# those C calls, so `sum(map(random.getrandbits, [8]))` would draw unseen and a replay would
+# freeze the draw. Code that names one is not proven pure (it runs eagerly; results stay exact).
+_HIGHER_ORDER = frozenset({
+    "map", "filter", "starmap", "accumulate", "groupby", "filterfalse", "dropwhile", "takewhile",
+    "reduce", "partial", "partialmethod", "methodcaller", "defaultdict",
+})
+
+
+def _kw_names(code: types.CodeType, ins: dis.Instruction) -> tuple:
+    """The keyword names of a call (Python 3.11's KW_NAMES holds an index into co_consts)."""
+    names = ins.argval if isinstance(ins.argval, tuple) else (
+        code.co_consts[ins.arg] if ins.arg is not None and ins.arg < len(code.co_consts) else ())
+    return names if isinstance(names, tuple) else ()
+
 
 def code_effect(code: types.CodeType) -> str | None:
     """Why this code object may write outside its own locals (None: it cannot). Cached.
@@ -231,6 +247,11 @@ def code_effect(code: types.CodeType) -> str | None:
                 continue
         if ins.opname in _EFFECT_OPS:
             verdict = f"{ins.opname} {ins.argval}"
+        elif ins.opname in ("LOAD_GLOBAL", "LOAD_NAME", "LOAD_ATTR", "LOAD_METHOD") and ins.argval in _HIGHER_ORDER:
+            verdict = (f"a call through {ins.argval}, which calls what it is given from C, where the purity "
+                       f"watch cannot see it")
+        elif ins.opname == "KW_NAMES" and "key" in _kw_names(code, ins):
+            verdict = "a call with key=, whose key function is called from C, where the purity watch cannot see it"
         elif ins.opname in ("STORE_DEREF", "DELETE_DEREF") and ins.argval in code.co_freevars:
             verdict = f"a store to the nonlocal {ins.argval}"
         if verdict is not None:
