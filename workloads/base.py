@@ -34,8 +34,10 @@ METHODS: tuple[str, ...] = (
 # Methods run by another framework (workloads/peers/): skipped with a reason when it is not installed.
 # ("jax" is a peer too, added to a workload by workloads.peers.jax_methods.with_jax.)
 PEER_METHODS = frozenset(("opacus_hooks", "opacus_ew", "opacus_functorch", "backpack"))
-# Calls after the first before an automatically traced function replays (engine.autotrace).
-AUTO_TRACE_WARMUP = 2
+# Calls after the first before an automatically traced function replays (engine.autotrace): a
+# watched eager run, the recording, and for a function that branches on tensor values (a
+# distribution's argument checks) the recording made again, watched.
+AUTO_TRACE_WARMUP = 3
 ENGINE_METHODS = frozenset(m for m in METHODS if m.startswith("engine"))
 COMPILED_METHODS = frozenset(m for m in METHODS if m.endswith("_compiled"))
 BASELINE = "loop"
@@ -128,8 +130,9 @@ class Workload:
         """First call of a method (trace or compile happens here); returns its wall time in seconds.
 
         The `engine` method is automatically traced: its first call is eager, the second eager and
-        watched, the third records the graph (engine.autotrace). Those two further calls are made
-        here too, so that measured calls are the steady state (replays, or eager where not proven).
+        watched, the third records the graph, and a recording that branched on tensor values is
+        made again, watched, at the fourth (engine.autotrace). Those further calls are made here
+        too, so that measured calls are the steady state (replays, or eager where not proven).
         """
         start = time.perf_counter()
         self.run(method, state)
