@@ -12,7 +12,7 @@ import subprocess
 import warnings
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Iterator
 
 import pandas as pd
 
@@ -51,20 +51,26 @@ class ProfileEntry:
     error: str | None = None
 
 
-def load_coverage(results_dir: str | Path) -> CoverageReport | None:
-    """The newest readable results/coverage/*.json, or None when there is none."""
-    folder = Path(results_dir) / "coverage"
+def _newest_reports(folder: Path, what: str, key: str, item_key: str) -> Iterator[tuple[Path, dict, list, list[Path]]]:
+    """The readable reports of `folder`/*.json, newest first (modification time, then name), as
+    (path, data, data[key], every candidate path); a file whose `key` is not a list of objects
+    with an `item_key` is skipped with a CorruptResultWarning naming it and saying it is no `what`."""
     candidates = sorted(folder.glob("*.json"), key=lambda p: (p.stat().st_mtime, p.name), reverse=True)
-    for i, path in enumerate(candidates):
+    for path in candidates:
         try:
             data = json.loads(path.read_text(encoding="utf-8"))
-            ops = data["ops"]
-            if not isinstance(ops, list) or not all(isinstance(o, dict) and "op" in o for o in ops):
-                raise ValueError("'ops' must be a list of objects with an 'op' key")
+            items = data[key]
+            if not isinstance(items, list) or not all(isinstance(o, dict) and item_key in o for o in items):
+                raise ValueError(f"'{key}' must be a list of objects with an '{item_key}' key")
         except (OSError, ValueError, KeyError, TypeError) as exc:
-            warnings.warn(f"skipping {path}: not a coverage report ({exc})", CorruptResultWarning,
-                          stacklevel=2)
+            warnings.warn(f"skipping {path}: not a {what} ({exc})", CorruptResultWarning, stacklevel=3)
             continue
+        yield path, data, items, candidates
+
+
+def load_coverage(results_dir: str | Path) -> CoverageReport | None:
+    """The newest readable results/coverage/*.json, or None when there is none."""
+    for path, data, ops, candidates in _newest_reports(Path(results_dir) / "coverage", "coverage report", "ops", "op"):
         meta = {k: v for k, v in data.items() if k != "ops"}
         return CoverageReport(path, ops, meta, [p for p in candidates if p != path])
     return None
@@ -211,17 +217,7 @@ def load_peer_ratios(results_dir: str | Path) -> list[PeerReport]:
     root = Path(results_dir) / PEER_RATIOS_DIR
     out = []
     for machine_dir in sorted(p for p in root.glob("*") if p.is_dir()):
-        candidates = sorted(machine_dir.glob("*.json"), key=lambda p: (p.stat().st_mtime, p.name), reverse=True)
-        for path in candidates:
-            try:
-                data = json.loads(path.read_text(encoding="utf-8"))
-                rows = data["rows"]
-                if not isinstance(rows, list) or not all(isinstance(r, dict) and "workload" in r for r in rows):
-                    raise ValueError("'rows' must be a list of objects with a 'workload'")
-            except (OSError, ValueError, KeyError, TypeError) as exc:
-                warnings.warn(f"skipping {path}: not a peer_ratios report ({exc})", CorruptResultWarning,
-                              stacklevel=2)
-                continue
+        for path, data, rows, _ in _newest_reports(machine_dir, "peer_ratios report", "rows", "workload"):
             out.append(PeerReport(str(data.get("machine") or machine_dir.name), str(data.get("commit") or ""),
                                   data.get("threads"), rows, path))
             break
