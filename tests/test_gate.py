@@ -22,15 +22,17 @@ ROUNDS = 7
 
 
 def probe(seed: int, engine_factor: float = 1.0, errors: dict | None = None) -> dict:
-    """One time process's output: every method's per-round times jittered by a shared load factor
-    per process and per round (what in-process ratios cancel) and its own small noise; engine
-    methods scaled by engine_factor."""
+    """One side's output of a time process: every method's per-round times jittered by a load
+    factor per process and per round (`seed` sets them: the sides of one process share them, which
+    is what ratios taken round by round cancel) and by its own small noise; engine methods scaled
+    by engine_factor."""
     rng = np.random.default_rng(seed)
     load = float(np.exp(rng.normal(0, 0.3)))
     rounds = np.exp(rng.normal(0, 0.2, ROUNDS))
+    own = np.random.default_rng([seed, int(engine_factor * 1000), len(errors or {})])
 
     def jitter(t: float, engine: bool) -> list[float]:
-        return [t * load * float(r) * float(np.exp(rng.normal(0, 0.02))) * (engine_factor if engine else 1.0)
+        return [t * load * float(r) * float(np.exp(own.normal(0, 0.02))) * (engine_factor if engine else 1.0)
                 for r in rounds]
 
     times = {m: jitter(t, m == "engine") for m, t in METHODS.items()}
@@ -39,18 +41,32 @@ def probe(seed: int, engine_factor: float = 1.0, errors: dict | None = None) -> 
 
 
 def count_probe(seed: int, engine_factor: float = 1.0) -> dict:
-    """One count process's output: two counts of each region, differing by a few parts in 10^4."""
+    """One side's output of a count process: two counts of each region, differing by a few parts in 10^4."""
     rng = np.random.default_rng(seed)
     return {"counts": {f"{label}|{rep}": int(n * (engine_factor if label.endswith("|engine") else 1.0)
                                             * (1 + rng.normal(0, 3e-4)))
-                       for label, n in COUNTS.items() for rep in range(2)}, "errors": {}}
+                       for label, n in COUNTS.items() for rep in range(2)}, "errors": {}, "process": "count"}
 
 
-def side(seed: int, n_time: int, engine_factor: float = 1.0, counts_factor: float | None = None,
-         errors: dict | None = None) -> list[dict]:
-    """The outputs of one side's processes: `n_time` time processes and one count process."""
-    out = [probe(seed + i, engine_factor, errors) for i in range(n_time)]
-    return out + [count_probe(seed + 50, engine_factor if counts_factor is None else counts_factor)]
+def sides(seed: int, engine_factor: float = 1.0, counts_factor: float | None = None, errors: dict | None = None,
+          twin: bool = True, processes: int = 1) -> dict[str, list[dict]]:
+    """What gate.measure returns: per side (base, head, twin) its outputs of `processes` time
+    processes (the sides of one process share its load and round factors) and of one count process
+    (base and head); head's engine methods scaled by engine_factor, its counts by counts_factor
+    (default engine_factor), errors at head."""
+    out: dict[str, list[dict]] = {"base": [], "head": []} | ({"twin": []} if twin else {})
+    for i in range(processes):
+        for name in out:
+            at_head = name == "head"
+            p = probe(seed + i, engine_factor if at_head else 1.0, errors if at_head else None)
+            out[name].append({**p, "process": f"time-{i}"})
+    out["base"].append(count_probe(seed + 50))
+    out["head"].append(count_probe(seed + 51, engine_factor if counts_factor is None else counts_factor))
+    return out
+
+
+def outcome_of(measured: dict[str, list[dict]], root: Path, machine: str = "m") -> gate.Outcome:
+    return gate.outcome(measured["base"], measured["head"], machine, root, twin_probes=measured.get("twin", ()))
 
 
 def test_signals_are_named_like_the_suite_points():
@@ -71,7 +87,7 @@ def test_signals_are_named_like_the_suite_points():
 
 
 def test_a_over_a_under_load_passes_on_a_machine_without_a_calibration(tmp_path):
-    result = gate.outcome(side(0, 2), side(10, 1), "m", tmp_path)
+    result = outcome_of(sides(0), tmp_path)
     assert result.exit_code == 0
     assert not gate.regressions(result.rows)
     sources = {r.source for r in result.rows if r.gated}
@@ -81,17 +97,17 @@ def test_a_over_a_under_load_passes_on_a_machine_without_a_calibration(tmp_path)
     assert raw and all("time_run" in r.name or "time_chain" in r.name for r in raw)
 
 
-def test_one_base_process_gives_no_evidence_and_time_signals_are_inconclusive(tmp_path):
-    """Without a calibration file and without two base processes a time signal's noise is unknown:
+def test_without_a_twin_there_is_no_evidence_and_time_signals_are_inconclusive(tmp_path):
+    """Without a calibration file and without base's twin a time signal's noise is unknown:
     it is reported inconclusive, never slower, however far its head moved."""
-    result = gate.outcome(side(0, 1), side(10, 1, engine_factor=1.5, counts_factor=1.0), "m", tmp_path)
+    result = outcome_of(sides(0, engine_factor=1.5, counts_factor=1.0, twin=False), tmp_path)
     timed = [r for r in result.rows if r.gated and not stats.is_count(r.name)]
     assert timed and all(r.source == "none" and r.verdict == "inconclusive" for r in timed)
     assert result.exit_code == 0
 
 
 def test_planted_engine_slowdown_fails_naming_only_engine_signals(tmp_path):
-    result = gate.outcome(side(0, 2), side(10, 1, engine_factor=1.3), "m", tmp_path)
+    result = outcome_of(sides(0, engine_factor=1.3), tmp_path)
     assert result.exit_code == 1
     named = [r.name for r in gate.regressions(result.rows)]
     assert named and all(gate.is_engine_signal(n) for n in named)
@@ -100,10 +116,10 @@ def test_planted_engine_slowdown_fails_naming_only_engine_signals(tmp_path):
 
 def test_a_small_count_change_is_caught_where_time_cannot_see_it(tmp_path):
     """A 5% slowdown: inside any time floor of a loaded machine, beyond the 3% count floor."""
-    result = gate.outcome(side(0, 2), side(10, 1, engine_factor=1.0, counts_factor=1.05), "m", tmp_path)
+    result = outcome_of(sides(0, engine_factor=1.0, counts_factor=1.05), tmp_path)
     named = [r.name for r in gate.regressions(result.rows)]
     assert named and all(stats.is_count(n) and gate.is_engine_signal(n) for n in named)
-    unchanged = gate.outcome(side(0, 2), side(10, 1, counts_factor=1.02), "m", tmp_path)
+    unchanged = outcome_of(sides(0, counts_factor=1.02), tmp_path)
     assert unchanged.exit_code == 0
 
 
@@ -120,25 +136,27 @@ def test_evidence_floor_pools_the_spread_of_a_metric():
 
 
 def test_a_case_failing_at_head_exits_2_and_a_dead_process_too(tmp_path):
-    broken = side(10, 1, errors={"mlp_hvp hidden=128,k=8 engine": "RuntimeError: boom"})
-    assert gate.outcome(side(0, 2), broken, "m", tmp_path).exit_code == 2
-    dead = [probe(1), {"fatal": "Traceback ...\nImportError: no engine"}, probe(2)]
-    result = gate.outcome(side(0, 2), dead, "m", tmp_path)
+    broken = sides(0, errors={"mlp_hvp hidden=128,k=8 engine": "RuntimeError: boom"})
+    assert outcome_of(broken, tmp_path).exit_code == 2
+    dead = sides(0, processes=2)
+    for name in dead:
+        dead[name][1] = {"fatal": "Traceback ...\nImportError: no engine", "process": "time-1"}
+    result = outcome_of(dead, tmp_path)
     assert result.exit_code == 2 and "ImportError" in result.failed["measuring process"]
 
 
 def test_noise_floor_file_silences_a_noisy_signal(tmp_path):
-    base, head = side(0, 2), side(10, 1, engine_factor=1.3)
-    floors = {n: 1.0 for p in base for n in gate.signals(p) if stats.is_gated(n)}
+    measured = sides(0, engine_factor=1.3)
+    floors = {n: 1.0 for p in measured["base"] for n in gate.signals(p) if stats.is_gated(n)}
     path = stats.noise_file("m", tmp_path)
     path.parent.mkdir(parents=True)
     path.write_text(json.dumps({"floors": floors}))
-    result = gate.outcome(base, head, "m", tmp_path)
+    result = outcome_of(measured, tmp_path)
     assert result.exit_code == 0 and {r.source for r in result.rows if r.gated} == {"calibrated"}
 
 
 def test_markdown_summary_lists_called_changes_with_intervals(tmp_path):
-    result = gate.outcome(side(0, 2), side(10, 1, engine_factor=1.3), "m", tmp_path)
+    result = outcome_of(sides(0, engine_factor=1.3), tmp_path)
     text = gate.markdown(result.rows, result.failed, "Benchmarks gate: a -> b", ["valgrind is not installed"])
     assert text.startswith("### Benchmarks gate: a -> b")
     assert "**regression**" in text and "| signal | verdict | head/base [99% interval] |" in text
@@ -150,7 +168,7 @@ def test_markdown_summary_lists_called_changes_with_intervals(tmp_path):
 
 
 def test_calibrated_floors_cover_the_worst_a_over_a_deviation():
-    rows = gate.outcome(side(0, 2), side(10, 1), "m", Path("/nonexistent"))
+    rows = outcome_of(sides(0), Path("/nonexistent"))
     noisy = [gate.Row(r.name, r.gated, r.verdict, r.floor, stats.Estimate(1.4, 1.2, 1.6, 3), r.base, r.head)
              if "engine_traced" in r.name else r for r in rows.rows]
     floors = gate.calibrated_floors([rows.rows, noisy])
@@ -192,7 +210,7 @@ def test_missing_valgrind_skips_the_counts_with_a_reason(monkeypatch, tmp_path):
 
     def fake_measure(trees, workdir, log=print, counting=None):
         seen["counting"] = counting
-        return {"base": [probe(s) for s in range(2)], "head": [probe(9)]}
+        return {side: [{**probe(0), "process": "time-0"}] for side in ("base", "head", "twin")}
 
     monkeypatch.setattr(gate, "measure", fake_measure)
     result = gate.compare_commits(ROOT, "HEAD", "HEAD", "m", log=lambda *a: None)
@@ -200,13 +218,15 @@ def test_missing_valgrind_skips_the_counts_with_a_reason(monkeypatch, tmp_path):
     assert not any(stats.is_count(r.name) for r in result.rows)
 
 
-def test_the_comparison_runs_base_twice_and_counts_both_sides():
-    labels = [j.label for j in gate.jobs(counting=True)]
-    assert labels[:2] == ["base-time-0", "head-time-0"]  # timed side by side first
-    assert sorted(labels) == sorted(["base-time-0", "head-time-0", "base-count-0", "head-count-0", "base-time-1"])
-    assert [j.kind for j in gate.jobs(counting=False)] == ["time"] * 3
-    cmd = gate.probe_command(Path("/x/base-count-0.json"), gate.Job("base", "count"), Path("/lib.so"))
+def test_one_process_times_base_its_twin_and_head_and_one_counts_base_and_head():
+    assert [j.label for j in gate.jobs(counting=True)] == ["time-0", "count-0"]
+    assert [j.kind for j in gate.jobs(counting=False)] == ["time", "time"]  # the free core: more rounds
+    trees = {side: Path(f"/x/{side}") for side in gate.SIDES}
+    cmd = gate.probe_command(Path("/x/count-0.json"), gate.Job("count"), trees, Path("/lib.so"))
     assert cmd[0] == "valgrind" and "--instr-atstart=no" in cmd and "--count" in cmd
+    assert [cmd[i + 1] for i, a in enumerate(cmd) if a == "--tree"] == ["base=/x/base", "head=/x/head"]
+    cmd = gate.probe_command(Path("/x/time-0.json"), gate.Job("time"), trees)
+    assert [cmd[i + 1] for i, a in enumerate(cmd) if a == "--tree"] == ["base=/x/base", "head=/x/head", "twin=/x/twin"]
 
 
 def test_adaptive_rounds_stop_early_for_a_steady_signal_and_run_on_for_a_noisy_one():
@@ -229,8 +249,8 @@ def test_continuous_exit_codes_and_result_placement(tmp_path, monkeypatch):
 
     def fake_measure(trees, workdir, log=print, counting=None):
         factor, errors = plans[os.environ["PLAN"]]
-        assert set(trees) == {"base", "head"} and all((t / "engine").is_dir() for t in trees.values())
-        return {"base": side(0, 2), "head": side(100, 1, engine_factor=factor, errors=errors)}
+        assert set(trees) == set(gate.SIDES) and all((t / "engine").is_dir() for t in trees.values())
+        return sides(0, engine_factor=factor, errors=errors)
 
     monkeypatch.setattr(gate, "measure", fake_measure)
     monkeypatch.chdir(ROOT)
@@ -330,7 +350,7 @@ def test_the_probe_measures_the_suites_overhead_chain():
     (its API moved once and every comparison then exited 2)."""
     from vmapbench import gate_probe
 
-    times, errors = gate_probe.measure_overhead(budget_s=0.05, clock=gate_probe.CLOCKS["cpu"])
+    (times, errors), = gate_probe.measure_overhead(budget_s=0.05, clock=gate_probe.CLOCKS["cpu"]).values()
     assert not errors, errors
     assert {"native", "engine"} <= set(times) and all(t > 0 for v in times.values() for t in v)
 
@@ -339,5 +359,47 @@ def test_probes_measure_one_tier(tmp_path, monkeypatch):
     """The gate's measuring processes keep the fused tier off whatever the caller's environment
     says: a program loaded from an earlier run's disk index mid-timing would switch tiers."""
     monkeypatch.setenv("VMAPBENCH_FUSED", "1")
-    env = gate.probe_env(tmp_path)
-    assert env["VMAPBENCH_FUSED"] == "0" and env["PYTHONPATH"] == str(tmp_path)
+    monkeypatch.setenv("PYTHONPATH", str(tmp_path))
+    env = gate.probe_env()
+    assert env["VMAPBENCH_FUSED"] == "0" and "PYTHONPATH" not in env  # the probe puts each side's tree first
+
+
+def test_sides_keep_each_commits_modules_and_torch_patches_apart(tmp_path):
+    """Two commits in one measuring process: each side imports its own files (lazy imports too) and
+    sees only its own replacement of a torch attribute (an engine wraps Tensor.requires_grad_ for
+    good; another side's wrapper would be foreign code to its automatic tracing)."""
+    import torch
+
+    from vmapbench import gate_probe
+
+    original = torch.Tensor.requires_grad_
+    for side in ("a", "b"):
+        pkg = tmp_path / side / "engine"
+        pkg.mkdir(parents=True)
+        (pkg / "__init__.py").write_text(
+            f"import torch\nSIDE = {side!r}\n"
+            "def install():\n"
+            "    def patched(self, flag=True):\n        return SIDE\n"
+            "    torch.Tensor.requires_grad_ = patched\n"
+            "def lazy():\n    from engine.sub import WHO\n    return WHO\n")
+        (pkg / "sub.py").write_text(f"WHO = {side!r}\n")
+    before = sys.modules.get("engine")  # this session's engine, if a test imported it: put back
+    sides = gate_probe.Sides({"a": tmp_path / "a", "b": tmp_path / "b"})
+    try:
+        got = {}
+        for side in ("a", "b"):
+            sides.activate(side)
+            import engine
+
+            engine.install()
+            got[side] = engine
+        for side in ("b", "a", "b"):
+            sides.activate(side)
+            import engine
+
+            assert engine is got[side] and engine.lazy() == side
+            assert torch.zeros(1).requires_grad_() == side  # this side's patch only
+    finally:
+        sides.close()
+    assert sys.modules.get("engine") is before and str(sides.trees["a"]) not in sys.path
+    assert torch.Tensor.requires_grad_ is original and "requires_grad_" not in vars(torch.Tensor)

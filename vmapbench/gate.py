@@ -8,22 +8,26 @@ processes of one commit differ by up to 40x; CPU time of the measuring process (
 thread) and ratios of methods timed interleaved in one process move 10-40% between processes;
 instructions executed in a region under callgrind move < 0.3%. So:
 
-- each commit is extracted (`git archive`) into a temporary folder; the measuring processes
-  (vmapbench/gate_probe.py) run from it, `os.cpu_count()` at a time (`jobs`): base and head timed
-  side by side, one count process per side under valgrind, then a second time process of base;
-- a time process times every workload of the registry (engine, engine_eager, engine_traced,
-  torch_func, loop at the first quick size) interleaved in CPU seconds, rounds chosen by each
-  signal's own variance, plus the per-op overhead chain against native; the gated time signals
-  are the round-by-round ratios (method / torch.func, loop / method) and the per-op overhead;
-- a count process counts the instructions of each engine method's steady-state call of the per-op
-  chain and of COUNTED_WORKLOADS (vmapbench/counts.py); gated with a 3% floor
+- each commit is extracted (`git archive`) into a temporary folder, base twice (`twin`: the same
+  commit in a second folder, the run's own A/A evidence); the measuring processes
+  (vmapbench/gate_probe.py) load every side into one interpreter side by side and run
+  `os.cpu_count()` at a time: a time process and a count process under valgrind;
+- the time process times every workload of the registry (engine, engine_eager, engine_traced,
+  torch_func, loop at the first quick size) of base, twin and head interleaved round by round in
+  CPU seconds, rounds chosen by each signal's own variance, plus the per-op overhead chain against
+  native; the gated time signals are the ratios (method / torch.func, loop / method) and the per-op
+  overhead, and head/base of each is taken round by round (`paired_change`): what the machine's
+  load does to a round falls on both sides of it;
+- the count process counts the instructions of each engine method's steady-state call of the per-op
+  chain and of COUNTED_WORKLOADS (vmapbench/counts.py), base and head; gated with a 3% floor
   (stats.COUNT_FLOOR). No valgrind: skipped with the reason, never a failure;
 - a time signal's floor is the machine's calibrated one (results/noise/<machine>.json, from
-  --calibrate) or, on a machine without one, this run's own evidence: the spread between the two
-  base processes (`evidence_floors`); never a blanket default;
-- per signal, head/base gets an interval (stats.ratio's bootstrap for times, the extremes of the
-  counts), and stats.gate_verdict calls it "slower" only when the whole interval lies beyond the
-  floor; an interval reaching across the floor is "inconclusive", never "slower".
+  --calibrate) or, on a machine without one, this run's own evidence: twin/base of the same
+  signals (`evidence_floors`); never a blanket default;
+- per signal, head/base gets an interval (the bootstrap of the median of the round-by-round ratios
+  for times, the extremes of the counts), and stats.gate_verdict calls it "slower" only when the
+  whole interval lies beyond the floor; an interval reaching across the floor is "inconclusive",
+  never "slower".
 
 Exit codes, as asv continuous: 0 nothing regressed (improvements are fine), 1 a gated signal is
 slower (only those are named, with their intervals), 2 a case failed at head or a measuring
@@ -63,9 +67,12 @@ COUNTED_WORKLOADS: tuple[str, ...] = (
 # come on top: 2.4 CPU s a workload on average, 76 s for the 32, measured under a load of 20 on 2
 # cores; mostly the traces of engine and engine_traced).
 PROBE_BUDGET_S = 0.4
-# Time processes per commit: base twice (the base-vs-base spread of one run is the evidence that
-# sets the floors of a machine without a calibration file), head once.
-TIME_JOBS = {"base": 2, "head": 1}
+# The sides of a comparison, in the order the time process loads them: base, head, and base again
+# from a second folder (its twin/base spread is the evidence that sets the floors of a machine
+# without a calibration file; loaded last, as far from base as head is, or farther).
+SIDES = ("base", "head", "twin")
+# The sides counted: counts repeat to a fraction of a percent, they need no twin.
+COUNT_SIDES = ("base", "head")
 PROBE_TIMEOUT_S = 900
 # The floor of a time signal from the run's own evidence: EVIDENCE_MARGIN x the larger of its own
 # base-vs-base |log ratio| and the EVIDENCE_QUANTILE of that of every signal of its metric.
@@ -216,43 +223,44 @@ for _plant_w in _plant_all():
 
 @dataclass(frozen=True)
 class Job:
-    """One measuring process: `side` (base or head), `kind` (time or count), `index` among its kind."""
+    """One measuring process: `kind` (time or count), `index` among its kind. Every process loads
+    the sides it measures (SIDES, or COUNT_SIDES for a count) side by side."""
 
-    side: str
     kind: str
     index: int = 0
 
     @property
     def label(self) -> str:
-        return f"{self.side}-{self.kind}-{self.index}"
+        return f"{self.kind}-{self.index}"
+
+    @property
+    def sides(self) -> tuple[str, ...]:
+        return COUNT_SIDES if self.kind == "count" else SIDES
 
 
 def jobs(counting: bool) -> list[Job]:
-    """The processes of one comparison, in start order: base and head timed side by side (the
-    machine's load of that moment falls on both), the counts, then base's second time process."""
-    out = [Job("base", "time", 0), Job("head", "time", 0)]
-    if counting:
-        out += [Job("base", "count"), Job("head", "count")]
-    out += [Job(side, "time", i) for side, n in TIME_JOBS.items() for i in range(1, n)]
-    return out
+    """The processes of one comparison, run side by side on two cores: the time process and the
+    count process, or without counts a second time process (more rounds of the same pairs)."""
+    return [Job("time", 0), Job("count")] if counting else [Job("time", 0), Job("time", 1)]
 
 
-def probe_command(out: Path, job: Job, library: Path | None = None) -> list[str]:
+def probe_command(out: Path, job: Job, trees: Mapping[str, Path], library: Path | None = None) -> list[str]:
     runner = ("import runpy, sys; sys.argv = ['gate_probe'] + sys.argv[1:]; "
               f"sys.exit(runpy.run_path({str(PROBE)!r}, run_name='__main__'))")
+    sides = [arg for side in job.sides for arg in ("--tree", f"{side}={trees[side]}")]
     if job.kind == "count":
         from vmapbench import counts
 
         assert library is not None
-        return [*counts.command(out.parent / job.label), sys.executable, "-c", runner, "--count", str(library),
+        return [*counts.command(out.parent / job.label), sys.executable, "-c", runner, *sides, "--count", str(library),
                 "--workloads", ",".join(COUNTED_WORKLOADS), "--out", str(out)]
-    return [sys.executable, "-c", runner, "--workloads", "all", "--overhead", "--budget", str(PROBE_BUDGET_S),
+    return [sys.executable, "-c", runner, *sides, "--workloads", "all", "--overhead", "--budget", str(PROBE_BUDGET_S),
             "--clock", "cpu", "--out", str(out)]
 
 
-def probe_env(tree: Path) -> dict[str, str]:
+def probe_env() -> dict[str, str]:
     env = dict(os.environ)
-    env["PYTHONPATH"] = str(tree)
+    env.pop("PYTHONPATH", None)  # the probe puts each side's tree first on sys.path itself
     env["OMP_NUM_THREADS"] = env["MKL_NUM_THREADS"] = "1"  # CPU time of one thread: no spin-waits
     env["PYTHONHASHSEED"] = "0"  # the same dict and set orders in every process: counts repeat
     # The replay tier, never a fused program loaded mid-timing from what an earlier run left on
@@ -262,7 +270,8 @@ def probe_env(tree: Path) -> dict[str, str]:
     return env
 
 
-def _finish(job: Job, out: Path, proc: subprocess.Popen) -> dict:
+def _finish(job: Job, out: Path, proc: subprocess.Popen) -> dict[str, dict]:
+    """side -> that side's output of the process (a process that died: a "fatal" entry for each)."""
     try:
         text, _ = proc.communicate(timeout=PROBE_TIMEOUT_S)
     except subprocess.TimeoutExpired:
@@ -272,19 +281,26 @@ def _finish(job: Job, out: Path, proc: subprocess.Popen) -> dict:
     try:
         data = json.loads(out.read_text())
     except (OSError, ValueError):
-        return {"fatal": f"the {job.label} measuring process exited {proc.returncode} without output:\n{text[-2000:]}"}
-    if job.kind == "count" and "fatal" not in data:
+        data = {"fatal": f"the {job.label} measuring process exited {proc.returncode} without output:\n{text[-2000:]}"}
+    if "fatal" in data:
+        return {side: {"fatal": data["fatal"], "process": job.label} for side in job.sides}
+    per_side = {side: {**data["sides"].get(side, {}), "process": job.label,
+                       "process_cpu_s": data.get("process_cpu_s")} for side in job.sides}
+    if job.kind == "count":
         from vmapbench import counts
 
         dumped = counts.read_dumps(out.parent / job.label)
-        data["counts"] = {label: dumped[label] for label in data.pop("regions", []) if label in dumped}
-    return data
+        for side, got in per_side.items():
+            got["counts"] = {label: dumped[f"{side}|{label}"] for label in got.pop("regions", [])
+                             if f"{side}|{label}" in dumped}
+    return per_side
 
 
 def run_jobs(trees: Mapping[str, Path], workdir: Path, log: Any = print, parallel: int | None = None,
              counting: str | None = None) -> dict[str, list[dict]]:
-    """side -> the outputs of its processes (time probes, then its count probe if any), `parallel`
-    processes at a time (default: the machine's cores). `counting` is None or why counts are off."""
+    """side -> its outputs of every process (time processes in start order, then the count one if
+    any), `parallel` processes at a time (default: the machine's cores). `counting` is None or
+    why counts are off."""
     library = None
     if counting is None:
         from vmapbench import counts
@@ -292,7 +308,7 @@ def run_jobs(trees: Mapping[str, Path], workdir: Path, log: Any = print, paralle
         library = counts.build_requests(workdir / "callgrind")
     todo = jobs(counting is None)
     parallel = parallel or max(1, os.cpu_count() or 1)
-    outputs: dict[str, list[dict]] = {side: [] for side in trees}
+    finished: dict[str, dict[str, dict]] = {}
     running: list[tuple[Job, Path, subprocess.Popen, float]] = []
     started = time.time()
     while todo or running:
@@ -300,20 +316,20 @@ def run_jobs(trees: Mapping[str, Path], workdir: Path, log: Any = print, paralle
             job = todo.pop(0)
             out = workdir / f"{job.label}.json"
             (workdir / job.label).mkdir(parents=True, exist_ok=True)
-            tree = trees[job.side]
-            proc = subprocess.Popen(probe_command(out, job, library), cwd=tree, env=probe_env(tree),
+            proc = subprocess.Popen(probe_command(out, job, trees, library), cwd=workdir, env=probe_env(),
                                     stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
             running.append((job, out, proc, time.time()))
         time.sleep(0.2)
         for item in [r for r in running if r[2].poll() is not None]:
             running.remove(item)
             job, out, proc, began = item
-            outputs[job.side].append(_finish(job, out, proc))
-            cpu = outputs[job.side][-1].get("process_cpu_s")
+            finished[job.label] = _finish(job, out, proc)
+            cpu = next(iter(finished[job.label].values())).get("process_cpu_s")
             log(f"gate: {job.label} done in {time.time() - began:.0f} s"
                 + (f" ({cpu:.0f} CPU s)" if isinstance(cpu, (int, float)) else "")
                 + f", {time.time() - started:.0f} s since the first")
-    return outputs
+    order = [j.label for j in jobs(counting is None)]
+    return {side: [finished[label][side] for label in order if side in finished.get(label, {})] for side in trees}
 
 
 # --- signals -------------------------------------------------------------------------------------
@@ -408,15 +424,48 @@ def _median(values: Sequence[float]) -> float:
     return float(np.median(np.asarray(values, dtype=float)))
 
 
-def base_spread(base_runs: Sequence[Mapping[str, list[float]]]) -> dict[str, float]:
-    """Per signal, the largest |log ratio| of its medians between two base processes (the run's own
-    A/A evidence); signals measured in fewer than two base processes, or not positive, are absent."""
+Runs = Mapping[str, Mapping[str, list[float]]]
+"""One side's signals per measuring process: process label -> signal name -> samples (a time
+signal's samples are per round, aligned with the other sides' samples of the same process)."""
+
+
+def round_ratios(base: Runs, other: Runs, name: str) -> list[float]:
+    """other/base of signal `name`, round by round, over every process both sides share."""
+    out: list[float] = []
+    for process, signals_b in base.items():
+        b, o = signals_b.get(name), other.get(process, {}).get(name)
+        if not b or not o or len(b) != len(o):
+            continue
+        for x, y in zip(b, o):
+            if not (x > 0 and y > 0):
+                raise ValueError(f"{name}: a round's value is not positive ({x}, {y}): no ratio")
+            out.append(y / x)
+    return out
+
+
+def paired_change(base: Runs, head: Runs, name: str) -> stats.Estimate:
+    """head/base of a time signal: the median of its round-by-round ratios (base and head timed
+    moments apart in one process) with the bootstrap interval of that median."""
+    ratios = round_ratios(base, head, name)
+    if not ratios:
+        raise ValueError(f"{name}: no round measured on both sides")
+    return stats.estimate(ratios)
+
+
+def twin_spread(base: Runs, twin: Runs) -> dict[str, float]:
+    """Per time signal, |log| of the median twin/base ratio (the same commit loaded twice in one
+    process: the run's own A/A evidence); signals without a positive pairing are absent."""
     spread: dict[str, float] = {}
-    names = set().union(*base_runs) if base_runs else set()
+    names = set().union(*base.values()) if base else set()
     for name in names:
-        medians = [_median(run[name]) for run in base_runs if run.get(name)]
-        if len(medians) >= 2 and all(m > 0 for m in medians):
-            spread[name] = max(abs(math.log(a / b)) for i, a in enumerate(medians) for b in medians[i + 1:])
+        if stats.is_count(name):
+            continue
+        try:
+            ratios = round_ratios(base, twin, name)
+        except ValueError:
+            continue
+        if ratios:
+            spread[name] = abs(math.log(_median(ratios)))
     return spread
 
 
@@ -440,18 +489,18 @@ def count_change(base: Sequence[float], head: Sequence[float]) -> stats.Estimate
                           min(len(base), len(head)))
 
 
-def compare(base_runs: Sequence[Mapping[str, list[float]]], head_runs: Sequence[Mapping[str, list[float]]],
-            machine: str | None, root: Path | None = None) -> list[Row]:
-    """One Row per signal present on both sides (per-process signal dicts, see `signals`)."""
-    names = sorted(set().union(*base_runs) & set().union(*head_runs)) if base_runs and head_runs else []
-    evidence = evidence_floors(base_spread([r for r in base_runs if not any(map(stats.is_count, r))]))
+def compare(base_runs: Runs, head_runs: Runs, machine: str | None, root: Path | None = None,
+            twin_runs: Runs | None = None) -> list[Row]:
+    """One Row per signal present on both sides (per-process signal dicts, see `signals` and `Runs`)."""
+    names = sorted(set().union(*base_runs.values()) & set().union(*head_runs.values())) if base_runs and head_runs else []
+    evidence = evidence_floors(twin_spread(base_runs, twin_runs)) if twin_runs else {}
     rows = []
     for name in names:
-        b = [x for run in base_runs for x in run.get(name, [])]
-        h = [x for run in head_runs for x in run.get(name, [])]
+        b = [x for run in base_runs.values() for x in run.get(name, [])]
+        h = [x for run in head_runs.values() for x in run.get(name, [])]
         gated = stats.is_gated(name)
         try:
-            change = count_change(b, h) if stats.is_count(name) else stats.ratio(b, h)
+            change = count_change(b, h) if stats.is_count(name) else paired_change(base_runs, head_runs, name)
         except (ValueError, ZeroDivisionError):  # e.g. a per-op overhead at or below native: no ratio
             continue
         calibrated = stats.calibrated_floor(name, machine, root) if gated else None
@@ -565,11 +614,16 @@ def measure(trees: Mapping[str, Path], workdir: Path, log: Any = print, counting
     return run_jobs(trees, workdir, log=log, counting=counting)
 
 
+def _runs(probes: Sequence[Mapping[str, Any]]) -> dict[str, dict[str, list[float]]]:
+    """Process label -> signals of one side's probe outputs (those that did not die)."""
+    return {str(p.get("process", i)): signals(p) for i, p in enumerate(probes) if "fatal" not in p}
+
+
 def outcome(base_probes: Sequence[Mapping[str, Any]], head_probes: Sequence[Mapping[str, Any]],
-            machine: str | None, root: Path | None = None, skipped: Sequence[str] = ()) -> Outcome:
+            machine: str | None, root: Path | None = None, skipped: Sequence[str] = (),
+            twin_probes: Sequence[Mapping[str, Any]] = ()) -> Outcome:
     failed_head = failures(head_probes)
-    rows = compare([signals(p) for p in base_probes if "fatal" not in p],
-                   [signals(p) for p in head_probes if "fatal" not in p], machine, root)
+    rows = compare(_runs(base_probes), _runs(head_probes), machine, root, _runs(twin_probes))
     return Outcome(rows, failed_head, list(skipped))
 
 
@@ -583,15 +637,16 @@ def compare_commits(root: Path, base: str, head: str, machine: str | None, plant
     if counting:
         log(f"gate: {counting}")
     with scratch() as tmp:
-        # Two copies even for A/A (base == head): each side runs its own processes from its own files.
-        trees = {"base": extract(root, base_sha, tmp / "base"), "head": extract(root, head_sha, tmp / "head")}
+        # Three copies even for A/A (base == head): each side runs its own modules from its own files.
+        shas = {"base": base_sha, "head": head_sha, "twin": base_sha}
+        trees = {side: extract(root, shas[side], tmp / side) for side in SIDES}
         if plant:
             plant_slowdown(trees["head"], plant, plant_at)
         probes = measure(trees, tmp, log, counting)
     failed_base = failures(probes["base"])
     if failed_base:
         log("gate: at base, these failed (not counted against head): " + "; ".join(failed_base))
-    return outcome(probes["base"], probes["head"], machine, root, [counting] if counting else [])
+    return outcome(probes["base"], probes["head"], machine, root, [counting] if counting else [], probes.get("twin", ()))
 
 
 def default_json(root: Path, machine: str, base_sha: str, head_sha: str) -> Path:

@@ -1,30 +1,39 @@
-"""One measuring process of the regression gate: every workload of one commit, in one process.
+"""One measuring process of the regression gate: every workload of several commits, in one process.
 
-The gate (vmapbench/gate.py) runs this file in a fresh interpreter per (commit, job), with the
-commit's checkout first on sys.path, so `engine` and `workloads` are the commit's. The measuring
-code is the gate's own (this file and the gate checkout's suite/, loaded under the alias package
-`_gate_suite`), as asv measures every commit with the current suite: a change to the measuring
-code in a pull request cannot show up as a change of the code measured.
+The gate (vmapbench/gate.py) runs this file in a fresh interpreter with every side of a comparison
+(`--tree base=... --tree twin=... --tree head=...`: the commits' extracted trees) loaded side by
+side (`Sides`: each side's `engine` and `workloads` are its own modules; one side is active at a
+time). Why one process: CPU times of one commit in two processes differ by 10-40% on a shared
+2-core box (load, memory layout), and that spread, not the change, set the floors when base and
+head were timed in processes of their own; timed round by round in one process, a head/base ratio
+cancels what the machine does to both. The measuring code is the gate's own (this file and the
+gate checkout's suite/, loaded under the alias package `_gate_suite`), as asv measures every
+commit with the current suite: a change to the measuring code in a pull request cannot show up as
+a change of the code measured.
 
 Two kinds of process:
 
-- time (default): every workload of the commit's registry at its first quick size (else its first
+- time (default): every workload of the sides' registries at its first quick size (else its first
   size), cpu, methods GATE_METHODS (the engine as users get it, eager, traced; torch.func and the
-  loop as references). Per workload it makes each method's first call, then times the methods
-  interleaved in rounds, in CPU seconds of this process (one intra-op thread), and stops when every
-  ratio to torch.func is known to +-TARGET_HALFWIDTH or the workload's budget is spent (rounds
-  chosen by each signal's own variance: a steady signal costs MIN_ROUNDS rounds, a noisy one more).
-  The per-op overhead chain (suite/bench_overhead.py) is timed the same way against native.
-  Output: {"times": {workload: {size: {method: [seconds per call, one per round]}}},
-  "overhead": {method: [seconds per chain call, one per round]}, "errors": {case: message}}.
+  loop as references). Per workload each side makes each method's first call, then every side's
+  methods are timed interleaved in rounds (`paired_samples`), in CPU seconds of this process (one
+  intra-op thread), until every side's ratio to torch.func over the first side's is known to
+  +-TARGET_HALFWIDTH or the workload's budget is spent (rounds chosen by each signal's own
+  variance). The per-op overhead chain (suite/bench_overhead.py) is timed the same way against
+  native. Output: {"sides": {side: {"times": {workload: {size: {method: [seconds per call, one
+  per round]}}}, "overhead": {method: [...]}, "errors": {case: message}}}}, lists aligned by round
+  across sides.
 - count (--count LIB, under valgrind, see vmapbench/counts.py): the per-op chain and the workloads
-  named by --workloads, each engine method's steady-state call counted twice in instructions
-  (the two counts of one region show that it is deterministic). Output: {"regions": [label, ...],
-  "errors": {...}}; the counts are in callgrind's dump files, one per region, read by the gate.
+  named by --workloads, each engine method's steady-state call counted twice in instructions, for
+  every side (the two counts of one region show that it is deterministic). Output: {"sides":
+  {side: {"regions": [label, ...], "errors": {...}}}}; the counts are in callgrind's dump files, one
+  per region, labelled "SIDE|label", read by the gate.
 """
 from __future__ import annotations
 
 import argparse
+import contextlib
+import importlib
 import importlib.util
 import json
 import math
@@ -34,7 +43,7 @@ import time
 import traceback
 from pathlib import Path
 from types import ModuleType
-from typing import Any, Callable, Mapping
+from typing import Any, Callable, Iterator, Mapping
 
 GATE_ROOT = Path(__file__).resolve().parents[1]
 ALIAS = "_gate_suite"
@@ -99,29 +108,76 @@ def adaptive_samples(calls: Mapping[str, Callable[[], Any]], reference: str | No
     order on even rounds, reverse on odd ones). Rounds go on past `min_rounds` until every
     callable's ratio to `reference` (round by round) has a relative half-width under `target`,
     `max_rounds` are done, or `budget_s` (on `clock`) is spent."""
+    return paired_samples({"": calls}, reference, budget_s, clock, min_rounds=min_rounds,
+                          max_rounds=max_rounds, target=target)[""]
+
+
+def paired_samples(sides: Mapping[str, Mapping[str, Callable[[], Any]]], reference: str | None, budget_s: float,
+                   clock: Callable[[], float], activate: Callable[[str], None] = lambda side: None,
+                   min_rounds: int = MIN_ROUNDS, max_rounds: int = MAX_ROUNDS,
+                   target: float = TARGET_HALFWIDTH) -> dict[str, dict[str, list[float]]]:
+    """`adaptive_samples` over several sides (commits) of the same calls in one process: side ->
+    method -> seconds per call, one figure per round, every list aligned by round (the calls of one
+    round, of every side, ran moments apart: a head/base ratio taken round by round cancels what
+    the machine's load did to both). `activate(side)` runs before a side's calls (it puts that
+    side's modules in place). Sides and methods alternate their order every round. The first side
+    is the one the others are compared with: rounds go on until every method's ratio to `reference`
+    of every other side over the first's, round by round, is known to `target` (or, with one side,
+    its ratio to `reference`), `max_rounds` are done, or `budget_s` x sides is spent."""
     def batch(fn: Callable[[], Any], number: int) -> float:
         start = clock()
         for _ in range(number):
             fn()
         return (clock() - start) / number
 
-    number = {name: max(1, min(10_000, math.ceil(MIN_BATCH_S / max(batch(fn, 1), 1e-7)))) for name, fn in calls.items()}
-    samples: dict[str, list[float]] = {name: [] for name in calls}
-    order = list(calls)
+    number: dict[tuple[str, str], int] = {}
+    for side, calls in sides.items():
+        activate(side)
+        for name, fn in calls.items():
+            number[side, name] = max(1, min(10_000, math.ceil(MIN_BATCH_S / max(batch(fn, 1), 1e-7))))
+    samples = {side: {name: [] for name in calls} for side, calls in sides.items()}
+    order = list(sides)
+    first = order[0] if order else ""
     started = clock()
     for r in range(max_rounds):
-        for name in order if r % 2 == 0 else reversed(order):
-            samples[name].append(batch(calls[name], number[name]))
+        for side in order if r % 2 == 0 else reversed(order):
+            activate(side)
+            names = list(sides[side])
+            for name in names if r % 2 == 0 else reversed(names):
+                samples[side][name].append(batch(sides[side][name], number[side, name]))
         if r + 1 < min_rounds:
             continue
-        if clock() - started > budget_s:
+        if clock() - started > budget_s * max(1, len(sides)):
             break
-        if reference in samples:
-            ref = samples[reference]
-            widths = [halfwidth([a / b for a, b in zip(s, ref)]) for n, s in samples.items() if n != reference]
-            if all(w < target for w in widths):
-                break
+        if all(w < target for w in _round_widths(samples, first, reference)):
+            break
     return samples
+
+
+def _round_widths(samples: Mapping[str, Mapping[str, list[float]]], first: str, reference: str | None) -> list[float]:
+    """Half-widths of what the rounds estimate: each method's ratio to `reference` of every side
+    over `first`'s (one side: the ratio to `reference` itself); without a reference, the methods'
+    own times side over side."""
+    def per_round(side: str, name: str) -> list[float]:
+        own = samples[side][name]
+        if reference is None or reference not in samples[side]:
+            return own
+        return [a / b for a, b in zip(own, samples[side][reference])]
+
+    widths = []
+    for side, methods in samples.items():
+        if side == first and len(samples) > 1:
+            continue
+        for name in methods:
+            if name == reference and reference is not None and len(samples) == 1:
+                continue
+            mine = per_round(side, name)
+            if len(samples) > 1:
+                if name not in samples[first]:
+                    continue
+                mine = [a / b for a, b in zip(mine, per_round(first, name))]
+            widths.append(halfwidth(mine))
+    return widths
 
 
 def first_size(workload: Any) -> str:
@@ -132,6 +188,114 @@ def first_size(workload: Any) -> str:
 def gate_methods(workload: Any, methods: tuple[str, ...] = GATE_METHODS) -> list[str]:
     supports = getattr(workload, "supports", lambda m: m in workload.methods)
     return [m for m in methods if supports(m)]
+
+
+# The packages of a measured commit (what the gate extracts): each side's own copy in this process.
+OWNED = ("engine", "workloads")
+
+
+_MISSING = object()
+
+
+def _patchable() -> list[Any]:
+    """The torch classes whose attributes an engine replaces for the rest of its process (its
+    transform checks wrap Tensor.requires_grad_/retain_grad and autograd.Function.apply; its RNN
+    rule wraps nn.RNNBase.__call__): each side gets its own replacements while it is active."""
+    import torch
+
+    return [torch.Tensor, torch.autograd.Function,
+            *(c for c in vars(torch.nn).values() if isinstance(c, type) and issubclass(c, torch.nn.Module))]
+
+
+class Sides:
+    """Several commits' `engine` and `workloads` in one process, one side active at a time.
+
+    A side's modules are imported from its own tree and kept apart: activating a side puts its
+    modules in sys.modules and its tree first on sys.path (so an import made while it runs, lazy
+    ones included, resolves to its own files), after putting the previous side's aside, and puts
+    back the torch attributes that side replaced (`_patchable`; the others' replacements are
+    undone: one engine's wrapper of Tensor.requires_grad_ is foreign code to another's automatic
+    tracing, which would then refuse to replay). The code of each side keeps its own module
+    globals, so objects made by one side (workload states, traced functions) keep running that
+    side's code; activation is for the imports they make by name and the process-wide patches.
+    """
+
+    def __init__(self, trees: Mapping[str, Path]) -> None:
+        self.trees = {label: Path(path).resolve() for label, path in trees.items()}
+        self.modules: dict[str, dict[str, ModuleType]] = {label: {} for label in self.trees}
+        self.patches: dict[str, list[tuple[Any, str, Any]]] = {label: [] for label in self.trees}
+        self.pristine = [(space, dict(vars(space))) for space in _patchable()]
+        self.outside = {k: m for k, m in sys.modules.items() if self._owned(k)}  # put back by close()
+        self.active: str | None = None
+
+    @staticmethod
+    def _owned(name: str) -> bool:
+        return name.partition(".")[0] in OWNED
+
+    def _replaced(self) -> list[tuple[Any, str, Any]]:
+        """(class, attribute, value or _MISSING) of every patchable attribute changed since start."""
+        out = []
+        for space, before in self.pristine:
+            now = vars(space)
+            out += [(space, k, v) for k, v in now.items() if before.get(k, _MISSING) is not v]
+            out += [(space, k, _MISSING) for k in before if k not in now]
+        return out
+
+    @staticmethod
+    def _put(space: Any, key: str, value: Any) -> None:
+        if value is _MISSING:
+            with contextlib.suppress(AttributeError):
+                delattr(space, key)
+        else:
+            setattr(space, key, value)
+
+    def activate(self, label: str) -> None:
+        if label == self.active:
+            return
+        if self.active is not None:
+            self.activate_none()
+        for name in [k for k in sys.modules if self._owned(k)]:
+            del sys.modules[name]
+        sys.modules.update(self.modules[label])
+        for space, key, value in self.patches[label]:
+            self._put(space, key, value)
+        sys.path.insert(0, str(self.trees[label]))
+        importlib.invalidate_caches()
+        self.active = label
+
+    def close(self) -> None:
+        """Put the active side aside and leave sys.modules, sys.path and torch as they were."""
+        if self.active is not None:
+            self.activate_none()
+        sys.modules.update(self.outside)
+
+    def activate_none(self) -> None:
+        """The active side's modules and torch patches put aside: no side is active."""
+        assert self.active is not None
+        self.modules[self.active] = {k: m for k, m in sys.modules.items() if self._owned(k)}
+        self.patches[self.active] = self._replaced()
+        pristine = {id(space): before for space, before in self.pristine}
+        for space, key, _ in self.patches[self.active]:
+            self._put(space, key, pristine[id(space)].get(key, _MISSING))
+        with contextlib.suppress(ValueError):
+            sys.path.remove(str(self.trees[self.active]))
+        for name in [k for k in sys.modules if self._owned(k)]:
+            del sys.modules[name]
+        self.active = None
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self.trees)
+
+
+def parse_trees(values: list[str]) -> dict[str, Path]:
+    """`--tree LABEL=PATH` arguments, in order."""
+    out: dict[str, Path] = {}
+    for value in values:
+        label, sep, path = value.partition("=")
+        if not sep or not label or not path:
+            raise SystemExit(f"--tree {value!r}: expected LABEL=PATH (e.g. base=/tmp/gate/base)")
+        out[label] = Path(path)
+    return out
 
 
 def registry_names() -> list[str]:
@@ -166,17 +330,42 @@ def prepared(name: str, methods: tuple[str, ...], errors: dict[str, str]) -> tup
     return size, calls
 
 
-def measure_workloads(names: list[str], budget_s: float, clock: Callable[[], float]) -> tuple[dict, dict, dict]:
-    times: dict[str, dict[str, dict[str, list[float]]]] = {}
-    errors: dict[str, str] = {}
-    cost: dict[str, float] = {}
+def _empty_side() -> dict[str, Any]:
+    return {"times": {}, "overhead": {}, "errors": {}, "cpu_seconds": {}}
+
+
+def measure_workloads(sides: Sides, budget_s: float, clock: Callable[[], float],
+                      only: list[str] | None = None) -> dict[str, dict[str, Any]]:
+    """Every workload of every side's registry (or `only`), its sides timed together (see
+    `paired_samples`); a workload one side lacks is timed on the others. Per side:
+    {"times": {workload: {size: {method: [s per call per round]}}}, "errors", "cpu_seconds"}."""
+    out = {label: _empty_side() for label in sides}
+    registry: dict[str, set[str]] = {}
+    names: list[str] = []
+    for label in sides:
+        sides.activate(label)
+        registry[label] = set(registry_names())
+        for name in (only if only is not None else registry_names()):
+            if name not in names:
+                names.append(name)
     for name in names:
         started = time.process_time()
-        size, calls = prepared(name, GATE_METHODS, errors)
+        sizes: dict[str, str] = {}
+        calls: dict[str, dict[str, Callable[[], Any]]] = {}
+        for label in sides:
+            if name not in registry[label]:
+                continue
+            sides.activate(label)
+            size, got = prepared(name, GATE_METHODS, out[label]["errors"])
+            if got:
+                sizes[label], calls[label] = size, got
         if calls:
-            times.setdefault(name, {})[size] = adaptive_samples(calls, "torch_func", budget_s, clock)
-        cost[name] = time.process_time() - started
-    return times, errors, cost
+            timed = paired_samples(calls, "torch_func", budget_s, clock, activate=sides.activate)
+            for label, samples in timed.items():
+                out[label]["times"].setdefault(name, {})[sizes[label]] = samples
+        for label in calls:
+            out[label]["cpu_seconds"][name] = time.process_time() - started
+    return out
 
 
 def chain_calls(methods: tuple[str, ...], errors: dict[str, str]) -> dict[str, Callable[[], Any]]:
@@ -193,72 +382,97 @@ def chain_calls(methods: tuple[str, ...], errors: dict[str, str]) -> dict[str, C
     return calls
 
 
-def measure_overhead(budget_s: float, clock: Callable[[], float]) -> tuple[dict[str, list[float]], dict[str, str]]:
-    errors: dict[str, str] = {}
-    calls = chain_calls(tuple(gate_suite("bench_overhead").METHODS), errors)
-    if "native" not in calls:
-        return {}, errors
-    return adaptive_samples(calls, "native", budget_s, clock), errors
+def measure_overhead(budget_s: float, clock: Callable[[], float],
+                     sides: Sides | None = None) -> dict[str, tuple[dict[str, list[float]], dict[str, str]]]:
+    """The per-op overhead chain of every side, timed together: side -> (method -> seconds per
+    chain call per round, errors). Without `sides`, the modules already importable ("" side)."""
+    labels = list(sides) if sides is not None else [""]
+    activate = sides.activate if sides is not None else (lambda side: None)
+    calls, errors = {}, {}
+    for label in labels:
+        activate(label)
+        errors[label] = {}
+        got = chain_calls(tuple(gate_suite("bench_overhead").METHODS), errors[label])
+        if "native" in got:
+            calls[label] = got
+    timed = paired_samples(calls, "native", budget_s, clock, activate=activate) if calls else {}
+    return {label: (timed.get(label, {}), errors[label]) for label in labels}
 
 
-def count_regions(library: str, names: list[str]) -> tuple[list[str], dict[str, str]]:
+def count_regions(library: str, names: list[str], sides: Sides) -> dict[str, tuple[list[str], dict[str, str]]]:
     """Count each engine method's steady-state call (COUNT_REPEATS times) of the per-op chain and of
-    the workloads `names`, under callgrind. Region labels: 'chain|method|rep', 'wl|name|size|method|rep'.
-    Every case is set up and called first (uninstrumented), then instrumentation is turned on once."""
+    the workloads `names`, of every side, under callgrind. Region labels:
+    'SIDE|chain|method|rep', 'SIDE|wl|name|size|method|rep'. Every case of every side is set up and
+    called first (uninstrumented), then instrumentation is turned on once; a case's sides are
+    counted one after the other."""
     counts = _gate_module("vmapbench.counts", GATE_ROOT / "vmapbench" / "counts.py")
     requests = counts.Requests(library)
     if not requests.on_valgrind:
         raise RuntimeError("--count: this process is not running under valgrind (see vmapbench.counts.command)")
-    errors: dict[str, str] = {}
-    cases: list[tuple[str, Callable[[], Any]]] = []
-    for method, call in chain_calls(CHAIN_COUNT_METHODS, errors).items():
-        cases.append((f"chain|{method}", call))
-    for name in names:
-        size, calls = prepared(name, COUNT_METHODS, errors)
-        cases += [(f"wl|{name}|{size}|{method}", call) for method, call in calls.items()]
-    labels = []
-    for label, call in cases:
-        call()  # its code translated with instrumentation on, once, before it is counted
-        for rep in range(COUNT_REPEATS):
-            with requests.region(f"{label}|{rep}"):
-                call()
-            labels.append(f"{label}|{rep}")
+    errors: dict[str, dict[str, str]] = {label: {} for label in sides}
+    cases: dict[str, list[tuple[str, Callable[[], Any]]]] = {}
+    for label in sides:
+        sides.activate(label)
+        for method, call in chain_calls(CHAIN_COUNT_METHODS, errors[label]).items():
+            cases.setdefault(f"chain|{method}", []).append((label, call))
+        registered = set(registry_names())
+        for name in names:
+            if name not in registered:
+                continue
+            size, calls = prepared(name, COUNT_METHODS, errors[label])
+            for method, call in calls.items():
+                cases.setdefault(f"wl|{name}|{size}|{method}", []).append((label, call))
+    labels: dict[str, list[str]] = {label: [] for label in sides}
+    for case, per_side in cases.items():
+        for label, call in per_side:
+            sides.activate(label)
+            call()  # its code translated with instrumentation on, once, before it is counted
+            for rep in range(COUNT_REPEATS):
+                with requests.region(f"{label}|{case}|{rep}"):
+                    call()
+                labels[label].append(f"{case}|{rep}")
     requests.instrument(False)
-    return labels, errors
+    return {label: (labels[label], errors[label]) for label in sides}
 
 
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--tree", action="append", default=[], metavar="LABEL=PATH",
+                   help="a measured commit's extracted tree (engine/, workloads/), repeatable: every side is "
+                        "loaded in this process and timed round by round with the others; the first is the "
+                        "one the others are compared with")
     p.add_argument("--workloads", default="all", help="comma list of workloads, 'all' (the registry) or '' (none)")
     p.add_argument("--overhead", action="store_true", help="also measure the per-op overhead chain")
-    p.add_argument("--budget", type=float, default=0.5, help="CPU seconds of one workload's timed rounds at most")
+    p.add_argument("--budget", type=float, default=0.5, help="CPU seconds of one workload's timed rounds per side at most")
     p.add_argument("--clock", choices=sorted(CLOCKS), default="cpu",
                    help="cpu: CPU seconds of this process (default; other processes' load does not count); wall")
     p.add_argument("--count", default=None, metavar="LIB",
                    help="count instructions under callgrind with this client-request library (vmapbench.counts)")
     p.add_argument("--out", required=True)
     args = p.parse_args(argv)
+    if not args.tree:
+        p.error("at least one --tree LABEL=PATH is needed")
+    sides = Sides(parse_trees(args.tree))
 
     gate_suite("probes").pin_threads()
     try:
-        names = registry_names() if args.workloads == "all" else [n for n in args.workloads.split(",") if n]
+        only = None if args.workloads == "all" else [n for n in args.workloads.split(",") if n]
         if args.count:
-            labels, errors = count_regions(args.count, names)
-            Path(args.out).write_text(json.dumps({"regions": labels, "errors": errors,
-                                                  "process_cpu_s": time.process_time()}))
+            counted = count_regions(args.count, only or [], sides)
+            Path(args.out).write_text(json.dumps({
+                "sides": {label: {"regions": regions, "errors": errors} for label, (regions, errors) in counted.items()},
+                "process_cpu_s": time.process_time()}))
             return 0
         clock = CLOCKS[args.clock]
-        times, errors, cost = measure_workloads(names, args.budget, clock)
-        overhead: dict[str, list[float]] = {}
+        out = measure_workloads(sides, args.budget, clock, only)
         if args.overhead:
-            overhead, more = measure_overhead(args.budget, clock)
-            errors.update(more)
+            for label, (times, errors) in measure_overhead(args.budget, clock, sides).items():
+                out[label]["overhead"] = times
+                out[label]["errors"].update(errors)
     except Exception:  # noqa: BLE001 - the whole process failed: say why, exit 3
         Path(args.out).write_text(json.dumps({"fatal": traceback.format_exc()}))
         return 3
-    Path(args.out).write_text(json.dumps({"times": times, "overhead": overhead, "errors": errors,
-                                          "cpu_seconds": cost, "clock": args.clock,
-                                          "process_cpu_s": time.process_time()}))
+    Path(args.out).write_text(json.dumps({"sides": out, "clock": args.clock, "process_cpu_s": time.process_time()}))
     return 0
 
 
