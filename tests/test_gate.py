@@ -402,4 +402,4 @@ def test_sides_keep_each_commits_modules_and_torch_patches_apart(tmp_path):
     finally:
         sides.close()
     assert sys.modules.get("engine") is before and str(sides.trees["a"]) not in sys.path
-    assert torch.Tensor.requires_grad_ is original and "requires_grad_" not in vars(torch.Tensor)
+    assert torch.Tensor.requires_grad_ is original  # whatever this session had installed, back
