@@ -18,7 +18,7 @@ METHODS = {"loop": 4e-3, "engine": 5e-3, "engine_traced": 1.5e-3, "torch_func": 
 CHAIN = {"native": 6e-4, "torch_func": 8e-4, "engine": 2.4e-3, "engine_traced": 7e-4}
 COUNTS = {"chain|engine": 6.5e6, "chain|engine_traced": 4.0e6, "wl|mlp_hvp|hidden=128,k=8|engine_eager": 8.9e6,
           "wl|mlp_hvp|hidden=128,k=8|engine": 3.8e6}
-ROUNDS = 7
+ROUNDS = 8
 
 
 def probe(seed: int, engine_factor: float = 1.0, errors: dict | None = None) -> dict:
@@ -75,7 +75,9 @@ def test_signals_are_named_like_the_suite_points():
     ratio = got[f"bench_workloads.mlp_hvp.track_ratio_vs_torch_func({p.format('engine')})"]
     run = got[f"bench_workloads.mlp_hvp.time_run({p.format('engine')})"]
     ref = got[f"bench_workloads.mlp_hvp.time_run({p.format('torch_func')})"]
-    assert len(ratio) == ROUNDS and ratio == pytest.approx([a / b for a, b in zip(run, ref)])  # round by round
+    assert len(ratio) == len(run) == ROUNDS // 2 and ratio == pytest.approx([a / b for a, b in zip(run, ref)])
+    raw = probe(0)["times"]["mlp_hvp"]["hidden=128,k=8"]["engine"]
+    assert run == pytest.approx([(raw[i] + raw[i + 1]) / 2 for i in range(0, ROUNDS, 2)])  # pairs of rounds
     assert f"bench_workloads.mlp_hvp.track_ratio_vs_torch_func({p.format('torch_func')})" not in got
     assert f"bench_workloads.mlp_hvp.track_speedup_vs_loop({p.format('loop')})" not in got
     assert "bench_overhead.PerOpOverhead.track_overhead_us_per_op('engine', 'cpu')" in got
@@ -235,12 +237,13 @@ def test_adaptive_rounds_stop_early_for_a_steady_signal_and_run_on_for_a_noisy_o
     ticks = iter(range(10**6))
     clock = lambda: next(ticks) * 1e-3  # noqa: E731 - every call 1 ms on a fake clock
     steady = gate_probe.adaptive_samples({"a": lambda: None, "b": lambda: None}, "a", budget_s=1e9, clock=clock)
-    assert len(steady["a"]) == gate_probe.MIN_ROUNDS
+    assert len(steady["a"]) == gate_probe.MIN_ROUNDS and gate_probe.MIN_ROUNDS % 2 == 0
     rng = np.random.default_rng(0)
     jumpy = iter(np.cumsum(rng.exponential(1e-3, 10**5)))
     noisy = gate_probe.adaptive_samples({"a": lambda: None, "b": lambda: None}, "a", budget_s=1e9,
                                         clock=lambda: float(next(jumpy)))
     assert len(noisy["a"]) > gate_probe.MIN_ROUNDS and len(noisy["a"]) == len(noisy["b"])
+    assert len(noisy["a"]) % 2 == 0  # whole pairs of rounds (forward, reverse)
 
 
 def test_continuous_exit_codes_and_result_placement(tmp_path, monkeypatch):

@@ -66,7 +66,7 @@ COUNTED_WORKLOADS: tuple[str, ...] = (
 # CPU seconds of one workload's timed rounds in a time process at most (its set-up and first calls
 # come on top: 2.4 CPU s a workload on average, 76 s for the 32, measured under a load of 20 on 2
 # cores; mostly the traces of engine and engine_traced).
-PROBE_BUDGET_S = 0.4
+PROBE_BUDGET_S = 0.6
 # The sides of a comparison, in the order the time process loads them: base, head, and base again
 # from a second folder (its twin/base spread is the evidence that sets the floors of a machine
 # without a calibration file; loaded last, as far from base as head is, or farther).
@@ -75,7 +75,7 @@ SIDES = ("base", "head", "twin")
 COUNT_SIDES = ("base", "head")
 PROBE_TIMEOUT_S = 900
 # The floor of a time signal from the run's own evidence: EVIDENCE_MARGIN x the larger of its own
-# base-vs-base |log ratio| and the EVIDENCE_QUANTILE of that of every signal of its metric.
+# twin-vs-base |log ratio| and the EVIDENCE_QUANTILE of that of every signal of its metric.
 EVIDENCE_MARGIN = 1.5
 EVIDENCE_QUANTILE = 0.9
 OUT_DIR = Path(".asv") / "continuous"
@@ -350,8 +350,8 @@ def _per_round(values: Sequence[float], reference: Sequence[float], invert: bool
 def signals(probe: Mapping[str, Any]) -> dict[str, list[float]]:
     """Signal name (asv point name) -> its samples in one probe output.
 
-    Time probes, one sample per round (the ratios taken round by round: the calls of one round ran
-    moments apart): track_ratio_vs_torch_func (method / torch_func), track_speedup_vs_loop
+    Time probes, one sample per pair of rounds (`in_pairs`; the ratios taken pair by pair: the calls
+    of one round ran moments apart): track_ratio_vs_torch_func (method / torch_func), track_speedup_vs_loop
     (loop / method), track_overhead_us_per_op ((method - native) / ops, us), gated; time_run and
     time_chain (CPU s per call), reported. Count probes, one sample per counted call:
     instructions (of the call's region), gated.
@@ -361,18 +361,17 @@ def signals(probe: Mapping[str, Any]) -> dict[str, list[float]]:
     out: dict[str, list[float]] = {}
     for workload, sizes in probe.get("times", {}).items():
         cls = _cls(workload)
-        for size, seconds in sizes.items():
+        for size, by_method in sizes.items():
+            seconds = {method: in_pairs(_listed(t)) for method, t in by_method.items()}
             for method, t in seconds.items():
-                t = list(t) if isinstance(t, (list, tuple)) else [t]
                 point = f"'{size}', '{method}', 'cpu'"
                 out[f"bench_workloads.{cls}.time_run({point})"] = t
                 if method != "torch_func" and "torch_func" in seconds:
                     out[f"bench_workloads.{cls}.track_ratio_vs_torch_func({point})"] = _per_round(t, _listed(seconds["torch_func"]))
                 if method != "loop" and "loop" in seconds:
                     out[f"bench_workloads.{cls}.track_speedup_vs_loop({point})"] = _per_round(t, _listed(seconds["loop"]), invert=True)
-    chain = probe.get("overhead", {})
+    chain = {method: in_pairs(_listed(t)) for method, t in probe.get("overhead", {}).items()}
     for method, t in chain.items():
-        t = _listed(t)
         out[f"bench_overhead.PerOpOverhead.time_chain('{method}', 'cpu')"] = t
         if method != "native" and "native" in chain:
             out[f"bench_overhead.PerOpOverhead.track_overhead_us_per_op('{method}', 'cpu')"] = \
@@ -393,6 +392,15 @@ def _listed(t: Any) -> list[float]:
     return list(t) if isinstance(t, (list, tuple)) else [t]
 
 
+def in_pairs(rounds: Sequence[float]) -> list[float]:
+    """A time process's rounds read in pairs, each the mean of a forward and a reverse round (the
+    calls in mirrored positions: see gate_probe.paired_samples); a last unpaired round is left out.
+    Fewer than two rounds are returned as they are."""
+    if len(rounds) < 2:
+        return list(rounds)
+    return [(rounds[i] + rounds[i + 1]) / 2 for i in range(0, len(rounds) - 1, 2)]
+
+
 def failures(probes: Iterable[Mapping[str, Any]]) -> dict[str, str]:
     """What failed in any of these probe outputs: case -> first error message."""
     failed: dict[str, str] = {}
@@ -407,7 +415,7 @@ def failures(probes: Iterable[Mapping[str, Any]]) -> dict[str, str]:
 @dataclass(frozen=True)
 class Row:
     """One signal's comparison. `source` says where its floor came from: "calibrated" (the machine's
-    file), "evidence" (this run's base-vs-base spread), "count" (the count floor), "policy"
+    file), "evidence" (this run's twin-vs-base spread: the same commit loaded twice), "count" (the count floor), "policy"
     (reported signals), "none" (no evidence: a time signal that cannot be decided)."""
 
     name: str
@@ -470,7 +478,7 @@ def twin_spread(base: Runs, twin: Runs) -> dict[str, float]:
 
 
 def evidence_floors(spread: Mapping[str, float]) -> dict[str, float]:
-    """Per gated time signal with a base-vs-base spread: EVIDENCE_MARGIN x max(its own spread, the
+    """Per gated time signal with a twin-vs-base spread: EVIDENCE_MARGIN x max(its own spread, the
     EVIDENCE_QUANTILE of its metric's spreads), as a fraction. One signal's single A/A difference is
     a small sample of its noise; its metric's spreads, pooled, say how far such differences reach."""
     by_metric: dict[str, list[float]] = {}
@@ -706,7 +714,7 @@ COUNT_MIN_FLOOR = 0.01
 def calibrated_floors(aa_runs: Sequence[Sequence[Row]], margin: float = 1.5) -> dict[str, float]:
     """Per gated signal: margin x the largest A/A point deviation (log scale), as a fraction; at
     least COUNT_MIN_FLOOR for a count. No blanket minimum for time signals: at gate time a time
-    signal's floor is the larger of this and the run's own base-vs-base evidence.
+    signal's floor is the larger of this and the run's own twin-vs-base evidence.
 
     The interval guards against the noise within a comparison; the floor guards against what
     moves between comparisons (load phases, process layout), which only A/A runs can show.
@@ -814,7 +822,7 @@ def calibrate(root: Path, machine: str, n_aa: int, n_busy: int, n_planted: int, 
             "machine": machine, "floors": floors, "families": floors_by_family(floors),
             "method": "expm1(1.5 x largest |log(head/base)| over the A/A runs); counts at least "
                       f"{COUNT_MIN_FLOOR:.0%}; a time signal's floor at gate time is the larger of this and the "
-                      "run's own base-vs-base evidence",
+                      "run's own twin-vs-base evidence",
             "aa_runs": len(aa_rows), "date": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
         }, indent=1, sort_keys=True) + "\n")
         log(f"calibrate: wrote {len(floors)} noise floors to {path}")
@@ -896,7 +904,7 @@ def main(args: argparse.Namespace) -> int:
     print(f"gate: {args.base} ({base_sha[:8]}) -> {args.head} ({head_sha[:8]})"
           + (f" with a planted {args.plant}x slowdown at {args.plant_at}" if args.plant else "")
           + f", machine {machine}" + ("" if stats.load_calibration(machine, root) else
-                                      " (no calibration file: time floors from this run's base-vs-base spread)"),
+                                      " (no calibration file: time floors from this run's twin-vs-base spread)"),
           flush=True)
     started = time.time()
     result = compare_commits(root, base_sha, head_sha, machine, plant=args.plant, plant_at=args.plant_at,

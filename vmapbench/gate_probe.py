@@ -57,8 +57,8 @@ GATE_METHODS = ("engine", "engine_eager", "engine_traced", "torch_func", "loop")
 COUNT_METHODS = ("engine", "engine_eager")
 CHAIN_COUNT_METHODS = ("engine", "engine_traced", "engine_auto")
 COUNT_REPEATS = 2
-MIN_ROUNDS = 5
-MAX_ROUNDS = 25
+MIN_ROUNDS = 6  # even: rounds are read in pairs (forward order, then reverse; see `paired_samples`)
+MAX_ROUNDS = 24
 TARGET_HALFWIDTH = 0.02
 MIN_BATCH_S = 0.004
 # The per-op chain's input: overhead-bound small tensors, where a dispatch-path regression shows most.
@@ -123,7 +123,12 @@ def paired_samples(sides: Mapping[str, Mapping[str, Callable[[], Any]]], referen
     side's modules in place). Sides and methods alternate their order every round. The first side
     is the one the others are compared with: rounds go on until every method's ratio to `reference`
     of every other side over the first's, round by round, is known to `target` (or, with one side,
-    its ratio to `reference`), `max_rounds` are done, or `budget_s` x sides is spent."""
+    its ratio to `reference`), `max_rounds` are done, or `budget_s` x sides is spent.
+
+    A call's position in the round moves its time (first or last, after which other calls): the
+    order flips every round and the number of rounds is even, so a pair of rounds (forward, then
+    reverse) puts every call in mirrored positions; the gate reads the rounds in such pairs
+    (vmapbench.gate.signals). One unrecorded round warms every call up first."""
     def batch(fn: Callable[[], Any], number: int) -> float:
         start = clock()
         for _ in range(number):
@@ -138,14 +143,21 @@ def paired_samples(sides: Mapping[str, Mapping[str, Callable[[], Any]]], referen
     samples = {side: {name: [] for name in calls} for side, calls in sides.items()}
     order = list(sides)
     first = order[0] if order else ""
-    started = clock()
-    for r in range(max_rounds):
+
+    def one_round(r: int, keep: bool) -> None:
         for side in order if r % 2 == 0 else reversed(order):
             activate(side)
             names = list(sides[side])
             for name in names if r % 2 == 0 else reversed(names):
-                samples[side][name].append(batch(sides[side][name], number[side, name]))
-        if r + 1 < min_rounds:
+                seconds = batch(sides[side][name], number[side, name])
+                if keep:
+                    samples[side][name].append(seconds)
+
+    one_round(0, keep=False)  # a round of warm-up: the first batches after the first calls run cold
+    started = clock()
+    for r in range(max_rounds):
+        one_round(r, keep=True)
+        if r + 1 < min_rounds or r % 2 == 0:  # stop after a reverse round only: pairs stay whole
             continue
         if clock() - started > budget_s * max(1, len(sides)):
             break
