@@ -357,6 +357,7 @@ def signals(probe: Mapping[str, Any]) -> dict[str, list[float]]:
     instructions (of the call's region), gated.
     """
     from suite.bench_overhead import N_OPS
+    from vmapbench.gate_probe import in_pairs
 
     out: dict[str, list[float]] = {}
     for workload, sizes in probe.get("times", {}).items():
@@ -390,15 +391,6 @@ def signals(probe: Mapping[str, Any]) -> dict[str, list[float]]:
 
 def _listed(t: Any) -> list[float]:
     return list(t) if isinstance(t, (list, tuple)) else [t]
-
-
-def in_pairs(rounds: Sequence[float]) -> list[float]:
-    """A time process's rounds read in pairs, each the mean of a forward and a reverse round (the
-    calls in mirrored positions: see gate_probe.paired_samples); a last unpaired round is left out.
-    Fewer than two rounds are returned as they are."""
-    if len(rounds) < 2:
-        return list(rounds)
-    return [(rounds[i] + rounds[i + 1]) / 2 for i in range(0, len(rounds) - 1, 2)]
 
 
 def failures(probes: Iterable[Mapping[str, Any]]) -> dict[str, str]:

@@ -43,7 +43,7 @@ import time
 import traceback
 from pathlib import Path
 from types import ModuleType
-from typing import Any, Callable, Iterator, Mapping
+from typing import Any, Callable, Iterator, Mapping, Sequence
 
 GATE_ROOT = Path(__file__).resolve().parents[1]
 ALIAS = "_gate_suite"
@@ -166,15 +166,24 @@ def paired_samples(sides: Mapping[str, Mapping[str, Callable[[], Any]]], referen
     return samples
 
 
+def in_pairs(rounds: Sequence[float]) -> list[float]:
+    """Rounds read in pairs, each the mean of a forward and a reverse round (the calls in mirrored
+    positions: see `paired_samples`); a last unpaired round is left out. Fewer than two rounds are
+    returned as they are. The gate reads every time signal this way (vmapbench.gate.signals)."""
+    if len(rounds) < 2:
+        return list(rounds)
+    return [(rounds[i] + rounds[i + 1]) / 2 for i in range(0, len(rounds) - 1, 2)]
+
+
 def _round_widths(samples: Mapping[str, Mapping[str, list[float]]], first: str, reference: str | None) -> list[float]:
-    """Half-widths of what the rounds estimate: each method's ratio to `reference` of every side
-    over `first`'s (one side: the ratio to `reference` itself); without a reference, the methods'
-    own times side over side."""
+    """Half-widths of what the rounds estimate, read in pairs as the gate reads them: each method's
+    ratio to `reference` of every side over `first`'s (one side: the ratio to `reference` itself);
+    without a reference, the methods' own times side over side."""
     def per_round(side: str, name: str) -> list[float]:
-        own = samples[side][name]
+        own = in_pairs(samples[side][name])
         if reference is None or reference not in samples[side]:
             return own
-        return [a / b for a, b in zip(own, samples[side][reference])]
+        return [a / b for a, b in zip(own, in_pairs(samples[side][reference]))]
 
     widths = []
     for side, methods in samples.items():
