@@ -406,3 +406,25 @@ def test_sides_keep_each_commits_modules_and_torch_patches_apart(tmp_path):
         sides.close()
     assert sys.modules.get("engine") is before and str(sides.trees["a"]) not in sys.path
     assert torch.Tensor.requires_grad_ is original  # whatever this session had installed, back
+
+
+def test_a_side_whose_registry_does_not_import_fails_alone(tmp_path):
+    """A base commit that cannot be measured is reported as that side's failure; the other sides of
+    the same process are still measured (before, each side had a process of its own)."""
+    from vmapbench import gate_probe
+
+    broken = tmp_path / "broken" / "workloads"
+    broken.mkdir(parents=True)
+    (broken / "__init__.py").write_text("raise ImportError('this commit has no registry')\n")
+    good = gate.extract(ROOT, gate.resolve(ROOT, "HEAD"), tmp_path / "good")
+    sides = gate_probe.Sides({"base": tmp_path / "broken", "head": good})
+    try:
+        out = gate_probe.measure_workloads(sides, budget_s=0.01, clock=gate_probe.CLOCKS["cpu"],
+                                           only=["quadratic_hessian"])
+    finally:
+        sides.close()
+    assert "this commit has no registry" in out["base"]["fatal"]
+    assert "fatal" not in out["head"] and not out["head"]["errors"]
+    assert set(out["head"]["times"]["quadratic_hessian"].popitem()[1]) >= {"engine", "torch_func"}
+    failed = gate.failures([{**out["base"], "process": "time-0"}])
+    assert "this commit has no registry" in failed["measuring process"] or "ImportError" in failed["measuring process"]

@@ -365,7 +365,12 @@ def measure_workloads(sides: Sides, budget_s: float, clock: Callable[[], float],
     names: list[str] = []
     for label in sides:
         sides.activate(label)
-        registry[label] = set(registry_names())
+        try:
+            registry[label] = set(registry_names())
+        except Exception:  # noqa: BLE001 - this side cannot be measured; the others still are
+            registry[label] = set()
+            out[label]["fatal"] = f"side {label}: the registry does not import:\n{traceback.format_exc()}"
+            continue
         for name in (only if only is not None else registry_names()):
             if name not in names:
                 names.append(name)
@@ -413,7 +418,11 @@ def measure_overhead(budget_s: float, clock: Callable[[], float],
     for label in labels:
         activate(label)
         errors[label] = {}
-        got = chain_calls(tuple(gate_suite("bench_overhead").METHODS), errors[label])
+        try:
+            got = chain_calls(tuple(gate_suite("bench_overhead").METHODS), errors[label])
+        except Exception as exc:  # noqa: BLE001 - e.g. this side's engine does not import
+            errors[label]["per-op overhead"] = f"{type(exc).__name__}: {exc}".splitlines()[0][:300]
+            continue
         if "native" in got:
             calls[label] = got
     timed = paired_samples(calls, "native", budget_s, clock, activate=activate) if calls else {}
@@ -434,9 +443,13 @@ def count_regions(library: str, names: list[str], sides: Sides) -> dict[str, tup
     cases: dict[str, list[tuple[str, Callable[[], Any]]]] = {}
     for label in sides:
         sides.activate(label)
+        try:
+            registered = set(registry_names())
+        except Exception:  # noqa: BLE001 - reported as this side's failure; the others are counted
+            errors[label]["registry"] = traceback.format_exc().strip().splitlines()[-1][:300]
+            continue
         for method, call in chain_calls(CHAIN_COUNT_METHODS, errors[label]).items():
             cases.setdefault(f"chain|{method}", []).append((label, call))
-        registered = set(registry_names())
         for name in names:
             if name not in registered:
                 continue
