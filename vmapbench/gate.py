@@ -61,7 +61,8 @@ PROBE = Path(__file__).resolve().with_name("gate_probe.py")
 # every path (vmap over grad, hessian, jvp, torch.nn modules, torch.distributions, the tutorials'
 # functional_call), so a slowdown of one transform or of one family's engine calls moves a count.
 COUNTED_WORKLOADS: tuple[str, ...] = (
-    "logreg_per_example_grads", "rosenbrock_hessian", "mlp_jvp", "nn_ffnn", "bayes_laplace_hessian", "tutorial_maml",
+    "logreg_per_example_grads", "psg_mlp", "rosenbrock_hessian", "quadratic_hessian", "mlp_hvp", "mlp_jacobian",
+    "mlp_jvp", "nn_ffnn", "nn_logreg", "nn_embedding", "bayes_laplace_hessian", "tutorial_maml",
 )
 # CPU seconds of one workload's timed rounds in a time process at most (its set-up and first calls
 # come on top: 2.4 CPU s a workload on average, 76 s for the 32, measured under a load of 20 on 2
