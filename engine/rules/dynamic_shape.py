@@ -140,13 +140,12 @@ def _lex_order(rows: torch.Tensor) -> torch.Tensor:
 def unique_dim_rule(info: Any, in_dims: Any, x: torch.Tensor, dim: int, sorted: bool = True,
                     return_inverse: bool = False, return_counts: bool = False) -> tuple[Any, Any]:
     """torch.unique with dim: each element's slices along `dim` sorted lexicographically (as ATen's
-    CPU and CUDA kernels always do), runs of equal slices, the run heads. ATen sorts with `<`, which orders
-    no NaN: a NaN leaves its order unspecified, so the rule raises rather than pick one."""
+    CPU and CUDA kernels always do), runs of equal slices, the run heads. ATen sorts with `<`, which
+    orders no NaN: a NaN leaves its order unspecified, so the rule raises rather than pick one."""
     _require_sorting_device(x, "unique(dim=...)")
     B = x.shape[0]
     d = norm_dim(dim, x.dim() - 1) + 1
     moved = x.movedim(d, 1)
-    S = moved.shape[1]
     rows = _flat(moved, 2)
     if (x.is_floating_point() or x.is_complex()) and bool(torch.isnan(rows).any()):
         raise DataDependentError("vmap: unique(dim=...) of slices holding NaN: ATen's sort leaves their order "
