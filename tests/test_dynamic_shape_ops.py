@@ -156,6 +156,14 @@ def test_range_factories_with_tensor_endpoints(name: str, steps: int) -> None:
         assert torch.equal(got[:, [0, -1]], want[:, [0, -1]])
 
 
+@pytest.mark.parametrize("steps", [1, 5])
+def test_complex_range_factories_with_tensor_endpoints(steps: int) -> None:
+    s = torch.tensor([0.5 + 1j, 1 - 0.5j, 0.2j])
+    e = torch.tensor([1 + 0j, 2j, 3 + 1j])
+    _check(lambda a, b: torch.logspace(a, b, steps), (0, 0), s, e, exact=False)
+    _check(lambda a, b: torch.linspace(a, b, steps), (0, 0), s, e, exact=False)
+
+
 def test_linspace_integer_dtype_takes_the_counted_loop() -> None:
     """Integer linspace truncates per SIMD lane in ATen: no batched formula reproduces it."""
     s = torch.tensor([0., 1., 2.])

@@ -100,7 +100,8 @@ def _spaced(info: Any, in_dims: Any, start: Any, end: Any, steps: int, base: flo
     s = _endpoint(start, d0, B, dtype, "start", name).to(device)
     e = _endpoint(end, d1, B, dtype, "end", name).to(device)
     if steps <= 1:
-        out = s[:, :steps] if base is None else (base ** s[:, :steps].to(torch.float64)).to(dtype)
+        wide = torch.complex128 if dtype.is_complex else torch.float64  # ATen: pow(base, start) in double
+        out = s[:, :steps] if base is None else (base ** s[:, :steps].to(wide)).to(dtype)
         return out, 0
     step = (e - s) / (steps - 1)
     i = torch.arange(steps, device=device).to(dtype)
