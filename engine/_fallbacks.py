@@ -1,8 +1,8 @@
 """The for-loop fallback's policy ('warn', 'error', 'silent') and its accounting (per-op counts).
 
-One owner for this state, below both the dispatcher (engine._dispatch, which runs the fallback)
-and the rules that fall back to a counted loop themselves (engine.rules.search's masked_select),
-so neither imports the other to report a fallback.
+One owner for this state, below the dispatcher (engine._dispatch, which runs the fallback) and
+the rules, so a rule that ever falls back to a counted loop itself can report it without
+importing the dispatcher.
 """
 from __future__ import annotations
 

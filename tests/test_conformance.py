@@ -738,6 +738,32 @@ def test_batch_norm_training_with_shared_running_stats_matches_the_loop(name: st
     torch.testing.assert_close(rv, rv_loop, msg=f"{name}: running_var (unbiased variance per example)")
 
 
+@pytest.mark.parametrize("name", sorted(_SHARED_STATS_CALLS))
+def test_batch_norm_training_with_expanded_running_stats_matches_the_loop(name: str) -> None:
+    """Running statistics batched by an expand (stride 0) are one memory: a loop over their
+    elements (views of it) updates it once per example in turn, and the engine gives exactly that
+    (torch.func updates a copy and drops it; the kernel alone refuses the overlapping write).
+    instance_norm writes its statistics back with a `copy_` into the expanded tensor, which stays
+    refused (an error, never a wrong buffer)."""
+    fn = _SHARED_STATS_CALLS[name]
+    x = torch.randn(4, 5, 3, 6, dtype=torch.float64)
+    rm0, rv0 = torch.randn(3, dtype=torch.float64), torch.rand(3, dtype=torch.float64) + 0.5
+    rm_loop, rv_loop = rm0.clone().expand(4, 3), rv0.clone().expand(4, 3)
+    want = [fn(x[i], rm_loop[i], rv_loop[i], 0.1) for i in range(4)]
+    rm, rv = rm0.clone().expand(4, 3), rv0.clone().expand(4, 3)
+    if name == "F.instance_norm":
+        with pytest.raises(RuntimeError, match="single memory location"):
+            engine.vmap(lambda xi, a, b: fn(xi, a, b, 0.1))(x, rm, rv)
+        return
+    with engine.fallback_policy("error"):
+        got = engine.vmap(lambda xi, a, b: fn(xi, a, b, 0.1))(x, rm, rv)
+    for j, g in enumerate(got if isinstance(got, tuple) else (got,)):
+        w = torch.stack([(o if isinstance(o, tuple) else (o,))[j] for o in want])
+        torch.testing.assert_close(g, w, msg=f"{name}: output {j}")
+    torch.testing.assert_close(rm, rm_loop, msg=f"{name}: running_mean")
+    torch.testing.assert_close(rv, rv_loop, msg=f"{name}: running_var")
+
+
 def test_batch_norm_module_in_training_under_vmap_updates_its_buffers_as_the_loop() -> None:
     bn, loop_bn = torch.nn.BatchNorm2d(3), torch.nn.BatchNorm2d(3)
     x = torch.randn(4, 2, 3, 5, 5)
@@ -789,6 +815,7 @@ TORCH_FUNC_NATIVE = [
     "_upsample_bilinear2d_aa", "linalg.householder_product", "linalg.lstsq", "linalg.solve", "linalg.solve_ex",
     "linalg.solve_triangular", "linalg.lu_solve", "linalg.pinv", "cholesky_solve", "cholesky_inverse", "polar",
     "as_strided", "as_strided_copy", "nn.functional.group_norm", "flip", "fft.hfft2", "fft.hfftn",
+    "linspace.tensor_overload", "logspace.tensor_overload",
 ]
 # where torch.func falls back to its loop and the engine batches natively
 BEYOND_TORCH_FUNC = [
@@ -797,18 +824,14 @@ BEYOND_TORCH_FUNC = [
     # where torch.func raises: training-mode batch norm with unbatched running statistics, narrow's tensor start
     "native_batch_norm", "_native_batch_norm_legit", "_batch_norm_with_update", "nn.functional.batch_norm",
     "nn.functional.instance_norm", "narrow",
+    # where torch.func raises (or loops): outputs sized by the data, which the elements' data agree on
+    "argwhere", "masked_select", "unique", "unique_consecutive",  # (nonzero: no pinned sample agrees)
 ]
 
 
 # ops that raise (never answer wrongly) under some batch-dim layouts of the harness, and why
 LAYOUT_ERRORS = {
     "as_strided": "strides of a batch dim that is not outermost in memory are refused (torch.func answers wrongly)",
-    "as_strided_copy": "as as_strided",
-    "native_batch_norm": "an expanded (stride-0) batch: the kernel writes running statistics into shared memory "
-                         "(torch.func raises too)",
-    "_native_batch_norm_legit": "as native_batch_norm",
-    "_batch_norm_with_update": "as native_batch_norm",
-    "nn.functional.batch_norm": "as native_batch_norm",
 }
 
 

@@ -11,8 +11,9 @@ vectors (weight, bias, running stats, saved stats) repeated or flattened to B*C.
 reaches this op as a batch norm over [1, N*C, *s], so it is covered too. In training mode the
 kernel writes the running statistics: batched ones are updated per element; unbatched ones with a
 batched input are updated by each element in turn in the loop, which `shared_running_stats_rule`
-reproduces in closed form (torch.func refuses this case): the loop updates a shared buffer once per
-example, in order, r <- (1 - m) r + m s_k, so after B examples r_B = (1 - m)^B r_0 + sum_k m (1 - m)^(B-1-k) s_k. The
+reproduces in closed form (torch.func refuses this case), as it does for a batched statistic whose
+batch is expanded (stride 0: every element's buffer is the same memory, which torch.func updates in a
+copy and drops): the loop updates a shared buffer once per example, in order, r <- (1 - m) r + m s_k, so after B examples r_B = (1 - m)^B r_0 + sum_k m (1 - m)^(B-1-k) s_k. The
 kernel computes every m s_k at once (per-example buffers that start at zero hold exactly m s_k after
 the call, with the kernel's own unbiased-variance correction), and the closed form is then written
 into each shared buffer with one in-place copy per call.
@@ -44,7 +45,19 @@ def _per_channel(t, d, B: int):
     return materialize(t, d, B).reshape(-1)
 
 
+def _one_memory(t, d):
+    """A batched running statistic whose batch dim has stride 0 (expanded) is one buffer that every
+    element's update writes, in turn, as a loop over its elements does: it is handled as an
+    unbatched shared buffer, `t[0]`, a view of that memory (None batch dim)."""
+    if t is not None and d is not None and t.dim() >= 1 and t.stride(0) == 0:
+        return t[0], None
+    return t, d
+
+
 def native_batch_norm_rule(info, in_dims, x, weight, bias, running_mean, running_var, training, momentum, eps):
+    if training:
+        (running_mean, d_mean), (running_var, d_var) = _one_memory(running_mean, in_dims[3]), _one_memory(running_var, in_dims[4])
+        in_dims = (*in_dims[:3], d_mean, d_var, *in_dims[5:])
     if training and any(t is not None and d is None for t, d in ((running_mean, in_dims[3]), (running_var, in_dims[4]))):
         return shared_running_stats_rule(info, in_dims, x, weight, bias, running_mean, running_var, training, momentum, eps)
     B = info.batch_size

@@ -2,15 +2,17 @@
 
 searchsorted over a 1-D sorted sequence per example becomes one N-D searchsorted: each example's
 boundaries are a row, its values flattened into the matching row. masked_select with the mask the
-same for every example selects the same number of elements from each, so it is one indexing op.
+same for every example selects the same number of elements from each, so it is one indexing op;
+with a batched mask it is one masked_select over the batch, which answers when the counts agree.
 """
 from __future__ import annotations
 
+import math
+
 import torch
 
-from engine._fallbacks import _note_fallback
-from engine.errors import DataDependentError
 from engine.rules._helpers import lrank, materialize, pad_batched
+from engine.rules.dynamic_shape import common_count
 from engine.rules._table import RULES
 
 aten = torch.ops.aten
@@ -44,17 +46,17 @@ def bucketize_rule(info, in_dims, values, boundaries, *, out_int32=False, right=
 
 def masked_select_rule(info, in_dims, x, mask):
     B = info.batch_size
-    if in_dims[1] is not None:
-        # Per-example masks may select different counts: a counted loop, which must find one size.
-        _note_fallback(aten.masked_select.default)
-        xm = materialize(x, in_dims[0], B)
-        outs = [torch.masked_select(xm[i], mask[i]) for i in range(B)]
-        if len({o.numel() for o in outs}) > 1:
-            raise DataDependentError(
-                "vmap: masked_select with a batched mask selects a different number of elements per batch "
-                "element, so the results cannot be stacked. Use torch.where(mask, x, fill) instead.")
-        return torch.stack(outs), 0
     x = materialize(x, in_dims[0], B)
+    if in_dims[1] is not None:
+        # Per-example masks: one masked_select over the whole batch keeps each example's picks
+        # together, in order; it answers when every example picks the same number of elements.
+        logical = torch.broadcast_shapes(x.shape[1:], mask.shape[1:])
+        x = pad_batched(x, len(logical)).expand(B, *logical)
+        mask = pad_batched(mask, len(logical)).expand(B, *logical)
+        picked = torch.masked_select(x, mask)
+        k = common_count(mask.reshape(B, math.prod(logical)).sum(1), "masked_select with a batched mask",
+                         "Use torch.where(mask, x, fill) instead.")
+        return picked.reshape(B, k), 0
     logical = torch.broadcast_shapes(x.shape[1:], mask.shape)
     x = pad_batched(x, len(logical)).expand(B, *logical)
     return x[:, mask.expand(logical)], 0

@@ -183,7 +183,23 @@ def as_strided_rule(info, in_dims, x, size, stride, storage_offset=None):
     return _as_strided_physical(aten.as_strided.default, x, size, stride, storage_offset), 0
 
 
+def _own_storage(x: torch.Tensor) -> torch.Tensor:
+    """x (batch at 0) copied so that each element has memory of its own, laid out as `x[i].clone()`
+    lays out one element (dense strides kept, else contiguous), one element after the other."""
+    like = torch.empty_like(x[0])  # called with at least two elements
+    own = x.new_empty_strided(tuple(x.shape), (max(like.numel(), 1), *like.stride()))
+    return own.copy_(x)
+
+
 def as_strided_copy_rule(info, in_dims, x, size, stride, storage_offset=None):
+    """A copy, unlike as_strided, need not alias its input: where the elements' memory interleaves
+    (a batch dim innermost), each element is first given memory of its own, as a loop over the
+    elements (each its own tensor) sees it, and is read there."""
+    span = _reach(x.shape[1:], x.stride()[1:]) if all(n > 0 for n in x.shape) else 0
+    if x.shape[0] > 1 and x.stride(0) != 0 and x.stride(0) < span:
+        offset = x.storage_offset() if storage_offset is None else storage_offset
+        if not _reads_only_own(x, size, stride, offset - x.storage_offset()):
+            x, storage_offset = _own_storage(x), offset - x.storage_offset()
     return _as_strided_physical(aten.as_strided.default, x, size, stride, storage_offset).clone(), 0
 
 
