@@ -431,6 +431,25 @@ def linearize(func: Callable, *primals: Any) -> tuple[Any, Callable]:
     return out, jvp_fn
 
 
+class _WritableAlias(torch.autograd.Function):
+    """The primal `func` sees under jvp: the prepared input's memory, as a non-leaf autograd does not
+    count as a view (`detach` shares storage and version counter without recording a view).
+
+    torch.func's jvp hands `func` a dual tensor that aliases the primal, so `x.copy_(y)` (or a write
+    into a view of `x`) goes through to the caller's tensor and the tangent follows the write. A
+    leaf requiring grad refuses in-place writes, and a view of it too; this alias accepts them, and
+    autograd records the write (CopyBackwards, CopySlices) on the alias while gradients are still
+    taken with respect to the prepared input, whose value is the one before the write."""
+
+    @staticmethod
+    def forward(ctx, x: torch.Tensor) -> torch.Tensor:  # type: ignore[override]
+        return x.detach()
+
+    @staticmethod
+    def backward(ctx, grad: torch.Tensor) -> torch.Tensor:  # type: ignore[override]
+        return grad
+
+
 def _linearize(func: Callable, primals: tuple, api: str, has_aux: bool = False, strict: bool = False) -> tuple[Any, Callable, Any]:
     flat, spec = tree_flatten(primals)
     outer = torch.is_grad_enabled()
@@ -439,13 +458,26 @@ def _linearize(func: Callable, primals: tuple, api: str, has_aux: bool = False, 
         inputs = [_prepare(t, outer) for t in flat]
         captures = _Captures(func)
         with transform_scope():
-            raw = func(*tree_unflatten(inputs, spec))
+            given = [_WritableAlias.apply(i) for i in inputs]
+            versions = [g._version for g in given]
+            raw = func(*tree_unflatten(given, spec))
         captures.check(func, api.split("(")[0])
         out, aux = _split_aux(func, raw, has_aux, api.split("(")[0])
         flat_out, out_spec = tree_flatten(out)
         _check_outputs(func, flat_out, api)
         dummies = [requires_grad(torch.zeros_like(o)) for o in flat_out]
-        gx = _grads(flat_out, inputs, dummies, create_graph=True)
+        try:
+            gx = _grads(flat_out, inputs, dummies, create_graph=True)
+        except RuntimeError as e:
+            written = [i for i, (g, v) in enumerate(zip(given, versions)) if g._version != v]
+            if written and "modified by an inplace operation" in str(e):
+                raise TransformError(
+                    f"{api}: {_fname(func)} wrote in place into primal {written[0]} (flattened) after an op had saved "
+                    f"its earlier value for the derivative. torch.func computes the tangent alongside each op; this "
+                    f"engine differentiates the recorded graph afterwards and needs that saved value. Write into a "
+                    f"clone of the primal (x = x.clone()) or do the in-place write before the ops that read it."
+                ) from e
+            raise
 
     def jvp_fn(*tangents: Any) -> Any:
         flat_t, t_spec = tree_flatten(tangents)

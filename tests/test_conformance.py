@@ -395,6 +395,41 @@ def jvp_through_inplace_on_view(m):
     return m.jvp(f, (torch.randn(3),), (torch.ones(3),))
 
 
+# jvp writes through a primal as torch.func's dual tensor does: the caller's tensor changes and
+# the tangent follows the write (the caller's tangent itself is not compared: see engine.transforms)
+@case
+def jvp_copy_into_primal_writes_through(m):
+    x, y = torch.randn(3), torch.randn(3)
+    out, tangent = m.jvp(lambda a, b: a.copy_(b), (x, y), (torch.randn(3), torch.randn(3)))
+    return out, tangent, x
+
+
+@case
+def jvp_mul_into_view_of_primal_under_vmap(m):
+    x, xt = torch.randn(4, 2, 5), torch.randn(4, 2, 5)
+    y, yt = torch.randn(5, 3, 2), torch.randn(5, 3, 2)
+
+    def f(a, b):
+        v = a[1:]
+        v.mul_(b)
+        return v, a
+
+    out = m.vmap(lambda a, at, b, bt: m.jvp(f, (a, b), (at, bt)), in_dims=(2, 2, 0, 0))(x, xt, y, yt)
+    return out, x
+
+
+@case
+def jvp_write_into_base_seen_by_earlier_view(m):
+    x, xt = torch.randn(3, 4), torch.randn(3, 4)
+
+    def f(a):
+        row = a[0]
+        a.mul_(2)
+        return row
+
+    return m.vmap(lambda a, at: m.jvp(f, (a,), (at,)), in_dims=1)(x, xt), x
+
+
 @case
 def jvp_integer_tangent_refused(m):
     return m.jvp(torch.sin, (torch.randn(3),), (torch.ones(3, dtype=torch.int64),))
@@ -825,3 +860,17 @@ def test_op_batched_natively_and_correctly(op: str) -> None:
         assert not wrong, f"{op}: {wrong} {res.detail}"
     else:
         assert res.engine == "native", f"{op}: {res.engine} {res.detail} {res.fallback_ops}"
+
+
+def test_jvp_write_into_a_primal_after_an_op_saved_it_is_refused() -> None:
+    """torch.func computes each tangent as the op runs, so `z = x * y; x.copy_(y)` under jvp is
+    exact there. The engine differentiates the recorded graph afterwards, when the value `mul`
+    saved is gone: it raises (naming the primal and the fix) rather than differentiate the wrong
+    value."""
+    def f(x, y):
+        z = x * y
+        x.copy_(y)
+        return z, x
+
+    with pytest.raises(engine.TransformError, match="wrote in place into primal 0.*clone"):
+        engine.jvp(f, (torch.randn(3), torch.randn(3)), (torch.randn(3), torch.randn(3)))
