@@ -183,6 +183,13 @@ def _unwrap_one(func, i, o, d, level, size, entries=None):
             return a  # the input itself, returned untouched: torch.func returns that tensor too
         if type(a) is torch.Tensor and type(o._elem) is torch.Tensor and _same_geometry(o._elem.movedim(0, d), a):
             return a  # the same, entered at another dim and asked back at it (Tensor.contiguous returned self)
+    if base is not None and o._elem is base._elem and base._version == 0 and d % nd == 0 and o._level == level:
+        a = entries[id(base)]
+        if base._elem is a:
+            # A view op whose rule handed back the input's physical tensor (transpose of a 0-dim
+            # element): the result is the input itself, as torch.func returns it (`result is x`),
+            # with or without gradients (the graph in between is the identity).
+            return a
     t = leave(o, level, size)
     if base is not None:
         a = entries[id(base)]
