@@ -439,15 +439,26 @@ class _WritableAlias(torch.autograd.Function):
     into a view of `x`) goes through to the caller's tensor and the tangent follows the write. A
     leaf requiring grad refuses in-place writes, and a view of it too; this alias accepts them, and
     autograd records the write (CopyBackwards, CopySlices) on the alias while gradients are still
-    taken with respect to the prepared input, whose value is the one before the write."""
+    taken with respect to the prepared input, whose value is the one before the write.
+
+    The old-style Function (forward takes ctx): the functorch-compatible form (setup_context) binds
+    its arguments through inspect.signature on every call, ~50 us. torch.func refuses the old
+    style under its own transforms, so there (`_writable`) the input is passed as it was before."""
 
     @staticmethod
-    def forward(ctx, x: torch.Tensor) -> torch.Tensor:  # type: ignore[override]
+    def forward(ctx: Any, x: torch.Tensor) -> torch.Tensor:  # type: ignore[override]
         return x.detach()
 
     @staticmethod
-    def backward(ctx, grad: torch.Tensor) -> torch.Tensor:  # type: ignore[override]
+    def backward(ctx: Any, grad: torch.Tensor) -> torch.Tensor:  # type: ignore[override]
         return grad
+
+
+def _writable(inputs: list) -> list:
+    """The primals `func` is called with (see `_WritableAlias`)."""
+    if torch._C._functorch.peek_interpreter_stack() is not None:
+        return inputs
+    return [_WritableAlias.apply(i) for i in inputs]
 
 
 def _linearize(func: Callable, primals: tuple, api: str, has_aux: bool = False, strict: bool = False) -> tuple[Any, Callable, Any]:
@@ -458,7 +469,7 @@ def _linearize(func: Callable, primals: tuple, api: str, has_aux: bool = False, 
         inputs = [_prepare(t, outer) for t in flat]
         captures = _Captures(func)
         with transform_scope():
-            given = [_WritableAlias.apply(i) for i in inputs]
+            given = _writable(inputs)
             versions = [g._version for g in given]
             raw = func(*tree_unflatten(given, spec))
         captures.check(func, api.split("(")[0])

@@ -874,3 +874,19 @@ def test_jvp_write_into_a_primal_after_an_op_saved_it_is_refused() -> None:
 
     with pytest.raises(engine.TransformError, match="wrote in place into primal 0.*clone"):
         engine.jvp(f, (torch.randn(3), torch.randn(3)), (torch.randn(3), torch.randn(3)))
+
+
+@pytest.mark.parametrize("transform", ["grad", "jvp", "vjp"])
+def test_engine_transform_inside_torch_func_functionalize_raises(transform: str) -> None:
+    """torch.func.functionalize wraps its inputs in functional tensors on which autograd records
+    nothing at that level: a leaf the engine made there would differentiate to zeros (measured when
+    the refusal was lifted for a try), so the refusal of requires_grad_() stays, and no zero comes
+    back silently. torch.func's own transforms run inside functionalize."""
+    x, t = torch.randn(2, 3), torch.randn(2, 3)
+    calls = {
+        "grad": lambda x: engine.grad(lambda a: a.sin().sum())(x),
+        "jvp": lambda x: engine.jvp(torch.sin, (x,), (t,)),
+        "vjp": lambda x: engine.vjp(torch.sin, x)[1](t),
+    }
+    with pytest.raises(RuntimeError, match="requires_grad_"):
+        tf.functionalize(calls[transform])(x)
