@@ -22,6 +22,7 @@ from typing import Any
 
 import torch
 
+from engine._repr import tensor_repr
 from engine.errors import UnsupportedInTransformError
 
 _ORIGINAL_REQUIRES_GRAD = torch.Tensor.requires_grad_
@@ -109,6 +110,7 @@ def _install() -> None:
             torch.Tensor.requires_grad_ = _requires_grad_  # type: ignore[method-assign]
             torch.Tensor.retain_grad = _retain_grad  # type: ignore[method-assign]
             torch.autograd.Function.apply = classmethod(_apply)  # type: ignore[method-assign,assignment]
+            torch.Tensor.__repr__ = tensor_repr  # type: ignore[method-assign]  # engine._repr: inert outside grad transforms
             _Installed.done = True
 
 

@@ -135,6 +135,9 @@ def _vmap_call(func, flat_args, flat_dims, spec, size, out_dims, randomness, kwa
             a if d is None else enter(a if d % a.dim() == 0 else a.movedim(d, 0), info.level, size)
             for a, d in zip(flat_args, flat_dims)
         ]
+        for b, a, d in zip(batched, flat_args, flat_dims):
+            if d is not None and d % a.dim():
+                b._vb_shown = (b._elem, a, d % a.dim())  # printed as the caller gave it (engine._repr)
         with VmapMode(info), transform_scope(is_vmap=True), batched_initial_state():
             out = checked(func)(*(batched if spec is None else tree_unflatten(batched, spec)), **kwargs)
         entries = {id(b): a for b, a in zip(batched, flat_args) if b is not a}

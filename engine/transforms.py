@@ -17,6 +17,7 @@ from torch.utils._pytree import tree_flatten, tree_map, tree_unflatten
 from engine import _gradsum
 from engine._batched import LevelInfo, _active, _is_outer, batch_levels, clock, mark_inner
 from engine._guards import _Depth, requires_grad, transform_scope
+from engine._repr import mark_grad_input, pop_grad, push_grad
 from engine._vmap import vmap
 from engine.errors import RandomnessError, TransformError, UnsupportedInTransformError, VmapError
 
@@ -46,16 +47,21 @@ def _no_inference() -> Iterator[None]:
 
 
 @contextlib.contextmanager
-def _differentiating() -> Iterator[None]:
+def _differentiating() -> Iterator[int]:
     """What a transform runs `func` under: grad on, inference mode off, one level deeper.
 
     As in torch.func (its NOTE "grad and vjp interaction with no_grad"), a `torch.no_grad()` around
     the transform does not stop it from differentiating `func`, while a `torch.no_grad()` inside
     `func` is obeyed; the grad mode at entry only decides whether the results stay connected to the
-    autograd graph outside (see `_prepare` and `_out`).
+    autograd graph outside (see `_prepare` and `_out`). Yields the level's token, which marks its
+    inputs for printing (engine._repr).
     """
     with _no_inference(), torch.enable_grad(), _nested():
-        yield
+        token = push_grad()
+        try:
+            yield token
+        finally:
+            pop_grad(token)
 
 
 def _fname(func: Callable) -> str:
@@ -79,18 +85,22 @@ def _check_argnums(func: Callable, argnums: Any, n_args: int, api: str) -> tuple
     return tuple(out)
 
 
-def _prepare(x: Any, connect: bool = True) -> Any:
+def _prepare(x: Any, connect: bool = True, token: int = 0) -> Any:
     """An input to differentiate: connected to any outer graph when `connect` (so transforms nest),
     else a fresh leaf. `connect` is False when the transform was entered with grad disabled: nothing
     outside may then differentiate through it."""
     if not isinstance(x, torch.Tensor):
         raise TransformError(f"only tensors (or pytrees of tensors) can be differentiated, got {type(x).__name__}")
     if connect and x.requires_grad:
-        return x.view_as(x)
-    leaf = x.detach()
-    if leaf.is_inference():
-        leaf = leaf.clone()
-    return mark_inner(requires_grad(leaf))
+        out = x.view_as(x)
+    else:
+        leaf = x.detach()
+        if leaf.is_inference():
+            leaf = leaf.clone()
+        out = mark_inner(requires_grad(leaf))
+    if token:
+        mark_grad_input(out, token, x)
+    return out
 
 
 def _create_graph(inputs: list) -> bool:
@@ -241,9 +251,9 @@ def vjp(func: Callable, *primals: Any, has_aux: bool = False) -> tuple:
     # vjp under no_grad, vjp_fn outside it gives gradients that depend on the primals).
     outside = _Depth.value > 0 or any(isinstance(t, torch.Tensor) and t.requires_grad for t in flat)
     entry = clock()
-    with _differentiating():
+    with _differentiating() as token:
         # connected to the primals' graph even under no_grad, for that later vjp_fn
-        inputs = [_prepare(t, True) for t in flat]
+        inputs = [_prepare(t, True, token) for t in flat]
         captures = _Captures(func)
         with transform_scope():
             raw = func(*tree_unflatten(inputs, spec))
@@ -322,8 +332,8 @@ def grad_and_value(func: Callable, argnums: Any = 0, has_aux: bool = False) -> C
         outer = torch.is_grad_enabled()
         create = _create_graph([t for flat, _ in diff for t in flat])
         entry = clock()
-        with _differentiating():
-            prepared = [[_prepare(t, outer) for t in flat] for flat, _ in diff]
+        with _differentiating() as token:
+            prepared = [[_prepare(t, outer, token) for t in flat] for flat, _ in diff]
             new_args = list(args)
             for i, (flat, spec), p in zip(nums, diff, prepared):
                 new_args[i] = tree_unflatten(p, spec)
@@ -465,8 +475,8 @@ def _linearize(func: Callable, primals: tuple, api: str, has_aux: bool = False, 
     flat, spec = tree_flatten(primals)
     outer = torch.is_grad_enabled()
     create = _create_graph(flat)
-    with _differentiating():
-        inputs = [_prepare(t, outer) for t in flat]
+    with _differentiating() as token:
+        inputs = [_prepare(t, outer, token) for t in flat]
         captures = _Captures(func)
         with transform_scope():
             given = _writable(inputs)

@@ -62,7 +62,25 @@ def repr_of_batched_tensors_nested(m):  # printing inside vmap: torch.func's for
 
     m.vmap(m.vmap(show))(torch.arange(8.).reshape(2, 2, 2, 1))
     m.vmap(show, randomness="same")(torch.arange(6.).reshape(2, 3))
-    # not in_dims=1: the engine keeps every batch dim at 0, so it shows bdim=0 and the moved tensor
+    m.vmap(m.vmap(show, in_dims=1), in_dims=2)(torch.arange(24.).reshape(2, 3, 4))  # an input shows the dim it was given
+    return seen
+
+
+@case
+def repr_inside_grad_transforms(m):  # GradTrackingTensor levels, numbered with the vmaps around them
+    seen = []
+
+    def show(t):
+        seen.append(repr(t))
+        return (t * t).sum()
+
+    m.grad(show)(torch.arange(3.))
+    m.grad(m.grad(show))(torch.tensor(2.))
+    m.vmap(m.grad(show), in_dims=1)(torch.arange(6.).reshape(3, 2))
+    m.grad(lambda t: m.vmap(show)(t).sum())(torch.arange(6.).reshape(2, 3))
+    m.jvp(show, (torch.arange(2.),), (torch.ones(2),))
+    m.vjp(lambda t: show(t * 2), torch.arange(2.))
+    seen.append(repr(torch.arange(2.).requires_grad_()))  # outside: PyTorch's own
     return seen
 
 
