@@ -10,10 +10,11 @@ per patch, four patches per call (issue #18); an inert wrapper costs one Python 
 transforms. Engine code that must mark its own leaves calls `requires_grad(t)`, which bypasses the
 check.
 
-One deliberate difference: under `vmap` alone (no grad transform running) the engine allows
-`requires_grad_()`/`retain_grad()`, because `torch.autograd.grad` inside `engine.vmap` gives exact
-per-example gradients (tests/test_engine_transforms.py); inside grad/vjp/jvp/jacrev/jacfwd, where a
-new leaf would silently cut the transform's own graph, they raise as in torch.func.
+Under `vmap` alone (no grad transform running) they raise too, as in torch.func, although
+`torch.autograd.grad` inside `engine.vmap` would give exact per-example gradients there: the engine
+allowed it until issue #26 made torch.func's behaviour the bar. Per-example gradients come from
+`engine.vmap(engine.grad(f))`, and `engine.functional.*` (torch.autograd.functional's API) may be
+called inside `engine.vmap`.
 """
 from __future__ import annotations
 
@@ -55,7 +56,7 @@ def requires_grad(t: torch.Tensor, flag: bool = True) -> torch.Tensor:
 
 
 def _requires_grad_(self: torch.Tensor, requires_grad: bool = True) -> torch.Tensor:
-    if _State.depth == _State.vmap:  # no transform, or only vmaps  # only vmaps are running: allowed (see the module docstring)
+    if not _State.depth:  # no transform running a user function
         return _ORIGINAL_REQUIRES_GRAD(self, requires_grad)
     raise UnsupportedInTransformError(
         "You are attempting to call Tensor.requires_grad_() (or perhaps using torch.autograd.functional.* "
@@ -66,7 +67,7 @@ def _requires_grad_(self: torch.Tensor, requires_grad: bool = True) -> torch.Ten
 
 
 def _retain_grad(self: torch.Tensor) -> None:
-    if _State.depth == _State.vmap:
+    if not _State.depth:
         return _ORIGINAL_RETAIN_GRAD(self)
     raise UnsupportedInTransformError(
         "You are attempting to call Tensor.retain_grad() inside of a function being transformed by an "

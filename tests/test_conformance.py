@@ -448,6 +448,27 @@ def jvp_write_into_base_seen_by_earlier_view(m):
     return m.vmap(lambda a, at: m.jvp(f, (a,), (at,)), in_dims=1)(x, xt), x
 
 
+# torch.func refuses making a leaf inside any transform, vmap alone included
+@case
+def requires_grad_inside_vmap_alone_refused(m):
+    w = torch.randn(5, 3)
+    return m.vmap(lambda xi: torch.autograd.grad(torch.tanh(xi @ w.detach().requires_grad_()).sum(), w)[0])(torch.randn(4, 5))
+
+
+@case
+def autograd_functional_vjp_inside_vmap_alone_refused(m):
+    return m.vmap(lambda x: torch.autograd.functional.vjp(lambda t: t.sin().sum(), x))(torch.randn(5, 3))
+
+
+@case
+def retain_grad_inside_vmap_alone_refused(m):
+    def f(x):
+        y = x.sin()
+        y.retain_grad()
+        return y
+    return m.vmap(f)(torch.randn(3, requires_grad=True))
+
+
 @case
 def jvp_integer_tangent_refused(m):
     return m.jvp(torch.sin, (torch.randn(3),), (torch.ones(3, dtype=torch.int64),))
@@ -732,15 +753,15 @@ def test_engine_conforms_to_torch_func(name: str) -> None:
 
 # ---- what the engine deliberately does beyond torch.func -----------------------------------------
 
-def test_requires_grad_inside_vmap_alone_gives_per_example_gradients() -> None:
-    """torch.func refuses requires_grad_() under vmap; the engine allows it when no grad transform
-    runs, because autograd.grad inside engine.vmap is exact per example (the loop's result)."""
-    w = torch.randn(5, 3)
+def test_autograd_grad_inside_vmap_alone_gives_per_example_gradients() -> None:
+    """What the engine does beyond torch.func: autograd.grad inside engine.vmap with respect to a
+    tensor made to require grad outside is exact per example (the loop's result). Making the leaf
+    inside (requires_grad_) is refused, as torch.func refuses it (the cases above)."""
+    w = torch.randn(5, 3).requires_grad_()
     x = torch.randn(4, 5)
 
     def per_example(xi):
-        wl = w.detach().requires_grad_()
-        return torch.autograd.grad(torch.tanh(xi @ wl).sum(), wl)[0]
+        return torch.autograd.grad(torch.tanh(xi @ w).sum(), w)[0]
 
     assert torch.allclose(engine.vmap(per_example)(x), torch.stack([per_example(xi) for xi in x]), atol=1e-6)
 
