@@ -35,6 +35,7 @@ _lock = threading.Lock()
 class _StateLocal(threading.local):
     depth = 0   # transforms (vmap, grad, vjp, jvp, ...) currently running a user function
     vmap = 0    # of which vmaps
+    own = False  # the engine's own requires_grad() is running (see `requires_grad`)
 
 
 class _DepthLocal(threading.local):
@@ -51,12 +52,19 @@ _Depth = _DepthLocal()
 
 
 def requires_grad(t: torch.Tensor, flag: bool = True) -> torch.Tensor:
-    """`t.requires_grad_(flag)` for the engine's own leaves, allowed inside transforms."""
-    return _ORIGINAL_REQUIRES_GRAD(t, flag)
+    """`t.requires_grad_(flag)` for the engine's own leaves, allowed inside transforms. A
+    __torch_function__ mode (make_fx while engine.trace records) re-dispatches the call through
+    `torch.Tensor.requires_grad_`, the checking wrapper: the flag lets it through there."""
+    own = _State.own
+    _State.own = True
+    try:
+        return _ORIGINAL_REQUIRES_GRAD(t, flag)
+    finally:
+        _State.own = own
 
 
 def _requires_grad_(self: torch.Tensor, requires_grad: bool = True) -> torch.Tensor:
-    if not _State.depth:  # no transform running a user function
+    if not _State.depth or _State.own:  # no transform running a user function, or the engine's own leaf
         return _ORIGINAL_REQUIRES_GRAD(self, requires_grad)
     raise UnsupportedInTransformError(
         "You are attempting to call Tensor.requires_grad_() (or perhaps using torch.autograd.functional.* "
