@@ -255,9 +255,11 @@ def vjp(func: Callable, *primals: Any, has_aux: bool = False) -> tuple:
         # connected to the primals' graph even under no_grad, for that later vjp_fn
         inputs = [_prepare(t, True, token) for t in flat]
         captures = _Captures(func)
+        versions = [i._version for i in inputs]
         with transform_scope():
             raw = func(*tree_unflatten(inputs, spec))
         captures.check(func, "vjp")
+        _check_connected_writes(func, "vjp(f, *primals)", flat, inputs, inputs, versions)
         out, aux = _split_aux(func, raw, has_aux, "vjp")
     flat_out, out_spec = tree_flatten(out)
     _check_outputs(func, flat_out, "vjp(f, *primals)")
@@ -338,9 +340,12 @@ def grad_and_value(func: Callable, argnums: Any = 0, has_aux: bool = False) -> C
             for i, (flat, spec), p in zip(nums, diff, prepared):
                 new_args[i] = tree_unflatten(p, spec)
             captures = _Captures(func)
+            flat_in = [t for p in prepared for t in p]
+            versions = [i._version for i in flat_in]
             with transform_scope():
                 raw = func(*new_args, **kwargs)
             captures.check(func, "grad")
+            _check_connected_writes(func, "grad(f)(*args)", [t for flat, _ in diff for t in flat], flat_in, flat_in, versions)
             out, aux = _split_aux(func, raw, has_aux, "grad_and_value")
             if not isinstance(out, torch.Tensor) or out.dim() != 0:
                 shape = tuple(out.shape) if isinstance(out, torch.Tensor) else type(out).__name__
@@ -471,6 +476,21 @@ def _writable(inputs: list) -> list:
     return [_WritableAlias.apply(i) for i in inputs]
 
 
+def _check_connected_writes(func: Callable, api: str, flat: list, inputs: list, given: list, versions: list) -> None:
+    """Refuse an in-place write into an input that requires grad from outside the transform (an
+    outer transform's input, or a tensor the caller made require grad). The input is then a view of
+    that tensor (`_prepare`) and gradients are taken with respect to it after the write, so nested
+    grads and jvps gave wrong values, silently. torch.func refuses these writes too (an in-place
+    write into a view of its level's leaf, or a captured tensor mutated under an outer transform)."""
+    for i, (p, inp, g, v) in enumerate(zip(flat, inputs, given, versions)):
+        if g._version != v and inp.grad_fn is not None and p.requires_grad:
+            raise TransformError(
+                f"{api}: {_fname(func)} wrote in place into input {i} (flattened), which requires grad outside "
+                f"this transform (an outer transform differentiates it, or it was made to require grad): the "
+                f"gradients would miss the write. Write into a clone (x = x.clone()) inside the function."
+            )
+
+
 def _linearize(func: Callable, primals: tuple, api: str, has_aux: bool = False, strict: bool = False) -> tuple[Any, Callable, Any]:
     flat, spec = tree_flatten(primals)
     outer = torch.is_grad_enabled()
@@ -483,6 +503,7 @@ def _linearize(func: Callable, primals: tuple, api: str, has_aux: bool = False, 
             versions = [g._version for g in given]
             raw = func(*tree_unflatten(given, spec))
         captures.check(func, api.split("(")[0])
+        _check_connected_writes(func, api, flat, inputs, given, versions)
         out, aux = _split_aux(func, raw, has_aux, api.split("(")[0])
         flat_out, out_spec = tree_flatten(out)
         _check_outputs(func, flat_out, api)

@@ -448,6 +448,34 @@ def jvp_write_into_base_seen_by_earlier_view(m):
     return m.vmap(lambda a, at: m.jvp(f, (a,), (at,)), in_dims=1)(x, xt), x
 
 
+# a write into an input an outer transform differentiates: torch.func refuses it; the engine
+# computed the gradients after the write and returned wrong values, silently
+def _write_into_tail(x, y):
+    v = x[1:]
+    v.mul_(y)
+    return x.sin()
+
+
+@case
+def grad_of_grad_writing_into_its_input_refused(m):
+    y = torch.randn(3)
+    return m.grad(lambda a: m.grad(lambda b: _write_into_tail(b, y).sum())(a.clone()).sum())(torch.randn(4))
+
+
+@case
+def jvp_of_jvp_writing_into_its_primal_refused(m):
+    y, t = torch.randn(3), torch.randn(4)
+    inner = lambda a: m.jvp(lambda b: _write_into_tail(b, y), (a.clone(),), (t,))[1]  # noqa: E731
+    return m.jvp(inner, (torch.randn(4),), (torch.ones(4),))
+
+
+@case
+def jvp_of_jvp_writing_into_a_clone(m):
+    y, t = torch.randn(3), torch.randn(4)
+    inner = lambda a: m.jvp(lambda b: _write_into_tail(b.clone(), y), (a,), (t,))[1]  # noqa: E731
+    return m.jvp(inner, (torch.randn(4),), (torch.ones(4),))
+
+
 # torch.func refuses making a leaf inside any transform, vmap alone included
 @case
 def requires_grad_inside_vmap_alone_refused(m):
@@ -929,3 +957,14 @@ def test_engine_transform_inside_torch_func_functionalize_raises(transform: str)
     }
     with pytest.raises(RuntimeError, match="requires_grad_"):
         tf.functionalize(calls[transform])(x)
+
+
+def test_nested_jacfwd_writing_into_its_input_is_refused() -> None:
+    """torch.func's nested dual tensors take the write; the engine's inner jvp differentiates after
+    it, so it refuses (TransformError, naming the input and the fix) rather than miss the write."""
+    y = torch.randn(3)
+    with pytest.raises(engine.TransformError, match="wrote in place into input 0.*clone"):
+        engine.jacfwd(engine.jacfwd(lambda x: _write_into_tail(x, y)))(torch.randn(4))
+    x = torch.randn(4)
+    got = engine.jacfwd(engine.jacfwd(lambda t: _write_into_tail(t.clone(), y)))(x)
+    torch.testing.assert_close(got, tf.jacfwd(tf.jacfwd(lambda t: _write_into_tail(t.clone(), y)))(x))
