@@ -62,7 +62,8 @@ def _shown(t: BatchedTensor) -> tuple | None:
 
 def _lvl(stamp: tuple) -> int:
     """torch.func's level number of the transform entered at `stamp`: 1 + those running that started before it."""
-    return 1 + sum(s < stamp for s in _grads_active.values()) + sum(i.stamp < stamp for i in _active.values())
+    grads, vmaps = list(_grads_active.values()), list(_active.values())  # copies: other threads may enter or leave
+    return 1 + sum(s < stamp for s in grads) + sum(i.stamp < stamp for i in vmaps)
 
 
 def _grad_tokens(t: torch.Tensor) -> set[int]:
