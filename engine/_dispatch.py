@@ -520,7 +520,12 @@ def _inplace_view(func: Any, args: tuple, kwargs: dict) -> Any:
     if out_of_place is None:
         raise VmapError(f"vmap: {op_name(func)} has no out-of-place twin to batch it with; use an out-of-place view op.")
     result = batched_dispatch(out_of_place, args, kwargs)
-    self._elem = result._elem
+    new = result._elem
+    # A view that changed nothing (squeeze_ of no size-1 dim) keeps the physical tensor itself, so a
+    # returned input is still recognised as the caller's tensor when vmap exits.
+    if not (new.shape == self._elem.shape and new.stride() == self._elem.stride()
+            and new.storage_offset() == self._elem.storage_offset()):
+        self._elem = new
     with torch.utils._mode_utils.no_dispatch():
         meta_in_tls = torch._C._meta_in_tls_dispatch_include()
         torch._C._set_meta_in_tls_dispatch_include(True)

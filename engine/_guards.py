@@ -10,10 +10,11 @@ per patch, four patches per call (issue #18); an inert wrapper costs one Python 
 transforms. Engine code that must mark its own leaves calls `requires_grad(t)`, which bypasses the
 check.
 
-One deliberate difference: under `vmap` alone (no grad transform running) the engine allows
-`requires_grad_()`/`retain_grad()`, because `torch.autograd.grad` inside `engine.vmap` gives exact
-per-example gradients (tests/test_engine_transforms.py); inside grad/vjp/jvp/jacrev/jacfwd, where a
-new leaf would silently cut the transform's own graph, they raise as in torch.func.
+Under `vmap` alone (no grad transform running) they raise too, as in torch.func, although
+`torch.autograd.grad` inside `engine.vmap` would give exact per-example gradients there: the engine
+allowed it until issue #26 made torch.func's behaviour the bar. Per-example gradients come from
+`engine.vmap(engine.grad(f))`, and `engine.functional.*` (torch.autograd.functional's API) may be
+called inside `engine.vmap`.
 """
 from __future__ import annotations
 
@@ -22,6 +23,7 @@ from typing import Any
 
 import torch
 
+from engine._repr import tensor_repr
 from engine.errors import UnsupportedInTransformError
 
 _ORIGINAL_REQUIRES_GRAD = torch.Tensor.requires_grad_
@@ -33,6 +35,7 @@ _lock = threading.Lock()
 class _StateLocal(threading.local):
     depth = 0   # transforms (vmap, grad, vjp, jvp, ...) currently running a user function
     vmap = 0    # of which vmaps
+    own = False  # the engine's own requires_grad() is running (see `requires_grad`)
 
 
 class _DepthLocal(threading.local):
@@ -49,12 +52,19 @@ _Depth = _DepthLocal()
 
 
 def requires_grad(t: torch.Tensor, flag: bool = True) -> torch.Tensor:
-    """`t.requires_grad_(flag)` for the engine's own leaves, allowed inside transforms."""
-    return _ORIGINAL_REQUIRES_GRAD(t, flag)
+    """`t.requires_grad_(flag)` for the engine's own leaves, allowed inside transforms. A
+    __torch_function__ mode (make_fx while engine.trace records) re-dispatches the call through
+    `torch.Tensor.requires_grad_`, the checking wrapper: the flag lets it through there."""
+    own = _State.own
+    _State.own = True
+    try:
+        return _ORIGINAL_REQUIRES_GRAD(t, flag)
+    finally:
+        _State.own = own
 
 
 def _requires_grad_(self: torch.Tensor, requires_grad: bool = True) -> torch.Tensor:
-    if _State.depth == _State.vmap:  # no transform, or only vmaps  # only vmaps are running: allowed (see the module docstring)
+    if not _State.depth or _State.own:  # no transform running a user function, or the engine's own leaf
         return _ORIGINAL_REQUIRES_GRAD(self, requires_grad)
     raise UnsupportedInTransformError(
         "You are attempting to call Tensor.requires_grad_() (or perhaps using torch.autograd.functional.* "
@@ -65,7 +75,7 @@ def _requires_grad_(self: torch.Tensor, requires_grad: bool = True) -> torch.Ten
 
 
 def _retain_grad(self: torch.Tensor) -> None:
-    if _State.depth == _State.vmap:
+    if not _State.depth:
         return _ORIGINAL_RETAIN_GRAD(self)
     raise UnsupportedInTransformError(
         "You are attempting to call Tensor.retain_grad() inside of a function being transformed by an "
@@ -109,6 +119,7 @@ def _install() -> None:
             torch.Tensor.requires_grad_ = _requires_grad_  # type: ignore[method-assign]
             torch.Tensor.retain_grad = _retain_grad  # type: ignore[method-assign]
             torch.autograd.Function.apply = classmethod(_apply)  # type: ignore[method-assign,assignment]
+            torch.Tensor.__repr__ = tensor_repr  # type: ignore[method-assign]  # engine._repr: inert outside grad transforms
             _Installed.done = True
 
 

@@ -135,6 +135,9 @@ def _vmap_call(func, flat_args, flat_dims, spec, size, out_dims, randomness, kwa
             a if d is None else enter(a if d % a.dim() == 0 else a.movedim(d, 0), info.level, size)
             for a, d in zip(flat_args, flat_dims)
         ]
+        for b, a, d in zip(batched, flat_args, flat_dims):
+            if d is not None and d % a.dim():
+                b._vb_shown = (b._elem, a, d % a.dim())  # printed as the caller gave it (engine._repr)
         with VmapMode(info), transform_scope(is_vmap=True), batched_initial_state():
             out = checked(func)(*(batched if spec is None else tree_unflatten(batched, spec)), **kwargs)
         entries = {id(b): a for b, a in zip(batched, flat_args) if b is not a}
@@ -183,6 +186,13 @@ def _unwrap_one(func, i, o, d, level, size, entries=None):
             return a  # the input itself, returned untouched: torch.func returns that tensor too
         if type(a) is torch.Tensor and type(o._elem) is torch.Tensor and _same_geometry(o._elem.movedim(0, d), a):
             return a  # the same, entered at another dim and asked back at it (Tensor.contiguous returned self)
+    if base is not None and o._elem is base._elem and base._version == 0 and d % nd == 0 and o._level == level:
+        a = entries[id(base)]
+        if base._elem is a:
+            # A view op whose rule handed back the input's physical tensor (transpose of a 0-dim
+            # element): the result is the input itself, as torch.func returns it (`result is x`),
+            # with or without gradients (the graph in between is the identity).
+            return a
     t = leave(o, level, size)
     if base is not None:
         a = entries[id(base)]

@@ -17,6 +17,7 @@ from torch.utils._pytree import tree_flatten, tree_map, tree_unflatten
 from engine import _gradsum
 from engine._batched import LevelInfo, _active, _is_outer, batch_levels, clock, mark_inner
 from engine._guards import _Depth, requires_grad, transform_scope
+from engine._repr import mark_grad_input, pop_grad, push_grad
 from engine._vmap import vmap
 from engine.errors import RandomnessError, TransformError, UnsupportedInTransformError, VmapError
 
@@ -46,16 +47,21 @@ def _no_inference() -> Iterator[None]:
 
 
 @contextlib.contextmanager
-def _differentiating() -> Iterator[None]:
+def _differentiating() -> Iterator[int]:
     """What a transform runs `func` under: grad on, inference mode off, one level deeper.
 
     As in torch.func (its NOTE "grad and vjp interaction with no_grad"), a `torch.no_grad()` around
     the transform does not stop it from differentiating `func`, while a `torch.no_grad()` inside
     `func` is obeyed; the grad mode at entry only decides whether the results stay connected to the
-    autograd graph outside (see `_prepare` and `_out`).
+    autograd graph outside (see `_prepare` and `_out`). Yields the level's token, which marks its
+    inputs for printing (engine._repr).
     """
     with _no_inference(), torch.enable_grad(), _nested():
-        yield
+        token = push_grad()
+        try:
+            yield token
+        finally:
+            pop_grad(token)
 
 
 def _fname(func: Callable) -> str:
@@ -79,18 +85,22 @@ def _check_argnums(func: Callable, argnums: Any, n_args: int, api: str) -> tuple
     return tuple(out)
 
 
-def _prepare(x: Any, connect: bool = True) -> Any:
+def _prepare(x: Any, connect: bool = True, token: int = 0) -> Any:
     """An input to differentiate: connected to any outer graph when `connect` (so transforms nest),
     else a fresh leaf. `connect` is False when the transform was entered with grad disabled: nothing
     outside may then differentiate through it."""
     if not isinstance(x, torch.Tensor):
         raise TransformError(f"only tensors (or pytrees of tensors) can be differentiated, got {type(x).__name__}")
     if connect and x.requires_grad:
-        return x.view_as(x)
-    leaf = x.detach()
-    if leaf.is_inference():
-        leaf = leaf.clone()
-    return mark_inner(requires_grad(leaf))
+        out = x.view_as(x)
+    else:
+        leaf = x.detach()
+        if leaf.is_inference():
+            leaf = leaf.clone()
+        out = mark_inner(requires_grad(leaf))
+    if token:
+        mark_grad_input(out, token, x)
+    return out
 
 
 def _create_graph(inputs: list) -> bool:
@@ -241,13 +251,15 @@ def vjp(func: Callable, *primals: Any, has_aux: bool = False) -> tuple:
     # vjp under no_grad, vjp_fn outside it gives gradients that depend on the primals).
     outside = _Depth.value > 0 or any(isinstance(t, torch.Tensor) and t.requires_grad for t in flat)
     entry = clock()
-    with _differentiating():
+    with _differentiating() as token:
         # connected to the primals' graph even under no_grad, for that later vjp_fn
-        inputs = [_prepare(t, True) for t in flat]
+        inputs = [_prepare(t, True, token) for t in flat]
         captures = _Captures(func)
+        versions = [i._version for i in inputs]
         with transform_scope():
             raw = func(*tree_unflatten(inputs, spec))
         captures.check(func, "vjp")
+        _check_connected_writes(func, "vjp(f, *primals)", flat, inputs, inputs, versions)
         out, aux = _split_aux(func, raw, has_aux, "vjp")
     flat_out, out_spec = tree_flatten(out)
     _check_outputs(func, flat_out, "vjp(f, *primals)")
@@ -322,15 +334,18 @@ def grad_and_value(func: Callable, argnums: Any = 0, has_aux: bool = False) -> C
         outer = torch.is_grad_enabled()
         create = _create_graph([t for flat, _ in diff for t in flat])
         entry = clock()
-        with _differentiating():
-            prepared = [[_prepare(t, outer) for t in flat] for flat, _ in diff]
+        with _differentiating() as token:
+            prepared = [[_prepare(t, outer, token) for t in flat] for flat, _ in diff]
             new_args = list(args)
             for i, (flat, spec), p in zip(nums, diff, prepared):
                 new_args[i] = tree_unflatten(p, spec)
             captures = _Captures(func)
+            flat_in = [t for p in prepared for t in p]
+            versions = [i._version for i in flat_in]
             with transform_scope():
                 raw = func(*new_args, **kwargs)
             captures.check(func, "grad")
+            _check_connected_writes(func, "grad(f)(*args)", [t for flat, _ in diff for t in flat], flat_in, flat_in, versions)
             out, aux = _split_aux(func, raw, has_aux, "grad_and_value")
             if not isinstance(out, torch.Tensor) or out.dim() != 0:
                 shape = tuple(out.shape) if isinstance(out, torch.Tensor) else type(out).__name__
@@ -431,21 +446,80 @@ def linearize(func: Callable, *primals: Any) -> tuple[Any, Callable]:
     return out, jvp_fn
 
 
+class _WritableAlias(torch.autograd.Function):
+    """The primal `func` sees under jvp: the prepared input's memory, as a non-leaf autograd does not
+    count as a view (`detach` shares storage and version counter without recording a view).
+
+    torch.func's jvp hands `func` a dual tensor that aliases the primal, so `x.copy_(y)` (or a write
+    into a view of `x`) goes through to the caller's tensor and the tangent follows the write. A
+    leaf requiring grad refuses in-place writes, and a view of it too; this alias accepts them, and
+    autograd records the write (CopyBackwards, CopySlices) on the alias while gradients are still
+    taken with respect to the prepared input, whose value is the one before the write.
+
+    The old-style Function (forward takes ctx): the functorch-compatible form (setup_context) binds
+    its arguments through inspect.signature on every call, ~50 us. torch.func refuses the old
+    style under its own transforms, so there (`_writable`) the input is passed as it was before."""
+
+    @staticmethod
+    def forward(ctx: Any, x: torch.Tensor) -> torch.Tensor:  # type: ignore[override]
+        return x.detach()
+
+    @staticmethod
+    def backward(ctx: Any, grad: torch.Tensor) -> torch.Tensor:  # type: ignore[override]
+        return grad
+
+
+def _writable(inputs: list) -> list:
+    """The primals `func` is called with (see `_WritableAlias`)."""
+    if torch._C._functorch.peek_interpreter_stack() is not None:
+        return inputs
+    return [_WritableAlias.apply(i) for i in inputs]
+
+
+def _check_connected_writes(func: Callable, api: str, flat: list, inputs: list, given: list, versions: list) -> None:
+    """Refuse an in-place write into an input that requires grad from outside the transform (an
+    outer transform's input, or a tensor the caller made require grad). The input is then a view of
+    that tensor (`_prepare`) and gradients are taken with respect to it after the write, so nested
+    grads and jvps gave wrong values, silently. torch.func refuses these writes too (an in-place
+    write into a view of its level's leaf, or a captured tensor mutated under an outer transform)."""
+    for i, (p, inp, g, v) in enumerate(zip(flat, inputs, given, versions)):
+        if g._version != v and inp.grad_fn is not None and p.requires_grad:
+            raise TransformError(
+                f"{api}: {_fname(func)} wrote in place into input {i} (flattened), which requires grad outside "
+                f"this transform (an outer transform differentiates it, or it was made to require grad): the "
+                f"gradients would miss the write. Write into a clone (x = x.clone()) inside the function."
+            )
+
+
 def _linearize(func: Callable, primals: tuple, api: str, has_aux: bool = False, strict: bool = False) -> tuple[Any, Callable, Any]:
     flat, spec = tree_flatten(primals)
     outer = torch.is_grad_enabled()
     create = _create_graph(flat)
-    with _differentiating():
-        inputs = [_prepare(t, outer) for t in flat]
+    with _differentiating() as token:
+        inputs = [_prepare(t, outer, token) for t in flat]
         captures = _Captures(func)
         with transform_scope():
-            raw = func(*tree_unflatten(inputs, spec))
+            given = _writable(inputs)
+            versions = [g._version for g in given]
+            raw = func(*tree_unflatten(given, spec))
         captures.check(func, api.split("(")[0])
+        _check_connected_writes(func, api, flat, inputs, given, versions)
         out, aux = _split_aux(func, raw, has_aux, api.split("(")[0])
         flat_out, out_spec = tree_flatten(out)
         _check_outputs(func, flat_out, api)
         dummies = [requires_grad(torch.zeros_like(o)) for o in flat_out]
-        gx = _grads(flat_out, inputs, dummies, create_graph=True)
+        try:
+            gx = _grads(flat_out, inputs, dummies, create_graph=True)
+        except RuntimeError as e:
+            written = [i for i, (g, v) in enumerate(zip(given, versions)) if g._version != v]
+            if written and "modified by an inplace operation" in str(e):
+                raise TransformError(
+                    f"{api}: {_fname(func)} wrote in place into primal {written[0]} (flattened) after an op had saved "
+                    f"its earlier value for the derivative. torch.func computes the tangent alongside each op; this "
+                    f"engine differentiates the recorded graph afterwards and needs that saved value. Write into a "
+                    f"clone of the primal (x = x.clone()) or do the in-place write before the ops that read it."
+                ) from e
+            raise
 
     def jvp_fn(*tangents: Any) -> Any:
         flat_t, t_spec = tree_flatten(tangents)

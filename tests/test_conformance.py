@@ -62,7 +62,25 @@ def repr_of_batched_tensors_nested(m):  # printing inside vmap: torch.func's for
 
     m.vmap(m.vmap(show))(torch.arange(8.).reshape(2, 2, 2, 1))
     m.vmap(show, randomness="same")(torch.arange(6.).reshape(2, 3))
-    # not in_dims=1: the engine keeps every batch dim at 0, so it shows bdim=0 and the moved tensor
+    m.vmap(m.vmap(show, in_dims=1), in_dims=2)(torch.arange(24.).reshape(2, 3, 4))  # an input shows the dim it was given
+    return seen
+
+
+@case
+def repr_inside_grad_transforms(m):  # GradTrackingTensor levels, numbered with the vmaps around them
+    seen = []
+
+    def show(t):
+        seen.append(repr(t))
+        return (t * t).sum()
+
+    m.grad(show)(torch.arange(3.))
+    m.grad(m.grad(show))(torch.tensor(2.))
+    m.vmap(m.grad(show), in_dims=1)(torch.arange(6.).reshape(3, 2))
+    m.grad(lambda t: m.vmap(show)(t).sum())(torch.arange(6.).reshape(2, 3))
+    m.jvp(show, (torch.arange(2.),), (torch.ones(2),))
+    m.vjp(lambda t: show(t * 2), torch.arange(2.))
+    seen.append(repr(torch.arange(2.).requires_grad_()))  # outside: PyTorch's own
     return seen
 
 
@@ -395,6 +413,90 @@ def jvp_through_inplace_on_view(m):
     return m.jvp(f, (torch.randn(3),), (torch.ones(3),))
 
 
+# jvp writes through a primal as torch.func's dual tensor does: the caller's tensor changes and
+# the tangent follows the write (the caller's tangent itself is not compared: see engine.transforms)
+@case
+def jvp_copy_into_primal_writes_through(m):
+    x, y = torch.randn(3), torch.randn(3)
+    out, tangent = m.jvp(lambda a, b: a.copy_(b), (x, y), (torch.randn(3), torch.randn(3)))
+    return out, tangent, x
+
+
+@case
+def jvp_mul_into_view_of_primal_under_vmap(m):
+    x, xt = torch.randn(4, 2, 5), torch.randn(4, 2, 5)
+    y, yt = torch.randn(5, 3, 2), torch.randn(5, 3, 2)
+
+    def f(a, b):
+        v = a[1:]
+        v.mul_(b)
+        return v, a
+
+    out = m.vmap(lambda a, at, b, bt: m.jvp(f, (a, b), (at, bt)), in_dims=(2, 2, 0, 0))(x, xt, y, yt)
+    return out, x
+
+
+@case
+def jvp_write_into_base_seen_by_earlier_view(m):
+    x, xt = torch.randn(3, 4), torch.randn(3, 4)
+
+    def f(a):
+        row = a[0]
+        a.mul_(2)
+        return row
+
+    return m.vmap(lambda a, at: m.jvp(f, (a,), (at,)), in_dims=1)(x, xt), x
+
+
+# a write into an input an outer transform differentiates: torch.func refuses it; the engine
+# computed the gradients after the write and returned wrong values, silently
+def _write_into_tail(x, y):
+    v = x[1:]
+    v.mul_(y)
+    return x.sin()
+
+
+@case
+def grad_of_grad_writing_into_its_input_refused(m):
+    y = torch.randn(3)
+    return m.grad(lambda a: m.grad(lambda b: _write_into_tail(b, y).sum())(a.clone()).sum())(torch.randn(4))
+
+
+@case
+def jvp_of_jvp_writing_into_its_primal_refused(m):
+    y, t = torch.randn(3), torch.randn(4)
+    inner = lambda a: m.jvp(lambda b: _write_into_tail(b, y), (a.clone(),), (t,))[1]  # noqa: E731
+    return m.jvp(inner, (torch.randn(4),), (torch.ones(4),))
+
+
+@case
+def jvp_of_jvp_writing_into_a_clone(m):
+    y, t = torch.randn(3), torch.randn(4)
+    inner = lambda a: m.jvp(lambda b: _write_into_tail(b.clone(), y), (a,), (t,))[1]  # noqa: E731
+    return m.jvp(inner, (torch.randn(4),), (torch.ones(4),))
+
+
+# torch.func refuses making a leaf inside any transform, vmap alone included
+@case
+def requires_grad_inside_vmap_alone_refused(m):
+    w = torch.randn(5, 3)
+    return m.vmap(lambda xi: torch.autograd.grad(torch.tanh(xi @ w.detach().requires_grad_()).sum(), w)[0])(torch.randn(4, 5))
+
+
+@case
+def autograd_functional_vjp_inside_vmap_alone_refused(m):
+    return m.vmap(lambda x: torch.autograd.functional.vjp(lambda t: t.sin().sum(), x))(torch.randn(5, 3))
+
+
+@case
+def retain_grad_inside_vmap_alone_refused(m):
+    def f(x):
+        y = x.sin()
+        y.retain_grad()
+        return y
+    return m.vmap(f)(torch.randn(3, requires_grad=True))
+
+
 @case
 def jvp_integer_tangent_refused(m):
     return m.jvp(torch.sin, (torch.randn(3),), (torch.ones(3, dtype=torch.int64),))
@@ -679,15 +781,15 @@ def test_engine_conforms_to_torch_func(name: str) -> None:
 
 # ---- what the engine deliberately does beyond torch.func -----------------------------------------
 
-def test_requires_grad_inside_vmap_alone_gives_per_example_gradients() -> None:
-    """torch.func refuses requires_grad_() under vmap; the engine allows it when no grad transform
-    runs, because autograd.grad inside engine.vmap is exact per example (the loop's result)."""
-    w = torch.randn(5, 3)
+def test_autograd_grad_inside_vmap_alone_gives_per_example_gradients() -> None:
+    """What the engine does beyond torch.func: autograd.grad inside engine.vmap with respect to a
+    tensor made to require grad outside is exact per example (the loop's result). Making the leaf
+    inside (requires_grad_) is refused, as torch.func refuses it (the cases above)."""
+    w = torch.randn(5, 3).requires_grad_()
     x = torch.randn(4, 5)
 
     def per_example(xi):
-        wl = w.detach().requires_grad_()
-        return torch.autograd.grad(torch.tanh(xi @ wl).sum(), wl)[0]
+        return torch.autograd.grad(torch.tanh(xi @ w).sum(), w)[0]
 
     assert torch.allclose(engine.vmap(per_example)(x), torch.stack([per_example(xi) for xi in x]), atol=1e-6)
 
@@ -848,3 +950,44 @@ def test_op_batched_natively_and_correctly(op: str) -> None:
         assert not wrong, f"{op}: {wrong} {res.detail}"
     else:
         assert res.engine == "native", f"{op}: {res.engine} {res.detail} {res.fallback_ops}"
+
+
+def test_jvp_write_into_a_primal_after_an_op_saved_it_is_refused() -> None:
+    """torch.func computes each tangent as the op runs, so `z = x * y; x.copy_(y)` under jvp is
+    exact there. The engine differentiates the recorded graph afterwards, when the value `mul`
+    saved is gone: it raises (naming the primal and the fix) rather than differentiate the wrong
+    value."""
+    def f(x, y):
+        z = x * y
+        x.copy_(y)
+        return z, x
+
+    with pytest.raises(engine.TransformError, match="wrote in place into primal 0.*clone"):
+        engine.jvp(f, (torch.randn(3), torch.randn(3)), (torch.randn(3), torch.randn(3)))
+
+
+@pytest.mark.parametrize("transform", ["grad", "jvp", "vjp"])
+def test_engine_transform_inside_torch_func_functionalize_raises(transform: str) -> None:
+    """torch.func.functionalize wraps its inputs in functional tensors on which autograd records
+    nothing at that level: a leaf the engine made there would differentiate to zeros (measured when
+    the refusal was lifted for a try), so the refusal of requires_grad_() stays, and no zero comes
+    back silently. torch.func's own transforms run inside functionalize."""
+    x, t = torch.randn(2, 3), torch.randn(2, 3)
+    calls = {
+        "grad": lambda x: engine.grad(lambda a: a.sin().sum())(x),
+        "jvp": lambda x: engine.jvp(torch.sin, (x,), (t,)),
+        "vjp": lambda x: engine.vjp(torch.sin, x)[1](t),
+    }
+    with pytest.raises(RuntimeError, match="requires_grad_"):
+        tf.functionalize(calls[transform])(x)
+
+
+def test_nested_jacfwd_writing_into_its_input_is_refused() -> None:
+    """torch.func's nested dual tensors take the write; the engine's inner jvp differentiates after
+    it, so it refuses (TransformError, naming the input and the fix) rather than miss the write."""
+    y = torch.randn(3)
+    with pytest.raises(engine.TransformError, match="wrote in place into input 0.*clone"):
+        engine.jacfwd(engine.jacfwd(lambda x: _write_into_tail(x, y)))(torch.randn(4))
+    x = torch.randn(4)
+    got = engine.jacfwd(engine.jacfwd(lambda t: _write_into_tail(t.clone(), y)))(x)
+    torch.testing.assert_close(got, tf.jacfwd(tf.jacfwd(lambda t: _write_into_tail(t.clone(), y)))(x))

@@ -125,3 +125,62 @@ def test_stft_of_a_signal_batched_innermost_in_memory_matches_torch_func() -> No
 def test_as_strided_reading_a_neighbour_of_an_interleaved_batch_is_refused() -> None:
     with pytest.raises(RuntimeError, match="as_strided"):
         engine.vmap(lambda t: t.as_strided((2,), (1,)), in_dims=-1)(torch.randn(4, 3))
+
+
+
+_SAME_OR_VIEW = {
+    # torch.func's transpose rule hands a 0-dim element back as is: vmap returns the input itself
+    "transpose_0dim": (lambda t: t.transpose(0, -1), (B0,)),
+    "swapaxes_0dim": (lambda t: t.swapaxes(-1, 0), (B0,)),
+    "t_0dim": (torch.t, (B0,)),
+    "transpose_0dim_twice": (lambda t: t.transpose(0, -1).transpose(-1, -1), (B0,)),
+    # ... while these are views of it even where they change nothing
+    "t_1dim": (torch.t, (B0, 4)),
+    "squeeze_nothing": (torch.squeeze, (B0, 4)),
+    "squeeze_dim_nothing": (lambda t: t.squeeze(0), (B0, 4)),
+    "squeeze_0dim": (torch.squeeze, (B0,)),
+    "transpose_same_dim": (lambda t: t.transpose(1, 1), (B0, 2, 3)),
+    # in place: the input itself in both
+    "squeeze__nothing": (torch.Tensor.squeeze_, (B0, 4)),
+    "transpose__0dim": (lambda t: t.transpose_(0, -1), (B0,)),
+    # not a view at all: a copy, never the input's memory
+    "flip_no_dims": (lambda t: t.flip([]), (B0, 4)),
+}
+_INPUT_ITSELF = {"transpose_0dim", "swapaxes_0dim", "t_0dim", "transpose_0dim_twice"}
+_IN_PLACE = {"squeeze__nothing", "transpose__0dim"}
+# Gradients through nested vmaps: only the cases that return the input itself. A view made by an
+# inner vmap whose input requires grad is not re-viewed from the caller's tensor (for select as for
+# these), a gap of the view-identity work this file checks, not a result that differs.
+_CASES_SAME_OR_VIEW = [(n, nested, rg) for n in sorted(_SAME_OR_VIEW) for nested in (False, True) for rg in (False, True)
+                       if not (rg and n in _IN_PLACE) and not (rg and nested and n not in _INPUT_ITSELF)]
+
+
+@pytest.mark.parametrize("name,nested,requires_grad", _CASES_SAME_OR_VIEW)
+def test_view_op_that_changes_nothing_returns_what_torch_func_returns(name: str, nested: bool, requires_grad: bool) -> None:
+    """Whether vmap hands back the input itself, a view of it, or a copy, for view ops that change
+    nothing per element: the three differ on what an in-place write into the result does and on
+    `result is x`, so the engine must agree with torch.func on each."""
+    fn, shape = _SAME_OR_VIEW[name]
+
+    def run(m: Any) -> tuple[torch.Tensor, torch.Tensor]:
+        torch.manual_seed(0)
+        x = torch.randn(B1, *shape) if nested else torch.randn(*shape)
+        x.requires_grad_(requires_grad)
+        f = m.vmap(m.vmap(fn)) if nested else m.vmap(fn)
+        return f(x), x
+
+    ref, rx = run(tf)
+    got, gx = run(engine)
+    torch.testing.assert_close(got, ref)
+    assert (got is gx, got._base is gx, torch._C._is_alias_of(got, gx)) == \
+        (ref is rx, ref._base is rx, torch._C._is_alias_of(ref, rx))
+    assert got.requires_grad == ref.requires_grad
+
+
+def test_flip_of_a_0dim_element_is_a_copy() -> None:
+    """flip([0]) of a 0-dim element flips nothing (eager accepts dims 0 and -1 there; torch.func
+    raises): the result is a fresh tensor equal to the input, not the input's memory."""
+    x = torch.randn(B0)
+    got = engine.vmap(lambda t: t.flip([0]))(x)
+    torch.testing.assert_close(got, torch.stack([t.flip([0]) for t in x]))
+    assert not torch._C._is_alias_of(got, x)

@@ -185,7 +185,9 @@ def flip_rule(info, in_dims, x, dims):
     """flip over a dim list, where an empty list flips nothing (not "all dims" as for reductions)."""
     rank = x.dim() - 1
     shifted = [_shift(d, rank, rank == 0) for d in dims]  # checks the dims even where nothing flips
-    return (x.flip(shifted) if shifted and rank > 0 else x), 0
+    # flip copies even where it flips nothing: handing back `x` would make the result share the
+    # input's memory, and a write into it would change the input
+    return (x.flip(shifted) if shifted and rank > 0 else x.clone()), 0
 
 
 def aminmax_rule(info, in_dims, x, *, dim=None, keepdim=False):

@@ -63,6 +63,9 @@ def _permute(x, dims):
 @register_rule(aten.transpose.int)
 @physical_rule
 def _transpose(x, d0, d1):
+    """A 0-dim element is handed back as the input itself, not a view of it (dims 0 and -1 are
+    checked by PyTorch above dispatch): torch.func's rule does so, and vmap then returns the
+    caller's tensor (`result is x`)."""
     r = x.dim() - 1
     if r == 0:
         return x
@@ -72,9 +75,11 @@ def _transpose(x, d0, d1):
 @register_rule(aten.t.default)
 @physical_rule
 def _t(x):
+    """As torch.func: a 0-dim element comes back as the input itself (transpose's case), a 1-dim
+    one as a view of it."""
     if x.dim() > 3:  # t of an element with more than 2 dims: the op's own error
         aten.t.default(x[0])
-    return x.transpose(1, 2) if x.dim() == 3 else x
+    return x.transpose(1, x.dim() - 1) if x.dim() > 1 else x
 
 
 @register_rule(aten.unsqueeze.default)
@@ -87,7 +92,7 @@ def _unsqueeze(x, dim):
 @physical_rule
 def _squeeze(x):
     dims = [i for i in range(1, x.dim()) if x.shape[i] == 1]
-    return x.squeeze(dims) if dims else x
+    return x.squeeze(dims)  # a view even where nothing is squeezed, as torch.func's
 
 
 @register_rule(aten.select.int)

@@ -25,7 +25,7 @@ def squeeze_dims_rule(info, in_dims, x, dims):
                                          f"but got {d}): each element is 0-dim")
     phys = [norm_dim(d, rank) + 1 for d in dims if rank > 0]
     phys = [d for d in phys if x.shape[d] == 1]
-    return (x.squeeze(phys) if phys else x), 0
+    return x.squeeze(phys), 0  # a view even where nothing is squeezed (not the input itself)
 
 
 def constant_pad_nd_rule(info, in_dims, x, pad, value=0):
