@@ -137,6 +137,21 @@ def test_evidence_floor_pools_the_spread_of_a_metric():
     assert floors[high] == pytest.approx(math.expm1(gate.EVIDENCE_MARGIN * 0.1))
 
 
+def test_evidence_pools_by_method_where_a_method_has_enough_signals():
+    """Automatic tracing's replays move more under load than traced calls: each method's signals
+    are pooled apart, so the quiet method keeps a floor of its own; a method with few signals is
+    pooled with its whole metric."""
+    name = "b.w{}.track_ratio_vs_torch_func('s', '{}', 'cpu')"
+    spread = {name.format(i, "engine"): 0.2 for i in range(10)}
+    spread |= {name.format(i, "engine_traced"): 0.02 for i in range(10)}
+    spread |= {name.format(i, "loop"): 0.02 for i in range(3)}  # too few: the metric's pool
+    floors = gate.evidence_floors(spread)
+    assert floors[name.format(0, "engine_traced")] == pytest.approx(math.expm1(gate.EVIDENCE_MARGIN * 0.02))
+    assert floors[name.format(0, "engine")] == pytest.approx(math.expm1(gate.EVIDENCE_MARGIN * 0.2))
+    pooled = float(np.quantile(list(spread.values()), gate.EVIDENCE_QUANTILE))
+    assert floors[name.format(0, "loop")] == pytest.approx(math.expm1(gate.EVIDENCE_MARGIN * pooled))
+
+
 def test_a_case_failing_at_head_exits_2_and_a_dead_process_too(tmp_path):
     broken = sides(0, errors={"mlp_hvp hidden=128,k=8 engine": "RuntimeError: boom"})
     assert outcome_of(broken, tmp_path).exit_code == 2

@@ -76,9 +76,10 @@ SIDES = ("base", "head", "twin")
 COUNT_SIDES = ("base", "head")
 PROBE_TIMEOUT_S = 900
 # The floor of a time signal from the run's own evidence: EVIDENCE_MARGIN x the larger of its own
-# twin-vs-base |log ratio| and the EVIDENCE_QUANTILE of that of every signal of its metric.
+# twin-vs-base |log ratio| and the EVIDENCE_QUANTILE of that of its pool (its metric and method).
 EVIDENCE_MARGIN = 1.5
 EVIDENCE_QUANTILE = 0.9
+EVIDENCE_POOL_MIN = 8
 OUT_DIR = Path(".asv") / "continuous"
 PLANT_MARK = "# --- planted by `vmapbench gate --calibrate`"
 
@@ -470,16 +471,32 @@ def twin_spread(base: Runs, twin: Runs) -> dict[str, float]:
     return spread
 
 
+def _method(name: str) -> str:
+    """The method a signal measures ('engine', 'engine_traced', ...; '' when it has none)."""
+    _, params = stats.split_point(name)
+    return params[-2].strip("'") if len(params) >= 2 else ""
+
+
 def evidence_floors(spread: Mapping[str, float]) -> dict[str, float]:
     """Per gated time signal with a twin-vs-base spread: EVIDENCE_MARGIN x max(its own spread, the
-    EVIDENCE_QUANTILE of its metric's spreads), as a fraction. One signal's single A/A difference is
-    a small sample of its noise; its metric's spreads, pooled, say how far such differences reach."""
-    by_metric: dict[str, list[float]] = {}
-    for name, d in spread.items():
-        by_metric.setdefault(stats.metric_of(name), []).append(d)
-    quantile = {m: float(np.quantile(v, EVIDENCE_QUANTILE)) for m, v in by_metric.items()}
-    return {name: math.expm1(EVIDENCE_MARGIN * max(d, quantile[stats.metric_of(name)]))
-            for name, d in spread.items() if stats.is_gated(name) and not stats.is_count(name)}
+    EVIDENCE_QUANTILE of its pool's spreads), as a fraction. One signal's single A/A difference is
+    a small sample of its noise; its pool's spreads say how far such differences reach. The pool
+    is the signals of its metric and method (automatic tracing's replays, which walk scattered
+    guard state, move several times more under load than the traced and eager calls: one pool
+    for all would give the quiet methods the noisy one's floor), or of its metric alone when that
+    holds fewer than EVIDENCE_POOL_MIN signals."""
+    gated = {name: d for name, d in spread.items() if stats.is_gated(name) and not stats.is_count(name)}
+    pools: dict[tuple[str, str], list[float]] = {}
+    for name, d in gated.items():
+        pools.setdefault((stats.metric_of(name), _method(name)), []).append(d)
+        pools.setdefault((stats.metric_of(name), "*"), []).append(d)
+
+    def pool(name: str) -> list[float]:
+        own = pools[stats.metric_of(name), _method(name)]
+        return own if len(own) >= EVIDENCE_POOL_MIN else pools[stats.metric_of(name), "*"]
+
+    return {name: math.expm1(EVIDENCE_MARGIN * max(d, float(np.quantile(pool(name), EVIDENCE_QUANTILE))))
+            for name, d in gated.items()}
 
 
 def count_change(base: Sequence[float], head: Sequence[float]) -> stats.Estimate:
@@ -725,8 +742,7 @@ def signal_family(name: str) -> str:
     """The README's families of gated signals: counts of the per-op chain, of the eager and of the
     replayed (automatic or traced) engine calls; time ratios vs torch.func, vs the loop; per-op time."""
     metric = stats.metric_of(name)
-    _, params = stats.split_point(name)
-    method = params[-2].strip("'") if len(params) >= 2 else ""
+    method = _method(name)
     if metric == "instructions":
         if "PerOpOverhead" in name:
             return "count: per-op chain"
