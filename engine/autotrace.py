@@ -64,7 +64,7 @@ from engine import autoswitch, purity
 from engine._batched import _active
 from engine._dispatch import record_fallbacks
 from engine._guards import _Depth, _State
-from engine.autoswitch import running
+from engine.autoswitch import departures, running
 from engine.fused import OFF as fused_off
 from engine.fused import _local as fused_mode
 from engine.errors import ReplayMismatchError
@@ -104,16 +104,31 @@ class AutoTraced:
         return (self.fn,)
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
-        if _switch.depth:  # part of a traced run (transform_entry checks this before _call itself)
+        if departures and _switch.depth:  # part of a traced run (transform_entry checks this before _call itself)
             return self._eager(args, kwargs)
         return self._call(args, kwargs)
 
     def _call(self, args: tuple, kwargs: dict) -> Any:
         # The hot path of every replay: what it adds to engine.trace's own call is measured by
         # vmapbench.bench_guards and the overhead benchmarks, so it is kept to the checks alone.
+        # Where every thread is in the standard state (no transform or traced run in progress,
+        # automatic tracing on, not verifying: engine.autoswitch.departures is empty), a recorded
+        # entry for this signature is replayed after one check, `StateGuard.quick`, which proves
+        # the state unchanged and this call the outermost (see _outermost). Anything else takes
+        # the full path below.
+        fast = _fast_signature(args, kwargs, False)
+        if fast is not None and not departures and self.impure is None:
+            traced = self.traced
+            entry = traced._fast.get(fast[0])
+            if entry is not None:
+                guard = self._guard
+                if guard is not None and guard.quick(fast[0][0]) and _outermost_quick():
+                    return traced._replay_hit(entry, args, kwargs, fast[1])
+        return self._checked_call(args, kwargs, fast)
+
+    def _checked_call(self, args: tuple, kwargs: dict, fast: Any) -> Any:
         if self.impure is not None or not _outermost():
             return self._eager(args, kwargs)
-        fast = _fast_signature(args, kwargs, False)
         if fast is not None:
             key: Any = fast[0]  # a tuple led by a bool (grad mode): never equal to a ("full", ...) key
         else:
@@ -123,8 +138,8 @@ class AutoTraced:
         guard = self._guard
         if guard is not None and not guard.holds():
             self._reset()
-        switch = _switch
-        if fast is not None and not switch.verify:
+        verify = bool(departures) and _switch.verify
+        if fast is not None and not verify:
             # The trace holds entries only for signatures verified for replay (_REPLAY): _reset and
             # the bound on signatures clear both together. So a recorded entry is a replay verdict,
             # found with one lookup.
@@ -136,7 +151,7 @@ class AutoTraced:
                 return traced._replay_hit(entry, args, kwargs, fast[1])
         mode = self._signatures.get(key)
         if mode is _REPLAY:
-            if switch.verify:
+            if verify:
                 return self._shadow(args, kwargs, fast, key)
             return self._traced_call(args, kwargs, fast, key)  # it may record: a run of the function
         if mode is _EAGER:
@@ -419,11 +434,11 @@ _compiling = torch.compiler.is_compiling
 def _outermost() -> bool:
     """No transform, trace, mode or foreign transform is running: this call stands on its own.
     (The checks are bound once: a module attribute lookup per check per call is most of their cost.
-    Being part of a traced run, `_switch.depth`, is checked by the callers, before they get here.)"""
+    Being part of a traced run, `_switch.depth`, is checked by the callers, before they get here.
+    Where no thread departs from the standard state, no thread-local counter is read.)"""
     return (
         not _active
-        and _State.depth == 0
-        and _Depth.value == 0
+        and (not departures or (_State.depth == 0 and _Depth.value == 0))
         and not _dispatch_modes()
         and not _function_modes()
         and _interpreters() is None
@@ -431,6 +446,15 @@ def _outermost() -> bool:
         and not _autocast()
         and not _compiling()
     )
+
+
+def _outermost_quick() -> bool:
+    """`_outermost()`'s checks that `StateGuard.quick` (which the replay path runs first) does not
+    make: its tree of C++ guards checks the torch-function mode stack, inference mode and autocast
+    (with the grad mode and the default dtype: torch's global-state guard and a tensor-match guard
+    on a private tensor, whose dispatch keys include the thread's). The engine's thread-local
+    counters are not read: the caller saw `departures` empty."""
+    return not _active and not _dispatch_modes() and _interpreters() is None and not _compiling()
 
 
 def transform_entry(impl: Callable, key: Hashable | None = None) -> Callable:
@@ -443,9 +467,10 @@ def transform_entry(impl: Callable, key: Hashable | None = None) -> Callable:
     @functools.wraps(impl)
     def entry(*args: Any, **kwargs: Any) -> Any:
         nonlocal auto
-        switch = _switch
-        if not switch.enabled or switch.depth:  # off, or part of a traced run: the eager transform
-            return impl(*args, **kwargs)
+        if departures:  # some thread is not in the standard state: is this one?
+            switch = _switch
+            if not switch.enabled or switch.depth:  # off, or part of a traced run: the eager transform
+                return impl(*args, **kwargs)
         if auto is None:
             auto = _shared(impl, key)
         return auto._call(args, kwargs)

@@ -123,6 +123,8 @@ def torch_globals() -> tuple:
 
 _default_dtype = torch._C.get_default_dtype
 _matmul_precision = torch._C._get_float32_matmul_precision
+_PROBE = torch.zeros(())  # private: its metadata never changes (see _NativeGuard)
+_DISTRIBUTION_DICT = next(d for d in gc.get_referents(_Distribution.__dict__) if isinstance(d, dict))
 
 def _global_hook_dicts() -> list[dict]:
     from torch.nn.modules import module as nn_module
@@ -190,7 +192,18 @@ class StateGuard:
         self._versions = _dict_versions(self._plain)
         self._tensor_guard = _tensor_guard(self.tensors)
         self._fast_misses = 0
-        self._native = _NativeGuard.build(self) if self._versions is not None else None
+        # The native checks by grad mode (index False/True: each embeds torch's global state, grad
+        # mode included, as it was when built), or None where this torch has no C++ guards.
+        self._natives: list | None = None
+        native = _NativeGuard.build(self) if self._versions is not None else None
+        if native is not None:
+            self._natives = [None, None]
+            self._natives[native.grad] = native
+
+    @property
+    def _native(self) -> "_NativeGuard | None":
+        """The native check for the current grad mode, if built (for inspection and tests)."""
+        return None if self._natives is None else self._natives[torch.is_grad_enabled()]
 
     # -- walking ------------------------------------------------------------------------------
 
@@ -398,21 +411,43 @@ class StateGuard:
         write that restored what was there, as torch.func.functional_call does, still holds), and
         the tags are taken anew; a guard whose tags keep moving stops using them. The rest is
         compared group by group, stopping at the first difference, by C-level maps."""
-        native = self._native
+        natives = self._natives
+        native = None if natives is None else natives[torch.is_grad_enabled()]
         if native is not None and native.holds():
             return True
-        if native is None and self._versions is not None and list(map(_dict_version, self._plain)) == self._versions and self._tensors_hold():
+        if natives is None and self._versions is not None and list(map(_dict_version, self._plain)) == self._versions and self._tensors_hold():
             return self._holds(full=False)
         if not self._holds(full=True):
             return False
-        if self._versions is not None:
-            self._fast_misses += 1
-            if self._fast_misses < _FAST_MISSES:
+        if natives is not None:
+            if native is not None:  # it failed where Python holds: a tag moved, or torch's global state differs from its build's
+                self._fast_misses += 1
+                if self._fast_misses >= _FAST_MISSES:
+                    self._versions = self._natives = None
+                    return True
                 self._versions = list(map(_dict_version, self._plain))
-                self._native = _NativeGuard.build(self) if native is not None else None
-            else:
-                self._versions = self._native = None
+                natives[:] = [None, None]  # they hold the old tags
+            native = _NativeGuard.build(self)  # (a grad mode's first, or anew)
+            if native is not None:
+                natives[native.grad] = native
         return True
+
+    def quick(self, grad: bool) -> bool:
+        """The replay path's check (engine.autotrace): True proves the state as recorded and torch's
+        ambient state (no torch-function mode, no inference mode, no autocast, this grad mode, the
+        recorded process settings) the outermost call's; False sends the caller to `holds()` and
+        the full outermost check. One call into torch's C++ guard tree, without a Python frame per
+        item: `_NativeGuard.holds`, inlined."""
+        natives = self._natives
+        native = None if natives is None else natives[grad]
+        if native is None:
+            return False
+        try:
+            if not native.root.check(native.values):
+                return False
+        except Exception:  # an accessor that raises (a property of a user class): let Python decide
+            return False
+        return _matmul_precision() == native.precision and (not native.rest or native._rest())
 
     def _tensors_hold(self) -> bool:
         if self._tensor_guard is not None:
@@ -466,7 +501,7 @@ class _NativeGuard:
     settings) stays with a short Python check, `rest`. A failing check is not a verdict: the
     caller compares in Python, which forgives a write that restored what was there."""
 
-    __slots__ = ("root", "values", "rest_cells", "rest_slotted", "rest_seqs", "guard", "settings", "rest")
+    __slots__ = ("root", "values", "rest_cells", "rest_slotted", "rest_seqs", "guard", "grad", "precision", "rest")
 
     def __init__(self) -> None:
         self.root: Any = None
@@ -475,7 +510,8 @@ class _NativeGuard:
         self.rest_slotted: list[tuple[Any, str]] = []
         self.rest_seqs: list[tuple[Any, list]] = []
         self.guard: StateGuard | None = None
-        self.settings: tuple = ()
+        self.grad = True  # the grad mode it was built under (its global-state guard checks it)
+        self.precision = ""  # the float32 matmul precision when built (no C++ guard reads it)
         self.rest = False  # whether anything is left to `_rest`
 
     @classmethod
@@ -491,8 +527,8 @@ class _NativeGuard:
     def _build(cls, guard: StateGuard) -> "_NativeGuard | None":
         self = cls()
         self.guard = guard
-        self.settings = guard.recorded[0][0]
-        root = self.root = torch._C._dynamo.guards.RootGuardManager()
+        guards = torch._C._dynamo.guards
+        root = self.root = guards.RootGuardManager()
         values = self.values
         kind = _ManagerKind.GUARD_MANAGER
 
@@ -502,6 +538,24 @@ class _NativeGuard:
 
         def same(m: Any, value: Any, name: str) -> None:
             m.add_id_match_guard(id(value), [name], None)
+
+        # Torch's ambient state, as it is now (the caller checks at the outermost call, with the
+        # recorded process settings): torch's global-state guard (grad mode, autocast on every
+        # device, the default dtype, deterministic algorithms, the thread count, torch-function
+        # enablement), the torch-function mode stack (empty), a tensor-match guard on a private
+        # tensor (the thread's included and excluded dispatch keys enter its check: inference mode
+        # excludes the autograd keys), and torch.distributions' validate_args default (a class
+        # attribute: the class dict's version tag). The float32 matmul precision is compared in
+        # Python (`holds`, `StateGuard.quick`).
+        self.grad = torch.is_grad_enabled()
+        self.precision = _matmul_precision()
+        root.add_global_state_guard(guards.GlobalStateGuard(), ["torch's global state"], None)
+        root.add_torch_function_mode_stack_guard([], ["no torch function mode"], None)
+        probe = _PROBE
+        manager(probe, "probe").add_tensor_match_guard(
+            probe, list(probe.shape), list(probe.stride()), "probe", ["probe"], None, type(probe), torch._C._dispatch_keys(probe)
+        )
+        manager(_DISTRIBUTION_DICT, "dict").add_dict_version_guard(_DISTRIBUTION_DICT, ["dict version"], None)
 
         for d in guard._plain:
             manager(d, "dict").add_dict_version_guard(d, ["dict version"], None)
@@ -531,12 +585,24 @@ class _NativeGuard:
                 self.rest_seqs.append((q, list(q)))
         for obj in guard.objects:
             manager(obj, "object").add_type_match_guard(id(type(obj)), ["type"], None)
+        owners: dict[int, Any] = {}  # one manager per object, its slots below it
         for obj, name in guard.slotted:
             value = getattr(obj, name, _EMPTY)
             if value is _EMPTY:
                 self.rest_slotted.append((obj, name))
+                continue
+            m = owners.get(id(obj))
+            if m is None:
+                m = owners[id(obj)] = manager(obj, "object")
+            if type(obj) is types.FunctionType and name == "__code__":  # read directly, not through getattr
+                m = m.code_manager(name, value, kind)
+            elif type(obj) is types.FunctionType and name == "__defaults__" and value is not None:
+                m = m.func_defaults_manager(name, value, kind)
+            elif type(obj) is types.FunctionType and name == "__kwdefaults__" and value is not None:
+                m = m.func_kwdefaults_manager(name, value, kind)
             else:
-                same(manager(obj, "object").getattr_manager(name, name, None, kind), value, name)
+                m = m.getattr_manager(name, name, None, kind)
+            same(m, value, name)
         self.rest = bool(self.rest_cells or self.rest_slotted or self.rest_seqs or guard.buffers or guard._others)
         if not root.check(values):
             return None  # it does not check what it was built from: leave it to Python
@@ -549,7 +615,7 @@ class _NativeGuard:
                 return False
         except Exception:  # an accessor that raises (a property of a user class): let Python decide
             return False
-        if torch_globals() != self.settings:
+        if _matmul_precision() != self.precision:
             return False
         return not self.rest or self._rest()
 
