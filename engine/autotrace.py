@@ -122,7 +122,10 @@ class AutoTraced:
             entry = traced._fast.get(fast[0])
             if entry is not None:
                 guard = self._guard
-                if guard is not None and guard.quick(fast[0][0]) and _outermost_quick():
+                # `_outermost()`'s checks that `quick` does not make (see there), inlined: a frame
+                # costs as much as two of them.
+                if (guard is not None and guard.quick(fast[0][0]) and not _active and not _dispatch_modes()
+                        and _interpreters() is None and not _compiler._is_compiling_flag):
                     return traced._replay_hit(entry, args, kwargs, fast[1])
         return self._checked_call(args, kwargs, fast)
 
@@ -429,13 +432,20 @@ _interpreters = torch._C._functorch.peek_interpreter_stack
 _inference_mode = torch.is_inference_mode_enabled
 _autocast = torch._C._is_any_autocast_enabled
 _compiling = torch.compiler.is_compiling
+_compiler = torch.compiler  # its `_is_compiling_flag`: what is_compiling() returns outside TorchScript, read without a call
 
 
 def _outermost() -> bool:
     """No transform, trace, mode or foreign transform is running: this call stands on its own.
     (The checks are bound once: a module attribute lookup per check per call is most of their cost.
     Being part of a traced run, `_switch.depth`, is checked by the callers, before they get here.
-    Where no thread departs from the standard state, no thread-local counter is read.)"""
+    Where no thread departs from the standard state, no thread-local counter is read.)
+
+    The replay path (`AutoTraced._call`) makes these checks another way: `StateGuard.quick`'s
+    tree of C++ guards checks the torch-function mode stack, inference mode and autocast (torch's
+    global-state guard, with the grad mode and the default dtype, and a tensor-match guard on a
+    private tensor, whose dispatch-key check includes the thread's excluded keys), and the rest
+    are read there, inline."""
     return (
         not _active
         and (not departures or (_State.depth == 0 and _Depth.value == 0))
@@ -446,15 +456,6 @@ def _outermost() -> bool:
         and not _autocast()
         and not _compiling()
     )
-
-
-def _outermost_quick() -> bool:
-    """`_outermost()`'s checks that `StateGuard.quick` (which the replay path runs first) does not
-    make: its tree of C++ guards checks the torch-function mode stack, inference mode and autocast
-    (with the grad mode and the default dtype: torch's global-state guard and a tensor-match guard
-    on a private tensor, whose dispatch keys include the thread's). The engine's thread-local
-    counters are not read: the caller saw `departures` empty."""
-    return not _active and not _dispatch_modes() and _interpreters() is None and not _compiling()
 
 
 def transform_entry(impl: Callable, key: Hashable | None = None) -> Callable:

@@ -73,7 +73,7 @@ from typing import Any, Collection, Iterable
 import torch
 from torch.distributions import Distribution as _Distribution
 
-from engine.purity import _is_torch_or_engine, generated, global_names
+from engine.purity import _ENGINE_DIR, _is_torch_or_engine, generated, global_names
 
 __all__ = ["StateGuard"]
 
@@ -338,8 +338,15 @@ class StateGuard:
             self._skipped[id(fn)] = fn
             return  # user code that never ran reads nothing (see "Code that ran" above)
         self.walked.add(fn.__code__)
+        # The cells of the engine's own closures (a transform's options and the function it wraps,
+        # transform_entry's `auto`) are walked but not guarded: no code rebinds them once the
+        # closure exists but transform_entry's `auto`, which no traced run reads (tests/
+        # test_autotrace_quick.py audits the engine's code for that), so their identity cannot
+        # change. What they hold is walked and guarded like any other state.
+        guarded = not fn.__code__.co_filename.startswith(_ENGINE_DIR)
         for cell in fn.__closure__ or ():
-            self.cells.append(cell)
+            if guarded:
+                self.cells.append(cell)
             try:
                 stack.append(cell.cell_contents)
             except ValueError:  # an empty cell (a name assigned later)
@@ -600,6 +607,8 @@ class _NativeGuard:
                 m = m.func_defaults_manager(name, value, kind)
             elif type(obj) is types.FunctionType and name == "__kwdefaults__" and value is not None:
                 m = m.func_kwdefaults_manager(name, value, kind)
+            elif type(obj) is types.FunctionType and name == "__dict__":
+                m = m.get_generic_dict_manager(name, None, kind)  # the instance dict itself, not through getattr
             else:
                 m = m.getattr_manager(name, name, None, kind)
             same(m, value, name)
