@@ -160,13 +160,13 @@ class StateGuard:
         self._names_seen: set[tuple[int, str]] = set()
         self._pymodules: list[types.ModuleType] = []  # Python modules reached, however
         self._attr_names: set[str] = set()  # every name the walked user code reads
+        self._module_reached = False  # an nn.Module was reached: its global hook tables are guarded
         stack = list(roots)
         for namespace, name in slots:  # globals the run read: guarded, and what they hold walked
             self._name(namespace, name, stack)
-        for d in _global_hook_dicts():
-            self._dict(d, stack)
         done = 0
-        while stack and self.unprovable is None:
+        hooks_guarded = False
+        while self.unprovable is None:
             while stack and self.unprovable is None:
                 self._visit(stack.pop(), stack)
                 if len(self._seen) > MAX_ITEMS:
@@ -176,6 +176,16 @@ class StateGuard:
             for module in self._pymodules[done:] if len(self._attr_names) == self._names_done else self._pymodules:
                 self._module_attrs(module, stack)
             done, self._names_done = len(self._pymodules), len(self._attr_names)
+            # nn.Module's global hooks run in Module.__call__ alone: guarded where an nn.Module is
+            # reached. (A Module the function makes and calls is one the watched run saw running:
+            # the caller passes those as roots; one only another branch would call is code the
+            # verified run did not run, which the recording is watched for, engine.autotrace.)
+            if not stack and not hooks_guarded and self._module_reached:
+                hooks_guarded = True
+                for d in _global_hook_dicts():
+                    self._dict(d, stack)
+            if not stack:
+                break
         # What torch's own code calls without user code naming it (nn.GELU.forward -> F.gelu,
         # Module.__call__ -> Linear.forward, x.sin()): the namespaces it is found in, guarded by
         # version (a monkeypatch moves it), not walked.
@@ -306,6 +316,7 @@ class StateGuard:
             self.unprovable = f"it reaches an iterator ({type(obj).__name__}), which a replay would not advance"
             return
         if isinstance(obj, torch.nn.Module):
+            self._module_reached = True
             self._library_types.add(type(obj))
             for name in _MODULE_DICTS:
                 d = obj.__dict__.get(name)

@@ -217,3 +217,35 @@ def test_departures_are_taken_back_when_the_function_raises():
         with pytest.raises(RuntimeError, match="boom"):
             fn(torch.randn(2, 3))
     assert not autoswitch.departures
+
+
+def test_a_global_module_hook_is_followed_where_the_function_calls_a_module_it_makes():
+    # nn.Module's global hook tables are guarded where the guard reaches a Module: one the
+    # function makes and calls is reached too (the watched run saw it running).
+    def f(x):
+        return torch.nn.Identity()(x.sin())
+
+    fn = engine.vmap(f)
+    x = torch.randn(4, 3)
+    state = _replaying(fn, x)
+    assert any(d is torch.nn.modules.module._global_forward_hooks for d in state._guard.dicts)
+    handle = torch.nn.modules.module.register_module_forward_hook(lambda module, args, out: out * 2)
+    try:
+        torch.testing.assert_close(fn(x), x.sin() * 2)
+    finally:
+        handle.remove()
+    torch.testing.assert_close(fn(x), x.sin())
+
+
+def test_a_function_that_reaches_no_module_does_not_guard_the_global_hook_tables():
+    fn = engine.vmap(lambda x: x.sin() * 2)
+    x = torch.randn(4, 3)
+    state = _replaying(fn, x)
+    assert not any(d is torch.nn.modules.module._global_forward_hooks for d in state._guard.dicts)
+    handle = torch.nn.modules.module.register_module_forward_hook(lambda module, args, out: out * 2)
+    try:
+        hits = state.traced.cache_info().hits
+        torch.testing.assert_close(fn(x), x.sin() * 2)  # no Module runs: the hook cannot apply
+        assert state.traced.cache_info().hits == hits + 1
+    finally:
+        handle.remove()
