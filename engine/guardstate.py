@@ -27,6 +27,10 @@ The rules, by class of state rather than by case:
   function's own globals are the names its instructions read as globals (engine.purity's
   global_names), not every co_name: an attribute read is not a global read.
 - **Tensors** reached are guarded by metadata (their values are read live by the replay).
+- **The engine's own closures** (a transform's options and the function it wraps) are walked, and
+  what they hold is guarded, but their cells are not: no code rebinds them (see `_function`).
+  nn.Module's global hook tables are guarded where a Module is reached: they run in
+  Module.__call__ alone, and a Module the function makes and calls is one the watched run saw.
 - **Code that ran.** Given `ran` (the user code objects the watched runs executed), a user
   function reached whose code never ran is guarded where it is held (the dict, list or cell
   holding it, by identity) but not walked: its closure, defaults and globals are read by no
@@ -48,7 +52,12 @@ C++ guards (`_NativeGuard`: the guard manager torch.compile's own guards run on)
 guarded dict by its version tag (a dict's tag moves on every write into it, so an unchanged tag
 proves unchanged contents without reading them), every tensor by torch's tensor-match guard, and
 cells, names, slots, list items and classes by identity, in one call with no Python frame per
-item; then torch's process settings and the few things the tree cannot express, in Python. Where
+item. The tree also checks torch's ambient state as it was when built (its global-state guard:
+grad mode, autocast, the default dtype; the torch-function mode stack; a probe tensor whose
+dispatch-key check sees inference mode; torch.distributions' validate_args default), so it is
+built once per grad mode, and the replay path of engine.autotrace needs no other check of those
+(`quick()`). Then the float32 matmul precision and the few things the tree cannot express, in
+Python. Where
 the tree fails, the Python comparison decides (identities read with map/chain over the guarded
 containers; tuples and frozensets are not re-read, being immutable): a write that restored what
 was there holds, and the tags are taken anew. The check stays linear in the number of guarded
