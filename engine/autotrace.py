@@ -68,8 +68,8 @@ from engine.autoswitch import departures, running
 from engine.fused import OFF as fused_off
 from engine.fused import _local as fused_mode
 from engine.errors import ReplayMismatchError
-from engine.guardstate import StateGuard, torch_globals
-from engine.trace import _PLAIN, TracedFunction, _fast_signature, _signature, exact_value
+from engine.guardstate import StateGuard, _matmul_precision, torch_globals
+from engine.trace import _PLAIN, TracedFunction, _GuardFailed, _fast_signature, _signature, exact_value
 
 __all__ = ["AutoTraced", "auto_trace", "autotraced_state", "traced_transform", "transform_entry"]
 
@@ -110,23 +110,41 @@ class AutoTraced:
 
     def _call(self, args: tuple, kwargs: dict) -> Any:
         # The hot path of every replay: what it adds to engine.trace's own call is measured by
-        # vmapbench.bench_guards and the overhead benchmarks, so it is kept to the checks alone.
-        # Where every thread is in the standard state (no transform or traced run in progress,
-        # automatic tracing on, not verifying: engine.autoswitch.departures is empty), a recorded
-        # entry for this signature is replayed after one check, `StateGuard.quick`, which proves
-        # the state unchanged and this call the outermost (see _outermost). Anything else takes
-        # the full path below.
+        # vmapbench.bench_guards (--count: instructions) and the overhead benchmarks, so it is kept
+        # to the checks alone, inline (a Python frame costs about what one of them does). Where
+        # every thread is in the standard state (no transform or traced run in progress, automatic
+        # tracing on, not verifying: engine.autoswitch.departures is empty) and the trace holds an
+        # entry for this signature (a replay verdict, see below), the entry is replayed after
+        # - the guard's native check for this grad mode (`_NativeGuard.holds`, inlined): its tree
+        #   of C++ guards proves the state unchanged and checks torch's global state, the torch-
+        #   function mode stack and inference mode; then the matmul precision and what the tree
+        #   cannot express (`rest`);
+        # - `_outermost()`'s remaining checks: the engine's levels, the dispatch-mode and functorch
+        #   stacks, the compile flag (what torch.compiler.is_compiling() returns outside TorchScript).
+        # Anything else, a failing check included, takes the full path, which decides.
         fast = _fast_signature(args, kwargs, False)
         if fast is not None and not departures and self.impure is None:
             traced = self.traced
             entry = traced._fast.get(fast[0])
-            if entry is not None:
-                guard = self._guard
-                # `_outermost()`'s checks that `quick` does not make (see there), inlined: a frame
-                # costs as much as two of them.
-                if (guard is not None and guard.quick(fast[0][0]) and not _active and not _dispatch_modes()
-                        and _interpreters() is None and not _compiler._is_compiling_flag):
-                    return traced._replay_hit(entry, args, kwargs, fast[1])
+            guard = self._guard
+            natives = None if entry is None or guard is None else guard._natives
+            native = None if natives is None else natives[fast[0][0]]  # (the key leads with the grad mode)
+            if native is not None:
+                try:
+                    holds = native.root.check(native.values)
+                except Exception:  # an accessor that raises (a property of a user class): the full path decides
+                    holds = False
+                if (holds and _matmul_precision() == native.precision and (not native.rest or native._rest())
+                        and not _active and not _dispatch_modes() and _interpreters() is None
+                        and not _compiler._is_compiling_flag):
+                    traced._hits += 1  # TracedFunction._replay_hit, inlined
+                    if entry is not traced._mru:
+                        traced._cache.move_to_end(entry.key)
+                        traced._mru = entry
+                    try:
+                        return traced._replay(entry, fast[1])
+                    except _GuardFailed:
+                        return traced._guard_failed(entry, args, kwargs)
         return self._checked_call(args, kwargs, fast)
 
     def _checked_call(self, args: tuple, kwargs: dict, fast: Any) -> Any:
@@ -441,7 +459,7 @@ def _outermost() -> bool:
     Being part of a traced run, `_switch.depth`, is checked by the callers, before they get here.
     Where no thread departs from the standard state, no thread-local counter is read.)
 
-    The replay path (`AutoTraced._call`) makes these checks another way: `StateGuard.quick`'s
+    The replay path (`AutoTraced._call`) makes these checks another way: the guard's native
     tree of C++ guards checks the torch-function mode stack, inference mode and autocast (torch's
     global-state guard, with the grad mode and the default dtype, and a tensor-match guard on a
     private tensor, whose dispatch-key check includes the thread's excluded keys), and the rest

@@ -55,8 +55,8 @@ cells, names, slots, list items and classes by identity, in one call with no Pyt
 item. The tree also checks torch's ambient state as it was when built (its global-state guard:
 grad mode, autocast, the default dtype; the torch-function mode stack; a probe tensor whose
 dispatch-key check sees inference mode; torch.distributions' validate_args default), so it is
-built once per grad mode, and the replay path of engine.autotrace needs no other check of those
-(`quick()`). Then the float32 matmul precision and the few things the tree cannot express, in
+built once per grad mode, and the replay path of engine.autotrace (which runs `_NativeGuard.holds`
+inline) needs no other check of those. Then the float32 matmul precision and the few things the tree cannot express, in
 Python. Where
 the tree fails, the Python comparison decides (identities read with map/chain over the guarded
 containers; tuples and frozensets are not re-read, being immutable): a write that restored what
@@ -459,23 +459,6 @@ class StateGuard:
                 natives[native.grad] = native
         return True
 
-    def quick(self, grad: bool) -> bool:
-        """The replay path's check (engine.autotrace): True proves the state as recorded and torch's
-        ambient state (no torch-function mode, no inference mode, no autocast, this grad mode, the
-        recorded process settings) the outermost call's; False sends the caller to `holds()` and
-        the full outermost check. One call into torch's C++ guard tree, without a Python frame per
-        item: `_NativeGuard.holds`, inlined."""
-        natives = self._natives
-        native = None if natives is None else natives[grad]
-        if native is None:
-            return False
-        try:
-            if not native.root.check(native.values):
-                return False
-        except Exception:  # an accessor that raises (a property of a user class): let Python decide
-            return False
-        return _matmul_precision() == native.precision and (not native.rest or native._rest())
-
     def _tensors_hold(self) -> bool:
         if self._tensor_guard is not None:
             return self._tensor_guard.check(self.tensors)
@@ -573,7 +556,7 @@ class _NativeGuard:
         # tensor (the thread's included and excluded dispatch keys enter its check: inference mode
         # excludes the autograd keys), and torch.distributions' validate_args default (a class
         # attribute: the class dict's version tag). The float32 matmul precision is compared in
-        # Python (`holds`, `StateGuard.quick`).
+        # Python (`holds`, and engine.autotrace's replay path, which runs `holds` inline).
         self.grad = torch.is_grad_enabled()
         self.precision = _matmul_precision()
         root.add_global_state_guard(guards.GlobalStateGuard(), ["torch's global state"], None)
@@ -638,7 +621,8 @@ class _NativeGuard:
         return self
 
     def holds(self) -> bool:
-        """Whether the state is as recorded (True proves it; False sends the caller to Python)."""
+        """Whether the state is as recorded (True proves it; False sends the caller to Python).
+        engine.autotrace.AutoTraced._call runs this inline: keep the two alike."""
         try:
             if not self.root.check(self.values):
                 return False
