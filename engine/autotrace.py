@@ -68,7 +68,7 @@ from engine.autoswitch import departures, running
 from engine.fused import OFF as fused_off
 from engine.fused import _local as fused_mode
 from engine.errors import ReplayMismatchError
-from engine.guardstate import StateGuard, _matmul_precision, torch_globals
+from engine.guardstate import StateGuard, _Distribution, _matmul_precision, torch_globals
 from engine.trace import _PLAIN, TracedFunction, _GuardFailed, _fast_signature, _signature, exact_value
 
 __all__ = ["AutoTraced", "auto_trace", "autotraced_state", "traced_transform", "transform_entry"]
@@ -117,24 +117,26 @@ class AutoTraced:
         # entry for this signature (a replay verdict, see below), the entry is replayed after
         # - the guard's native check for this grad mode (`_NativeGuard.holds`, inlined): its tree
         #   of C++ guards proves the state unchanged and checks torch's global state, the torch-
-        #   function mode stack and inference mode; then the matmul precision and what the tree
-        #   cannot express (`rest`);
+        #   function mode stack and inference mode; then the matmul precision, torch.distributions'
+        #   validate_args default and what the tree cannot express (`rest`);
         # - `_outermost()`'s remaining checks: the engine's levels, the dispatch-mode and functorch
         #   stacks, the compile flag (what torch.compiler.is_compiling() returns outside TorchScript).
         # Anything else, a failing check included, takes the full path, which decides.
+        # (An entry in the trace implies a guard and a function not found impure: _reset, which
+        # both call, clears the trace.)
         fast = _fast_signature(args, kwargs, False)
-        if fast is not None and not departures and self.impure is None:
+        if fast is not None and not departures:
             traced = self.traced
             entry = traced._fast.get(fast[0])
-            guard = self._guard
-            natives = None if entry is None or guard is None else guard._natives
+            natives = None if entry is None else self._guard._natives
             native = None if natives is None else natives[fast[0][0]]  # (the key leads with the grad mode)
             if native is not None:
                 try:
                     holds = native.root.check(native.values)
                 except Exception:  # an accessor that raises (a property of a user class): the full path decides
                     holds = False
-                if (holds and _matmul_precision() == native.precision and (not native.rest or native._rest())
+                if (holds and _matmul_precision() == native.precision and _Distribution._validate_args is native.validate
+                        and (not native.rest or native._rest())
                         and not _active and not _dispatch_modes() and _interpreters() is None
                         and not _compiler._is_compiling_flag):
                     traced._hits += 1  # TracedFunction._replay_hit, inlined

@@ -54,10 +54,10 @@ proves unchanged contents without reading them), every tensor by torch's tensor-
 cells, names, slots, list items and classes by identity, in one call with no Python frame per
 item. The tree also checks torch's ambient state as it was when built (its global-state guard:
 grad mode, autocast, the default dtype; the torch-function mode stack; a probe tensor whose
-dispatch-key check sees inference mode; torch.distributions' validate_args default), so it is
-built once per grad mode, and the replay path of engine.autotrace (which runs `_NativeGuard.holds`
-inline) needs no other check of those. Then the float32 matmul precision and the few things the tree cannot express, in
-Python. Where
+dispatch-key check sees inference mode), so it is built once per grad mode, and the replay path
+of engine.autotrace (which runs `_NativeGuard.holds` inline) needs no other check of those. Then
+the float32 matmul precision, torch.distributions' validate_args default and the few things the
+tree cannot express, in Python. Where
 the tree fails, the Python comparison decides (identities read with map/chain over the guarded
 containers; tuples and frozensets are not re-read, being immutable): a write that restored what
 was there holds, and the tags are taken anew. The check stays linear in the number of guarded
@@ -133,7 +133,6 @@ def torch_globals() -> tuple:
 _default_dtype = torch._C.get_default_dtype
 _matmul_precision = torch._C._get_float32_matmul_precision
 _PROBE = torch.zeros(())  # private: its metadata never changes (see _NativeGuard)
-_DISTRIBUTION_DICT = next(d for d in gc.get_referents(_Distribution.__dict__) if isinstance(d, dict))
 
 def _global_hook_dicts() -> list[dict]:
     from torch.nn.modules import module as nn_module
@@ -511,7 +510,7 @@ class _NativeGuard:
     settings) stays with a short Python check, `rest`. A failing check is not a verdict: the
     caller compares in Python, which forgives a write that restored what was there."""
 
-    __slots__ = ("root", "values", "rest_cells", "rest_slotted", "rest_seqs", "guard", "grad", "precision", "rest")
+    __slots__ = ("root", "values", "rest_cells", "rest_slotted", "rest_seqs", "guard", "grad", "precision", "validate", "rest")
 
     def __init__(self) -> None:
         self.root: Any = None
@@ -522,6 +521,7 @@ class _NativeGuard:
         self.guard: StateGuard | None = None
         self.grad = True  # the grad mode it was built under (its global-state guard checks it)
         self.precision = ""  # the float32 matmul precision when built (no C++ guard reads it)
+        self.validate: bool | None = None  # torch.distributions' validate_args default when built
         self.rest = False  # whether anything is left to `_rest`
 
     @classmethod
@@ -554,23 +554,48 @@ class _NativeGuard:
         # device, the default dtype, deterministic algorithms, the thread count, torch-function
         # enablement), the torch-function mode stack (empty), a tensor-match guard on a private
         # tensor (the thread's included and excluded dispatch keys enter its check: inference mode
-        # excludes the autograd keys), and torch.distributions' validate_args default (a class
-        # attribute: the class dict's version tag). The float32 matmul precision is compared in
-        # Python (`holds`, and engine.autotrace's replay path, which runs `holds` inline).
+        # excludes the autograd keys). The float32 matmul precision and torch.distributions'
+        # validate_args default are compared in Python (`holds`, and engine.autotrace's replay
+        # path, which runs `holds` inline): a C++ node costs more than the class attribute's read.
         self.grad = torch.is_grad_enabled()
         self.precision = _matmul_precision()
+        self.validate = _Distribution._validate_args
         root.add_global_state_guard(guards.GlobalStateGuard(), ["torch's global state"], None)
         root.add_torch_function_mode_stack_guard([], ["no torch function mode"], None)
         probe = _PROBE
         manager(probe, "probe").add_tensor_match_guard(
             probe, list(probe.shape), list(probe.stride()), "probe", ["probe"], None, type(probe), torch._C._dispatch_keys(probe)
         )
-        manager(_DISTRIBUTION_DICT, "dict").add_dict_version_guard(_DISTRIBUTION_DICT, ["dict version"], None)
 
+        owners: dict[int, Any] = {}  # one manager per object, its slots below it
+        instance_dicts: dict[int, Any] = {}  # id of an object's __dict__ -> the node that reaches it
+        for obj, name in guard.slotted:
+            value = getattr(obj, name, _EMPTY)
+            if value is _EMPTY:
+                self.rest_slotted.append((obj, name))
+                continue
+            m = owners.get(id(obj))
+            if m is None:
+                m = owners[id(obj)] = manager(obj, "object")
+            if type(obj) is types.FunctionType and name == "__code__":  # read directly, not through getattr
+                m = m.code_manager(name, value, kind)
+            elif type(obj) is types.FunctionType and name == "__defaults__" and value is not None:
+                m = m.func_defaults_manager(name, value, kind)
+            elif type(obj) is types.FunctionType and name == "__kwdefaults__" and value is not None:
+                m = m.func_kwdefaults_manager(name, value, kind)
+            elif type(obj) is types.FunctionType and name == "__dict__":
+                m = m.get_generic_dict_manager(name, None, kind)  # the instance dict itself, not through getattr
+            else:
+                m = m.getattr_manager(name, name, None, kind)
+            same(m, value, name)
+            if name == "__dict__":
+                instance_dicts[id(value)] = m  # its version tag is checked on this node (below)
         for d in guard._plain:
-            manager(d, "dict").add_dict_version_guard(d, ["dict version"], None)
+            node = instance_dicts.get(id(d))  # (an object's __dict__: on the node that reaches it, one item fewer)
+            (manager(d, "dict") if node is None else node).add_dict_version_guard(d, ["dict version"], None)
         for i, t in enumerate(guard.tensors):
-            manager(t, "tensor").add_tensor_match_guard(
+            node = owners.get(id(t))  # (its `grad` and `__dict__` slots' node: one item fewer)
+            (manager(t, "tensor") if node is None else node).add_tensor_match_guard(
                 t, list(t.shape), list(t.stride()), f"tensor[{i}]", [f"tensor[{i}]"], None, type(t), torch._C._dispatch_keys(t)
             )
         cells = guard.recorded[1]
@@ -595,26 +620,6 @@ class _NativeGuard:
                 self.rest_seqs.append((q, list(q)))
         for obj in guard.objects:
             manager(obj, "object").add_type_match_guard(id(type(obj)), ["type"], None)
-        owners: dict[int, Any] = {}  # one manager per object, its slots below it
-        for obj, name in guard.slotted:
-            value = getattr(obj, name, _EMPTY)
-            if value is _EMPTY:
-                self.rest_slotted.append((obj, name))
-                continue
-            m = owners.get(id(obj))
-            if m is None:
-                m = owners[id(obj)] = manager(obj, "object")
-            if type(obj) is types.FunctionType and name == "__code__":  # read directly, not through getattr
-                m = m.code_manager(name, value, kind)
-            elif type(obj) is types.FunctionType and name == "__defaults__" and value is not None:
-                m = m.func_defaults_manager(name, value, kind)
-            elif type(obj) is types.FunctionType and name == "__kwdefaults__" and value is not None:
-                m = m.func_kwdefaults_manager(name, value, kind)
-            elif type(obj) is types.FunctionType and name == "__dict__":
-                m = m.get_generic_dict_manager(name, None, kind)  # the instance dict itself, not through getattr
-            else:
-                m = m.getattr_manager(name, name, None, kind)
-            same(m, value, name)
         self.rest = bool(self.rest_cells or self.rest_slotted or self.rest_seqs or guard.buffers or guard._others)
         if not root.check(values):
             return None  # it does not check what it was built from: leave it to Python
@@ -628,7 +633,7 @@ class _NativeGuard:
                 return False
         except Exception:  # an accessor that raises (a property of a user class): let Python decide
             return False
-        if _matmul_precision() != self.precision:
+        if _matmul_precision() != self.precision or _Distribution._validate_args is not self.validate:
             return False
         return not self.rest or self._rest()
 

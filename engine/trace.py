@@ -381,8 +381,12 @@ class _Entry:
         self.tier: fused.Tier | None = None
         self.promotion: fused.Tier | None = None
         self.fused: fused.FusedProgram | None = None
-        # No tensor it reads requires grad (no input of its signature, no captured tensor, nothing
-        # folded): autograd records nothing whatever the grad mode, so a replay needs no no_grad.
+        # No tensor it reads requires grad (no input of its signature, no captured tensor, so
+        # nothing folded from them): autograd records nothing whatever the grad mode, so an
+        # automatic tracing replay needs no no_grad. The inputs' flags are part of the signature;
+        # a captured tensor the function's state reaches is guarded by engine.autotrace (its
+        # tensor-match guard checks requires_grad); one the recording made (a lifted constant) is
+        # the graph's alone.
         self.inert = False
 
     def inputs(self, flat: list) -> list:
@@ -734,7 +738,7 @@ class TracedFunction:
         entry.out_consts = out_info["consts"]
         entry.build = _output_builder(entry.out_spec, entry.out_consts)
         entry.first = out_info["values"]
-        entry.inert = not entry.constants and entry.fold is None and not any(flat[i].requires_grad for i in entry.tensor_pos)
+        entry.inert = not any(t.requires_grad for t in [*(flat[i] for i in entry.tensor_pos), *entry.constants])
         if self.compile_kwargs is None and fused.candidate(gm):
             entry.tier = entry.promotion = fused.Tier(entry)
         return entry
