@@ -381,12 +381,10 @@ class _Entry:
         self.tier: fused.Tier | None = None
         self.promotion: fused.Tier | None = None
         self.fused: fused.FusedProgram | None = None
-        # No tensor it reads requires grad (no input of its signature, no captured tensor, so
-        # nothing folded from them): autograd records nothing whatever the grad mode, so an
-        # automatic tracing replay needs no no_grad. The inputs' flags are part of the signature;
-        # a captured tensor the function's state reaches is guarded by engine.autotrace (its
-        # tensor-match guard checks requires_grad); one the recording made (a lifted constant) is
-        # the graph's alone.
+        # It reads no captured tensor (so nothing folded) and no input of its signature requires
+        # grad: autograd records nothing whatever the grad mode, so an automatic tracing replay
+        # needs no no_grad. (Where it reads captured tensors, no_grad also spares the folded
+        # values' per-call requires_grad check, Fold.values: it costs more than the switch.)
         self.inert = False
 
     def inputs(self, flat: list) -> list:
@@ -738,7 +736,7 @@ class TracedFunction:
         entry.out_consts = out_info["consts"]
         entry.build = _output_builder(entry.out_spec, entry.out_consts)
         entry.first = out_info["values"]
-        entry.inert = not any(t.requires_grad for t in [*(flat[i] for i in entry.tensor_pos), *entry.constants])
+        entry.inert = not entry.constants and entry.fold is None and not any(flat[i].requires_grad for i in entry.tensor_pos)
         if self.compile_kwargs is None and fused.candidate(gm):
             entry.tier = entry.promotion = fused.Tier(entry)
         return entry
