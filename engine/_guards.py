@@ -24,6 +24,7 @@ from typing import Any
 import torch
 
 from engine._repr import tensor_repr
+from engine.autoswitch import departures
 from engine.errors import UnsupportedInTransformError
 
 _ORIGINAL_REQUIRES_GRAD = torch.Tensor.requires_grad_
@@ -135,6 +136,7 @@ class transform_scope:  # noqa: N801 - used as `with transform_scope(...)`, like
     def __enter__(self) -> None:
         if not _Installed.done:
             _install()
+        departures.append(None)  # a transform runs: not the standard state (engine.autoswitch)
         with _lock:  # threads share the counters: no lost update may leave the checks on for good
             _State.depth += 1
             _State.vmap += self.is_vmap
@@ -143,6 +145,7 @@ class transform_scope:  # noqa: N801 - used as `with transform_scope(...)`, like
         with _lock:
             _State.depth -= 1
             _State.vmap -= self.is_vmap
+        departures.pop()
 
 
 def checked(func: Any) -> Any:

@@ -37,6 +37,15 @@ class _Local(threading.local):
 
 _local = _Local()
 
+# Process-wide, one entry per departure of a thread from the standard state (automatic tracing
+# on, not verifying, no traced run in progress; engine._guards and engine.transforms add theirs:
+# a transform running). Entries are added before the thread-local state leaves the standard state
+# and removed after it is back (list.append and list.pop are atomic), so an empty list proves
+# that every thread is in the standard state: the replay path of engine.autotrace then reads no
+# thread-local state (each read costs about as much as a small op's dispatch). A process whose
+# default is not the standard state (VMAPBENCH_AUTO_TRACE=0 or verify) keeps one entry for good.
+departures: list = [] if _DEFAULT and not _VERIFY else [None]
+
 
 @contextlib.contextmanager
 def auto_tracing(enabled: bool = True, *, verify: bool | None = None) -> Iterator[None]:
@@ -53,6 +62,9 @@ def auto_tracing(enabled: bool = True, *, verify: bool | None = None) -> Iterato
     if verify is not None and not isinstance(verify, bool):
         raise TypeError(f"engine.auto_tracing: verify must be a bool or None, got {type(verify).__name__}")
     old = _local.enabled, _local.verify
+    standard = enabled and not (old[1] if verify is None else verify)
+    if not standard:
+        departures.append(None)
     _local.enabled = enabled
     if verify is not None:
         _local.verify = verify
@@ -60,6 +72,8 @@ def auto_tracing(enabled: bool = True, *, verify: bool | None = None) -> Iterato
         yield
     finally:
         _local.enabled, _local.verify = old
+        if not standard:
+            departures.pop()
 
 
 def auto_tracing_enabled() -> bool:
@@ -77,8 +91,10 @@ def inside_traced_run() -> bool:
 
 def running(fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
     """Call `fn` as part of a traced run: the transforms it calls run eagerly."""
+    departures.append(None)
     _local.depth += 1
     try:
         return fn(*args, **kwargs)
     finally:
         _local.depth -= 1
+        departures.pop()

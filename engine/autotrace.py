@@ -64,12 +64,12 @@ from engine import autoswitch, purity
 from engine._batched import _active
 from engine._dispatch import record_fallbacks
 from engine._guards import _Depth, _State
-from engine.autoswitch import running
+from engine.autoswitch import departures, running
 from engine.fused import OFF as fused_off
 from engine.fused import _local as fused_mode
 from engine.errors import ReplayMismatchError
-from engine.guardstate import StateGuard, torch_globals
-from engine.trace import _PLAIN, TracedFunction, _fast_signature, _signature, exact_value
+from engine.guardstate import StateGuard, _Distribution, _matmul_precision, torch_globals
+from engine.trace import _PLAIN, TracedFunction, _GuardFailed, _fast_signature, _signature, exact_value
 
 __all__ = ["AutoTraced", "auto_trace", "autotraced_state", "traced_transform", "transform_entry"]
 
@@ -104,16 +104,54 @@ class AutoTraced:
         return (self.fn,)
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
-        if _switch.depth:  # part of a traced run (transform_entry checks this before _call itself)
+        if departures and _switch.depth:  # part of a traced run (transform_entry checks this before _call itself)
             return self._eager(args, kwargs)
         return self._call(args, kwargs)
 
     def _call(self, args: tuple, kwargs: dict) -> Any:
         # The hot path of every replay: what it adds to engine.trace's own call is measured by
-        # vmapbench.bench_guards and the overhead benchmarks, so it is kept to the checks alone.
+        # vmapbench.bench_guards (--count: instructions) and the overhead benchmarks, so it is kept
+        # to the checks alone, inline (a Python frame costs about what one of them does). Where
+        # every thread is in the standard state (no transform or traced run in progress, automatic
+        # tracing on, not verifying: engine.autoswitch.departures is empty) and the trace holds an
+        # entry for this signature (a replay verdict, see below), the entry is replayed after
+        # - the guard's native check for this grad mode (`_NativeGuard.holds`, inlined): its tree
+        #   of C++ guards proves the state unchanged and checks torch's global state, the torch-
+        #   function mode stack and inference mode; then the matmul precision, torch.distributions'
+        #   validate_args default and what the tree cannot express (`rest`);
+        # - `_outermost()`'s remaining checks: the engine's levels, the dispatch-mode and functorch
+        #   stacks, the compile flag (what torch.compiler.is_compiling() returns outside TorchScript).
+        # Anything else, a failing check included, takes the full path, which decides.
+        # (An entry in the trace implies a guard and a function not found impure: _reset, which
+        # both call, clears the trace.)
+        fast = _fast_signature(args, kwargs, False)
+        if fast is not None and not departures:
+            traced = self.traced
+            entry = traced._fast.get(fast[0])
+            natives = None if entry is None else self._guard._natives
+            native = None if natives is None else natives[fast[0][0]]  # (the key leads with the grad mode)
+            if native is not None:
+                try:
+                    holds = native.root.check(native.values)
+                except Exception:  # an accessor that raises (a property of a user class): the full path decides
+                    holds = False
+                if (holds and _matmul_precision() == native.precision and _Distribution._validate_args is native.validate
+                        and (not native.rest or native._rest())
+                        and not _active and not _dispatch_modes() and _interpreters() is None
+                        and not _compiler._is_compiling_flag):
+                    traced._hits += 1  # TracedFunction._replay_hit, inlined
+                    if entry is not traced._mru:
+                        traced._cache.move_to_end(entry.key)
+                        traced._mru = entry
+                    try:
+                        return traced._replay(entry, fast[1])
+                    except _GuardFailed:
+                        return traced._guard_failed(entry, args, kwargs)
+        return self._checked_call(args, kwargs, fast)
+
+    def _checked_call(self, args: tuple, kwargs: dict, fast: Any) -> Any:
         if self.impure is not None or not _outermost():
             return self._eager(args, kwargs)
-        fast = _fast_signature(args, kwargs, False)
         if fast is not None:
             key: Any = fast[0]  # a tuple led by a bool (grad mode): never equal to a ("full", ...) key
         else:
@@ -123,8 +161,8 @@ class AutoTraced:
         guard = self._guard
         if guard is not None and not guard.holds():
             self._reset()
-        switch = _switch
-        if fast is not None and not switch.verify:
+        verify = bool(departures) and _switch.verify
+        if fast is not None and not verify:
             # The trace holds entries only for signatures verified for replay (_REPLAY): _reset and
             # the bound on signatures clear both together. So a recorded entry is a replay verdict,
             # found with one lookup.
@@ -136,7 +174,7 @@ class AutoTraced:
                 return traced._replay_hit(entry, args, kwargs, fast[1])
         mode = self._signatures.get(key)
         if mode is _REPLAY:
-            if switch.verify:
+            if verify:
                 return self._shadow(args, kwargs, fast, key)
             return self._traced_call(args, kwargs, fast, key)  # it may record: a run of the function
         if mode is _EAGER:
@@ -414,16 +452,23 @@ _interpreters = torch._C._functorch.peek_interpreter_stack
 _inference_mode = torch.is_inference_mode_enabled
 _autocast = torch._C._is_any_autocast_enabled
 _compiling = torch.compiler.is_compiling
+_compiler = torch.compiler  # its `_is_compiling_flag`: what is_compiling() returns outside TorchScript, read without a call
 
 
 def _outermost() -> bool:
     """No transform, trace, mode or foreign transform is running: this call stands on its own.
     (The checks are bound once: a module attribute lookup per check per call is most of their cost.
-    Being part of a traced run, `_switch.depth`, is checked by the callers, before they get here.)"""
+    Being part of a traced run, `_switch.depth`, is checked by the callers, before they get here.
+    Where no thread departs from the standard state, no thread-local counter is read.)
+
+    The replay path (`AutoTraced._call`) makes these checks another way: the guard's native
+    tree of C++ guards checks the torch-function mode stack, inference mode and autocast (torch's
+    global-state guard, with the grad mode and the default dtype, and a tensor-match guard on a
+    private tensor, whose dispatch-key check includes the thread's excluded keys), and the rest
+    are read there, inline."""
     return (
         not _active
-        and _State.depth == 0
-        and _Depth.value == 0
+        and (not departures or (_State.depth == 0 and _Depth.value == 0))
         and not _dispatch_modes()
         and not _function_modes()
         and _interpreters() is None
@@ -443,9 +488,10 @@ def transform_entry(impl: Callable, key: Hashable | None = None) -> Callable:
     @functools.wraps(impl)
     def entry(*args: Any, **kwargs: Any) -> Any:
         nonlocal auto
-        switch = _switch
-        if not switch.enabled or switch.depth:  # off, or part of a traced run: the eager transform
-            return impl(*args, **kwargs)
+        if departures:  # some thread is not in the standard state: is this one?
+            switch = _switch
+            if not switch.enabled or switch.depth:  # off, or part of a traced run: the eager transform
+                return impl(*args, **kwargs)
         if auto is None:
             auto = _shared(impl, key)
         return auto._call(args, kwargs)

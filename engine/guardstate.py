@@ -27,6 +27,10 @@ The rules, by class of state rather than by case:
   function's own globals are the names its instructions read as globals (engine.purity's
   global_names), not every co_name: an attribute read is not a global read.
 - **Tensors** reached are guarded by metadata (their values are read live by the replay).
+- **The engine's own closures** (a transform's options and the function it wraps) are walked, and
+  what they hold is guarded, but their cells are not: no code rebinds them (see `_function`).
+  nn.Module's global hook tables are guarded where a Module is reached: they run in
+  Module.__call__ alone, and a Module the function makes and calls is one the watched run saw.
 - **Code that ran.** Given `ran` (the user code objects the watched runs executed), a user
   function reached whose code never ran is guarded where it is held (the dict, list or cell
   holding it, by identity) but not walked: its closure, defaults and globals are read by no
@@ -48,7 +52,12 @@ C++ guards (`_NativeGuard`: the guard manager torch.compile's own guards run on)
 guarded dict by its version tag (a dict's tag moves on every write into it, so an unchanged tag
 proves unchanged contents without reading them), every tensor by torch's tensor-match guard, and
 cells, names, slots, list items and classes by identity, in one call with no Python frame per
-item; then torch's process settings and the few things the tree cannot express, in Python. Where
+item. The tree also checks torch's ambient state as it was when built (its global-state guard:
+grad mode, autocast, the default dtype; the torch-function mode stack; a probe tensor whose
+dispatch-key check sees inference mode), so it is built once per grad mode, and the replay path
+of engine.autotrace (which runs `_NativeGuard.holds` inline) needs no other check of those. Then
+the float32 matmul precision, torch.distributions' validate_args default and the few things the
+tree cannot express, in Python. Where
 the tree fails, the Python comparison decides (identities read with map/chain over the guarded
 containers; tuples and frozensets are not re-read, being immutable): a write that restored what
 was there holds, and the tags are taken anew. The check stays linear in the number of guarded
@@ -73,7 +82,7 @@ from typing import Any, Collection, Iterable
 import torch
 from torch.distributions import Distribution as _Distribution
 
-from engine.purity import _is_torch_or_engine, generated, global_names
+from engine.purity import _ENGINE_DIR, _is_torch_or_engine, generated, global_names
 
 __all__ = ["StateGuard"]
 
@@ -123,6 +132,7 @@ def torch_globals() -> tuple:
 
 _default_dtype = torch._C.get_default_dtype
 _matmul_precision = torch._C._get_float32_matmul_precision
+_PROBE = torch.zeros(())  # private: its metadata never changes (see _NativeGuard)
 
 def _global_hook_dicts() -> list[dict]:
     from torch.nn.modules import module as nn_module
@@ -158,13 +168,13 @@ class StateGuard:
         self._names_seen: set[tuple[int, str]] = set()
         self._pymodules: list[types.ModuleType] = []  # Python modules reached, however
         self._attr_names: set[str] = set()  # every name the walked user code reads
+        self._module_reached = False  # an nn.Module was reached: its global hook tables are guarded
         stack = list(roots)
         for namespace, name in slots:  # globals the run read: guarded, and what they hold walked
             self._name(namespace, name, stack)
-        for d in _global_hook_dicts():
-            self._dict(d, stack)
         done = 0
-        while stack and self.unprovable is None:
+        hooks_guarded = False
+        while self.unprovable is None:
             while stack and self.unprovable is None:
                 self._visit(stack.pop(), stack)
                 if len(self._seen) > MAX_ITEMS:
@@ -174,6 +184,16 @@ class StateGuard:
             for module in self._pymodules[done:] if len(self._attr_names) == self._names_done else self._pymodules:
                 self._module_attrs(module, stack)
             done, self._names_done = len(self._pymodules), len(self._attr_names)
+            # nn.Module's global hooks run in Module.__call__ alone: guarded where an nn.Module is
+            # reached. (A Module the function makes and calls is one the watched run saw running:
+            # the caller passes those as roots; one only another branch would call is code the
+            # verified run did not run, which the recording is watched for, engine.autotrace.)
+            if not stack and not hooks_guarded and self._module_reached:
+                hooks_guarded = True
+                for d in _global_hook_dicts():
+                    self._dict(d, stack)
+            if not stack:
+                break
         # What torch's own code calls without user code naming it (nn.GELU.forward -> F.gelu,
         # Module.__call__ -> Linear.forward, x.sin()): the namespaces it is found in, guarded by
         # version (a monkeypatch moves it), not walked.
@@ -190,7 +210,18 @@ class StateGuard:
         self._versions = _dict_versions(self._plain)
         self._tensor_guard = _tensor_guard(self.tensors)
         self._fast_misses = 0
-        self._native = _NativeGuard.build(self) if self._versions is not None else None
+        # The native checks by grad mode (index False/True: each embeds torch's global state, grad
+        # mode included, as it was when built), or None where this torch has no C++ guards.
+        self._natives: list | None = None
+        native = _NativeGuard.build(self) if self._versions is not None else None
+        if native is not None:
+            self._natives = [None, None]
+            self._natives[native.grad] = native
+
+    @property
+    def _native(self) -> "_NativeGuard | None":
+        """The native check for the current grad mode, if built (for inspection and tests)."""
+        return None if self._natives is None else self._natives[torch.is_grad_enabled()]
 
     # -- walking ------------------------------------------------------------------------------
 
@@ -293,6 +324,7 @@ class StateGuard:
             self.unprovable = f"it reaches an iterator ({type(obj).__name__}), which a replay would not advance"
             return
         if isinstance(obj, torch.nn.Module):
+            self._module_reached = True
             self._library_types.add(type(obj))
             for name in _MODULE_DICTS:
                 d = obj.__dict__.get(name)
@@ -325,8 +357,15 @@ class StateGuard:
             self._skipped[id(fn)] = fn
             return  # user code that never ran reads nothing (see "Code that ran" above)
         self.walked.add(fn.__code__)
+        # The cells of the engine's own closures (a transform's options and the function it wraps,
+        # transform_entry's `auto`) are walked but not guarded: no code rebinds them once the
+        # closure exists but transform_entry's `auto`, which no traced run reads (tests/
+        # test_autotrace_quick.py audits the engine's code for that), so their identity cannot
+        # change. What they hold is walked and guarded like any other state.
+        guarded = not fn.__code__.co_filename.startswith(_ENGINE_DIR)
         for cell in fn.__closure__ or ():
-            self.cells.append(cell)
+            if guarded:
+                self.cells.append(cell)
             try:
                 stack.append(cell.cell_contents)
             except ValueError:  # an empty cell (a name assigned later)
@@ -398,20 +437,25 @@ class StateGuard:
         write that restored what was there, as torch.func.functional_call does, still holds), and
         the tags are taken anew; a guard whose tags keep moving stops using them. The rest is
         compared group by group, stopping at the first difference, by C-level maps."""
-        native = self._native
+        natives = self._natives
+        native = None if natives is None else natives[torch.is_grad_enabled()]
         if native is not None and native.holds():
             return True
-        if native is None and self._versions is not None and list(map(_dict_version, self._plain)) == self._versions and self._tensors_hold():
+        if natives is None and self._versions is not None and list(map(_dict_version, self._plain)) == self._versions and self._tensors_hold():
             return self._holds(full=False)
         if not self._holds(full=True):
             return False
-        if self._versions is not None:
-            self._fast_misses += 1
-            if self._fast_misses < _FAST_MISSES:
+        if natives is not None:
+            if native is not None:  # it failed where Python holds: a tag moved, or torch's global state differs from its build's
+                self._fast_misses += 1
+                if self._fast_misses >= _FAST_MISSES:
+                    self._versions = self._natives = None
+                    return True
                 self._versions = list(map(_dict_version, self._plain))
-                self._native = _NativeGuard.build(self) if native is not None else None
-            else:
-                self._versions = self._native = None
+                natives[:] = [None, None]  # they hold the old tags
+            native = _NativeGuard.build(self)  # (a grad mode's first, or anew)
+            if native is not None:
+                natives[native.grad] = native
         return True
 
     def _tensors_hold(self) -> bool:
@@ -466,7 +510,7 @@ class _NativeGuard:
     settings) stays with a short Python check, `rest`. A failing check is not a verdict: the
     caller compares in Python, which forgives a write that restored what was there."""
 
-    __slots__ = ("root", "values", "rest_cells", "rest_slotted", "rest_seqs", "guard", "settings", "rest")
+    __slots__ = ("root", "values", "rest_cells", "rest_slotted", "rest_seqs", "guard", "grad", "precision", "validate", "rest")
 
     def __init__(self) -> None:
         self.root: Any = None
@@ -475,7 +519,9 @@ class _NativeGuard:
         self.rest_slotted: list[tuple[Any, str]] = []
         self.rest_seqs: list[tuple[Any, list]] = []
         self.guard: StateGuard | None = None
-        self.settings: tuple = ()
+        self.grad = True  # the grad mode it was built under (its global-state guard checks it)
+        self.precision = ""  # the float32 matmul precision when built (no C++ guard reads it)
+        self.validate: bool | None = None  # torch.distributions' validate_args default when built
         self.rest = False  # whether anything is left to `_rest`
 
     @classmethod
@@ -491,8 +537,8 @@ class _NativeGuard:
     def _build(cls, guard: StateGuard) -> "_NativeGuard | None":
         self = cls()
         self.guard = guard
-        self.settings = guard.recorded[0][0]
-        root = self.root = torch._C._dynamo.guards.RootGuardManager()
+        guards = torch._C._dynamo.guards
+        root = self.root = guards.RootGuardManager()
         values = self.values
         kind = _ManagerKind.GUARD_MANAGER
 
@@ -503,10 +549,53 @@ class _NativeGuard:
         def same(m: Any, value: Any, name: str) -> None:
             m.add_id_match_guard(id(value), [name], None)
 
+        # Torch's ambient state, as it is now (the caller checks at the outermost call, with the
+        # recorded process settings): torch's global-state guard (grad mode, autocast on every
+        # device, the default dtype, deterministic algorithms, the thread count, torch-function
+        # enablement), the torch-function mode stack (empty), a tensor-match guard on a private
+        # tensor (the thread's included and excluded dispatch keys enter its check: inference mode
+        # excludes the autograd keys). The float32 matmul precision and torch.distributions'
+        # validate_args default are compared in Python (`holds`, and engine.autotrace's replay
+        # path, which runs `holds` inline): a C++ node costs more than the class attribute's read.
+        self.grad = torch.is_grad_enabled()
+        self.precision = _matmul_precision()
+        self.validate = _Distribution._validate_args
+        root.add_global_state_guard(guards.GlobalStateGuard(), ["torch's global state"], None)
+        root.add_torch_function_mode_stack_guard([], ["no torch function mode"], None)
+        probe = _PROBE
+        manager(probe, "probe").add_tensor_match_guard(
+            probe, list(probe.shape), list(probe.stride()), "probe", ["probe"], None, type(probe), torch._C._dispatch_keys(probe)
+        )
+
+        owners: dict[int, Any] = {}  # one manager per object, its slots below it
+        instance_dicts: dict[int, Any] = {}  # id of an object's __dict__ -> the node that reaches it
+        for obj, name in guard.slotted:
+            value = getattr(obj, name, _EMPTY)
+            if value is _EMPTY:
+                self.rest_slotted.append((obj, name))
+                continue
+            m = owners.get(id(obj))
+            if m is None:
+                m = owners[id(obj)] = manager(obj, "object")
+            if type(obj) is types.FunctionType and name == "__code__":  # read directly, not through getattr
+                m = m.code_manager(name, value, kind)
+            elif type(obj) is types.FunctionType and name == "__defaults__" and value is not None:
+                m = m.func_defaults_manager(name, value, kind)
+            elif type(obj) is types.FunctionType and name == "__kwdefaults__" and value is not None:
+                m = m.func_kwdefaults_manager(name, value, kind)
+            elif type(obj) is types.FunctionType and name == "__dict__":
+                m = m.get_generic_dict_manager(name, None, kind)  # the instance dict itself, not through getattr
+            else:
+                m = m.getattr_manager(name, name, None, kind)
+            same(m, value, name)
+            if name == "__dict__":
+                instance_dicts[id(value)] = m  # its version tag is checked on this node (below)
         for d in guard._plain:
-            manager(d, "dict").add_dict_version_guard(d, ["dict version"], None)
+            node = instance_dicts.get(id(d))  # (an object's __dict__: on the node that reaches it, one item fewer)
+            (manager(d, "dict") if node is None else node).add_dict_version_guard(d, ["dict version"], None)
         for i, t in enumerate(guard.tensors):
-            manager(t, "tensor").add_tensor_match_guard(
+            node = owners.get(id(t))  # (its `grad` and `__dict__` slots' node: one item fewer)
+            (manager(t, "tensor") if node is None else node).add_tensor_match_guard(
                 t, list(t.shape), list(t.stride()), f"tensor[{i}]", [f"tensor[{i}]"], None, type(t), torch._C._dispatch_keys(t)
             )
         cells = guard.recorded[1]
@@ -531,25 +620,20 @@ class _NativeGuard:
                 self.rest_seqs.append((q, list(q)))
         for obj in guard.objects:
             manager(obj, "object").add_type_match_guard(id(type(obj)), ["type"], None)
-        for obj, name in guard.slotted:
-            value = getattr(obj, name, _EMPTY)
-            if value is _EMPTY:
-                self.rest_slotted.append((obj, name))
-            else:
-                same(manager(obj, "object").getattr_manager(name, name, None, kind), value, name)
         self.rest = bool(self.rest_cells or self.rest_slotted or self.rest_seqs or guard.buffers or guard._others)
         if not root.check(values):
             return None  # it does not check what it was built from: leave it to Python
         return self
 
     def holds(self) -> bool:
-        """Whether the state is as recorded (True proves it; False sends the caller to Python)."""
+        """Whether the state is as recorded (True proves it; False sends the caller to Python).
+        engine.autotrace.AutoTraced._call runs this inline: keep the two alike."""
         try:
             if not self.root.check(self.values):
                 return False
         except Exception:  # an accessor that raises (a property of a user class): let Python decide
             return False
-        if torch_globals() != self.settings:
+        if _matmul_precision() != self.precision or _Distribution._validate_args is not self.validate:
             return False
         return not self.rest or self._rest()
 

@@ -356,7 +356,7 @@ class _Entry:
     __slots__ = (
         "gm", "run", "constants", "tensor_pos", "select", "out_spec", "out_consts", "build", "eager", "compiled",
         "compile_seconds", "key", "fast_keys", "first", "guards", "tier", "fused", "promotion", "fold",
-        "__weakref__",
+        "inert", "__weakref__",
     )
 
     def __init__(self) -> None:
@@ -381,6 +381,11 @@ class _Entry:
         self.tier: fused.Tier | None = None
         self.promotion: fused.Tier | None = None
         self.fused: fused.FusedProgram | None = None
+        # It reads no captured tensor (so nothing folded) and no input of its signature requires
+        # grad: autograd records nothing whatever the grad mode, so an automatic tracing replay
+        # needs no no_grad. (Where it reads captured tensors, no_grad also spares the folded
+        # values' per-call requires_grad check, Fold.values: it costs more than the switch.)
+        self.inert = False
 
     def inputs(self, flat: list) -> list:
         return [flat[i] for i in self.tensor_pos] + list(self.feed())
@@ -548,7 +553,7 @@ class TracedFunction:
             return self._guard_failed(entry, args, kwargs)
 
     def _replay(self, entry: _Entry, flat: list) -> Any:
-        if not self._auto:
+        if not self._auto or entry.inert:
             return entry.call(flat)
         grad_mode = torch.is_grad_enabled()
         torch._C._set_grad_enabled(False)
@@ -731,6 +736,7 @@ class TracedFunction:
         entry.out_consts = out_info["consts"]
         entry.build = _output_builder(entry.out_spec, entry.out_consts)
         entry.first = out_info["values"]
+        entry.inert = not entry.constants and entry.fold is None and not any(flat[i].requires_grad for i in entry.tensor_pos)
         if self.compile_kwargs is None and fused.candidate(gm):
             entry.tier = entry.promotion = fused.Tier(entry)
         return entry

@@ -19,6 +19,7 @@ from engine._batched import LevelInfo, _active, _is_outer, batch_levels, clock, 
 from engine._guards import _Depth, requires_grad, transform_scope
 from engine._repr import mark_grad_input, pop_grad, push_grad
 from engine._vmap import vmap
+from engine.autoswitch import departures
 from engine.errors import RandomnessError, TransformError, UnsupportedInTransformError, VmapError
 
 __all__ = ["TransformError", "grad", "grad_and_value", "hessian", "jacfwd", "jacrev", "jvp", "linearize", "vjp"]
@@ -26,11 +27,13 @@ __all__ = ["TransformError", "grad", "grad_and_value", "hessian", "jacfwd", "jac
 
 @contextlib.contextmanager
 def _nested() -> Iterator[None]:
+    departures.append(None)  # not the standard state while it runs (engine.autoswitch)
     _Depth.value += 1
     try:
         yield
     finally:
         _Depth.value -= 1
+        departures.pop()
 
 
 @contextlib.contextmanager

@@ -10,20 +10,30 @@ alternating, in CPU seconds of this process (time.process_time: what other proce
 not inflate), and reported as the median [quartiles] of the per-pair ratio auto/trace, with the
 guard check alone (StateGuard.holds) in microseconds. Both run on the replay tier (the fused tier
 off): what is measured is the bookkeeping, not which tier a signature reached.
+
+`--count` gives the same comparison in instructions per call instead (valgrind's callgrind, through
+vmapbench.counts: deterministic where CPU times on a shared machine are not): the process reruns
+itself under callgrind and counts `COUNT_CALLS` calls of each callable, and of the guard check.
 """
 from __future__ import annotations
 
 import argparse
 import statistics
+import subprocess
+import sys
+import tempfile
 import time
+from pathlib import Path
 from typing import Any, Callable, Sequence
 
 import torch
 
 import engine
 from engine.autotrace import autotraced_state
+from vmapbench import counts
 
 DEFAULT_BLOCKS = (0, 2, 16, 64)  # 0: the tiny function
+COUNT_CALLS = 20  # calls counted per callable under callgrind
 
 
 def _model(blocks: int) -> Callable[[torch.Tensor], torch.Tensor]:
@@ -43,8 +53,8 @@ def _cpu(fn: Callable[[], Any], number: int) -> float:
     return (time.process_time() - start) / number
 
 
-def measure(blocks: int, rounds: int = 15, budget: float = 0.02) -> dict[str, float]:
-    """Interleaved auto vs trace timings for one model size; see the module docstring."""
+def _pair(blocks: int) -> tuple[Callable, Callable, Any, torch.Tensor]:
+    """(auto-traced, engine.trace'd, the AutoTraced, input) of one model size, both replaying."""
     loss = _model(blocks)
     auto = engine.vmap(engine.grad(loss))
     traced = engine.trace(engine.vmap(engine.grad(loss)))
@@ -55,6 +65,12 @@ def measure(blocks: int, rounds: int = 15, budget: float = 0.02) -> dict[str, fl
     state = autotraced_state(auto)
     if state is None or state.impure is not None or state.traced.cache_info().hits == 0:
         raise RuntimeError(f"bench_guards: the {blocks}-block model did not reach replay ({state and state.impure})")
+    return auto, traced, state, x
+
+
+def measure(blocks: int, rounds: int = 15, budget: float = 0.02) -> dict[str, float]:
+    """Interleaved auto vs trace timings for one model size; see the module docstring."""
+    auto, traced, state, x = _pair(blocks)
     number = max(1, int(budget / max(_cpu(lambda: traced(x), 3), 1e-7)))
     ratios, t_auto, t_trace = [], [], []
     for r in range(rounds):
@@ -78,10 +94,50 @@ def main(argv: Sequence[str] | None = None) -> int:
     p.add_argument("--blocks", type=int, nargs="+", default=list(DEFAULT_BLOCKS), help="model sizes (0: a tiny function)")
     p.add_argument("--rounds", type=int, default=15)
     p.add_argument("--threads", type=int, default=1)
+    p.add_argument("--count", action="store_true", help="instructions per call under callgrind instead of CPU time")
+    p.add_argument("--count-child", metavar="LIB", help=argparse.SUPPRESS)  # the process callgrind runs
     args = p.parse_args(argv)
+    if args.count:
+        return _count(args)
     torch.set_num_threads(args.threads)
     with engine.fused_tier(False):
+        if args.count_child:
+            return _count_child(args)
         return _report(args)
+
+
+def _count(args: argparse.Namespace) -> int:
+    """Rerun under callgrind (--count-child) and print its counts per call."""
+    why = counts.available()
+    if why is not None:
+        print(f"bench_guards --count: {why}")
+        return 1
+    with tempfile.TemporaryDirectory() as tmp:
+        out = Path(tmp)
+        library = counts.build_requests(out / "lib")
+        command = [*counts.command(out), sys.executable, "-m", "vmapbench.bench_guards", "--count-child", str(library),
+                   "--threads", str(args.threads), "--blocks", *map(str, args.blocks)]
+        subprocess.run(command, check=True)
+        dumped = counts.read_dumps(out)
+    print(f"{'model':>12} {'trace instr':>12} {'auto instr':>12} {'auto/trace':>10} {'guard instr':>12}")
+    for blocks in args.blocks:
+        name = "tiny fn" if blocks == 0 else f"{blocks} blocks"
+        trace, auto, guard = (dumped[f"{blocks}:{what}"] / COUNT_CALLS for what in ("trace", "auto", "guard"))
+        print(f"{name:>12} {trace:12.0f} {auto:12.0f} {auto / trace:10.3f} {guard:12.0f}", flush=True)
+    return 0
+
+
+def _count_child(args: argparse.Namespace) -> int:
+    requests = counts.Requests(args.count_child)
+    for blocks in args.blocks:
+        auto, traced, state, x = _pair(blocks)
+        guard = state._guard
+        for label, fn in (("trace", lambda: traced(x)), ("auto", lambda: auto(x)), ("guard", guard.holds)):
+            fn()
+            with requests.region(f"{blocks}:{label}"):
+                for _ in range(COUNT_CALLS):
+                    fn()
+    return 0
 
 
 def _report(args: argparse.Namespace) -> int:
