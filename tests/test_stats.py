@@ -203,3 +203,15 @@ def test_calibrated_floor_is_none_without_a_file_or_an_entry(tmp_path):
     assert stats.calibrated_floor(point, "fresh", root=tmp_path) == 0.012
     assert stats.calibrated_floor("bench_workloads.other.instructions('a')", "fresh", root=tmp_path) is None
     assert stats.is_gated(point) and stats.is_count(point) and not stats.is_count("x.time_run('a')")
+
+
+def test_paired_ratio_widens_with_few_pairs():
+    """Three pair ratios within 12% of each other: a bootstrap interval of their median is their
+    range (it made a false alarm); the t interval of their mean log ratio is far wider."""
+    few = stats.paired_ratio([0.68, 0.72, 0.80])
+    assert few.lo < 0.55 and few.hi > 0.95
+    many = stats.paired_ratio([0.68, 0.72, 0.80, 0.70, 0.75, 0.71, 0.74, 0.69, 0.73, 0.72, 0.76, 0.70])
+    assert many.hi < 0.8 and many.lo > 0.65  # enough pairs: an interval that decides
+    assert few.value == pytest.approx(0.72) and stats.t_quantile(2) == pytest.approx(9.925)
+    with pytest.raises(ValueError, match="not tabulated"):
+        stats.t_quantile(5, 0.9)

@@ -446,12 +446,12 @@ def round_ratios(base: Runs, other: Runs, name: str) -> list[float]:
 
 
 def paired_change(base: Runs, head: Runs, name: str) -> stats.Estimate:
-    """head/base of a time signal: the median of its round-by-round ratios (base and head timed
-    moments apart in one process) with the bootstrap interval of that median."""
+    """head/base of a time signal: the median of its pair-by-pair ratios (base and head timed
+    moments apart in one process) with stats.paired_ratio's interval."""
     ratios = round_ratios(base, head, name)
     if not ratios:
         raise ValueError(f"{name}: no round measured on both sides")
-    return stats.estimate(ratios)
+    return stats.paired_ratio(ratios)
 
 
 def twin_spread(base: Runs, twin: Runs) -> dict[str, float]:

@@ -172,6 +172,44 @@ def estimates(many: Sequence[Sequence[float] | None], confidence: float = CONFID
     return out
 
 
+# Student's t two-sided quantiles (df -> t) for the confidences the project uses; beyond the last
+# listed df the next smaller listed one is used (conservative).
+_T_QUANTILES: Mapping[float, Mapping[int, float]] = {
+    0.99: {1: 63.657, 2: 9.925, 3: 5.841, 4: 4.604, 5: 4.032, 6: 3.707, 7: 3.499, 8: 3.355, 9: 3.250,
+           10: 3.169, 12: 3.055, 15: 2.947, 20: 2.845, 25: 2.787, 30: 2.750, 40: 2.704, 60: 2.660},
+    0.95: {1: 12.706, 2: 4.303, 3: 3.182, 4: 2.776, 5: 2.571, 6: 2.447, 7: 2.365, 8: 2.306, 9: 2.262,
+           10: 2.228, 12: 2.179, 15: 2.131, 20: 2.086, 25: 2.060, 30: 2.042, 40: 2.021, 60: 2.000},
+}
+
+
+def t_quantile(df: int, confidence: float = CONFIDENCE) -> float:
+    """The two-sided Student's t quantile for `df` degrees of freedom (a table: 0.99 and 0.95)."""
+    table = _T_QUANTILES.get(round(confidence, 4))
+    if table is None:
+        raise ValueError(f"t_quantile: confidence {confidence} is not tabulated (use one of {sorted(_T_QUANTILES)})")
+    if df < 1:
+        raise ValueError(f"t_quantile: df={df} must be at least 1")
+    return table[max(k for k in table if k <= df)]
+
+
+def paired_ratio(ratios: Sequence[float], confidence: float = CONFIDENCE) -> Estimate:
+    """head/base from ratios taken pair by pair (base and head measured moments apart): the median
+    ratio, its interval the union of the bootstrap interval of the median and the t interval of
+    the mean log ratio. With few pairs a bootstrap interval is no wider than the pairs' range (3
+    ratios within 12% of each other gave a 99% interval of that width and a false alarm); the t
+    interval widens with few pairs as it should."""
+    r = _clean(ratios, "paired_ratio")
+    if (r <= 0).any():
+        raise ValueError("paired_ratio: ratios must be positive")
+    boot = estimate(r, confidence)
+    if r.size < 2:
+        return boot
+    logs = np.log(r)
+    half = t_quantile(int(r.size) - 1, confidence) * float(logs.std(ddof=1)) / math.sqrt(r.size)
+    mean = float(logs.mean())
+    return Estimate(boot.value, min(boot.lo, math.exp(mean - half)), max(boot.hi, math.exp(mean + half)), boot.n)
+
+
 def ratio(base: Sequence[float], head: Sequence[float], confidence: float = CONFIDENCE) -> Estimate:
     """median(head) / median(base) with a bootstrap interval (both sides resampled independently).
 
