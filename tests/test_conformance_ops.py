@@ -2,34 +2,11 @@
 for the discrete ops (histogram bins), with no fallback recorded."""
 from __future__ import annotations
 
-from typing import Any, Callable
-
 import pytest
 import torch
-from torch.utils._pytree import tree_flatten
 
 import engine
-
-
-def _loop(fn: Callable, in_dims: tuple, *args: Any) -> list:
-    B = next(a.shape[d] for a, d in zip(args, in_dims) if d is not None)
-    outs = [fn(*[a if d is None else a.select(d, i) for a, d in zip(args, in_dims)]) for i in range(B)]
-    leaves = [tree_flatten(o)[0] for o in outs]
-    return [torch.stack([lv[j] for lv in leaves]) for j in range(len(leaves[0]))]
-
-
-def _check(fn: Callable, in_dims: tuple, *args: Any, exact: bool = True) -> None:
-    with engine.fallback_policy("silent"), engine.record_fallbacks() as rec:
-        got = tree_flatten(engine.vmap(fn, in_dims=in_dims)(*args))[0]
-    assert not rec.counts, f"fell back: {dict(rec.counts)}"
-    want = _loop(fn, in_dims, *args)
-    assert len(got) == len(want)
-    for g, w in zip(got, want):
-        assert g.shape == w.shape and g.dtype == w.dtype
-        if exact:
-            assert torch.equal(g, w) or (g.isnan().any() and torch.testing.assert_close(g, w, atol=0, rtol=0, equal_nan=True) is None), (g, w)
-        else:
-            torch.testing.assert_close(g, w, equal_nan=True)
+from loop_reference import check
 
 
 def _data(*shape: int, seed: int = 0) -> torch.Tensor:
@@ -48,8 +25,8 @@ HISTC = {
 
 @pytest.mark.parametrize("name", sorted(HISTC))
 def test_histc_matches_loop(name: str) -> None:
-    _check(HISTC[name], (0,), _data(4, 300))
-    _check(HISTC[name], (1,), _data(5, 4).T.contiguous().T)
+    check(HISTC[name], (0,), _data(4, 300))
+    check(HISTC[name], (1,), _data(5, 4).T.contiguous().T)
 
 
 HISTOGRAM = {
@@ -64,24 +41,24 @@ HISTOGRAM = {
 def test_histogram_matches_loop(name: str) -> None:
     x, w = _data(3, 40), torch.rand(40)
     e = torch.linspace(-3, 3, 5).repeat(3, 1) + torch.tensor([[0.0], [0.5], [-0.25]])
-    _check(HISTOGRAM[name], (0, None, 0), x, w, e, exact=name != "range_weight_density")
-    _check(HISTOGRAM[name], (0, None, None), x, w, e[0], exact=name != "range_weight_density")
+    check(HISTOGRAM[name], (0, None, 0), x, w, e, exact=name != "range_weight_density")
+    check(HISTOGRAM[name], (0, None, None), x, w, e[0], exact=name != "range_weight_density")
 
 
 def test_histograms_of_empty_examples_match_loop() -> None:
     """No values: the edges span the kernel's default range [0, 1], not a widened point."""
     x = torch.randn(3, 5, 0, 5)
-    _check(lambda t: torch.histogram(t, 1), (0,), x)
-    _check(lambda t: torch.histogramdd(t.reshape(0, 2), bins=[2, 3]), (0,), torch.randn(3, 0, 2))
-    _check(lambda t: torch.histc(t, bins=3), (0,), x)
+    check(lambda t: torch.histogram(t, 1), (0,), x)
+    check(lambda t: torch.histogramdd(t.reshape(0, 2), bins=[2, 3]), (0,), torch.randn(3, 0, 2))
+    check(lambda t: torch.histc(t, bins=3), (0,), x)
 
 
 def test_histogramdd_matches_loop() -> None:
     x = _data(3, 50, 2)
     edges = [torch.tensor([-3.0, 0.0, 1.0, 4.0]), torch.tensor([-1.0, 1.0])]
-    _check(lambda t: torch.histogramdd(t, bins=[3, 4]), (0,), x)
-    _check(lambda t: torch.histogramdd(t, bins=[2, 2], range=[-1.0, 1.0, 0.0, 2.0], density=True), (0,), x, exact=False)
-    _check(lambda t: torch.histogramdd(t, bins=edges), (0,), x)
+    check(lambda t: torch.histogramdd(t, bins=[3, 4]), (0,), x)
+    check(lambda t: torch.histogramdd(t, bins=[2, 2], range=[-1.0, 1.0, 0.0, 2.0], density=True), (0,), x, exact=False)
+    check(lambda t: torch.histogramdd(t, bins=edges), (0,), x)
 
 
 @pytest.mark.parametrize("fmt", [torch.channels_last, torch.channels_last_3d])
@@ -89,8 +66,8 @@ def test_channels_last_copies_match_loop(fmt: torch.memory_format) -> None:
     x = _data(3, 2, 3, 4, 5, 2)[..., 0] if fmt is torch.channels_last else _data(3, 2, 3, 4, 5, 2)
     to = lambda t: t.to("cpu", torch.float64, memory_format=fmt)  # noqa: E731
     clone = lambda t: t.clone(memory_format=fmt)  # noqa: E731
-    _check(to, (0,), x)
-    _check(clone, (1,), x.movedim(0, 1))
+    check(to, (0,), x)
+    check(clone, (1,), x.movedim(0, 1))
     out = engine.vmap(clone)(x)
     assert all(o.is_contiguous(memory_format=fmt) for o in out)  # each example laid out channels-last
 
@@ -104,16 +81,16 @@ def test_channels_last_of_wrong_rank_raises_like_torch() -> None:
 def test_segment_reduce_matches_loop(reduce: str) -> None:
     x = _data(3, 5, 4)
     lengths, offsets = torch.tensor([0, 1, 2, 2]), torch.tensor([0, 0, 1, 3, 5])
-    _check(lambda t: torch.segment_reduce(t, reduce, lengths=lengths, initial=1.5), (0,), x)
-    _check(lambda t: torch.segment_reduce(t, reduce, offsets=offsets), (2,), x.movedim(0, 2))
+    check(lambda t: torch.segment_reduce(t, reduce, lengths=lengths, initial=1.5), (0,), x)
+    check(lambda t: torch.segment_reduce(t, reduce, offsets=offsets), (2,), x.movedim(0, 2))
     rows = torch.tensor([[1, 3]] * 5)
-    _check(lambda t: torch.segment_reduce(t, reduce, lengths=rows, axis=1), (0,), x)
+    check(lambda t: torch.segment_reduce(t, reduce, lengths=rows, axis=1), (0,), x)
 
 
 def test_resize_matches_loop_and_refuses_growth() -> None:
     x = _data(3, 4, 5)
-    _check(lambda t: t.clone().resize_(2, 3), (2,), x.movedim(0, 2))
-    _check(lambda t: t.clone().resize_as_(torch.ones(5, 2)), (0,), x)
+    check(lambda t: t.clone().resize_(2, 3), (2,), x.movedim(0, 2))
+    check(lambda t: t.clone().resize_as_(torch.ones(5, 2)), (0,), x)
     with pytest.raises(RuntimeError, match="uninitialized"):
         engine.vmap(lambda t: t.clone().resize_(30))(x)
 
@@ -131,11 +108,11 @@ def _ctc_inputs(B: int = 3, T: int = 12, N: int = 4, C: int = 6, S: int = 5):
 def test_ctc_loss_forward_matches_loop(reduction: str) -> None:
     lp, targets, il, tl = _ctc_inputs()
     F = torch.nn.functional
-    _check(lambda a, t, i, l: F.ctc_loss(a, t, i, l, reduction=reduction), (0, 0, 0, 0), lp, targets, il, tl)
-    _check(lambda a, t: F.ctc_loss(a, t, il[0], tl[0], reduction=reduction, zero_infinity=True), (1, None),
+    check(lambda a, t, i, l: F.ctc_loss(a, t, i, l, reduction=reduction), (0, 0, 0, 0), lp, targets, il, tl)
+    check(lambda a, t: F.ctc_loss(a, t, il[0], tl[0], reduction=reduction, zero_infinity=True), (1, None),
            lp.movedim(0, 1), targets[0])
     flat = torch.stack([torch.cat([targets[b, n, :tl[0, n]] for n in range(4)]) for b in range(3)])
-    _check(lambda a, t: F.ctc_loss(a, t, il[0].tolist(), tl[0].tolist(), reduction=reduction), (0, 0), lp, flat)
+    check(lambda a, t: F.ctc_loss(a, t, il[0].tolist(), tl[0].tolist(), reduction=reduction), (0, 0), lp, flat)
 
 
 def test_ctc_loss_backward_matches_loop() -> None:
@@ -178,8 +155,8 @@ def test_inplace_op_without_rule_runs_its_out_of_place_rule(name: str) -> None:
     for a batch at 0 and for one stacked innermost."""
     x, y = _data(3, 2, 4), _data(3, 2, 4, seed=1)
     exact = name != "mish_"  # a transcendental: the vectorized and scalar kernels differ in the last bit
-    _check(INPLACE_BY_TWIN[name], (0, 0), x, y, exact=exact)
-    _check(INPLACE_BY_TWIN[name], (-1, -1), x.movedim(0, -1).contiguous(), y.movedim(0, -1).contiguous(), exact=exact)
+    check(INPLACE_BY_TWIN[name], (0, 0), x, y, exact=exact)
+    check(INPLACE_BY_TWIN[name], (-1, -1), x.movedim(0, -1).contiguous(), y.movedim(0, -1).contiguous(), exact=exact)
 
 
 def test_inplace_twin_keeps_the_in_place_dtype_check() -> None:

@@ -8,31 +8,21 @@ from typing import Any, Callable
 
 import pytest
 import torch
-from torch.utils._pytree import tree_flatten
 
 import engine
 from engine.errors import DataDependentError
+from loop_reference import check, loop
 
 NAN = float("nan")
 
 
 def _loop(fn: Callable, in_dims: tuple, *args: Any) -> list:
     """Each element as its own tensor (a clone), results stacked."""
-    B = next(a.shape[d] for a, d in zip(args, in_dims) if d is not None)
-    outs = [fn(*[a if d is None else a.select(d, i).clone() for a, d in zip(args, in_dims)]) for i in range(B)]
-    leaves = [tree_flatten(o)[0] for o in outs]
-    return [torch.stack([lv[j] for lv in leaves]) for j in range(len(leaves[0]))]
+    return loop(fn, in_dims, *args, clone=True)
 
 
 def _check(fn: Callable, in_dims: tuple, *args: Any, exact: bool = True) -> None:
-    with engine.fallback_policy("silent"), engine.record_fallbacks() as rec:
-        got = tree_flatten(engine.vmap(fn, in_dims=in_dims)(*args))[0]
-    assert not rec.counts, f"fell back: {dict(rec.counts)}"
-    want = _loop(fn, in_dims, *args)
-    assert len(got) == len(want)
-    for g, w in zip(got, want):
-        assert g.shape == w.shape and g.dtype == w.dtype, (g.shape, w.shape, g.dtype, w.dtype)
-        torch.testing.assert_close(g, w, equal_nan=True, **({"atol": 0, "rtol": 0} if exact else {}))
+    check(fn, in_dims, *args, exact=exact, clone=True)
 
 
 def _layouts(x: torch.Tensor) -> list[tuple[torch.Tensor, int]]:
