@@ -245,7 +245,7 @@ class Sides:
     def __init__(self, trees: Mapping[str, Path]) -> None:
         self.trees = {label: Path(path).resolve() for label, path in trees.items()}
         self.modules: dict[str, dict[str, ModuleType]] = {label: {} for label in self.trees}
-        self.patches: dict[str, list[tuple[Any, str, Any]]] = {label: [] for label in self.trees}
+        self.patches: dict[str, list[tuple[Any, dict, str, Any]]] = {label: [] for label in self.trees}
         self.pristine = [(space, dict(vars(space))) for space in _patchable()]
         self.outside = {k: m for k, m in sys.modules.items() if self._owned(k)}  # put back by close()
         self.active: str | None = None
@@ -254,13 +254,14 @@ class Sides:
     def _owned(name: str) -> bool:
         return name.partition(".")[0] in OWNED
 
-    def _replaced(self) -> list[tuple[Any, str, Any]]:
-        """(class, attribute, value or _MISSING) of every patchable attribute changed since start."""
+    def _replaced(self) -> list[tuple[Any, dict, str, Any]]:
+        """(class, its attributes at start, attribute, value or _MISSING) of every patchable
+        attribute changed since start."""
         out = []
         for space, before in self.pristine:
             now = vars(space)
-            out += [(space, k, v) for k, v in now.items() if before.get(k, _MISSING) is not v]
-            out += [(space, k, _MISSING) for k in before if k not in now]
+            out += [(space, before, k, v) for k, v in now.items() if before.get(k, _MISSING) is not v]
+            out += [(space, before, k, _MISSING) for k in before if k not in now]
         return out
 
     @staticmethod
@@ -279,7 +280,7 @@ class Sides:
         for name in [k for k in sys.modules if self._owned(k)]:
             del sys.modules[name]
         sys.modules.update(self.modules[label])
-        for space, key, value in self.patches[label]:
+        for space, _, key, value in self.patches[label]:
             self._put(space, key, value)
         sys.path.insert(0, str(self.trees[label]))
         importlib.invalidate_caches()
@@ -296,9 +297,8 @@ class Sides:
         assert self.active is not None
         self.modules[self.active] = {k: m for k, m in sys.modules.items() if self._owned(k)}
         self.patches[self.active] = self._replaced()
-        pristine = {id(space): before for space, before in self.pristine}
-        for space, key, _ in self.patches[self.active]:
-            self._put(space, key, pristine[id(space)].get(key, _MISSING))
+        for space, before, key, _ in self.patches[self.active]:
+            self._put(space, key, before.get(key, _MISSING))
         with contextlib.suppress(ValueError):
             sys.path.remove(str(self.trees[self.active]))
         for name in [k for k in sys.modules if self._owned(k)]:
@@ -367,12 +367,13 @@ def measure_workloads(sides: Sides, budget_s: float, clock: Callable[[], float],
     for label in sides:
         sides.activate(label)
         try:
-            registry[label] = set(registry_names())
+            listed = registry_names()
         except Exception:  # noqa: BLE001 - this side cannot be measured; the others still are
             registry[label] = set()
             out[label]["fatal"] = f"side {label}: the registry does not import:\n{traceback.format_exc()}"
             continue
-        for name in (only if only is not None else registry_names()):
+        registry[label] = set(listed)
+        for name in (only if only is not None else listed):
             if name not in names:
                 names.append(name)
     for name in names:
