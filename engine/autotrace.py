@@ -243,6 +243,7 @@ class AutoTraced:
             self._mark_impure(guard.unprovable)
             return out
         self._guard = guard
+        guard.progress = functools.partial(getattr, self.traced, "_hits")
         if not _replayable_output(out, tree_flatten((args, kwargs))[0] + guard.tensors):
             self._signatures[key] = _EAGER
             return out

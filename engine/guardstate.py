@@ -77,7 +77,7 @@ import itertools
 import operator
 import threading
 import types
-from typing import Any, Collection, Iterable
+from typing import Any, Callable, Collection, Iterable
 
 import torch
 from torch.distributions import Distribution as _Distribution
@@ -210,6 +210,12 @@ class StateGuard:
         self._versions = _dict_versions(self._plain)
         self._tensor_guard = _tensor_guard(self.tensors)
         self._fast_misses = 0
+        # Whether the tags pay (see holds): calls they served minus _REBUILD_CALLS per rebuild,
+        # capped at _CREDIT_CAP. `progress` counts the calls served (AutoTraced sets its trace's
+        # replay-hit counter; without one every miss is charged and none is credited).
+        self.progress: Callable[[], int] = _no_progress
+        self._credit = 0
+        self._miss_mark = 0
         # The native checks by grad mode (index False/True: each embeds torch's global state, grad
         # mode included, as it was when built), or None where this torch has no C++ guards.
         self._natives: list | None = None
@@ -435,7 +441,8 @@ class StateGuard:
         dict's version tag moves on every write into it, so an unchanged tag proves unchanged
         contents without reading them. Where a tag moved, the contents are compared by identity (a
         write that restored what was there, as torch.func.functional_call does, still holds), and
-        the tags are taken anew; a guard whose tags keep moving stops using them. The rest is
+        the tags are taken anew; a guard whose tags move more often than they pay for their
+        rebuilds (see _REBUILD_CALLS) stops using them. The rest is
         compared group by group, stopping at the first difference, by C-level maps."""
         natives = self._natives
         native = None if natives is None else natives[torch.is_grad_enabled()]
@@ -447,8 +454,11 @@ class StateGuard:
             return False
         if natives is not None:
             if native is not None:  # it failed where Python holds: a tag moved, or torch's global state differs from its build's
+                progress = self.progress()
+                self._credit = min(self._credit + progress - self._miss_mark, _CREDIT_CAP) - _REBUILD_CALLS
+                self._miss_mark = progress
                 self._fast_misses += 1
-                if self._fast_misses >= _FAST_MISSES:
+                if self._credit <= -_FAST_MISSES * _REBUILD_CALLS:
                     self._versions = self._natives = None
                     return True
                 self._versions = list(map(_dict_version, self._plain))
@@ -662,7 +672,22 @@ class _NativeGuard:
         return all(_buffer_state(memoryview(o)) == recorded for o, recorded in guard.buffers)
 
 
-_FAST_MISSES = 3  # tag changes that restored the same contents, before a guard stops using tags
+# When a guard stops using tags: a rebuild of its native check after tags moved (contents
+# restored) costs about what the tags save on _REBUILD_CALLS calls. Each rebuild is charged that
+# much against the calls the tags served since the last one (their credit, at most _CREDIT_CAP
+# calls), and a guard whose credit reaches -_FAST_MISSES rebuilds' worth stops using them. So a
+# state flipped and restored on every call (torch.func.functional_call) drops the tags at its
+# third call, one flipped every other call within some tens of calls, while one changed now and
+# then (a lazy import's first write into a watched module, another module swapped in for a
+# while, a setting toggled between phases of a program) keeps them: one rebuild per change,
+# instead of the full Python check on every call for the rest of the process.
+_FAST_MISSES = 3
+_REBUILD_CALLS = 8
+_CREDIT_CAP = 64
+
+
+def _no_progress() -> int:
+    return 0
 _dict_version = getattr(getattr(torch._C._dynamo, "guards", None), "dict_version", None)
 
 

@@ -250,3 +250,49 @@ def test_a_function_that_reaches_no_module_does_not_guard_the_global_hook_tables
         assert state.traced.cache_info().hits == hits + 1
     finally:
         handle.remove()
+
+
+def _swap_and_restore(module: torch.nn.Module) -> None:
+    """Move the version tag of `module`'s parameter table and leave its contents as they were
+    (what torch.func.functional_call does on every call, or a model swapped in and back)."""
+    weight = module._parameters["weight"]
+    module._parameters["weight"] = torch.nn.Parameter(weight.detach().clone(), requires_grad=False)
+    module._parameters["weight"] = weight
+
+
+def _linear_replaying():
+    torch.manual_seed(0)
+    lin = torch.nn.Linear(3, 2).requires_grad_(False)
+    fn = engine.vmap(lambda x: lin(x).tanh())
+    x = torch.randn(4, 3)
+    expected = lin(x).tanh()
+    state = _replaying(fn, x)
+    assert state._guard._natives is not None
+    return lin, fn, x, expected, state
+
+
+def test_tags_moved_now_and_then_keep_the_native_check():
+    lin, fn, x, expected, state = _linear_replaying()
+    guard = state._guard
+    for _ in range(6):  # more moves than _FAST_MISSES, each followed by calls the tags serve
+        _swap_and_restore(lin)
+        for _ in range(12):
+            out = fn(x)
+        torch.testing.assert_close(out, expected)
+    assert state._guard is guard and guard._fast_misses >= 6
+    assert guard._natives is not None and guard._versions is not None
+
+
+def test_tags_moved_on_every_call_are_given_up_and_the_results_stay_right():
+    lin, fn, x, expected, state = _linear_replaying()
+    guard = state._guard
+    for _ in range(5):
+        _swap_and_restore(lin)
+        torch.testing.assert_close(fn(x), expected)
+    assert state._guard is guard and guard._natives is None
+    hits = state.traced.cache_info().hits
+    torch.testing.assert_close(fn(x), expected)  # the Python check alone still proves the replay
+    assert state.traced.cache_info().hits == hits + 1
+    lin.weight.mul_(2)  # a real change after the tags were given up: seen, not replayed stale
+    expected = lin(x).tanh()
+    torch.testing.assert_close(fn(x), expected)

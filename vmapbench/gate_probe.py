@@ -44,7 +44,7 @@ import time
 import traceback
 from pathlib import Path
 from types import ModuleType
-from typing import Any, Callable, Iterator, Mapping, Sequence
+from typing import Any, Callable, Collection, Iterator, Mapping, Sequence
 
 GATE_ROOT = Path(__file__).resolve().parents[1]
 ALIAS = "_gate_suite"
@@ -57,6 +57,14 @@ GATE_METHODS = ("engine", "engine_eager", "engine_traced", "torch_func", "loop")
 # valgrind time (the per-op chain's engine_traced count keeps engine.trace's replay counted).
 COUNT_METHODS = ("engine", "engine_eager")
 CHAIN_COUNT_METHODS = ("engine", "engine_traced", "engine_auto")
+# Methods whose calls keep state that another side's activation disturbs: automatic tracing's
+# guards watch module dicts, which every switch of side writes; their first call after a switch
+# re-proves the guards (the cost of the switch, not of the code) and is made untimed.
+REWARM_METHODS = ("engine", "engine_auto")
+# Their batches make at least this many calls: a guard whose tags move (here: once per switch)
+# more often than every engine.guardstate._REBUILD_CALLS (8) calls gives up its native check for
+# good, which would switch the measured path in the middle of a run.
+REWARM_MIN_CALLS = 8
 COUNT_REPEATS = 2
 MIN_ROUNDS = 6  # even: rounds are read in pairs (forward order, then reverse; see `paired_samples`)
 MAX_ROUNDS = 24
@@ -116,7 +124,7 @@ def adaptive_samples(calls: Mapping[str, Callable[[], Any]], reference: str | No
 def paired_samples(sides: Mapping[str, Mapping[str, Callable[[], Any]]], reference: str | None, budget_s: float,
                    clock: Callable[[], float], activate: Callable[[str], None] = lambda side: None,
                    min_rounds: int = MIN_ROUNDS, max_rounds: int = MAX_ROUNDS,
-                   target: float = TARGET_HALFWIDTH) -> dict[str, dict[str, list[float]]]:
+                   target: float = TARGET_HALFWIDTH, rewarm: Collection[str] = ()) -> dict[str, dict[str, list[float]]]:
     """`adaptive_samples` over several sides (commits) of the same calls in one process: side ->
     method -> seconds per call, one figure per round, every list aligned by round (the calls of one
     round, of every side, ran moments apart: a head/base ratio taken round by round cancels what
@@ -129,18 +137,38 @@ def paired_samples(sides: Mapping[str, Mapping[str, Callable[[], Any]]], referen
     A call's position in the round moves its time (first or last, after which other calls): the
     order flips every round and the number of rounds is even, so a pair of rounds (forward, then
     reverse) puts every call in mirrored positions; the gate reads the rounds in such pairs
-    (vmapbench.gate.signals). One unrecorded round warms every call up first."""
+    (vmapbench.gate.signals). One unrecorded round warms every call up first.
+
+    The garbage collector runs between batches, never inside one (as timeit does it): what is
+    alive when the timing starts is frozen out of its walks (`gc.freeze`), and each batch runs
+    with it off and is followed by an untimed collection. A full collection of a process holding
+    torch and three commits' modules took tens of milliseconds and fell into whichever 4 ms
+    batch allocated past its threshold: one side's median moved by a collection, not by its code.
+    After a side is activated, its methods in `rewarm` are called once untimed before their batch
+    (automatic tracing re-proves its guards once when another side's modules were in place)."""
     def batch(fn: Callable[[], Any], number: int) -> float:
-        start = clock()
-        for _ in range(number):
-            fn()
-        return (clock() - start) / number
+        gc.disable()
+        try:
+            start = clock()
+            for _ in range(number):
+                fn()
+            elapsed = clock() - start
+        finally:
+            gc.enable()
+        gc.collect()
+        return elapsed / number
+
+    gc.collect()
+    gc.freeze()
 
     number: dict[tuple[str, str], int] = {}
     for side, calls in sides.items():
         activate(side)
         for name, fn in calls.items():
-            number[side, name] = max(1, min(10_000, math.ceil(MIN_BATCH_S / max(batch(fn, 1), 1e-7))))
+            if name in rewarm:
+                fn()
+            least = REWARM_MIN_CALLS if name in rewarm else 1
+            number[side, name] = max(least, min(10_000, math.ceil(MIN_BATCH_S / max(batch(fn, 1), 1e-7))))
     samples = {side: {name: [] for name in calls} for side, calls in sides.items()}
     order = list(sides)
     first = order[0] if order else ""
@@ -150,6 +178,8 @@ def paired_samples(sides: Mapping[str, Mapping[str, Callable[[], Any]]], referen
             activate(side)
             names = list(sides[side])
             for name in names if r % 2 == 0 else reversed(names):
+                if name in rewarm:
+                    sides[side][name]()
                 seconds = batch(sides[side][name], number[side, name])
                 if keep:
                     samples[side][name].append(seconds)
@@ -388,7 +418,8 @@ def measure_workloads(sides: Sides, budget_s: float, clock: Callable[[], float],
             if got:
                 sizes[label], calls[label] = size, got
         if calls:
-            timed = paired_samples(calls, "torch_func", budget_s, clock, activate=sides.activate)
+            timed = paired_samples(calls, "torch_func", budget_s, clock, activate=sides.activate,
+                                   rewarm=REWARM_METHODS if len(calls) > 1 else ())
             for label, samples in timed.items():
                 out[label]["times"].setdefault(name, {})[sizes[label]] = samples
         for label in calls:
@@ -427,7 +458,8 @@ def measure_overhead(budget_s: float, clock: Callable[[], float],
             continue
         if "native" in got:
             calls[label] = got
-    timed = paired_samples(calls, "native", budget_s, clock, activate=activate) if calls else {}
+    timed = paired_samples(calls, "native", budget_s, clock, activate=activate,
+                           rewarm=REWARM_METHODS if len(calls) > 1 else ()) if calls else {}
     return {label: (timed.get(label, {}), errors[label]) for label in labels}
 
 
