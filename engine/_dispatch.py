@@ -116,7 +116,7 @@ def _build_plan(func: Any) -> Callable[[tuple, dict], Any]:
         plan = functools.partial(_run_inplace_view, func)
     elif _random_out(func):
         def plan(args: tuple, kwargs: dict) -> Any:
-            raise _random_out_error(func)
+            raise _random_out_error(op_name(func))
     else:
         plan = _rule_plan(func, op_meta(func), rule)
     PLANS[func] = plan
@@ -559,11 +559,13 @@ def _random_out(func: Any) -> bool:
     return torch.Tag.nondeterministic_seeded in func.tags and any(a.is_out for a in func._schema.arguments)
 
 
-def _random_out_error(func: Any) -> RandomnessError:
+def _random_out_error(name: str) -> RandomnessError:
+    """`name`: the op (aten::randn.out) or torch function (torch.randn) called with out=."""
     return RandomnessError(
-        f"vmap: we do not yet support calling out variants of random operations inside of vmap ({op_name(func)}): "
-        f"under randomness='different' the draw would need a batch dim the out= tensor does not have. Call the "
-        f"op without out= and use its result (or copy it into the tensor outside vmap)."
+        f"vmap: we do not yet support calling out variants of random operations inside of vmap ({name}): "
+        f"an unbatched out= tensor holds one draw for the whole batch (not one per element under randomness="
+        f"'different'), and a batched one would be resized per element; torch.func refuses them in every "
+        f"randomness mode. Call the op without out= and use its result (or copy it into the tensor outside vmap)."
     )
 
 
@@ -773,7 +775,7 @@ class VmapMode(TorchDispatchMode):
             return fresh_per_element(func, self.info, args, kwargs)
         if torch.Tag.nondeterministic_seeded in func.tags and _draws(lookup(func), args, kwargs):
             if _random_out(func):
-                raise _random_out_error(func)
+                raise _random_out_error(op_name(func))
             randomness = self.info.randomness
             if randomness == "error":
                 raise _randomness_error(func)
