@@ -20,7 +20,7 @@ from engine.custom_ops import custom_vmap_rule, run_custom_op
 from engine.errors import DataDependentError, FallbackError, RandomnessError, VmapError
 from engine.rules._helpers import python_binding
 from engine.rules._table import PLANS, lookup
-from engine.rules.random_ops import draw_unbatched, fresh_per_element
+from engine.rules.random_ops import UNSUPPORTED_RANDOM, draw_unbatched, fresh_per_element, unsupported_random_error
 
 aten = torch.ops.aten
 
@@ -117,6 +117,9 @@ def _build_plan(func: Any) -> Callable[[tuple, dict], Any]:
     elif _random_out(func):
         def plan(args: tuple, kwargs: dict) -> Any:
             raise _random_out_error(op_name(func))
+    elif func in UNSUPPORTED_RANDOM:
+        def plan(args: tuple, kwargs: dict) -> Any:
+            raise unsupported_random_error(func)
     else:
         plan = _rule_plan(func, op_meta(func), rule)
     PLANS[func] = plan
@@ -773,6 +776,8 @@ class VmapMode(TorchDispatchMode):
             return call(*args, **kwargs)
         if func in _FRESH and self.info.randomness == "different":
             return fresh_per_element(func, self.info, args, kwargs)
+        if func in UNSUPPORTED_RANDOM:
+            raise unsupported_random_error(func)
         if torch.Tag.nondeterministic_seeded in func.tags and _draws(lookup(func), args, kwargs):
             if _random_out(func):
                 raise _random_out_error(op_name(func))
