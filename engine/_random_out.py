@@ -7,12 +7,15 @@ vmap accepts under randomness='same'. torch.func refuses every out= variant of a
 vmap (it sees the call before the decomposition); so does the engine, here, one level up: while a
 vmap with randomness 'same' or 'different' runs its function, a __torch_function__ mode looks at
 each torch call for a random function given an out= tensor. (Under randomness='error' every draw is
-refused anyway, so no mode is entered and that path costs nothing.) The other random out= variants
+refused anyway, so no mode is entered and that path costs nothing; nested vmaps share the outermost
+mode.) The mode costs a Python call per torch call on eager runs (automatic tracing's replays do not
+run the function). The other random out= variants
 (rand.out, randint.out, normal.*_out, bernoulli.out, ...) reach the dispatch as themselves and are
 refused there too (engine._dispatch._random_out), with the same message.
 """
 from __future__ import annotations
 
+import contextlib
 from typing import Any
 
 import torch
@@ -38,7 +41,17 @@ class RandomOutRefusal(TorchFunctionMode):
         return func(*args)
 
 
-def needs_random_out_refusal(randomness: str) -> bool:
-    """Whether a vmap with this randomness must watch for random out= calls: under 'error' the draw
-    itself is refused (engine._dispatch), so only 'same' and 'different' enter the mode."""
-    return randomness != "error"
+_NOTHING = contextlib.nullcontext()
+
+
+def random_out_refusal(randomness: str) -> contextlib.AbstractContextManager:
+    """The context a vmap with this randomness runs its function in: a RandomOutRefusal for 'same'
+    and 'different' unless one is already on the function-mode stack (an outer vmap's: one watch is
+    enough, and each costs a Python call per torch call); nothing under 'error', where the draw
+    itself is refused (engine._dispatch)."""
+    if randomness == "error":
+        return _NOTHING
+    for i in range(torch._C._len_torch_function_stack()):
+        if type(torch._C._get_function_stack_at(i)) is RandomOutRefusal:
+            return _NOTHING
+    return RandomOutRefusal()

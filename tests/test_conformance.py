@@ -624,6 +624,8 @@ _rand_case("dropout_unbatched_error_mode", lambda m: m.vmap(lambda x: torch.nn.f
 _rand_case("nested_different_over_same", lambda m: m.vmap(m.vmap(lambda x: torch.randn(2) + x, randomness="same"),
                                                            randomness="different")(torch.zeros(3, 4, 2)))
 _rand_case("randomness_error_mode", lambda m: m.vmap(lambda x: torch.randn(3) + x)(_Z))
+_rand_case("randn_out_in_error_mode_vmap_inside_same_refused", lambda m: m.vmap(m.vmap(
+    lambda x: torch.randn(3, out=torch.zeros(3)) + x), randomness="same")(torch.zeros(2, 4, 3)))
 _rand_case("rrelu_eval_error_mode_refused", lambda m: m.vmap(lambda x: torch.rrelu(x - 0.5))(_Z))
 # a random function's out= variant is refused in every mode, as torch.func refuses it: randn(out=)
 # and rand(out=, generator=) reach the dispatch as a resize_ and an in-place draw into the out=
