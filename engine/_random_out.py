@@ -9,9 +9,9 @@ vmap with randomness 'same' or 'different' runs its function, a __torch_function
 each torch call for a random function given an out= tensor. (Under randomness='error' every draw is
 refused anyway, so no mode is entered and that path costs nothing; nested vmaps share the outermost
 mode.) The mode costs a Python call per torch call on eager runs (automatic tracing's replays do not
-run the function). The other random out= variants
-(rand.out, randint.out, normal.*_out, bernoulli.out, ...) reach the dispatch as themselves and are
-refused there too (engine._dispatch._random_out), with the same message.
+run the function). The other random out= variants (rand.out, randint.out, normal.*_out,
+bernoulli.out, ...) reach the dispatch as themselves and are refused there too
+(engine._dispatch._random_out), with the same message.
 """
 from __future__ import annotations
 
