@@ -20,7 +20,7 @@ from engine.custom_ops import custom_vmap_rule, run_custom_op
 from engine.errors import DataDependentError, FallbackError, RandomnessError, VmapError
 from engine.rules._helpers import python_binding
 from engine.rules._table import PLANS, lookup
-from engine.rules.random_ops import draw_unbatched, fresh_per_element
+from engine.rules.random_ops import UNSUPPORTED_RANDOM, draw_unbatched, fresh_per_element, unsupported_random_error
 
 aten = torch.ops.aten
 
@@ -116,7 +116,10 @@ def _build_plan(func: Any) -> Callable[[tuple, dict], Any]:
         plan = functools.partial(_run_inplace_view, func)
     elif _random_out(func):
         def plan(args: tuple, kwargs: dict) -> Any:
-            raise _random_out_error(func)
+            raise _random_out_error(op_name(func))
+    elif func in UNSUPPORTED_RANDOM:
+        def plan(args: tuple, kwargs: dict) -> Any:
+            raise unsupported_random_error(func)
     else:
         plan = _rule_plan(func, op_meta(func), rule)
     PLANS[func] = plan
@@ -559,11 +562,13 @@ def _random_out(func: Any) -> bool:
     return torch.Tag.nondeterministic_seeded in func.tags and any(a.is_out for a in func._schema.arguments)
 
 
-def _random_out_error(func: Any) -> RandomnessError:
+def _random_out_error(name: str) -> RandomnessError:
+    """`name`: the op (aten::randn.out) or torch function (torch.randn) called with out=."""
     return RandomnessError(
-        f"vmap: we do not yet support calling out variants of random operations inside of vmap ({op_name(func)}): "
-        f"under randomness='different' the draw would need a batch dim the out= tensor does not have. Call the "
-        f"op without out= and use its result (or copy it into the tensor outside vmap)."
+        f"vmap: we do not yet support calling out variants of random operations inside of vmap ({name}): "
+        f"an unbatched out= tensor holds one draw for the whole batch (not one per element under randomness="
+        f"'different'), and a batched one would be resized per element; torch.func refuses them in every "
+        f"randomness mode. Call the op without out= and use its result (or copy it into the tensor outside vmap)."
     )
 
 
@@ -771,9 +776,11 @@ class VmapMode(TorchDispatchMode):
             return call(*args, **kwargs)
         if func in _FRESH and self.info.randomness == "different":
             return fresh_per_element(func, self.info, args, kwargs)
+        if func in UNSUPPORTED_RANDOM:
+            raise unsupported_random_error(func)
         if torch.Tag.nondeterministic_seeded in func.tags and _draws(lookup(func), args, kwargs):
             if _random_out(func):
-                raise _random_out_error(func)
+                raise _random_out_error(op_name(func))
             randomness = self.info.randomness
             if randomness == "error":
                 raise _randomness_error(func)

@@ -10,6 +10,7 @@ from torch.utils._pytree import _broadcast_to_and_flatten, tree_flatten, tree_un
 from engine._batched import BatchedTensor, enter, is_batched_at, leave, pop_level, push_level
 from engine._dispatch import VmapMode
 from engine._guards import checked, transform_scope
+from engine._random_out import random_out_refusal
 from engine.errors import OutDimError, VmapError
 from engine.rules.rnn import batched_initial_state
 
@@ -138,7 +139,7 @@ def _vmap_call(func, flat_args, flat_dims, spec, size, out_dims, randomness, kwa
         for b, a, d in zip(batched, flat_args, flat_dims):
             if d is not None and d % a.dim():
                 b._vb_shown = (b._elem, a, d % a.dim())  # printed as the caller gave it (engine._repr)
-        with VmapMode(info), transform_scope(is_vmap=True), batched_initial_state():
+        with VmapMode(info), transform_scope(is_vmap=True), batched_initial_state(), random_out_refusal(randomness):
             out = checked(func)(*(batched if spec is None else tree_unflatten(batched, spec)), **kwargs)
         entries = {id(b): a for b, a in zip(batched, flat_args) if b is not a}
         return _unwrap_outputs(func, out, out_dims, info.level, size, entries)

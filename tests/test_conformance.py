@@ -624,6 +624,33 @@ _rand_case("dropout_unbatched_error_mode", lambda m: m.vmap(lambda x: torch.nn.f
 _rand_case("nested_different_over_same", lambda m: m.vmap(m.vmap(lambda x: torch.randn(2) + x, randomness="same"),
                                                            randomness="different")(torch.zeros(3, 4, 2)))
 _rand_case("randomness_error_mode", lambda m: m.vmap(lambda x: torch.randn(3) + x)(_Z))
+_rand_case("randn_out_in_error_mode_vmap_inside_same_refused", lambda m: m.vmap(m.vmap(
+    lambda x: torch.randn(3, out=torch.zeros(3)) + x), randomness="same")(torch.zeros(2, 4, 3)))
+_rand_case("rrelu_eval_error_mode_refused", lambda m: m.vmap(lambda x: torch.rrelu(x - 0.5))(_Z))
+# a random function's out= variant is refused in every mode, as torch.func refuses it: randn(out=)
+# and rand(out=, generator=) reach the dispatch as a resize_ and an in-place draw into the out=
+# tensor (the ops of `y.normal_()`, which 'same' accepts), so the refusal is made above them
+for _r in ("different", "same"):
+    _rand_case(f"randn_out_unbatched_{_r}_refused", lambda m, r=_r: m.vmap(
+        lambda x: torch.randn(3, out=torch.zeros(3)) + x, randomness=r)(_Z))
+    _rand_case(f"randn_out_batched_{_r}_refused", lambda m, r=_r: m.vmap(
+        lambda x: torch.randn(3, out=x.clone()), randomness=r)(_Z))
+    _rand_case(f"rand_out_with_generator_{_r}_refused", lambda m, r=_r: m.vmap(
+        lambda x: torch.rand(3, out=torch.zeros(3), generator=torch.Generator().manual_seed(2)) + x, randomness=r)(_Z))
+    _rand_case(f"normal_out_of_unbatched_{_r}_refused", lambda m, r=_r: m.vmap(
+        lambda x: torch.normal(torch.zeros(3), torch.ones(3), out=torch.zeros(3)) + x, randomness=r)(_Z))
+    # rrelu: torch.func has no rule and refuses it in every mode, eval mode (deterministic) included
+    _rand_case(f"rrelu_eval_of_unbatched_{_r}_refused", lambda m, r=_r: m.vmap(
+        lambda x: torch.rrelu(torch.linspace(-1, 1, 3)) + x, randomness=r)(_Z))
+    _rand_case(f"rrelu_training_of_batched_{_r}_refused", lambda m, r=_r: m.vmap(
+        lambda x: torch.nn.functional.rrelu(x - 0.5, training=True), randomness=r)(_Z))
+    _rand_case(f"rrelu_inplace_of_batched_{_r}_refused", lambda m, r=_r: m.vmap(
+        lambda x: torch.nn.functional.rrelu(x - 0.5, inplace=True), randomness=r)(_Z))
+    _rand_case(f"rrelu_module_eval_{_r}_refused", lambda m, r=_r: m.vmap(
+        torch.nn.RReLU().eval(), randomness=r)(_Z - 0.5))
+    # the same in-place draw written as such stays accepted under 'same', as torch.func accepts it
+    _rand_case(f"resize_then_normal__unbatched_{_r}", lambda m, r=_r: m.vmap(
+        lambda x: torch.zeros(2).resize_(3).normal_() + x, randomness=r)(_Z))
 
 
 # ---- batch dims anywhere, any layout (issue #26) --------------------------------------------------

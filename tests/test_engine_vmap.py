@@ -284,6 +284,26 @@ def test_randomness_modes():
         engine.vmap(lambda a: a, randomness="sometimes")
 
 
+def test_random_out_watch_is_entered_once_and_only_where_needed():
+    """The __torch_function__ mode that refuses random out= calls (engine._random_out) costs a Python
+    call per torch call: vmap enters it for 'same'/'different' only, and nested vmaps share the
+    outermost one (an inner vmap in 'error' mode under an outer 'same' still refuses randn(out=))."""
+    depths = []
+
+    def f(a):
+        depths.append(torch._C._len_torch_function_stack())
+        return a + 1
+
+    x = torch.zeros(B, 2, 3)
+    engine.vmap(f)(x[0])
+    engine.vmap(f, randomness="same")(x[0])
+    engine.vmap(engine.vmap(f, randomness="different"), randomness="same")(x)
+    engine.vmap(engine.vmap(f, randomness="same"))(x)
+    assert depths == [0, 1, 1, 1]
+    with pytest.raises(RandomnessError, match="calling out variants"):
+        engine.vmap(engine.vmap(lambda a: torch.randn(3, out=torch.zeros(3)) + a), randomness="same")(x)
+
+
 # ---- errors ---------------------------------------------------------------------------------------
 
 def test_error_mismatched_batch_sizes():

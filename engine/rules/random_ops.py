@@ -209,3 +209,23 @@ def fresh_per_element(func, info, args: tuple, kwargs: dict):
     else:
         out = func([B, *args[0]], *args[1:], **kwargs)
     return add_batch_dim(out, info.level)
+
+
+# ---------------------------------------------------------------------------------------------
+# Random ops torch.func has no rule for and refuses in every randomness mode, with or without a
+# batched argument ("we do not yet support aten::rrelu"): refused the same way (engine._dispatch
+# asks before any rule, decomposition or loop). rrelu draws its slopes in training mode only; in
+# eval mode it is leaky_relu, which the error names as the op to call.
+
+UNSUPPORTED_RANDOM = frozenset(ops_of(
+    "rrelu_with_noise.default", "rrelu_with_noise_.default", "rrelu_with_noise_functional.default",
+))
+
+
+def unsupported_random_error(func) -> RandomnessError:
+    return RandomnessError(
+        f"vmap: we do not yet support {func._schema.name} (torch.rrelu, F.rrelu, nn.RReLU) inside vmap, in any "
+        f"randomness mode, as torch.func does not. In eval mode (training=False) rrelu is "
+        f"F.leaky_relu(x, negative_slope=(lower + upper) / 2): call that instead; in training mode draw the "
+        f"slopes outside vmap (torch.empty_like(x).uniform_(lower, upper)) and apply them with torch.where."
+    )
