@@ -43,7 +43,7 @@ from typing import Any, Callable, Iterator
 import torch
 import torch.fx
 
-from engine.fused_worker import encode, read_message, write_message
+from engine.fused_worker import LOWERING, encode, read_message, write_message
 
 __all__ = ["FusedProgram", "Tier", "compile_now", "fused_mode", "fused_tier", "pays", "settle"]
 
@@ -151,8 +151,9 @@ PATCHES: dict[str, Any] = {"fallback_random": True, "size_asserts": False}
 
 
 def graph_key(description: list, inputs_meta: list, patches: dict) -> str:
-    """What identifies a compiled program on disk: torch's version, the graph, the input layouts."""
-    text = repr((torch.__version__, description, inputs_meta, sorted(patches.items())))
+    """What identifies a compiled program on disk: torch's version, the worker's lowering, the
+    graph, the input layouts."""
+    text = repr((torch.__version__, LOWERING, description, inputs_meta, sorted(patches.items())))
     return hashlib.sha256(text.encode()).hexdigest()[:40]
 
 
