@@ -30,6 +30,8 @@ from __future__ import annotations
 
 import contextlib
 import hashlib
+import itertools
+import operator
 import os
 import queue
 import subprocess
@@ -214,11 +216,18 @@ class FusedProgram:
         self.source = source
 
     def __call__(self, inputs: list) -> Any:
-        grad = torch.is_grad_enabled()
-        for t, stride in zip(inputs, self.strides):
-            if t.stride() != stride or t.data_ptr() % 16 or (grad and t.requires_grad):
-                return None
+        # map over C functions, no Python frame per input: these checks run on every fused call
+        if tuple(map(_stride, inputs)) != self.strides or any(map(operator.and_, map(_data_ptr, inputs), _ALIGN)):
+            return None
+        if torch.is_grad_enabled() and any(map(_requires_grad, inputs)):
+            return None
         return self.call(list(inputs))
+
+
+_stride = torch.Tensor.stride
+_data_ptr = torch.Tensor.data_ptr
+_requires_grad = operator.attrgetter("requires_grad")
+_ALIGN = itertools.repeat(15)  # data_ptr & 15: not 16-byte aligned
 
 
 def load_program(source: str) -> Callable:
