@@ -501,7 +501,10 @@ class Fold:
     def values(self) -> tuple:
         """The folded values for the sources as they are now."""
         sources = self.sources
-        state = tuple([(t._version, t.data_ptr()) for t in sources])
+        # (the layout too: the byte path's memoryviews keep the layout they were taken with, and
+        # `t.data = t.t()` gives another layout over the same memory, moving neither the version
+        # nor the data pointer)
+        state = tuple([(t._version, t.data_ptr(), t.shape, t.stride()) for t in sources])
         if state == self._state:
             live = self._live
             if (all(map(operator.eq, map(bytes, live), self._contents)) if live is not None

@@ -137,3 +137,19 @@ def test_folded_values_follow_a_sign_only_write_through_data(dtype):
     assert scale._version == version
     got = traced(x)
     assert torch.equal(torch.signbit(got), torch.tensor([True, False, True]))  # 1 / -0.0 = -inf
+
+
+def test_folded_values_follow_a_new_layout_over_the_same_memory():
+    """`t.data = t.t()` gives the tensor another layout over the same memory, moving neither its
+    version counter nor its data pointer: the fold's state includes the layout (the byte
+    comparison alone would see the same bytes)."""
+    weight = torch.arange(6.0).reshape(2, 3)
+    traced = engine.trace(lambda x: x * (weight[0, 0] + weight[0, 1]))  # the fold: two elements of weight
+    x = torch.ones(())
+    traced(x)
+    traced(x)
+    assert _entry(traced).fold is not None
+    version, ptr = weight._version, weight.data_ptr()
+    weight.data = weight.detach().t()  # element [0, 1] is now 3.0, was 1.0
+    assert (weight._version, weight.data_ptr()) == (version, ptr)
+    torch.testing.assert_close(traced(x), torch.tensor(3.0))
