@@ -95,7 +95,7 @@ def build_graph(description: list) -> Any:
 
 # What this worker does to a graph before inductor sees it, beyond inductor's own decompositions;
 # engine.fused.graph_key includes it, so a program compiled under an older lowering is not loaded.
-LOWERING = 2
+LOWERING = 3
 
 
 def decompositions() -> dict:
@@ -116,6 +116,34 @@ def decompositions() -> dict:
     return table
 
 
+def split_stacked_all(gm: Any) -> None:
+    """`all(stack([c0, c1, ...]))` -> `all(c0) & all(c1) & ...`, in place: the replay's guard
+    (engine.trace's conditions, 0-d booleans, some of them folded inputs) as one pointwise
+    expression inductor fuses into a kernel, instead of a stacked buffer written through one alias
+    per condition from the program's Python. Exact for any operands stack takes (equal shapes):
+    both are true when every element of every operand is nonzero."""
+    import torch
+
+    aten = torch.ops.aten
+    graph = gm.graph
+    for node in list(graph.nodes):
+        if node.op != "call_function" or node.target is not aten.all.default or len(node.args) != 1 or node.kwargs:
+            continue
+        stack = node.args[0]
+        if (getattr(stack, "target", None) is not aten.stack.default or len(stack.users) != 1 or stack.kwargs
+                or (len(stack.args) > 1 and stack.args[1] != 0) or not stack.args[0]):
+            continue
+        with graph.inserting_before(node):
+            parts = [graph.call_function(aten.all.default, (c,)) for c in stack.args[0]]
+            value = parts[0]
+            for part in parts[1:]:
+                value = graph.call_function(aten.logical_and.default, (value, part))
+        node.replace_all_uses_with(value)
+        graph.erase_node(node)
+        graph.erase_node(stack)
+    gm.recompile()
+
+
 def compile_description(description: list, inputs_meta: list, patches: dict) -> str:
     """Inductor's generated module source for the described graph, compiled for inputs of the
     given (shape, stride, dtype, device); kernels are written to the on-disk caches."""
@@ -125,6 +153,7 @@ def compile_description(description: list, inputs_meta: list, patches: dict) -> 
     from torch.fx.experimental.proxy_tensor import make_fx
 
     gm = build_graph(description)
+    split_stacked_all(gm)
     inputs = [torch.empty_strided(shape, stride, dtype=dtype, device=device).zero_()
               for shape, stride, dtype, device in inputs_meta]
     with torch.no_grad():

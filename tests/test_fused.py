@@ -265,3 +265,26 @@ def test_distribution_checks_are_reductions_inside_the_program_and_still_fail(mo
     torch.testing.assert_close(traced(loc), logp(loc))
     with pytest.raises(ValueError, match="loc"):
         traced(torch.tensor([0.0, float("nan"), 0.0, 0.0, 0.0]))
+
+
+def test_the_worker_splits_the_stacked_guard_into_one_expression_with_the_same_values():
+    """split_stacked_all turns the replay guard's all(stack(conditions)) into all(c0) & all(c1) &
+    ...: no stack left, and the same truth value for every combination of the conditions."""
+    from torch.fx.experimental.proxy_tensor import make_fx
+
+    from engine.fused_worker import split_stacked_all
+
+    aten = torch.ops.aten
+
+    def guarded(x, b, c):
+        return [x + 1, aten.all.default(aten.stack.default([x > 0, b, c]))]
+
+    gm = make_fx(guarded)(torch.ones(3), torch.tensor(True), torch.tensor(True))
+    split_stacked_all(gm)
+    assert aten.stack.default not in {n.target for n in gm.graph.nodes}
+    for x in (torch.ones(3), torch.tensor([1.0, -1.0, 1.0])):
+        for b in (True, False):
+            for c in (True, False):
+                args = (x, torch.tensor(b), torch.tensor(c))
+                got, want = gm(*args), guarded(*args)
+                assert torch.equal(got[0], want[0]) and got[1].shape == () and bool(got[1]) == bool(want[1])
