@@ -277,7 +277,7 @@ def test_the_worker_splits_the_stacked_guard_into_one_expression_with_the_same_v
     aten = torch.ops.aten
 
     def guarded(x, b, c):
-        return [x + 1, aten.all.default(aten.stack.default([x > 0, b, c]))]
+        return [x + 1, aten.all.default(aten.stack.default([(x > 0).all(), b, c]))]
 
     gm = make_fx(guarded)(torch.ones(3), torch.tensor(True), torch.tensor(True))
     split_stacked_all(gm)
