@@ -18,7 +18,10 @@ The program is inductor's generated `call` for the graph, decomposed with induct
 decompositions and compiled by `compile_fx_inner` directly (no AOTAutograd runtime wrapper, no
 dynamo guards): the engine's signature is the guard, plus a check of the input strides and data
 alignment the program was specialised to (a mismatch replays). Random ops run as aten calls
-(`fallback_random`), so the fused program draws what the replay would.
+(`fallback_random`), so the fused program draws what the replay would. Before inductor, the worker
+lowers what inductor would leave to the program's Python (engine.fused_worker.LOWERING, part of
+the on-disk key): torch.distributions' checks (`_is_all_true`) become reductions fused with the
+comparison they reduce, and the replay guard's `all(stack(conditions))` one boolean expression.
 
 Switch: `fused_tier(False)` (a context manager, this thread) or VMAPBENCH_FUSED=0 keep every call
 on the replay path, exactly as without this tier; `fused_tier("force")` / VMAPBENCH_FUSED=force
