@@ -18,7 +18,10 @@ The program is inductor's generated `call` for the graph, decomposed with induct
 decompositions and compiled by `compile_fx_inner` directly (no AOTAutograd runtime wrapper, no
 dynamo guards): the engine's signature is the guard, plus a check of the input strides and data
 alignment the program was specialised to (a mismatch replays). Random ops run as aten calls
-(`fallback_random`), so the fused program draws what the replay would.
+(`fallback_random`), so the fused program draws what the replay would. Before inductor, the worker
+lowers what inductor would leave to the program's Python (engine.fused_worker.LOWERING, part of
+the on-disk key): torch.distributions' checks (`_is_all_true`) become reductions fused with the
+comparison they reduce, and the replay guard's `all(stack(conditions))` one boolean expression.
 
 Switch: `fused_tier(False)` (a context manager, this thread) or VMAPBENCH_FUSED=0 keep every call
 on the replay path, exactly as without this tier; `fused_tier("force")` / VMAPBENCH_FUSED=force
@@ -30,6 +33,8 @@ from __future__ import annotations
 
 import contextlib
 import hashlib
+import itertools
+import operator
 import os
 import queue
 import subprocess
@@ -43,7 +48,7 @@ from typing import Any, Callable, Iterator
 import torch
 import torch.fx
 
-from engine.fused_worker import encode, read_message, write_message
+from engine.fused_worker import LOWERING, encode, read_message, write_message
 
 __all__ = ["FusedProgram", "Tier", "compile_now", "fused_mode", "fused_tier", "pays", "settle"]
 
@@ -151,8 +156,9 @@ PATCHES: dict[str, Any] = {"fallback_random": True, "size_asserts": False}
 
 
 def graph_key(description: list, inputs_meta: list, patches: dict) -> str:
-    """What identifies a compiled program on disk: torch's version, the graph, the input layouts."""
-    text = repr((torch.__version__, description, inputs_meta, sorted(patches.items())))
+    """What identifies a compiled program on disk: torch's version, the worker's lowering, the
+    graph, the input layouts."""
+    text = repr((torch.__version__, LOWERING, description, inputs_meta, sorted(patches.items())))
     return hashlib.sha256(text.encode()).hexdigest()[:40]
 
 
@@ -213,11 +219,18 @@ class FusedProgram:
         self.source = source
 
     def __call__(self, inputs: list) -> Any:
-        grad = torch.is_grad_enabled()
-        for t, stride in zip(inputs, self.strides):
-            if t.stride() != stride or t.data_ptr() % 16 or (grad and t.requires_grad):
-                return None
+        # map over C functions, no Python frame per input: these checks run on every fused call
+        if tuple(map(_stride, inputs)) != self.strides or any(map(operator.and_, map(_data_ptr, inputs), _ALIGN)):
+            return None
+        if torch.is_grad_enabled() and any(map(_requires_grad, inputs)):
+            return None
         return self.call(list(inputs))
+
+
+_stride = torch.Tensor.stride
+_data_ptr = torch.Tensor.data_ptr
+_requires_grad = operator.attrgetter("requires_grad")
+_ALIGN = itertools.repeat(15)  # data_ptr & 15: not 16-byte aligned
 
 
 def load_program(source: str) -> Callable:

@@ -93,20 +93,71 @@ def build_graph(description: list) -> Any:
     return torch.fx.GraphModule(torch.nn.Module(), graph)
 
 
+# What this worker does to a graph before inductor sees it, beyond inductor's own decompositions;
+# engine.fused.graph_key includes it, so a program compiled under an older lowering is not loaded.
+LOWERING = 3
+
+
+def decompositions() -> dict:
+    """Inductor's decomposition table, plus the checks' reductions as reductions inductor fuses:
+    `_is_all_true(b)` (what torch.distributions' argument and support checks end in: the graph's
+    guard) -> `all(b)`, `_is_any_true(b)` -> `any(b)`. Inductor has no lowering for the two, so left
+    alone each is an aten call from the program's Python that forces its boolean operand to be
+    stored in full (a masked store the CPU code generator writes element by element); as
+    reductions the comparison is computed inside the reduction's loop and never stored. Both ops
+    take only boolean tensors and return a 0-d boolean tensor, as all/any do on them."""
+    import torch
+    from torch._inductor.decomposition import select_decomp_table
+
+    aten = torch.ops.aten
+    table = dict(select_decomp_table())
+    table[aten._is_all_true.default] = aten.all.default
+    table[aten._is_any_true.default] = aten.any.default
+    return table
+
+
+def split_stacked_all(gm: Any) -> None:
+    """`all(stack([c0, c1, ...]))` -> `all(c0) & all(c1) & ...`, in place: the replay's guard
+    (engine.trace's conditions, 0-d booleans, some of them folded inputs) as one pointwise
+    expression inductor fuses into a kernel, instead of a stacked buffer written through one alias
+    per condition from the program's Python. Exact for any operands stack takes (equal shapes):
+    both are true when every element of every operand is nonzero."""
+    import torch
+
+    aten = torch.ops.aten
+    graph = gm.graph
+    for node in list(graph.nodes):
+        if node.op != "call_function" or node.target is not aten.all.default or len(node.args) != 1 or node.kwargs:
+            continue
+        stack = node.args[0]
+        if (getattr(stack, "target", None) is not aten.stack.default or len(stack.users) != 1 or stack.kwargs
+                or (len(stack.args) > 1 and stack.args[1] != 0) or not stack.args[0]):
+            continue
+        with graph.inserting_before(node):
+            parts = [graph.call_function(aten.all.default, (c,)) for c in stack.args[0]]
+            value = parts[0]
+            for part in parts[1:]:
+                value = graph.call_function(aten.logical_and.default, (value, part))
+        node.replace_all_uses_with(value)
+        graph.erase_node(node)
+        graph.erase_node(stack)
+    gm.recompile()
+
+
 def compile_description(description: list, inputs_meta: list, patches: dict) -> str:
     """Inductor's generated module source for the described graph, compiled for inputs of the
     given (shape, stride, dtype, device); kernels are written to the on-disk caches."""
     import torch
     from torch._inductor import config
     from torch._inductor.compile_fx import compile_fx_inner
-    from torch._inductor.decomposition import select_decomp_table
     from torch.fx.experimental.proxy_tensor import make_fx
 
     gm = build_graph(description)
+    split_stacked_all(gm)
     inputs = [torch.empty_strided(shape, stride, dtype=dtype, device=device).zero_()
               for shape, stride, dtype, device in inputs_meta]
     with torch.no_grad():
-        decomposed = make_fx(gm, decomposition_table=select_decomp_table(), tracing_mode="fake")(*inputs)
+        decomposed = make_fx(gm, decomposition_table=decompositions(), tracing_mode="fake")(*inputs)
     if any(n.op == "get_attr" for n in decomposed.graph.nodes):
         raise RuntimeError("the decomposed graph holds tensor constants, which a directly loaded program cannot feed")
     with config.patch(patches), torch.no_grad():

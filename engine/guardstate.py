@@ -516,11 +516,13 @@ class _NativeGuard:
     of what they hold (the recorded objects are kept alive by the StateGuard, so an id cannot be
     reused), an absent name by its absence, objects by their exact class, mutable sequences by
     length. What it cannot express (a cell or attribute recorded empty, the contents of a
-    non-empty set or deque, classes' mappingproxies, buffers compared by bytes, torch's process
-    settings) stays with a short Python check, `rest`. A failing check is not a verdict: the
+    non-empty set or deque, a mappingproxy whose mapping is not a plain dict, buffers compared by
+    bytes, torch's process settings) stays with a short Python check, `rest`; classes'
+    mappingproxies are checked by the version tag of the dict behind them. A failing check is not a verdict: the
     caller compares in Python, which forgives a write that restored what was there."""
 
-    __slots__ = ("root", "values", "rest_cells", "rest_slotted", "rest_seqs", "guard", "grad", "precision", "validate", "rest")
+    __slots__ = ("root", "values", "rest_cells", "rest_slotted", "rest_seqs", "rest_others", "guard", "grad", "precision",
+                 "validate", "rest")
 
     def __init__(self) -> None:
         self.root: Any = None
@@ -528,6 +530,7 @@ class _NativeGuard:
         self.rest_cells: list[types.CellType] = []
         self.rest_slotted: list[tuple[Any, str]] = []
         self.rest_seqs: list[tuple[Any, list]] = []
+        self.rest_others = True  # whether `_rest` compares the classes' mappingproxies item by item
         self.guard: StateGuard | None = None
         self.grad = True  # the grad mode it was built under (its global-state guard checks it)
         self.precision = ""  # the float32 matmul precision when built (no C++ guard reads it)
@@ -603,6 +606,14 @@ class _NativeGuard:
         for d in guard._plain:
             node = instance_dicts.get(id(d))  # (an object's __dict__: on the node that reaches it, one item fewer)
             (manager(d, "dict") if node is None else node).add_dict_version_guard(d, ["dict version"], None)
+        # Classes' mappingproxies: the plain dict behind each (a class's namespace; a write to it,
+        # `Cls.attr = v`, moves its version tag) by version, not item by item in `_rest` on every
+        # call; all or none, as `_rest` compares them as one run.
+        behind = [gc.get_referents(proxy) for proxy in guard._others]
+        if all(len(refs) == 1 and type(refs[0]) is dict for refs in behind):
+            for (d,) in behind:
+                manager(d, "class namespace").add_dict_version_guard(d, ["dict version"], None)
+            self.rest_others = False
         for i, t in enumerate(guard.tensors):
             node = owners.get(id(t))  # (its `grad` and `__dict__` slots' node: one item fewer)
             (manager(t, "tensor") if node is None else node).add_tensor_match_guard(
@@ -630,7 +641,8 @@ class _NativeGuard:
                 self.rest_seqs.append((q, list(q)))
         for obj in guard.objects:
             manager(obj, "object").add_type_match_guard(id(type(obj)), ["type"], None)
-        self.rest = bool(self.rest_cells or self.rest_slotted or self.rest_seqs or guard.buffers or guard._others)
+        self.rest = bool(self.rest_cells or self.rest_slotted or self.rest_seqs or guard.buffers
+                         or (guard._others and self.rest_others))
         if not root.check(values):
             return None  # it does not check what it was built from: leave it to Python
         return self
@@ -661,7 +673,7 @@ class _NativeGuard:
             if len(q) != len(items) or not all(map(operator.is_, q, items)):
                 return False
         others = guard._others
-        if others:
+        if others and self.rest_others:
             recorded = guard.recorded[4]
             now = itertools.chain(_chain(others), _chain(d.values() for d in others))
             n = sum(map(len, others)) * 2

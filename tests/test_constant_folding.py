@@ -119,3 +119,37 @@ def test_folded_values_follow_a_write_that_does_not_move_the_version_counter():
     want = torch.func.vmap(lambda x: model(x[None])[0])(x)
     torch.testing.assert_close(traced(x), want)  # (a fused program may differ in the last bit)
 
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_folded_values_follow_a_sign_only_write_through_data(dtype):
+    """A write through `.data` moves no version counter either, and 0.0 -> -0.0 changes no value
+    that == compares: the fold's content check compares bits (as bytes where the source allows it,
+    float32 here; bfloat16, which numpy lacks, takes the general path)."""
+    scale = torch.zeros(3, dtype=dtype)
+    traced = engine.trace(lambda x: x / (scale + 0.0).exp().reciprocal().mul(scale))  # the fold: ops on `scale` alone
+    x = torch.ones(3, dtype=dtype)
+    traced(x)  # the recording
+    traced(x)  # the first replay computes the folded values
+    assert _entry(traced).fold is not None
+    version = scale._version
+    scale.data.copy_(torch.tensor([-0.0, 0.0, -0.0], dtype=dtype))
+    assert scale._version == version
+    got = traced(x)
+    assert torch.equal(torch.signbit(got), torch.tensor([True, False, True]))  # 1 / -0.0 = -inf
+
+
+def test_folded_values_follow_a_new_layout_over_the_same_memory():
+    """`t.data = t.t()` gives the tensor another layout over the same memory, moving neither its
+    version counter nor its data pointer: the fold's state includes the layout (the byte
+    comparison alone would see the same bytes)."""
+    weight = torch.arange(6.0).reshape(2, 3)
+    traced = engine.trace(lambda x: x * (weight[0, 0] + weight[0, 1]))  # the fold: two elements of weight
+    x = torch.ones(())
+    traced(x)
+    traced(x)
+    assert _entry(traced).fold is not None
+    version, ptr = weight._version, weight.data_ptr()
+    weight.data = weight.detach().t()  # element [0, 1] is now 3.0, was 1.0
+    assert (weight._version, weight.data_ptr()) == (version, ptr)
+    torch.testing.assert_close(traced(x), torch.tensor(3.0))

@@ -240,3 +240,51 @@ def test_inductor_program_matches_the_replay_and_a_second_compile_loads_from_dis
         second(w)
     assert second.tiers()[0]["state"] == "fused" and second.tiers()[0]["from_disk"]
     torch.testing.assert_close(second(w), first(w), atol=0, rtol=0)
+
+
+@pytest.mark.slow
+def test_distribution_checks_are_reductions_inside_the_program_and_still_fail(monkeypatch, tmp_path):
+    """torch.distributions' argument checks end in `_is_all_true`, which inductor does not lower:
+    the worker lowers it to `all`, so the program holds no aten call for it (nor a stored boolean
+    operand), and a check that fails still sends the call to the eager run, which raises."""
+    monkeypatch.setattr(fused, "INDEX", fused.GraphIndex(tmp_path))
+    import torch.distributions as D
+
+    def logp(loc: torch.Tensor) -> torch.Tensor:
+        return D.Normal(loc, 1.0).log_prob(torch.zeros(5)).sum()
+
+    traced = engine.trace(logp)
+    loc = torch.randn(5)
+    with engine.fused_tier("force"):
+        traced(loc)
+        traced(loc)
+    (entry,) = traced._cache.values()
+    assert traced.tiers()[0]["state"] == "fused", traced.tiers()
+    assert "_is_all_true" in entry.gm.code  # the recorded graph checks loc
+    assert "_is_all_true" not in entry.fused.source
+    torch.testing.assert_close(traced(loc), logp(loc))
+    with pytest.raises(ValueError, match="loc"):
+        traced(torch.tensor([0.0, float("nan"), 0.0, 0.0, 0.0]))
+
+
+def test_the_worker_splits_the_stacked_guard_into_one_expression_with_the_same_values():
+    """split_stacked_all turns the replay guard's all(stack(conditions)) into all(c0) & all(c1) &
+    ...: no stack left, and the same truth value for every combination of the conditions."""
+    from torch.fx.experimental.proxy_tensor import make_fx
+
+    from engine.fused_worker import split_stacked_all
+
+    aten = torch.ops.aten
+
+    def guarded(x, b, c):
+        return [x + 1, aten.all.default(aten.stack.default([(x > 0).all(), b, c]))]
+
+    gm = make_fx(guarded)(torch.ones(3), torch.tensor(True), torch.tensor(True))
+    split_stacked_all(gm)
+    assert aten.stack.default not in {n.target for n in gm.graph.nodes}
+    for x in (torch.ones(3), torch.tensor([1.0, -1.0, 1.0])):
+        for b in (True, False):
+            for c in (True, False):
+                args = (x, torch.tensor(b), torch.tensor(c))
+                got, want = gm(*args), guarded(*args)
+                assert torch.equal(got[0], want[0]) and got[1].shape == () and bool(got[1]) == bool(want[1])
