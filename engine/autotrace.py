@@ -102,6 +102,7 @@ class AutoTraced:
         self._narrow = False  # the guards walk only `_ran` (the full walk was unprovable); recordings are watched
         self._memo: _NativeGuard | None = None  # the native check of the last replayed signature's arguments (see _call)
         self._memo_builds = 0  # memos built under the current guard
+        self._memo_wait = 0  # replays that missed the memo to let pass before building another
 
     def _guard_roots(self) -> tuple:
         return (self.fn,)
@@ -179,11 +180,16 @@ class AutoTraced:
         return self._checked_call(args, kwargs, fast)
 
     def _remember(self, entry: Any, native: Any, args: tuple) -> None:
-        """Build `_memo` for these arguments' signature (see `_call`), at most `_MEMO_BUILDS` times
-        per guard: calls that alternate between signatures keep the key built in Python."""
-        if self._memo_builds >= _MEMO_BUILDS:
+        """Build `_memo` for these arguments' signature (see `_call`): the first `_MEMO_BUILDS`
+        times under a guard at once, then after twice as many replays that missed it as before
+        the last build, so that calls alternating between signatures build O(log calls) memos
+        (each costs what the guard's native check took to build) and keep the key built in Python."""
+        if self._memo_wait:
+            self._memo_wait -= 1
             return
         self._memo_builds += 1
+        if self._memo_builds >= _MEMO_BUILDS:
+            self._memo_wait = 1 << min(self._memo_builds, 20)
         memo = _NativeGuard.build(native.guard, args)
         if memo is None or memo.grad is not native.grad:
             return
@@ -240,7 +246,7 @@ class AutoTraced:
         self._signatures.clear()
         self._guard = None
         self._memo = None
-        self._memo_builds = 0
+        self._memo_builds = self._memo_wait = 0
 
     def _mark_impure(self, why: str) -> None:
         self.impure = why
