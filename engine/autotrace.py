@@ -292,6 +292,10 @@ class AutoTraced:
             self._mark_impure(guard.unprovable)
             return out
         self._guard = guard
+        # A memo proves the state of the guard it was built from; the new one may guard more (what
+        # this run read): replays check it from now on.
+        self._memo = None
+        self._memo_builds = self._memo_wait = 0
         if not _replayable_output(out, tree_flatten((args, kwargs))[0] + guard.tensors):
             self._signatures[key] = _EAGER
             return out

@@ -56,8 +56,13 @@ item. The tree also checks torch's ambient state as it was when built (its globa
 grad mode, autocast, the default dtype; the torch-function mode stack; a probe tensor whose
 dispatch-key check sees inference mode), so it is built once per grad mode, and the replay path
 of engine.autotrace (which runs `_NativeGuard.holds` inline) needs no other check of those. Then
-the float32 matmul precision, torch.distributions' validate_args default and the few things the
-tree cannot express, in Python. Where
+the float32 precision (`float32_precision`: torch's matmul precision, or every backend's and op's
+setting where the per-backend API makes that getter raise), torch.distributions' validate_args
+default and the few things the tree cannot express, in Python. Built with a call's arguments
+(plain strided tensors: `_NativeGuard.build(guard, args)`), the same tree also proves their
+number and metadata, all that engine.trace's signature key of such arguments holds but the grad
+mode, which its global-state guard checks: engine.autotrace's replay path then builds no key in
+Python for a call like the last replayed one (`AutoTraced._memo`). Where
 the tree fails, the Python comparison decides (identities read with map/chain over the guarded
 containers; tuples and frozensets are not re-read, being immutable): a write that restored what
 was there holds, and the tags are taken anew. The check stays linear in the number of guarded

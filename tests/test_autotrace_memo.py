@@ -238,3 +238,18 @@ def test_threads_with_different_signatures_get_their_own_results():
     for t in threads:
         t.join()
     assert failures == []
+
+
+def test_a_memo_proves_the_current_guard():
+    # Verifying another signature replaces the guard (it may guard more: what that run read); a
+    # memo built from the old one is dropped, and the next is built from the new one.
+    fn = engine.vmap(lambda x: _sin2(x))
+    a, b = torch.randn(4, 3), torch.randn(5, 3)
+    state = _replaying(fn, a)
+    assert state._memo.guard is state._guard
+    fn(b)
+    fn(b)  # seen, verified
+    assert state._memo is None
+    state = _replaying(fn, a)
+    assert state._memo.guard is state._guard
+    torch.testing.assert_close(fn(a), a.sin() * 2)
