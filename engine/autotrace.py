@@ -76,7 +76,7 @@ __all__ = ["AutoTraced", "auto_trace", "autotraced_state", "traced_transform", "
 _SEEN, _RECORD, _REPLAY, _EAGER = "seen", "record", "replay", "eager"
 shadow_checks = 0  # replays compared with their eager call by shadow verification, in this process
 _MAX_SIGNATURES = 256
-_MEMO_BUILDS = 4  # argument checks (AutoTraced._memo) built per guard
+_MEMO_BUILDS = 4  # argument checks (AutoTraced._memo) built at once under a guard; then with backoff
 _ATOM_OUTPUTS = (int, float, bool, complex, str, type(None), torch.dtype, torch.device)
 
 
@@ -172,7 +172,10 @@ class AutoTraced:
                         traced._cache.move_to_end(entry.key)
                         traced._mru = entry
                     if (memo is None or memo.entry is not entry or memo.base is not native) and not kwargs:
-                        self._remember(entry, native, args)
+                        if self._memo_wait:
+                            self._memo_wait -= 1
+                        else:
+                            self._remember(entry, native, args)
                     try:
                         return traced._replay(entry, fast[1])
                     except _GuardFailed:
@@ -180,18 +183,16 @@ class AutoTraced:
         return self._checked_call(args, kwargs, fast)
 
     def _remember(self, entry: Any, native: Any, args: tuple) -> None:
-        """Build `_memo` for these arguments' signature (see `_call`): the first `_MEMO_BUILDS`
-        times under a guard at once, then after twice as many replays that missed it as before
-        the last build, so that calls alternating between signatures build O(log calls) memos
-        (each costs what the guard's native check took to build) and keep the key built in Python."""
-        if self._memo_wait:
-            self._memo_wait -= 1
-            return
+        """Build `_memo` for these arguments' signature (see `_call`), where `_memo_wait` (counted
+        down by the caller) is 0: the first `_MEMO_BUILDS` times under a guard at once, then after
+        twice as many replays that missed it as before the last build, so that calls alternating
+        between signatures (or with arguments other than plain tensors, which get no memo) build
+        O(log calls) of them (each costs what the guard's native check took to build)."""
         self._memo_builds += 1
         if self._memo_builds >= _MEMO_BUILDS:
             self._memo_wait = 1 << min(self._memo_builds, 20)
         memo = _NativeGuard.build(native.guard, args)
-        if memo is None or memo.grad is not native.grad:
+        if memo is None or memo.grad != native.grad:
             return
         memo.entry, memo.base = entry, native
         self._memo = memo

@@ -155,6 +155,8 @@ def float32_precision() -> str | tuple[str, ...]:
         if _fp32_precision is None:
             raise
         return tuple(_fp32_precision(backend, op) for backend, op in _FP32_PRECISION_KEYS)
+
+
 _PROBE = torch.zeros(())  # private: its metadata never changes (see _NativeGuard)
 
 def _global_hook_dicts() -> list[dict]:

@@ -258,3 +258,14 @@ def test_a_memo_proves_the_current_guard():
     state = _replaying(fn, a)
     assert state._memo.guard is state._guard
     torch.testing.assert_close(fn(a), a.sin() * 2)
+
+
+def test_arguments_other_than_tensors_get_no_memo_and_keep_their_exact_keys(keys):
+    fn = engine.vmap(lambda x, s: 1 / ((x.abs() + 1) * s), in_dims=(0, None))
+    x = torch.randn(4, 3)
+    for _ in range(12):
+        torch.testing.assert_close(fn(x, 2.0), 1 / ((x.abs() + 1) * 2.0))
+    state = autotraced_state(fn)
+    assert state._memo is None and state.traced.cache_info().hits >= 8
+    assert bool((fn(x, -0.0) < 0).all())  # -0.0: another key than 0.0, as eager gives -inf
+    assert bool((fn(x, 0.0) > 0).all())
