@@ -68,7 +68,7 @@ from engine.autoswitch import departures, running
 from engine.fused import OFF as fused_off
 from engine.fused import _local as fused_mode
 from engine.errors import ReplayMismatchError
-from engine.guardstate import StateGuard, _Distribution, _matmul_precision, torch_globals
+from engine.guardstate import StateGuard, _Distribution, _NativeGuard, torch_globals
 from engine.trace import _PLAIN, TracedFunction, _GuardFailed, _fast_signature, _signature, exact_value
 
 __all__ = ["AutoTraced", "auto_trace", "autotraced_state", "traced_transform", "transform_entry"]
@@ -76,6 +76,7 @@ __all__ = ["AutoTraced", "auto_trace", "autotraced_state", "traced_transform", "
 _SEEN, _RECORD, _REPLAY, _EAGER = "seen", "record", "replay", "eager"
 shadow_checks = 0  # replays compared with their eager call by shadow verification, in this process
 _MAX_SIGNATURES = 256
+_MEMO_BUILDS = 4  # argument checks (AutoTraced._memo) built at once under a guard; then with backoff
 _ATOM_OUTPUTS = (int, float, bool, complex, str, type(None), torch.dtype, torch.device)
 
 
@@ -99,6 +100,9 @@ class AutoTraced:
         self._slots: dict[tuple[int, str], tuple[dict, str]] = {}  # global names user code read
         self._ran: set[types.CodeType] = set()  # user code the watched runs executed
         self._narrow = False  # the guards walk only `_ran` (the full walk was unprovable); recordings are watched
+        self._memo: _NativeGuard | None = None  # the native check of the last replayed signature's arguments (see _call)
+        self._memo_builds = 0  # memos built under the current guard
+        self._memo_wait = 0  # replays that missed the memo to let pass before building another
 
     def _guard_roots(self) -> tuple:
         return (self.fn,)
@@ -117,13 +121,37 @@ class AutoTraced:
         # entry for this signature (a replay verdict, see below), the entry is replayed after
         # - the guard's native check for this grad mode (`_NativeGuard.holds`, inlined): its tree
         #   of C++ guards proves the state unchanged and checks torch's global state, the torch-
-        #   function mode stack and inference mode; then the matmul precision, torch.distributions'
+        #   function mode stack and inference mode; then the float32 precision, torch.distributions'
         #   validate_args default and what the tree cannot express (`rest`);
         # - `_outermost()`'s remaining checks: the engine's levels, the dispatch-mode and functorch
         #   stacks, the compile flag (what torch.compiler.is_compiling() returns outside TorchScript).
+        # The signature comes first: `_memo`, a native check built for the arguments of the last
+        # replayed signature (plain tensors, positional), proves them in the same C call as the
+        # state (engine.trace's key of such arguments is their tensor metadata, which it checks,
+        # and the grad mode, which its global-state guard checks), so the key is not built in
+        # Python; its entry must still be the trace's most recently used one (`_mru`: in the cache,
+        # so not cleared or evicted since). Otherwise the key is built (`_fast_signature`).
         # Anything else, a failing check included, takes the full path, which decides.
         # (An entry in the trace implies a guard and a function not found impure: _reset, which
         # both call, clears the trace.)
+        memo = self._memo
+        if memo is not None and not kwargs and not departures:
+            entry = memo.entry
+            traced = self.traced
+            if entry is traced._mru:
+                try:
+                    holds = (memo.check((args, memo.values)) and memo.read_precision() == memo.precision
+                             and _Distribution._validate_args is memo.validate and (not memo.rest or memo._rest())
+                             and not _active and not _dispatch_modes() and _interpreters() is None
+                             and not _compiler._is_compiling_flag)
+                except Exception:  # an accessor that raises (a property of a user class): the full path decides
+                    holds = False
+                if holds:
+                    traced._hits += 1  # TracedFunction._replay_hit, inlined (the entry is the most recent)
+                    try:
+                        return traced._replay(entry, [*args])
+                    except _GuardFailed:
+                        return traced._guard_failed(entry, args, kwargs)
         fast = _fast_signature(args, kwargs, False)
         if fast is not None and not departures:
             traced = self.traced
@@ -132,22 +160,42 @@ class AutoTraced:
             native = None if natives is None else natives[fast[0][0]]  # (the key leads with the grad mode)
             if native is not None:
                 try:
-                    holds = native.root.check(native.values)
-                except Exception:  # an accessor that raises (a property of a user class): the full path decides
+                    holds = (native.check(native.values) and native.read_precision() == native.precision
+                             and _Distribution._validate_args is native.validate and (not native.rest or native._rest())
+                             and not _active and not _dispatch_modes() and _interpreters() is None
+                             and not _compiler._is_compiling_flag)
+                except Exception:  # an accessor that raises, or the precision getter: the full path decides
                     holds = False
-                if (holds and _matmul_precision() == native.precision and _Distribution._validate_args is native.validate
-                        and (not native.rest or native._rest())
-                        and not _active and not _dispatch_modes() and _interpreters() is None
-                        and not _compiler._is_compiling_flag):
+                if holds:
                     traced._hits += 1  # TracedFunction._replay_hit, inlined
                     if entry is not traced._mru:
                         traced._cache.move_to_end(entry.key)
                         traced._mru = entry
+                    if (memo is None or memo.entry is not entry or memo.base is not native) and not kwargs:
+                        if self._memo_wait:
+                            self._memo_wait -= 1
+                        else:
+                            self._remember(entry, native, args)
                     try:
                         return traced._replay(entry, fast[1])
                     except _GuardFailed:
                         return traced._guard_failed(entry, args, kwargs)
         return self._checked_call(args, kwargs, fast)
+
+    def _remember(self, entry: Any, native: Any, args: tuple) -> None:
+        """Build `_memo` for these arguments' signature (see `_call`), where `_memo_wait` (counted
+        down by the caller) is 0: the first `_MEMO_BUILDS` times under a guard at once, then after
+        twice as many replays that missed it as before the last build, so that calls alternating
+        between signatures (or with arguments other than plain tensors, which get no memo) build
+        O(log calls) of them (each costs what the guard's native check took to build)."""
+        self._memo_builds += 1
+        if self._memo_builds >= _MEMO_BUILDS:
+            self._memo_wait = 1 << min(self._memo_builds, 20)
+        memo = _NativeGuard.build(native.guard, args)
+        if memo is None or memo.grad != native.grad:
+            return
+        memo.entry, memo.base = entry, native
+        self._memo = memo
 
     def _checked_call(self, args: tuple, kwargs: dict, fast: Any) -> Any:
         if self.impure is not None or not _outermost():
@@ -198,6 +246,8 @@ class AutoTraced:
         self.traced.cache_clear()
         self._signatures.clear()
         self._guard = None
+        self._memo = None
+        self._memo_builds = self._memo_wait = 0
 
     def _mark_impure(self, why: str) -> None:
         self.impure = why
@@ -244,6 +294,10 @@ class AutoTraced:
             return out
         self._guard = guard
         guard.progress = functools.partial(getattr, self.traced, "_hits")
+        # A memo proves the state of the guard it was built from; the new one may guard more (what
+        # this run read): replays check it from now on.
+        self._memo = None
+        self._memo_builds = self._memo_wait = 0
         if not _replayable_output(out, tree_flatten((args, kwargs))[0] + guard.tensors):
             self._signatures[key] = _EAGER
             return out

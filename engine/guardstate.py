@@ -56,8 +56,13 @@ item. The tree also checks torch's ambient state as it was when built (its globa
 grad mode, autocast, the default dtype; the torch-function mode stack; a probe tensor whose
 dispatch-key check sees inference mode), so it is built once per grad mode, and the replay path
 of engine.autotrace (which runs `_NativeGuard.holds` inline) needs no other check of those. Then
-the float32 matmul precision, torch.distributions' validate_args default and the few things the
-tree cannot express, in Python. Where
+the float32 precision (`float32_precision`: torch's matmul precision, or every backend's and op's
+setting where the per-backend API makes that getter raise), torch.distributions' validate_args
+default and the few things the tree cannot express, in Python. Built with a call's arguments
+(plain strided tensors: `_NativeGuard.build(guard, args)`), the same tree also proves their
+number and metadata, all that engine.trace's signature key of such arguments holds but the grad
+mode, which its global-state guard checks: engine.autotrace's replay path then builds no key in
+Python for a call like the last replayed one (`AutoTraced._memo`). Where
 the tree fails, the Python comparison decides (identities read with map/chain over the guarded
 containers; tuples and frozensets are not re-read, being immutable): a write that restored what
 was there holds, and the tags are taken anew. The check stays linear in the number of guarded
@@ -127,11 +132,31 @@ def torch_globals() -> tuple:
     """Process-wide torch settings that change what the same Python computes (the default dtype of
     factories, matmul precision, torch.distributions' argument checks); the default device and
     autocast are modes the caller refuses outright."""
-    return (_default_dtype(), _matmul_precision(), _Distribution._validate_args)
+    return (_default_dtype(), float32_precision(), _Distribution._validate_args)
 
 
 _default_dtype = torch._C.get_default_dtype
 _matmul_precision = torch._C._get_float32_matmul_precision
+_fp32_precision = getattr(torch._C, "_get_fp32_precision_getter", None)
+# The (backend, op) pairs of torch's per-backend float32 precision settings (torch.backends.cuda.
+# matmul.fp32_precision, torch.backends.mkldnn.conv.fp32_precision, ...).
+_FP32_PRECISION_KEYS = (("generic", "all"), ("cuda", "all"), ("cuda", "matmul"), ("cuda", "conv"), ("cuda", "rnn"),
+                        ("mkldnn", "all"), ("mkldnn", "matmul"), ("mkldnn", "conv"), ("mkldnn", "rnn"))
+
+
+def float32_precision() -> str | tuple[str, ...]:
+    """The float32 matmul precision (torch.get_float32_matmul_precision()), or, where that raises
+    (the per-backend API set a backend apart: `torch.backends.mkldnn.matmul.fp32_precision =
+    "bf16"` makes the legacy getter refuse to answer), every backend's and op's setting. Never
+    raises for that state: a guard that raised would make every automatically traced call fail."""
+    try:
+        return _matmul_precision()
+    except RuntimeError:
+        if _fp32_precision is None:
+            raise
+        return tuple(_fp32_precision(backend, op) for backend, op in _FP32_PRECISION_KEYS)
+
+
 _PROBE = torch.zeros(())  # private: its metadata never changes (see _NativeGuard)
 
 def _global_hook_dicts() -> list[dict]:
@@ -521,11 +546,12 @@ class _NativeGuard:
     mappingproxies are checked by the version tag of the dict behind them. A failing check is not a verdict: the
     caller compares in Python, which forgives a write that restored what was there."""
 
-    __slots__ = ("root", "values", "rest_cells", "rest_slotted", "rest_seqs", "rest_others", "guard", "grad", "precision",
-                 "validate", "rest")
+    __slots__ = ("root", "check", "values", "rest_cells", "rest_slotted", "rest_seqs", "rest_others", "guard", "grad",
+                 "precision", "read_precision", "validate", "rest", "entry", "base")
 
     def __init__(self) -> None:
         self.root: Any = None
+        self.check: Any = None  # root.check, bound once (a pybind attribute lookup costs ~400 instructions a call)
         self.values: list = []
         self.rest_cells: list[types.CellType] = []
         self.rest_slotted: list[tuple[Any, str]] = []
@@ -533,31 +559,54 @@ class _NativeGuard:
         self.rest_others = True  # whether `_rest` compares the classes' mappingproxies item by item
         self.guard: StateGuard | None = None
         self.grad = True  # the grad mode it was built under (its global-state guard checks it)
-        self.precision = ""  # the float32 matmul precision when built (no C++ guard reads it)
+        self.precision: str | tuple = ""  # the float32 precision when built (no C++ guard reads it): float32_precision()
+        self.read_precision: Any = _matmul_precision
         self.validate: bool | None = None  # torch.distributions' validate_args default when built
         self.rest = False  # whether anything is left to `_rest`
+        # A check that also proves the call's arguments (see `build`'s `args`): the trace entry
+        # their signature leads to, and the argument-free check it was built beside.
+        self.entry: Any = None
+        self.base: "_NativeGuard | None" = None
 
     @classmethod
-    def build(cls, guard: StateGuard) -> "_NativeGuard | None":
+    def build(cls, guard: StateGuard, args: tuple | None = None) -> "_NativeGuard | None":
         """The native check of `guard`'s recorded state, or None where this torch lacks the C++
-        guards (the Python comparison then runs alone)."""
+        guards (the Python comparison then runs alone).
+
+        With `args` (plain strided tensors), the check also proves that a call's arguments have
+        their metadata (type, dispatch keys, dtype, device, sizes, strides, requires_grad) and
+        number, checked as `check((args, values))`: what engine.trace's signature key of such
+        arguments is made of (with the grad mode, which the global-state guard checks), in the
+        same C call, so a call that passes needs no key built in Python (engine.autotrace)."""
         try:
-            return cls._build(guard)
+            return cls._build(guard, args)
         except (AttributeError, TypeError, RuntimeError, ValueError):
             return None
 
     @classmethod
-    def _build(cls, guard: StateGuard) -> "_NativeGuard | None":
+    def _build(cls, guard: StateGuard, args: tuple | None = None) -> "_NativeGuard | None":
         self = cls()
         self.guard = guard
         guards = torch._C._dynamo.guards
         root = self.root = guards.RootGuardManager()
+        self.check = root.check
         values = self.values
         kind = _ManagerKind.GUARD_MANAGER
+        state = root
+        if args is not None:  # the value checked is (args, values)
+            held = root.tuple_getitem_manager(0, "args", None, kind)
+            held.add_length_check_guard(len(args), ["len(args)"], None)
+            for j, t in enumerate(args):
+                if type(t) not in (torch.Tensor, torch.nn.Parameter) or t.layout != torch.strided:
+                    return None
+                held.tuple_getitem_manager(j, f"args[{j}]", None, kind).add_tensor_match_guard(
+                    t, list(t.shape), list(t.stride()), f"args[{j}]", [f"args[{j}]"], None, type(t), torch._C._dispatch_keys(t)
+                )
+            state = root.tuple_getitem_manager(1, "state", None, kind)
 
         def manager(value: Any, name: str) -> Any:
             values.append(value)
-            return root.list_getitem_manager(len(values) - 1, name, None, kind)
+            return state.list_getitem_manager(len(values) - 1, name, None, kind)
 
         def same(m: Any, value: Any, name: str) -> None:
             m.add_id_match_guard(id(value), [name], None)
@@ -571,7 +620,10 @@ class _NativeGuard:
         # validate_args default are compared in Python (`holds`, and engine.autotrace's replay
         # path, which runs `holds` inline): a C++ node costs more than the class attribute's read.
         self.grad = torch.is_grad_enabled()
-        self.precision = _matmul_precision()
+        self.precision = float32_precision()
+        # What the replay path reads it with: the legacy getter (one C call) while it answers; where
+        # it raised when built, every setting (a Python function: that state is rare).
+        self.read_precision = _matmul_precision if isinstance(self.precision, str) else float32_precision
         self.validate = _Distribution._validate_args
         root.add_global_state_guard(guards.GlobalStateGuard(), ["torch's global state"], None)
         root.add_torch_function_mode_stack_guard([], ["no torch function mode"], None)
@@ -643,7 +695,7 @@ class _NativeGuard:
             manager(obj, "object").add_type_match_guard(id(type(obj)), ["type"], None)
         self.rest = bool(self.rest_cells or self.rest_slotted or self.rest_seqs or guard.buffers
                          or (guard._others and self.rest_others))
-        if not root.check(values):
+        if not root.check(values if args is None else (args, values)):
             return None  # it does not check what it was built from: leave it to Python
         return self
 
@@ -651,11 +703,11 @@ class _NativeGuard:
         """Whether the state is as recorded (True proves it; False sends the caller to Python).
         engine.autotrace.AutoTraced._call runs this inline: keep the two alike."""
         try:
-            if not self.root.check(self.values):
+            if not self.check(self.values):
                 return False
         except Exception:  # an accessor that raises (a property of a user class): let Python decide
             return False
-        if _matmul_precision() != self.precision or _Distribution._validate_args is not self.validate:
+        if float32_precision() != self.precision or _Distribution._validate_args is not self.validate:
             return False
         return not self.rest or self._rest()
 

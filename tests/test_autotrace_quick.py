@@ -148,6 +148,38 @@ def test_a_changed_matmul_precision_is_followed():
         torch.set_float32_matmul_precision(before)
 
 
+def test_a_per_backend_float32_precision_is_followed_and_never_raises():
+    # Set through the per-backend API, a backend's precision makes torch's legacy getter
+    # (torch.get_float32_matmul_precision) raise: the guard must read every setting instead, not
+    # raise from every call, and follow a change of any of them.
+    from engine.guardstate import _FP32_PRECISION_KEYS
+
+    def scaled(x):
+        bf16 = torch.backends.mkldnn.matmul.fp32_precision == "bf16"
+        return x * (2.0 if bf16 and torch.backends.cudnn.conv.fp32_precision == "tf32" else 3.0)
+
+    before = [torch._C._get_fp32_precision_getter(backend, op) for backend, op in _FP32_PRECISION_KEYS]
+    try:
+        fn = engine.vmap(scaled)
+        x = torch.randn(4, 3)
+        torch.backends.cudnn.conv.fp32_precision = "tf32"
+        _replaying(fn, x)
+        torch.backends.mkldnn.matmul.fp32_precision = "bf16"
+        for _ in range(6):  # verified again, recorded and replayed under the new setting
+            torch.testing.assert_close(fn(x), x * 2.0)
+        state = _replaying(fn, x)
+        torch.backends.cudnn.conv.fp32_precision = "ieee"  # a change while the legacy getter still raises
+        with pytest.raises(RuntimeError):
+            torch.get_float32_matmul_precision()
+        for _ in range(6):
+            torch.testing.assert_close(fn(x), x * 3.0)
+        assert state.impure is None
+    finally:
+        for (backend, op), value in zip(_FP32_PRECISION_KEYS, before):
+            torch._C._set_fp32_precision_setter(backend, op, value)
+    torch.get_float32_matmul_precision()  # restored: the legacy getter answers again
+
+
 def test_disabled_torch_function_gives_the_eager_result():
     fn = engine.vmap(lambda x: x.sin() * 2)
     x = torch.randn(4, 3)

@@ -8,12 +8,13 @@ function and on an MLP of 2, 16 and 64 blocks (Linear + Tanh, parameters frozen 
 allowed), `vmap(grad(loss))` over a batch of 8. The two callables are timed call by call,
 alternating, in CPU seconds of this process (time.process_time: what other processes' load does
 not inflate), and reported as the median [quartiles] of the per-pair ratio auto/trace, with the
-guard check alone (StateGuard.holds) in microseconds. Both run on the replay tier (the fused tier
+guard check alone (StateGuard.holds, the full path's) and the replay path's check alone (the
+native check of the state and the arguments, AutoTraced._memo) in microseconds. Both run on the replay tier (the fused tier
 off): what is measured is the bookkeeping, not which tier a signature reached.
 
 `--count` gives the same comparison in instructions per call instead (valgrind's callgrind, through
 vmapbench.counts: deterministic where CPU times on a shared machine are not): the process reruns
-itself under callgrind and counts `COUNT_CALLS` calls of each callable, and of the guard check.
+itself under callgrind and counts `COUNT_CALLS` calls of each callable, and of the two checks.
 """
 from __future__ import annotations
 
@@ -59,7 +60,7 @@ def _pair(blocks: int) -> tuple[Callable, Callable, Any, torch.Tensor]:
     auto = engine.vmap(engine.grad(loss))
     traced = engine.trace(engine.vmap(engine.grad(loss)))
     x = torch.randn(8, 16)
-    for _ in range(4):
+    for _ in range(6):  # seen, verified, recorded, replayed (the full path builds the native check), memo built
         auto(x)
         traced(x)
     state = autotraced_state(auto)
@@ -82,11 +83,25 @@ def measure(blocks: int, rounds: int = 15, budget: float = 0.02) -> dict[str, fl
         ratios.append(times[id(auto)] / times[id(traced)])
     guard = state._guard
     holds = min(_cpu(guard.holds, 200) for _ in range(3)) if guard is not None else float("nan")
+    check = _replay_check(state, x)
+    checks = min(_cpu(check, 200) for _ in range(3)) if check is not None else float("nan")
     q = statistics.quantiles(ratios, n=4)
     return {
         "blocks": blocks, "trace_us": statistics.median(t_trace) * 1e6, "auto_us": statistics.median(t_auto) * 1e6,
         "ratio": statistics.median(ratios), "ratio_q1": q[0], "ratio_q3": q[-1], "guard_us": holds * 1e6,
+        "check_us": checks * 1e6,
     }
+
+
+def _replay_check(state: Any, x: torch.Tensor) -> Callable[[], Any] | None:
+    """The replay path's native check (state and arguments in one C call), or None where none was built."""
+    memo = state._memo
+    if memo is None:
+        return None
+    values, args = memo.values, (x,)
+    if not memo.check((args, values)):
+        raise RuntimeError("bench_guards: the replay path's check does not hold for the measured call")
+    return lambda: memo.check((args, values))
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -119,11 +134,12 @@ def _count(args: argparse.Namespace) -> int:
                    "--threads", str(args.threads), "--blocks", *map(str, args.blocks)]
         subprocess.run(command, check=True)
         dumped = counts.read_dumps(out)
-    print(f"{'model':>12} {'trace instr':>12} {'auto instr':>12} {'auto/trace':>10} {'guard instr':>12}")
+    print(f"{'model':>12} {'trace instr':>12} {'auto instr':>12} {'auto/trace':>10} {'guard instr':>12} {'check instr':>12}")
     for blocks in args.blocks:
         name = "tiny fn" if blocks == 0 else f"{blocks} blocks"
         trace, auto, guard = (dumped[f"{blocks}:{what}"] / COUNT_CALLS for what in ("trace", "auto", "guard"))
-        print(f"{name:>12} {trace:12.0f} {auto:12.0f} {auto / trace:10.3f} {guard:12.0f}", flush=True)
+        check = dumped.get(f"{blocks}:check", float("nan") * COUNT_CALLS) / COUNT_CALLS
+        print(f"{name:>12} {trace:12.0f} {auto:12.0f} {auto / trace:10.3f} {guard:12.0f} {check:12.0f}", flush=True)
     return 0
 
 
@@ -132,7 +148,11 @@ def _count_child(args: argparse.Namespace) -> int:
     for blocks in args.blocks:
         auto, traced, state, x = _pair(blocks)
         guard = state._guard
-        for label, fn in (("trace", lambda: traced(x)), ("auto", lambda: auto(x)), ("guard", guard.holds)):
+        measured = [("trace", lambda: traced(x)), ("auto", lambda: auto(x)), ("guard", guard.holds)]
+        check = _replay_check(state, x)
+        if check is not None:
+            measured.append(("check", check))
+        for label, fn in measured:
             fn()
             with requests.region(f"{blocks}:{label}"):
                 for _ in range(COUNT_CALLS):
@@ -141,12 +161,12 @@ def _count_child(args: argparse.Namespace) -> int:
 
 
 def _report(args: argparse.Namespace) -> int:
-    print(f"{'model':>12} {'trace us':>10} {'auto us':>10} {'auto/trace [q1-q3]':>22} {'guard us':>9}")
+    print(f"{'model':>12} {'trace us':>10} {'auto us':>10} {'auto/trace [q1-q3]':>22} {'guard us':>9} {'check us':>9}")
     for blocks in args.blocks:
         m = measure(blocks, args.rounds)
         name = "tiny fn" if blocks == 0 else f"{blocks} blocks"
         ratio = f"{m['ratio']:.3f} [{m['ratio_q1']:.2f}-{m['ratio_q3']:.2f}]"
-        print(f"{name:>12} {m['trace_us']:10.1f} {m['auto_us']:10.1f} {ratio:>22} {m['guard_us']:9.1f}", flush=True)
+        print(f"{name:>12} {m['trace_us']:10.1f} {m['auto_us']:10.1f} {ratio:>22} {m['guard_us']:9.1f} {m['check_us']:9.1f}", flush=True)
     return 0
 
 
