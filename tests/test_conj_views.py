@@ -93,6 +93,26 @@ def test_a_conjugate_input_written_in_place_raises() -> None:
         engine.vmap(lambda a: a.mul_(2))(x.conj())
 
 
+def test_the_viewed_tensor_of_a_conjugate_input_written_inside_raises() -> None:
+    """vmap over `x.conj()`: torch.func's input is a view of `x`, so writing `x` inside the function
+    changes it; the engine's resolved copy would not see the write."""
+    x = _x(3, 2)
+
+    def f(a: torch.Tensor) -> torch.Tensor:
+        x.add_(1)
+        return a * 2
+
+    with pytest.raises(VmapError, match="still alive"):
+        engine.vmap(f)(x.conj())
+
+
+def test_the_error_names_the_op_the_view_and_the_fix() -> None:
+    with pytest.raises(VmapError) as info:
+        engine.vmap(_writer(torch.conj, INTO_COPY["mul_"]))(_x(3, 2))
+    text = str(info.value)
+    assert "mul_" in text and "conj()" in text and "conj_physical()" in text
+
+
 @pytest.mark.parametrize("into", ["copy", "base"])
 def test_nested_vmap_raises(into: str) -> None:
     f = _writer(torch.conj, INTO_COPY["mul_"] if into == "copy" else INTO_BASE["add_"])
