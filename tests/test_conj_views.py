@@ -85,6 +85,20 @@ def test_a_write_into_the_callers_tensor_closed_over_raises() -> None:
         engine.vmap(f)(x)
 
 
+@pytest.mark.parametrize("randomness", ["same", "different"])
+def test_a_random_fill_of_the_callers_tensor_raises(randomness: str) -> None:
+    """normal_ of an unbatched tensor takes VmapMode's path for random ops: checked there too."""
+    x = _x(3, 2)
+
+    def f(a: torch.Tensor) -> torch.Tensor:
+        y = a.conj()
+        x.normal_()
+        return y
+
+    with pytest.raises(VmapError, match="still alive"):
+        engine.vmap(f, randomness=randomness)(x)
+
+
 def test_a_conjugate_input_written_in_place_raises() -> None:
     """A conjugate view passed to vmap enters resolved (a copy): a write into it would not reach
     the viewed tensor, which torch.func writes through."""
