@@ -19,6 +19,7 @@ from typing import Any, Callable
 
 import torch
 
+from engine._view_copies import note_copy
 from engine.errors import DataDependentError
 
 
@@ -223,9 +224,12 @@ class _RemoveBatchDim(torch.autograd.Function):
 def enter(x: torch.Tensor, level: int, batch_size: int) -> torch.Tensor:
     """`x` (batch at dim 0) as a vmap input of `level`. A conjugate or negative view is resolved
     first (a copy): rules run below PyTorch's Conjugate/Negative keys and would read its raw memory
-    (engine.rules.complex_ops)."""
+    (engine.rules.complex_ops). In-place writes that would show the copy (into it, or into the
+    viewed tensor while it lives) are refused (engine._view_copies)."""
     if x.is_conj() or x.is_neg():
+        view = x
         x = x.resolve_conj().resolve_neg()
+        note_copy(x, view, "the conjugate/negative view passed to vmap")
     if x.requires_grad and torch.is_grad_enabled():
         return _AddBatchDim.apply(x, level, batch_size)
     return add_batch_dim(x, level)

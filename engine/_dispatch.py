@@ -16,6 +16,7 @@ from engine import _gradsum
 from engine._batched import BatchedTensor, LevelInfo, _active, _make_wrapper, add_batch_dim, install_dispatch, wrap
 from engine._fallbacks import FallbackRecord, _note_fallback, fallback_policy, record_fallbacks  # noqa: F401  (engine's API)
 from engine._opmeta import _OpMeta, op_meta, op_name, out_of_place_view  # noqa: F401  (read here and by engine.trace)
+from engine._view_copies import LIVE as _VIEW_COPIES, check_writes, note_copy
 from engine.custom_ops import custom_vmap_rule, run_custom_op
 from engine.errors import DataDependentError, FallbackError, RandomnessError, VmapError
 from engine.rules._helpers import python_binding
@@ -122,8 +123,23 @@ def _build_plan(func: Any) -> Callable[[tuple, dict], Any]:
             raise unsupported_random_error(func)
     else:
         plan = _rule_plan(func, op_meta(func), rule)
+        if op_meta(func).mutated:
+            plan = _checked_writes(plan, op_meta(func).mutated, op_name(func))
     PLANS[func] = plan
     return plan
+
+
+def _checked_writes(plan: Callable[[tuple, dict], Any], mutated: tuple, name: str) -> Callable[[tuple, dict], Any]:
+    """`plan` of an op that writes in place, refusing a write that would show a view made a copy
+    under vmap (engine._view_copies). While no such copy lives, the check is one dict's truth test."""
+    live = _VIEW_COPIES
+
+    def checked(args: tuple, kwargs: dict) -> Any:
+        if live:
+            check_writes(args, mutated, name)
+        return plan(args, kwargs)
+
+    return checked
 
 
 def _rule_plan(func: Any, meta: _OpMeta, rule: Any) -> Callable[[tuple, dict], Any]:
@@ -689,7 +705,26 @@ def fallback(func: Any, info: LevelInfo, args: tuple, kwargs: dict) -> Any:
         results.append(func(*_slice(args, i, level), **_slice_kwargs(kwargs, i, level)))
     if meta.returns_self:
         return args[meta.mutated[0]]
-    return _stack_results(results, level)
+    out = _stack_results(results, level)
+    if _returns_view(func):
+        _note_stacked_views(func, args, out, level)
+    return out
+
+
+def _returns_view(func: Any) -> bool:
+    """Whether `func` returns a view of an input (a return aliased, not written: `Tensor(a)`)."""
+    return any(r.alias_info is not None and not r.alias_info.is_write for r in func._schema.returns)
+
+
+def _note_stacked_views(func: Any, args: tuple, out: Any, level: int) -> None:
+    """The fallback's result of a view op is a stack of per-element views: a copy where torch.func
+    has a view. Recorded as such (engine._view_copies), so in-place writes that would show it raise."""
+    outs = out if isinstance(out, (tuple, list)) else (out,)
+    bases = [a for a in args if type(a) is BatchedTensor and a._level == level]
+    for o in outs:
+        if isinstance(o, torch.Tensor):
+            for b in bases:
+                note_copy(o, b, f"{op_name(func)} (run per element by the for-loop fallback)")
 
 
 def _slice_kwargs(kwargs: dict, i: int, level: int) -> dict:
@@ -745,8 +780,24 @@ _PLAIN: dict[Any, Any] = {}
 def _plain_call(func: Any) -> Any:
     special = func in _FRESH or torch.Tag.nondeterministic_seeded in func.tags
     call = _SPECIAL if special else (func._op if type(func) is torch._ops.OpOverload else func)
+    if call is not _SPECIAL and type(func) is torch._ops.OpOverload and op_meta(func).mutated:
+        call = _checked_plain(call, op_meta(func).mutated, op_name(func))
     _PLAIN[func] = call
     return call
+
+
+def _checked_plain(call: Any, mutated: tuple, name: str) -> Any:
+    """`call` of an op writing in place into unbatched tensors inside vmap (a closed-over tensor,
+    the caller's input itself), refusing a write into the base of a view made a copy under vmap
+    (engine._view_copies): `x.add_(1)` while the batched `x_i.conj()` lives."""
+    live = _VIEW_COPIES
+
+    def checked(*args: Any, **kwargs: Any) -> Any:
+        if live:
+            check_writes(args, mutated, name)
+        return call(*args, **kwargs)
+
+    return checked
 
 
 class VmapMode(TorchDispatchMode):
@@ -774,6 +825,8 @@ class VmapMode(TorchDispatchMode):
             call = _plain_call(func)
         if call is not _SPECIAL:  # neither random nor a fresh-memory factory: the op itself
             return call(*args, **kwargs)
+        if _VIEW_COPIES and op_meta(func).mutated:  # a random fill in place (normal_) of an unbatched tensor
+            check_writes(args, op_meta(func).mutated, op_name(func))
         if func in _FRESH and self.info.randomness == "different":
             return fresh_per_element(func, self.info, args, kwargs)
         if func in UNSUPPORTED_RANDOM:

@@ -33,6 +33,17 @@ for op in ops_of("view.default", "reshape.default"):
 RULES[aten._unsafe_view.default] = _shape_rule(aten.reshape.default)
 
 
+@register_rule(aten.view.dtype)
+def _view_dtype(info, in_dims, x, dtype):
+    """Tensor.view(dtype): the same memory read as another dtype, a view of the physical tensor as
+    torch.func's (the for-loop fallback would stack per-element views into a copy, which an
+    in-place write would tell apart). Where the element size changes, the op's own checks (a 0-dim
+    element cannot; the last dim must be contiguous) run first on one element, whose view is free."""
+    if x.element_size() != dtype.itemsize and x.shape[0]:
+        aten.view.dtype(x[0], dtype)
+    return aten.view.dtype(x, dtype), 0
+
+
 @register_rule(aten.view_copy.default)
 @physical_rule
 def _view_copy(x, size):
