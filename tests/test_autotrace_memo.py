@@ -167,17 +167,6 @@ def test_ambient_torch_state_the_memo_was_not_built_under_gives_the_eager_result
     torch.testing.assert_close(out, ref)
 
 
-def test_inside_a_functorch_transform_the_memo_does_not_replay():
-    fn = engine.vmap(lambda x: _sin2(x))
-    x = torch.randn(4, 3)
-    state = _replaying(fn, x)
-    eager = state.eager_calls
-    ys = torch.randn(2, 4, 3)
-    out = torch.func.vmap(lambda y: fn(x) + y)(ys)
-    assert state.eager_calls == eager + 1
-    torch.testing.assert_close(out, x.sin() * 2 + ys)
-
-
 def _scaled(x):
     return x * SCALE
 
