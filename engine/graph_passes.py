@@ -493,8 +493,9 @@ class Fold:
         self._contents: list[torch.Tensor] = []
         # The sources' memory as memoryviews (taken with the contents, while the state below holds
         # they see exactly the sources' bytes), with `_contents` their bytes: a replay compares
-        # them with one memcmp per source instead of torch.equal's dispatch and kernel (a fifth of
-        # the time on a few KB); None where a source needs _same_bits (see _byte_views).
+        # them by a bytes copy and one memcmp per source instead of torch.equal's dispatch and
+        # kernel (a fifth of the time on a few KB); None where a source needs _same_bits (see
+        # _byte_views).
         self._live: list[memoryview] | None = None
         self._watchable = all(t.layout == torch.strided and t.numel() <= FOLD_WATCH_ELEMENTS for t in sources)
 

@@ -31,6 +31,7 @@ from torch.utils._pytree import tree_flatten
 
 import engine
 from engine.autotrace import autotraced_state
+from tests.threads import run_together
 
 WARM = 4  # calls that take a signature through eager, watched, recorded, replayed
 AFTER = 3  # calls after a change: the first may be the stale replay, later ones a re-recording
@@ -1387,11 +1388,7 @@ def test_threads_call_one_transformed_function_concurrently():
         except BaseException as err:  # noqa: BLE001 (reported below, in the main thread)
             errors.append(err)
 
-    threads = [threading.Thread(target=worker, args=(i,)) for i in range(len(inputs))]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join()
+    run_together(worker, range(len(inputs)))
     assert not errors, errors
 
 
@@ -1412,11 +1409,7 @@ def test_threads_calling_a_cold_grad_transform_get_torch_func_results():
             except BaseException as err:  # noqa: BLE001 (raised below, in the main thread)
                 outs[i].append(err)
 
-    threads = [threading.Thread(target=worker, args=(i,)) for i in range(len(inputs))]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join()
+    run_together(worker, range(len(inputs)))
     for want, got in zip(wants, outs):
         for out in got:
             if isinstance(out, BaseException):
@@ -1444,11 +1437,7 @@ def test_threads_with_their_own_grad_mode_and_shapes():
         except BaseException as err:  # noqa: BLE001
             errors.append(err)
 
-    threads = [threading.Thread(target=worker, args=(i,)) for i in range(len(shapes))]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join()
+    run_together(worker, range(len(shapes)))
     assert not errors, errors
 
 
@@ -1501,11 +1490,7 @@ def test_thread_switching_auto_tracing_off_does_not_disturb_another():
         except BaseException as err:  # noqa: BLE001
             errors.append(err)
 
-    threads = [threading.Thread(target=worker, args=(e,)) for e in (True, False, True, False)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join()
+    run_together(worker, (True, False, True, False))
     assert not errors, errors
     assert _replaying(g)
 

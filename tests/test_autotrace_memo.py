@@ -5,8 +5,6 @@ differ from what the memo was built for must not replay through it: each test as
 equals the eager call's, and that the memo path was (or was not) taken where that is the point."""
 from __future__ import annotations
 
-import threading
-
 import pytest
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
@@ -14,6 +12,7 @@ from torch.utils._python_dispatch import TorchDispatchMode
 import engine
 from engine import autoswitch, autotrace
 from engine.autotrace import autotraced_state
+from tests.threads import run_together
 
 # The memo path is the standard state's (engine.autoswitch.departures empty): a process whose
 # default verifies every replay (VMAPBENCH_AUTO_TRACE=verify, CI's second pass) or is off never
@@ -226,11 +225,7 @@ def test_threads_with_different_signatures_get_their_own_results():
         except Exception as exc:  # noqa: BLE001 - reported below
             failures.append(exc)
 
-    threads = [threading.Thread(target=work, args=(i,)) for i in range(len(inputs))]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join()
+    run_together(work, range(len(inputs)))
     assert failures == []
 
 
