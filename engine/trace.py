@@ -292,8 +292,20 @@ class _DataGuard(TorchDispatchMode):
         return value
 
     def all_hold(self) -> torch.Tensor:
-        """One graph value: whether every recorded condition holds (the replay's guard)."""
-        return torch.stack(self.conditions).all()
+        """One graph value: whether every recorded condition holds (the replay's guard).
+
+        The conditions live where the tensors they were read off live: a model on CUDA whose
+        torch.distributions checks also read a CPU scalar gives conditions on both. Each device's
+        are reduced there; the answers meet on the CPU, where the replay reads the guard anyway.
+        """
+        conditions = self.conditions
+        device = conditions[0].device
+        if all(c.device == device for c in conditions):
+            return torch.stack(conditions).all()
+        per_device: dict[torch.device, list[torch.Tensor]] = {}
+        for c in conditions:
+            per_device.setdefault(c.device, []).append(c)
+        return torch.stack([torch.stack(cs).all().cpu() for cs in per_device.values()]).all()
 
 
 def _shape_is_static(func: Any, args: tuple, kwargs: dict) -> bool:

@@ -8,8 +8,11 @@ from __future__ import annotations
 import pytest
 import torch
 
+from torch.utils._pytree import tree_leaves
+
 import workloads
 from vmapbench import cli
+from workloads import peers
 from workloads import COMPILED_METHODS, ENGINE_METHODS, measure
 
 pytestmark = [
@@ -22,21 +25,41 @@ CASES = [(w.name, m) for w in ALL for m in w.methods if m not in COMPILED_METHOD
 ENGINE_CASES = [(n, m) for n, m in CASES if m in ENGINE_METHODS]
 
 
-@pytest.mark.parametrize("name,method", CASES, ids=[f"{n}-{m}" for n, m in CASES])
-def test_method_matches_float64_loop_on_cuda(name: str, method: str) -> None:
+# Where no vmap can run on CUDA: nn.LSTM there is cuDNN's fused kernel (aten::_cudnn_rnn), which
+# neither torch.func nor the engine batches (torch.func fails inside it; the engine refuses it by
+# name). Expected to fail, strictly: the day one of them passes, the mark must go.
+CUDNN_RNN = "cuDNN's fused RNN kernel has no batching rule (torch.func fails inside it; the engine refuses it)"
+EXPECTED_FAILURES = {("nn_lstm", m): CUDNN_RNN for m in ("torch_func", *ENGINE_METHODS)}
+
+
+def _cases(cases: list[tuple[str, str]]) -> list:
+    return [pytest.param(n, m, id=f"{n}-{m}", marks=[pytest.mark.xfail(reason=EXPECTED_FAILURES[n, m], strict=True)]
+                         if (n, m) in EXPECTED_FAILURES else []) for n, m in cases]
+
+
+def _setup(name: str, method: str):
     w = workloads.get(name)
-    state = w.setup(w.params(w.sizes[0]), "cuda")
+    try:
+        peers.check_available(method)
+    except peers.PeerUnavailable as exc:
+        pytest.skip(str(exc))
+    return w, w.setup(w.params(w.sizes[0]), "cuda")
+
+
+@pytest.mark.parametrize("name,method", _cases(CASES))
+def test_method_matches_float64_loop_on_cuda(name: str, method: str) -> None:
+    w, state = _setup(name, method)
     out = w.run(method, state)
-    assert all(t.device.type == "cuda" for t in (out if isinstance(out, (tuple, list)) else [out]))
+    leaves = [t for t in tree_leaves(out) if isinstance(t, torch.Tensor)]
+    assert leaves and all(t.device.type == "cuda" for t in leaves)
     w.check(state, [method])
 
 
-@pytest.mark.parametrize("name,method", ENGINE_CASES, ids=[f"{n}-{m}" for n, m in ENGINE_CASES])
+@pytest.mark.parametrize("name,method", _cases(ENGINE_CASES))
 def test_engine_method_has_no_fallback_on_cuda(name: str, method: str) -> None:
     import engine
 
-    w = workloads.get(name)
-    state = w.setup(w.params(w.sizes[0]), "cuda")
+    w, state = _setup(name, method)
     with engine.fallback_policy("error"):
         w.run(method, state)
 

@@ -35,7 +35,19 @@ def resolve_device(device: str) -> torch.device:
         )
     if dev.type not in ("cpu", "cuda"):
         raise NotImplementedError(f"device {device!r} is not supported; use 'cpu' or 'cuda'")
+    if dev.type == "cuda":
+        full_float32()
     return dev
+
+
+def full_float32() -> None:
+    """float32 means float32 on CUDA too: TF32 off for cuDNN (its default is on, for convolutions
+    and RNNs) and for cuBLAS. Every method then computes what it computes on CPU, so the methods
+    compare like for like and each passes the float64-loop check at the float32 tolerance (with
+    TF32's 10-bit mantissa, the CNN workloads' ReLU and max-pool kinks flip and even the loop
+    differs from its float64 twin by 1-5%). The JAX peer is set to match (`load_jax`)."""
+    torch.backends.cudnn.allow_tf32 = False
+    torch.backends.cuda.matmul.allow_tf32 = False
 
 
 def cast(value: Any, device: torch.device, dtype: torch.dtype) -> Any:

@@ -1,5 +1,8 @@
-"""Scaled dot-product attention on CPU (`_scaled_dot_product_flash_attention_for_cpu` and its
-backward), as nn.MultiheadAttention and nn.TransformerEncoderLayer run it.
+"""Scaled dot-product attention, as nn.MultiheadAttention and nn.TransformerEncoderLayer run it:
+on CPU `_scaled_dot_product_flash_attention_for_cpu` and its backward; on CUDA in float32,
+`_scaled_dot_product_efficient_attention` and its backward (the kernel SDPA picks there for float32;
+the flash and cuDNN kernels take half precision only and have no rule: they run in the for-loop
+fallback, which warns).
 
 The kernel takes [N, H, L, E] operands and treats N as independent sequences, so the batch
 joins N: one kernel call for the whole batch. The op is tagged random because of `dropout_p`;
@@ -13,7 +16,7 @@ from __future__ import annotations
 
 import torch
 
-from engine.errors import RandomnessError
+from engine.errors import RandomnessError, VmapError
 from engine.rules._helpers import materialize
 from engine.rules._table import RULES
 
@@ -73,5 +76,65 @@ def _dropout_p_is_zero(position: int):
 
 flash_attention_rule.deterministic_when = _dropout_p_is_zero(3)  # type: ignore[attr-defined]
 flash_attention_backward_rule.deterministic_when = _dropout_p_is_zero(6)  # type: ignore[attr-defined]
+
+
+
+def _fold_bias(bias, d, B: int, n: int, h: int, L: int, S: int):
+    """An attention bias for the folded [B*N, H, L, S] call: broadcast (from the right, as SDPA
+    broadcasts it) to [B, N, H, L, S], then folded. The folded copy is padded so that its rows start
+    16-element aligned, which the CUDA kernel needs (what SDPA's own `pad_bias` does)."""
+    if bias is None:
+        return None
+    if d is None:
+        full = bias.expand(n, h, L, S).unsqueeze(0).expand(B, n, h, L, S)
+    else:
+        full = bias.reshape((B,) + (1,) * (5 - bias.dim()) + tuple(bias.shape[1:])).expand(B, n, h, L, S)
+    pad = -S % 16
+    if pad == 0:
+        return full.reshape(B * n, h, L, S)
+    return aten.constant_pad_nd.default(full.reshape(B * n, h, L, S), [0, pad])[..., :S]
+
+
+def efficient_attention_rule(info, in_dims, q, k, v, attn_bias, compute_log_sumexp, dropout_p=0.0, is_causal=False,
+                             *, scale=None):
+    _check_randomness(info, dropout_p)
+    B = info.batch_size
+    qb = materialize(q, in_dims[0], B)
+    n, h, L = qb.shape[1], qb.shape[2], qb.shape[3]
+    S = materialize(k, in_dims[1], B).shape[3]
+    qf, kf, vf = (_fold(t, d, B) for t, d in zip((q, k, v), in_dims))
+    bias = _fold_bias(attn_bias, in_dims[3], B, n, h, L, S)
+    out, lse, seed, offset = aten._scaled_dot_product_efficient_attention.default(
+        qf, kf, vf, bias, compute_log_sumexp, dropout_p, is_causal, scale=scale)
+    return (out.unflatten(0, (B, n)), lse.unflatten(0, (B, n)), seed, offset), (0, 0, None, None)
+
+
+def efficient_attention_backward_rule(info, in_dims, grad_out, q, k, v, attn_bias, out, lse, seed, offset, dropout_p,
+                                      grad_input_mask, is_causal=False, *, scale=None):
+    _check_randomness(info, dropout_p)
+    if in_dims[7] is not None or in_dims[8] is not None:
+        raise VmapError("vmap: the random state of a batched efficient-attention call came batched (philox seed or "
+                        "offset); it must be the one state the folded forward drew with.")
+    if attn_bias is not None and grad_input_mask[3]:
+        raise VmapError(
+            "vmap: the gradient of scaled_dot_product_attention with respect to its attn_mask has no batching rule "
+            "on CUDA (efficient attention); detach the mask, or run on CPU, where the rule handles it.")
+    B = info.batch_size
+    qb = materialize(q, in_dims[1], B)
+    n, h, L = qb.shape[1], qb.shape[2], qb.shape[3]
+    S = materialize(k, in_dims[2], B).shape[3]
+    folded = [_fold(t, d, B) for t, d in zip((grad_out, q, k, v), in_dims[:4])]
+    bias = _fold_bias(attn_bias, in_dims[4], B, n, h, L, S)
+    out_f, lse_f = _fold(out, in_dims[5], B), _fold(lse, in_dims[6], B)
+    gq, gk, gv, _ = aten._scaled_dot_product_efficient_attention_backward.default(
+        *folded, bias, out_f, lse_f, seed, offset, dropout_p, [*grad_input_mask[:3], False], is_causal, scale=scale)
+    grads = tuple(g.unflatten(0, (B, n)) if g is not None and g.numel() else g for g in (gq, gk, gv))
+    return grads + (None,), (0, 0, 0, None)
+
+
 RULES[aten._scaled_dot_product_flash_attention_for_cpu.default] = flash_attention_rule
 RULES[aten._scaled_dot_product_flash_attention_for_cpu_backward.default] = flash_attention_backward_rule
+efficient_attention_rule.deterministic_when = _dropout_p_is_zero(5)  # type: ignore[attr-defined]
+efficient_attention_backward_rule.deterministic_when = _dropout_p_is_zero(9)  # type: ignore[attr-defined]
+RULES[aten._scaled_dot_product_efficient_attention.default] = efficient_attention_rule
+RULES[aten._scaled_dot_product_efficient_attention_backward.default] = efficient_attention_backward_rule

@@ -227,5 +227,19 @@ def mkldnn_rnn_layer_backward_rule(info, in_dims, x, w0, w1, w2, w3, hx, cx, out
     return (gx, gw_ih, gw_hh, gb_ih, gb_ih, ghx.reshape(hm.shape), gcx.reshape(cm.shape)), (0, 0, 0, 0, 0, 0, 0)
 
 
+def cudnn_rnn_rule(info, in_dims, *args, **kwargs):
+    """nn.RNN/GRU/LSTM on CUDA: cuDNN's fused kernel, which takes the whole recurrence (and its
+    weights flattened into one buffer) in one call. No rule batches it (torch.func has none
+    either, and fails inside it), so it is refused by name rather than looped blind."""
+    raise VmapError(
+        "vmap: nn.RNN/nn.GRU/nn.LSTM on CUDA runs cuDNN's fused kernel (aten::_cudnn_rnn), which has no batching "
+        "rule in this engine (torch.func has none either). Run the vmapped recurrent layer on CPU, where the "
+        "engine batches it (mkldnn_rnn_layer), or loop over the batch on CUDA.")
+
+
+# Tagged random for its dropout; refused whatever the dropout, with the reason above rather than
+# as a random op.
+cudnn_rnn_rule.deterministic_when = lambda args, kwargs: True  # type: ignore[attr-defined]
+RULES[aten._cudnn_rnn.default] = cudnn_rnn_rule
 RULES[aten.mkldnn_rnn_layer.default] = mkldnn_rnn_layer_rule
 RULES[aten.mkldnn_rnn_layer_backward.default] = mkldnn_rnn_layer_backward_rule

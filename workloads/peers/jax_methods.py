@@ -125,6 +125,9 @@ def load_jax(device: str | torch.device = "cpu") -> ModuleType:
                 f"the jax method on CUDA needs a CUDA-enabled jaxlib; jax {jax.__version__} here only has "
                 f"{sorted({d.platform for d in jax.devices()})} (install `jax[cuda12]`)"
             ) from None
+        # XLA on GPUs multiplies float32 matrices (and convolves) in TF32 by default; the torch
+        # methods run in full float32 there (workloads.define.full_float32), and so does this.
+        jax.config.update("jax_default_matmul_precision", "highest")
         return jax
     single = _single_thread_flags_set()
     if threads == 1 and not single:
