@@ -53,3 +53,12 @@ def test_make_bench_records_samples():
     source = (ROOT / "vmapbench" / "bench.py").read_text()
     assert '"--record-samples"' in source
     assert "clean_result_names(root / \"results\")" in source
+
+
+def test_runs_with_cuda_spawn_each_benchmark_process():
+    """A forked child cannot initialize CUDA after its parent has (every CUDA point of the first
+    GPU run failed so); CPU-only runs keep asv.conf.json's fork server."""
+    from vmapbench.bench import launch_args
+
+    assert launch_args(["cpu", "cuda"]) == ["--launch-method", "spawn"] == launch_args(("cuda",))
+    assert launch_args(["cpu"]) == []

@@ -155,6 +155,18 @@ def bench_env(profile: str, devices: Sequence[str] | None, root: Path) -> dict[s
     return env
 
 
+def launch_args(devices: Sequence[str]) -> list[str]:
+    """asv's launch method for a run on `devices`.
+
+    asv.conf.json's forkserver imports the suite once and forks a process per benchmark, which
+    keeps a CPU run short. A forked child cannot initialize CUDA once its parent has: on the first
+    GPU run (an H100, .ci/gpu-check) every CUDA point failed in setup with "Cannot re-initialize
+    CUDA in forked subprocess", although importing the suite and its warm-up leave CUDA
+    uninitialized. A run with CUDA points therefore spawns each benchmark process (each pays the
+    imports; the CPU-only quick profile keeps the fork server)."""
+    return ["--launch-method", "spawn"] if "cuda" in devices else []
+
+
 class NaRowFilter:
     """Drops the rows of asv's result tables that hold only parameter values and 'n/a'.
 
@@ -450,7 +462,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     # --record-samples: every timing's samples are kept, so the dashboard's intervals come from
     # the same numbers as the gate's (vmapbench.stats.row_estimate).
     common = ["--machine", machine, "--durations", "10", "--record-samples", *[f"--bench={r}" for r in regexes],
-              *args.asv_args]
+              *launch_args(devices or selection.PROFILE_DEVICES[args.profile]), *args.asv_args]
     if args.commits:
         hashfile = root / ".asv" / "bench-commits.txt"
         hashfile.parent.mkdir(exist_ok=True)
