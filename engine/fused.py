@@ -206,10 +206,18 @@ INDEX = GraphIndex()
 
 class FusedProgram:
     """Inductor's generated `call` for one graph, with the checks the engine's signature leaves
-    open: the strides and 16-byte data alignment the program was compiled for, and that no input
-    needs autograd. `__call__` returns None when they do not hold (the caller replays)."""
+    open: the strides the program was compiled for, that no input needs autograd, and the 16-byte
+    data alignment it assumes. `__call__` returns None when they do not hold (the caller replays).
 
-    __slots__ = ("call", "strides", "key", "seconds", "source")
+    An input that is not aligned (a view starting mid-row: `x[1:]`, or a folded constant such as a
+    slice of `eye`, which Rosenbrock's Hessian feeds on every call) is copied into fresh memory of
+    the same strides first, as torch.compile's runtime copies misaligned inputs. The program is
+    functional (no input is written), so the copy changes nothing, unless an output is a view of
+    that input: then the output would view the copy instead of the caller's memory. So the outputs
+    are checked against the copies; one that shares a copy's memory is thrown away, the call
+    replays, and the program stops copying (misaligned calls replay from then on)."""
+
+    __slots__ = ("call", "strides", "key", "seconds", "source", "copies_ok")
 
     def __init__(self, call: Callable, strides: tuple, key: str, seconds: float, source: str) -> None:
         self.call = call
@@ -217,14 +225,35 @@ class FusedProgram:
         self.key = key
         self.seconds = seconds  # what this program cost to get: the compile, or the load from disk
         self.source = source
+        self.copies_ok = True
 
     def __call__(self, inputs: list) -> Any:
         # map over C functions, no Python frame per input: these checks run on every fused call
-        if tuple(map(_stride, inputs)) != self.strides or any(map(operator.and_, map(_data_ptr, inputs), _ALIGN)):
+        if tuple(map(_stride, inputs)) != self.strides:
             return None
         if torch.is_grad_enabled() and any(map(_requires_grad, inputs)):
             return None
+        if any(map(operator.and_, map(_data_ptr, inputs), _ALIGN)):
+            return self._call_aligned(inputs)
         return self.call(list(inputs))
+
+    def _call_aligned(self, inputs: list) -> Any:
+        if not self.copies_ok:
+            return None
+        args, copies = [], set()
+        for t in inputs:
+            if t.data_ptr() & 15:
+                try:  # the same strides (gaps kept); copy_ refuses a destination whose elements overlap
+                    t = torch.empty_strided(t.shape, t.stride(), dtype=t.dtype, device=t.device).copy_(t)
+                except RuntimeError:
+                    return None
+                copies.add(t.untyped_storage().data_ptr())
+            args.append(t)
+        outs = self.call(args)
+        if any(isinstance(o, torch.Tensor) and o.untyped_storage().data_ptr() in copies for o in outs):
+            self.copies_ok = False
+            return None
+        return outs
 
 
 _stride = torch.Tensor.stride

@@ -129,11 +129,57 @@ def test_calls_that_build_an_autograd_graph_stay_on_the_replay(quick_tier):
     assert out.requires_grad  # the replay's autograd graph, as before
 
 
-def test_a_program_refuses_inputs_of_other_strides_or_alignment():
+def test_a_program_refuses_inputs_of_other_strides():
     program = fused.FusedProgram(lambda args: ("ran",), ((1,),), "key", 0.0, "")
     assert program([torch.zeros(4)]) == ("ran",)
     assert program([torch.zeros(8)[::2]]) is None  # stride 2
-    assert program([torch.zeros(5)[1:]]) is None  # 4 bytes past an aligned start
+
+
+def test_a_misaligned_input_is_copied_to_aligned_memory_of_the_same_strides():
+    seen = []
+
+    def call(args):
+        seen.extend((a.data_ptr() % 16, a.stride(), a.tolist()) for a in args)
+        return (args[0] * 2,)
+
+    program = fused.FusedProgram(call, ((5, 1),), "key", 0.0, "")
+    base = torch.arange(12.0)
+    x = base[1:11].view(2, 5)  # 4 bytes past an aligned start
+    (out,) = program([x])
+    assert seen == [(0, (5, 1), x.tolist())] and out.tolist() == (x * 2).tolist()
+    expanded = fused.FusedProgram(call, ((0,),), "key", 0.0, "")
+    assert expanded([torch.zeros(5)[1:2].expand(4)]) is None  # no copy has overlapping elements: replays
+
+
+def test_an_output_viewing_a_copied_input_sends_the_call_back_to_the_replay():
+    """The replay would return a view of the caller's tensor; a view of the copy would not write
+    through, so that call replays and the program copies no more."""
+    program = fused.FusedProgram(lambda args: (args[0][1:],), ((1,),), "key", 0.0, "")
+    x = torch.zeros(6)[1:]
+    assert program([x]) is None and not program.copies_ok
+    assert program([x]) is None
+    assert program([torch.zeros(5)])[0].shape == (4,)  # aligned inputs are not copied: still fused
+
+
+def test_rosenbrock_hessian_runs_its_program_although_a_folded_constant_is_misaligned(monkeypatch, tmp_path):
+    """Its graph feeds a folded slice of an identity matrix, which starts 4 bytes into its storage:
+    the program was refused on every call (the replay ran) until misaligned inputs were copied."""
+    monkeypatch.setattr(fused, "INDEX", fused.GraphIndex(tmp_path))
+    from workloads.hessians import rosenbrock
+
+    x = torch.randn(16, generator=torch.Generator().manual_seed(0))
+    traced = engine.trace(engine.hessian(rosenbrock))
+    calls = []
+    with engine.fused_tier("force"):
+        traced(x)
+        traced(x)
+        program = _entry(traced).fused
+        assert program is not None
+        inner = program.call
+        monkeypatch.setattr(program, "call", lambda args: calls.append(1) or inner(args))
+        got = traced(x)
+    assert calls == [1]
+    torch.testing.assert_close(got, torch.func.hessian(rosenbrock)(x), rtol=1e-5, atol=1e-5)
 
 
 def test_graphs_with_in_place_writes_are_not_candidates():
