@@ -48,7 +48,7 @@ import torch
 import torch.fx
 from torch.fx.experimental.proxy_tensor import make_fx
 from torch.utils._python_dispatch import TorchDispatchMode, _disable_current_modes
-from torch.utils._pytree import tree_flatten, tree_unflatten
+from torch.utils._pytree import tree_flatten, tree_map_only, tree_unflatten
 
 from engine import fused
 from engine.autoswitch import running
@@ -234,11 +234,14 @@ class _DataGuard(TorchDispatchMode):
         # storage that existed before the trace (an input, a captured tensor) and was written to.
         self.saved: dict[int, tuple[torch.UntypedStorage, torch.UntypedStorage]] = {}
         self.fresh: set[int] = set()  # data pointers of the storages the trace's ops created
+        self.grad_modes: list[bool] = []  # the grad mode each GRAD_MODE_KERNELS call ran in, in order
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}
         if func._schema.is_mutable:
             self._save_before_write(func, args, kwargs)
+        if func in GRAD_MODE_KERNELS:
+            self.grad_modes.append(torch.is_grad_enabled())
         out = self._dispatch(func, args, kwargs)
         for t in (out if isinstance(out, (tuple, list)) else (out,)):
             if type(t) in _PLAIN and t.layout == torch.strided and t.numel():
@@ -306,6 +309,45 @@ class _DataGuard(TorchDispatchMode):
         for c in conditions:
             per_device.setdefault(c.device, []).append(c)
         return torch.stack([torch.stack(cs).all().cpu() for cs in per_device.values()]).all()
+
+
+# Kernels whose result depends on the grad mode they run in, not only on their arguments: oneDNN's
+# LSTM layer (nn.LSTM on CPU in float32) takes its training primitive under grad mode and its
+# inference one under no_grad, which round differently (1.6e-7 on a 100-wide layer). Automatic
+# tracing replays under no_grad, so a recorded call of one is pinned to the grad mode it was
+# recorded in (`_in_grad_mode`): the replay then equals the eager call bit for bit.
+GRAD_MODE_KERNELS = frozenset({aten.mkldnn_rnn_layer.default})
+
+
+def _in_grad_mode(op: Any, recorded: bool, *args: Any, **kwargs: Any) -> Any:
+    """`op(*args, **kwargs)` in the grad mode it was recorded in. Replayed under no_grad where it was
+    recorded under grad mode, its tensor arguments are detached: the kernel sees grad mode, and
+    autograd records nothing, as the replay under no_grad means."""
+    now = torch.is_grad_enabled()
+    if now is recorded:
+        return op(*args, **kwargs)
+    if recorded:
+        args, kwargs = tree_map_only(torch.Tensor, torch.Tensor.detach, (args, kwargs))
+    torch._C._set_grad_enabled(recorded)
+    try:
+        return op(*args, **kwargs)
+    finally:
+        torch._C._set_grad_enabled(now)
+
+
+def _pin_grad_modes(gm: torch.fx.GraphModule, modes: list[bool]) -> bool:
+    """Wrap each recorded call of a GRAD_MODE_KERNELS op in `_in_grad_mode` with the mode it ran in
+    (`modes`, in the order the recording dispatched them). False when the graph's calls and the
+    dispatched ones do not pair up one to one (the caller refuses the trace)."""
+    nodes = [n for n in gm.graph.nodes if n.op == "call_function" and n.target in GRAD_MODE_KERNELS]
+    if len(nodes) != len(modes):
+        return False
+    for node, mode in zip(nodes, modes):
+        node.args = (node.target, mode, *node.args)
+        node.target = _in_grad_mode
+    if nodes:
+        gm.recompile()
+    return True
 
 
 def _shape_is_static(func: Any, args: tuple, kwargs: dict) -> bool:
@@ -716,6 +758,10 @@ class TracedFunction:
             # The eager rerun that follows must not see the writes the aborted run already made.
             guard.undo_writes()
             return self._refuse(entry, err)
+        if not _pin_grad_modes(gm, guard.grad_modes):
+            return self._refuse(entry, UntraceableError(
+                "the grad mode of its grad-mode-dependent kernels (" + ", ".join(sorted(op.name() for op in GRAD_MODE_KERNELS))
+                + ") could not be matched to the recorded graph"))
         entry.constants = tuple(clean_up(gm))
         entry.fold = fold_constants(gm, len(entry.tensor_pos), list(entry.constants))
         if self._auto and _writes_into_inputs(gm):

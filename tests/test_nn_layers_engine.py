@@ -215,3 +215,35 @@ def test_compiled_per_sample_grads_with_embedding(monkeypatch):
     compiled = engine.compile(engine.vmap(engine.grad(loss), in_dims=(None, 0, 0)))
     expected = torch.func.vmap(torch.func.grad(loss), in_dims=(None, 0, 0))(params, x, y)
     torch.testing.assert_close(compiled(params, x, y), expected, atol=1e-5, rtol=1e-5)
+
+
+def test_lstm_per_sample_gradients_replay_bit_for_bit_under_automatic_tracing():
+    """Two things kept nn.LSTM eager under automatic tracing: every call through functional_call
+    left the module new weight-cache lists (`_flat_weights`), which the guard saw as state changed
+    while it ran; and oneDNN's LSTM kernel rounds differently under no_grad, where replays run. The
+    cache is handed back as it was, and the kernel is replayed in the grad mode it was recorded in."""
+    import gc
+
+    from engine.autotrace import AutoTraced
+
+    torch.manual_seed(0)
+    lstm = torch.nn.LSTM(100, 100, batch_first=True)  # wide enough for the two primitives to round apart
+    flat_before = lstm.__dict__["_flat_weights"]
+    params = {k: v.detach() for k, v in lstm.named_parameters()}
+    x = torch.randn(4, 8, 100)
+
+    def loss(p, xi):
+        return torch.func.functional_call(lstm, p, (xi.unsqueeze(0),))[0].square().sum()
+
+    before = {id(o) for o in gc.get_objects() if isinstance(o, AutoTraced)}
+    psg = engine.vmap(engine.grad(loss), in_dims=(None, 0))
+    with engine.auto_tracing(False):
+        eager = psg(params, x)
+    replays = [psg(params, x) for _ in range(5)]
+    assert lstm.__dict__["_flat_weights"] is flat_before
+    assert all(i is j for i, j in zip(flat_before, lstm._parameters.values()))
+    (auto,) = [o for o in gc.get_objects() if isinstance(o, AutoTraced) and id(o) not in before]
+    assert auto.impure is None and auto.traced._hits >= 2, (auto.impure, auto.traced._hits)
+    for out in replays:
+        for k in eager:
+            assert torch.equal(out[k], eager[k]), k

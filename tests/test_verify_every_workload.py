@@ -17,7 +17,6 @@ ENGINE_WORKLOADS = sorted(w.name for w in all_workloads() if "engine" in w.metho
 # verified), and why; every other workload must replay, and have its replays checked.
 EAGER = {
     "mlp_hvp": "each call's vmap(vjp_fn) is over a new vjp_fn, a closure over that call's autograd graph",
-    "nn_lstm": "torch.nn.LSTM writes state it reads while it runs (its flat weights): found impure",
 }
 
 

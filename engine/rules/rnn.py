@@ -97,7 +97,36 @@ def _rnn_call(self: nn.Module, *args: Any, **kwargs: Any) -> Any:
         new = _rnn_pre_hook(self, args)
         if new is not None:
             args = new
+        d = self.__dict__
+        flat, refs = d.get("_flat_weights"), d.get("_flat_weight_refs")
+        kept = list(flat) if isinstance(flat, list) else None
+        try:
+            return _MODULE_CALL(self, *args, **kwargs)
+        finally:
+            if kept is not None:
+                _keep_weight_cache(d, flat, kept, refs)
     return _MODULE_CALL(self, *args, **kwargs)
+
+
+def _keep_weight_cache(d: dict, flat: list, items: list, refs: Any) -> None:
+    """Give an RNN module back its weight cache as it was before a call inside vmap.
+
+    nn.RNNBase caches its weights in a list (`_flat_weights`) beside weak references to them
+    (`_flat_weight_refs`); its forward rebuilds both, as new lists, whenever the references
+    disagree with its attributes. torch.func.functional_call, the way per-sample gradients call a
+    module, swaps the parameters in through the parameter dict, so they disagree at every call:
+    every call rebuilt the cache, left it holding the swapped-in tensors once functional_call had
+    put the module's own back, and automatic tracing's guard saw the state the function reads
+    change while it ran (nn.LSTM workloads stayed eager for good).
+
+    The cache is a function of the attributes that the forward checks before every use, so the
+    pair as it was (the same list objects, the same items) is always a correct cache to hand back:
+    where it no longer matches the attributes (a forward that set a weight for good), the next
+    forward sees the references disagree and rebuilds, as it always did."""
+    flat[:] = items
+    d["_flat_weights"] = flat
+    if refs is not None:
+        d["_flat_weight_refs"] = refs
 
 
 class batched_initial_state:  # noqa: N801 - used as `with batched_initial_state():`, like a function
