@@ -10,7 +10,7 @@ from functools import lru_cache
 from typing import Any, Callable
 
 import torch
-from torch.utils._python_dispatch import TorchDispatchMode
+from torch.utils._python_dispatch import TorchDispatchMode, _disable_current_modes
 
 from engine import _gradsum
 from engine._batched import BatchedTensor, LevelInfo, _active, _make_wrapper, add_batch_dim, install_dispatch, wrap
@@ -336,7 +336,10 @@ def _scalar_operand(b: Any, e: torch.Tensor) -> Any:
     if t is None:
         if len(cache) >= _SCALARS_KEPT:
             cache.clear()
-        with torch.inference_mode(False), torch.no_grad():
+        # Made outside any dispatch mode: under engine.trace's recording it is then a captured
+        # constant, as it is for every later recording that finds it cached, so the recordings of
+        # one function give one graph (and one key in the fused tier's disk index).
+        with _disable_current_modes(), torch.inference_mode(False), torch.no_grad():
             t = cache[b] = torch.tensor(b, dtype=e.dtype)
     return t
 

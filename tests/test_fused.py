@@ -267,11 +267,9 @@ def test_inductor_program_matches_the_replay_and_a_second_compile_loads_from_dis
 
     fn = engine.vmap(engine.hessian(logp))
     w = torch.randn(4, 6, generator=g)
-    # One eager call first: the engine caches the 0-d tensors it makes of Python scalars, and a
-    # recording that makes one folds it where a later recording captures the cached one, so the two
-    # graphs (and their disk keys) would differ when this test runs first in its process.
-    with engine.auto_tracing(False):
-        fn(w)
+    # (Run first in its process, the first recording makes the engine's cached 0-d tensors of
+    # Python scalars: they must be captured constants there too, else its graph and key differ
+    # from the second's and the second compiles again.)
     first = engine.trace(fn)
     with engine.fused_tier("force"):
         first(w)
