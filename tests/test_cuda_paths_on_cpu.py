@@ -22,6 +22,7 @@ import torch
 
 import engine
 from engine.errors import VmapError
+from loop_reference import loop
 
 aten = torch.ops.aten
 
@@ -75,11 +76,6 @@ def attention(q, k, v, bias=None, is_causal=False):
     return aten._scaled_dot_product_efficient_attention.default(q, k, v, bias, True, 0.0, is_causal)[0]
 
 
-def _loop(f, in_dims, args):
-    B = next(a.shape[d] for a, d in zip(args, in_dims) if d is not None)
-    return torch.stack([f(*[a if d is None else a.select(d, i) for a, d in zip(args, in_dims)]) for i in range(B)])
-
-
 @pytest.mark.parametrize("in_dims", [(0, 0, 0), (-1, -1, -1), (0, None, None), (None, 2, None)])
 @pytest.mark.parametrize("is_causal", [False, True])
 def test_efficient_attention_forward_matches_a_loop(efficient_attention_on_cpu, in_dims, is_causal) -> None:
@@ -93,7 +89,7 @@ def test_efficient_attention_forward_matches_a_loop(efficient_attention_on_cpu, 
     q, k, v = make((N, H, L, E), in_dims[0]), make((N, H, S, E), in_dims[1]), make((N, H, S, E), in_dims[2])
     f = lambda q, k, v: attention(q, k, v, is_causal=is_causal)  # noqa: E731
     got = engine.vmap(f, in_dims=in_dims)(q, k, v)
-    torch.testing.assert_close(got, _loop(f, in_dims, (q, k, v)))
+    torch.testing.assert_close(got, loop(f, in_dims, q, k, v)[0])
 
 
 @pytest.mark.parametrize("bias_shape,batched", [((4, 5), False), ((2, 1, 4, 5), False), ((1, 4, 5), True),
@@ -111,7 +107,7 @@ def test_efficient_attention_bias_is_broadcast_and_aligned(efficient_attention_o
     # One folded call, with a bias whose rows start 16-element aligned, as the CUDA kernel needs.
     assert [tuple(b.shape) for b in BIASES] == [(B * N, H, L, S)]
     assert BIASES[0].stride(-2) % 16 == 0
-    torch.testing.assert_close(got, _loop(attention, in_dims, (q, k, v, bias)))
+    torch.testing.assert_close(got, loop(attention, in_dims, q, k, v, bias)[0])
 
 
 def test_efficient_attention_per_sample_gradients_match_a_loop(efficient_attention_on_cpu) -> None:

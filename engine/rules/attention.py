@@ -79,12 +79,14 @@ flash_attention_backward_rule.deterministic_when = _dropout_p_is_zero(6)  # type
 
 
 
-def _fold_bias(bias, d, B: int, n: int, h: int, L: int, S: int):
-    """An attention bias for the folded [B*N, H, L, S] call: broadcast (from the right, as SDPA
-    broadcasts it) to [B, N, H, L, S], then folded. The folded copy is padded so that its rows start
-    16-element aligned, which the CUDA kernel needs (what SDPA's own `pad_bias` does)."""
+def _fold_bias(bias, d, B: int, qf: torch.Tensor, kf: torch.Tensor):
+    """An attention bias for the folded call on `qf` [B*N, H, L, E] and `kf` [B*N, H, S, E]:
+    broadcast (from the right, as SDPA broadcasts it) to [B, N, H, L, S], then folded. The folded
+    copy is padded so that its rows start 16-element aligned, which the CUDA kernel needs (what
+    SDPA's own `pad_bias` does)."""
     if bias is None:
         return None
+    n, (h, L), S = qf.shape[0] // B, qf.shape[1:3], kf.shape[2]
     if d is None:
         full = bias.expand(n, h, L, S).unsqueeze(0).expand(B, n, h, L, S)
     else:
@@ -99,13 +101,11 @@ def efficient_attention_rule(info, in_dims, q, k, v, attn_bias, compute_log_sume
                              *, scale=None):
     _check_randomness(info, dropout_p)
     B = info.batch_size
-    qb = materialize(q, in_dims[0], B)
-    n, h, L = qb.shape[1], qb.shape[2], qb.shape[3]
-    S = materialize(k, in_dims[1], B).shape[3]
     qf, kf, vf = (_fold(t, d, B) for t, d in zip((q, k, v), in_dims))
-    bias = _fold_bias(attn_bias, in_dims[3], B, n, h, L, S)
+    bias = _fold_bias(attn_bias, in_dims[3], B, qf, kf)
     out, lse, seed, offset = aten._scaled_dot_product_efficient_attention.default(
         qf, kf, vf, bias, compute_log_sumexp, dropout_p, is_causal, scale=scale)
+    n = qf.shape[0] // B
     return (out.unflatten(0, (B, n)), lse.unflatten(0, (B, n)), seed, offset), (0, 0, None, None)
 
 
@@ -120,14 +120,12 @@ def efficient_attention_backward_rule(info, in_dims, grad_out, q, k, v, attn_bia
             "vmap: the gradient of scaled_dot_product_attention with respect to its attn_mask has no batching rule "
             "on CUDA (efficient attention); detach the mask, or run on CPU, where the rule handles it.")
     B = info.batch_size
-    qb = materialize(q, in_dims[1], B)
-    n, h, L = qb.shape[1], qb.shape[2], qb.shape[3]
-    S = materialize(k, in_dims[2], B).shape[3]
-    folded = [_fold(t, d, B) for t, d in zip((grad_out, q, k, v), in_dims[:4])]
-    bias = _fold_bias(attn_bias, in_dims[4], B, n, h, L, S)
-    out_f, lse_f = _fold(out, in_dims[5], B), _fold(lse, in_dims[6], B)
+    folded = [_fold(t, d, B) for t, d in zip((grad_out, q, k, v, out, lse), in_dims[:4] + in_dims[5:7])]
+    qf, kf = folded[1], folded[2]
+    bias = _fold_bias(attn_bias, in_dims[4], B, qf, kf)
     gq, gk, gv, _ = aten._scaled_dot_product_efficient_attention_backward.default(
-        *folded, bias, out_f, lse_f, seed, offset, dropout_p, [*grad_input_mask[:3], False], is_causal, scale=scale)
+        *folded[:4], bias, *folded[4:], seed, offset, dropout_p, [*grad_input_mask[:3], False], is_causal, scale=scale)
+    n = qf.shape[0] // B
     grads = tuple(g.unflatten(0, (B, n)) if g is not None and g.numel() else g for g in (gq, gk, gv))
     return grads + (None,), (0, 0, 0, None)
 
