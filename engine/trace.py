@@ -301,13 +301,11 @@ class _DataGuard(TorchDispatchMode):
         torch.distributions checks also read a CPU scalar gives conditions on both. Each device's
         are reduced there; the answers meet on the CPU, where the replay reads the guard anyway.
         """
-        conditions = self.conditions
-        device = conditions[0].device
-        if all(c.device == device for c in conditions):
-            return torch.stack(conditions).all()
         per_device: dict[torch.device, list[torch.Tensor]] = {}
-        for c in conditions:
+        for c in self.conditions:
             per_device.setdefault(c.device, []).append(c)
+        if len(per_device) == 1:
+            return torch.stack(self.conditions).all()
         return torch.stack([torch.stack(cs).all().cpu() for cs in per_device.values()]).all()
 
 
