@@ -9,9 +9,10 @@ from engine import rules as _rules  # noqa: F401  (fills the rule table)
 from engine._batched import BatchedTensor
 from engine._dispatch import FallbackRecord, fallback_policy, record_fallbacks
 from engine import _vmap, functional, transforms
-from engine.transforms import TransformError, jvp, linearize, vjp
+from engine.transforms import TransformError, jvp, linearize
 from engine.trace import TraceFallbackWarning, UntraceableError, compile, trace  # noqa: A004  (engine.compile mirrors torch.compile)
 from engine.autotrace import auto_trace, traced_transform
+from engine.autovjp import vjp
 from engine.autoswitch import auto_tracing
 from engine.fused import fused_tier, settle
 from engine.errors import (

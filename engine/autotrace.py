@@ -614,6 +614,8 @@ def traced_transform(maker: Callable[..., Callable]) -> Callable[..., Callable]:
 
     @functools.wraps(maker)
     def public(func: Callable, *args: Any, **kwargs: Any) -> Callable:
+        if name == "vmap" and hasattr(func, "_vmap_of"):  # a vjp_fn of engine.vjp: engine.autovjp
+            return func._vmap_of(args, kwargs)
         impl = maker(func, *args, **kwargs)
         return transform_entry(impl, _construction_key(name, func, args, kwargs))
 

@@ -1,0 +1,199 @@
+"""engine.vjp on the default path (engine.autovjp): `engine.vmap(vjp_fn)` written inline replays,
+and never gives a result from another state than the vjp call's."""
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+import torch
+
+import engine
+from engine import autovjp
+from engine.transforms import TransformError
+
+CALLS = 8  # enough for the pullback and the forward to pass automatic tracing's first calls
+
+
+@pytest.fixture(autouse=True)
+def _not_verifying() -> Any:
+    """These tests look at what is deferred, which shadow verification changes (it keeps the real
+    vjp_fn beside it): they run with it off, and turn it on where it is the subject."""
+    with engine.auto_tracing(True, verify=False):
+        yield
+
+
+def _data(seed: int = 0) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    g = torch.Generator().manual_seed(seed)
+    return torch.randn(16, 5, generator=g), torch.randn(5, generator=g), torch.randn(4, 5, generator=g)
+
+
+X, THETA, VECTORS = _data()
+
+
+def loss(theta: torch.Tensor) -> torch.Tensor:
+    return torch.tanh(X @ theta).pow(2).mean()
+
+
+def hvps(theta: torch.Tensor, vectors: torch.Tensor) -> torch.Tensor:
+    _, vjp_fn = engine.vjp(engine.grad(loss), theta)
+    return engine.vmap(vjp_fn)(vectors)[0]
+
+
+def _eager(fn: Any, *args: Any) -> Any:
+    with engine.auto_tracing(False):
+        return fn(*args)
+
+
+def _pullback(vjp_fn: Any) -> Any:
+    record = vjp_fn._vjp_record
+    (auto,) = autovjp._pullbacks[record.key]
+    return auto
+
+
+def test_inline_hvp_loop_replays_and_equals_eager() -> None:
+    ref = _eager(hvps, THETA, VECTORS)
+    outs = [hvps(THETA, VECTORS) for _ in range(CALLS)]
+    assert all(torch.equal(o, ref) for o in outs)
+    _, vjp_fn = engine.vjp(engine.grad(loss), THETA)
+    assert vjp_fn._vjp_record.real is None  # deferred: no eager backward graph was built
+    auto = _pullback(vjp_fn)
+    hits = auto.traced._hits
+    assert torch.equal(engine.vmap(vjp_fn)(VECTORS)[0], ref)
+    assert auto.traced._hits == hits + 1
+
+
+def test_new_point_and_new_vectors_each_call() -> None:
+    for i in range(CALLS):
+        theta, vectors = THETA + i, VECTORS * (i + 1)
+        assert torch.equal(hvps(theta, vectors), _eager(hvps, theta, vectors))
+
+
+def test_direct_call_of_a_deferred_vjp_fn_equals_eager() -> None:
+    for _ in range(CALLS):
+        hvps(THETA, VECTORS)
+    _, vjp_fn = engine.vjp(engine.grad(loss), THETA)
+    assert vjp_fn._vjp_record.real is None
+    _, real = _eager(lambda t: engine.vjp(engine.grad(loss), t), THETA)
+    assert torch.equal(vjp_fn(VECTORS[0])[0], real(VECTORS[0])[0])
+
+
+SCALE = 1.0
+
+
+def scaled(theta: torch.Tensor) -> torch.Tensor:
+    return (torch.sin(theta) * SCALE).pow(2).sum()
+
+
+def test_global_rebound_between_vjp_and_its_vjp_fn_is_refused() -> None:
+    global SCALE
+    for _ in range(CALLS):
+        _, fn = engine.vjp(engine.grad(scaled), THETA)
+        engine.vmap(fn)(VECTORS)
+    _, fn = engine.vjp(engine.grad(scaled), THETA)
+    assert fn._vjp_record.real is None
+    try:
+        SCALE = 2.0
+        with pytest.raises(TransformError, match="changed"):
+            engine.vmap(fn)(VECTORS)
+        with pytest.raises(TransformError, match="changed"):
+            fn(VECTORS[0])
+        # Changed before the vjp call: the new state's gradients.
+        _, fn = engine.vjp(engine.grad(scaled), THETA)
+        ref = _eager(lambda: engine.vmap(engine.vjp(engine.grad(scaled), THETA)[1])(VECTORS))
+        assert torch.equal(engine.vmap(fn)(VECTORS)[0], ref[0])
+    finally:
+        SCALE = 1.0
+
+
+def test_in_place_write_into_a_primal_between_vjp_and_its_vjp_fn_is_refused() -> None:
+    theta = THETA.clone()
+    for _ in range(CALLS):
+        hvps(theta, VECTORS)
+    _, fn = engine.vjp(engine.grad(loss), theta)
+    assert fn._vjp_record.real is None
+    theta.add_(1.0)
+    with pytest.raises(TransformError, match="in-place"):
+        engine.vmap(fn)(VECTORS)
+
+
+def test_in_place_write_into_a_captured_tensor_between_vjp_and_its_vjp_fn_is_refused() -> None:
+    data = X.clone()
+
+    def captured(theta: torch.Tensor) -> torch.Tensor:
+        return torch.tanh(data @ theta).pow(2).mean()
+
+    for _ in range(CALLS):
+        _, fn = engine.vjp(engine.grad(captured), THETA)
+        engine.vmap(fn)(VECTORS)
+    _, fn = engine.vjp(engine.grad(captured), THETA)
+    assert fn._vjp_record.real is None
+    data.mul_(2.0)
+    with pytest.raises(TransformError, match="changed"):
+        engine.vmap(fn)(VECTORS)
+    # Written between iterations, not inside one: every call gives the eager result.
+    for i in range(CALLS):
+        data.add_(0.5)
+        got = engine.vmap(engine.vjp(engine.grad(captured), THETA)[1])(VECTORS)[0]
+        assert torch.equal(got, _eager(lambda: engine.vmap(engine.vjp(engine.grad(captured), THETA)[1])(VECTORS)[0]))
+
+
+def test_random_forward_is_never_deferred() -> None:
+    def noisy(theta: torch.Tensor) -> torch.Tensor:
+        return torch.nn.functional.dropout(theta, 0.5) * theta.sin()
+
+    for i in range(CALLS):
+        torch.manual_seed(i)
+        _, fn = engine.vjp(noisy, THETA)
+        got = engine.vmap(fn)(VECTORS)[0]
+        torch.manual_seed(i)
+        ref = _eager(lambda: engine.vmap(engine.vjp(noisy, THETA)[1])(VECTORS)[0])
+        assert fn._vjp_record.real is not None
+        assert torch.equal(got, ref)
+
+
+def test_vjp_inside_a_transform_is_the_eager_one() -> None:
+    def inner(theta: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+        _, fn = engine.vjp(engine.grad(loss), theta)
+        assert not hasattr(fn, "_vjp_record")
+        return fn(v)[0]
+
+    got = engine.vmap(inner, in_dims=(None, 0))(THETA, VECTORS)
+    assert torch.equal(got, _eager(hvps, THETA, VECTORS))
+
+
+def test_primals_that_need_grad_keep_the_real_vjp_fn() -> None:
+    theta = THETA.clone().requires_grad_()
+    for _ in range(CALLS):
+        out, fn = engine.vjp(loss, theta)
+        engine.vmap(fn)(torch.ones(3))
+    assert out.requires_grad and not hasattr(fn, "_vjp_record")
+    (g,) = fn(torch.ones(()))
+    assert g.requires_grad  # differentiable w.r.t. theta, as torch.func gives it
+
+
+def test_shadow_verification_compares_deferred_results_with_the_real_vjp_fn() -> None:
+    for _ in range(CALLS):
+        hvps(THETA, VECTORS)
+    checks = []
+    real_compare = autovjp._compare
+    with engine.auto_tracing(verify=True):
+        for _ in range(3):
+            _, fn = engine.vjp(engine.grad(loss), THETA)
+            assert fn._vjp_record.real is not None  # kept beside the deferred one
+            autovjp._compare = lambda record, out, ref, exact: checks.append(torch.equal(out[0], ref[0])) or real_compare(record, out, ref, exact)
+            try:
+                engine.vmap(fn)(VECTORS)
+            finally:
+                autovjp._compare = real_compare
+    assert checks == [True, True, True]
+
+
+def test_vmap_options_and_a_stored_vmap_of_a_vjp_fn() -> None:
+    vectors_last = VECTORS.t().contiguous()
+    for _ in range(CALLS):
+        _, fn = engine.vjp(engine.grad(loss), THETA)
+        got = engine.vmap(fn, in_dims=1)(vectors_last)[0]
+        assert torch.equal(got, _eager(hvps, THETA, VECTORS))
+    _, fn = engine.vjp(engine.grad(loss), THETA)
+    stored = engine.vmap(fn)
+    assert torch.equal(stored(VECTORS)[0], _eager(hvps, THETA, VECTORS))
