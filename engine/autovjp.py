@@ -56,6 +56,7 @@ from engine.transforms import TransformError
 __all__ = ["vjp"]
 
 _WARMUPS = 6  # pullback runs fed beside real vjp_fns before it is given up on (per pullback)
+_PULLBACK_KEYS = 256  # functions with pullbacks, past which the dead ones' keys are dropped
 _RANDOM = torch.Tag.nondeterministic_seeded
 
 
@@ -235,6 +236,9 @@ def vmap_of(vjp_fn: Callable, args: tuple, kwargs: dict) -> Callable:
                                  ("vjp-pullback", record.key, count, options))
     with _lock:
         _pullbacks.setdefault(record.key, weakref.WeakSet()).add(pullback)
+        if len(_pullbacks) > _PULLBACK_KEYS:  # keys of functions whose pullbacks are gone
+            for key in [k for k, autos in _pullbacks.items() if not autos]:
+                del _pullbacks[key]
 
     def entry(*cotangents: Any, **kw: Any) -> Any:
         if kw or not _standing():
@@ -251,8 +255,10 @@ def vmap_of(vjp_fn: Callable, args: tuple, kwargs: dict) -> Callable:
         if record.real is None and not any(record.proven(auto) for auto in list(record.stamps)):
             _refuse(record)
         out = eager(*cotangents)  # the real vjp_fn, or the deferred one recomputing in the proven state
-        warm = getattr(pullback, "_vjp_warmups", 0)
-        if pullback.impure is None and warm < _WARMUPS:
+        warm = getattr(pullback, "_vjp_warmups", -1)
+        if warm < 0:  # met once: a vjp of a function made anew at each call (a lambda) pays nothing
+            pullback._vjp_warmups = 0
+        elif pullback.impure is None and warm < _WARMUPS:
             # A run for the pullback's verdicts and recording, not for its result (the real one's
             # is returned): it leaves the random state as it found it, and a failure (a random op
             # under randomness='error', which the real vjp_fn ran outside vmap) only ends the tries.

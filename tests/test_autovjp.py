@@ -197,3 +197,13 @@ def test_vmap_options_and_a_stored_vmap_of_a_vjp_fn() -> None:
     _, fn = engine.vjp(engine.grad(loss), THETA)
     stored = engine.vmap(fn)
     assert torch.equal(stored(VECTORS)[0], _eager(hvps, THETA, VECTORS))
+
+
+def test_a_function_made_anew_at_each_call_pays_no_pullback_run() -> None:
+    keys = []
+    for _ in range(CALLS):
+        _, fn = engine.vjp(lambda t: torch.tanh(X @ t), THETA)  # a new function each time
+        keys.append(fn._vjp_record.key)
+        engine.vmap(fn)(torch.ones(3, 16))
+    autos = [a for k in keys for a in autovjp._pullbacks[k]]
+    assert len(autos) == CALLS and all(a.eager_calls == 0 for a in autos)
