@@ -226,19 +226,24 @@ def _refuse(record: _Record) -> None:
 def vmap_of(vjp_fn: Callable, args: tuple, kwargs: dict) -> Callable:
     """engine.vmap(vjp_fn, *args, **kwargs) for a vjp_fn made by `vjp` (see the module docstring)."""
     record: _Record = vjp_fn._vjp_record
-    eager = _vmap.vmap(vjp_fn, *args, **kwargs)
     try:
         options = autotrace._freeze(args), autotrace._freeze(kwargs)
     except TypeError:
-        return eager
+        return _vmap.vmap(vjp_fn, *args, **kwargs)
+
+    def eager(*cotangents: Any, **kw: Any) -> Any:  # (made at need: most calls replay)
+        return _vmap.vmap(vjp_fn, *args, **kwargs)(*cotangents, **kw)
+
     count = len(record.primals)
-    pullback = autotrace._shared(_pullback(record.func, count, args, kwargs),
-                                 ("vjp-pullback", record.key, count, options))
-    with _lock:
-        _pullbacks.setdefault(record.key, weakref.WeakSet()).add(pullback)
-        if len(_pullbacks) > _PULLBACK_KEYS:  # keys of functions whose pullbacks are gone
-            for key in [k for k, autos in _pullbacks.items() if not autos]:
-                del _pullbacks[key]
+    key = ("vjp-pullback", record.key, count, options)
+    pullback = autotrace._shared(_pullback(record.func, count, args, kwargs), key)
+    autos = _pullbacks.get(record.key)
+    if autos is None or pullback not in autos:
+        with _lock:
+            _pullbacks.setdefault(record.key, weakref.WeakSet()).add(pullback)
+            if len(_pullbacks) > _PULLBACK_KEYS:  # keys of functions whose pullbacks are gone
+                for k in [k for k, autos in _pullbacks.items() if not autos]:
+                    del _pullbacks[k]
 
     def entry(*cotangents: Any, **kw: Any) -> Any:
         if kw or not _standing():
