@@ -337,3 +337,29 @@ def test_the_worker_splits_the_stacked_guard_into_one_expression_with_the_same_v
                 args = (x, torch.tensor(b), torch.tensor(c))
                 got, want = gm(*args), guarded(*args)
                 assert torch.equal(got[0], want[0]) and got[1].shape == () and bool(got[1]) == bool(want[1])
+
+
+def test_a_kernel_pinned_to_its_grad_mode_is_carried_by_the_fused_tier():
+    """nn.LSTM's oneDNN kernel is replayed in the grad mode it was recorded in (engine.trace's
+    `_in_grad_mode` wrapper: the kernel rounds differently under no_grad, and a replay is bit for
+    bit). The fused tier refused the wrapper, so no LSTM graph was ever fused (nn_lstm stayed on
+    the replay tier); its program now calls the kernel itself, within the fused tier's tolerance."""
+    from engine.trace import _signature
+
+    torch.manual_seed(0)
+    lstm = torch.nn.LSTM(8, 8, batch_first=True)
+    params = {k: v.detach() for k, v in lstm.named_parameters()}
+
+    def loss(p: dict, xi: torch.Tensor) -> torch.Tensor:
+        return torch.func.functional_call(lstm, p, (xi.unsqueeze(0),))[0].square().sum()
+
+    traced = engine.trace(engine.vmap(engine.grad(loss), in_dims=(None, 0)))
+    x = torch.randn(3, 5, 8)
+    traced(params, x)
+    entry = _entry(traced)
+    assert any(getattr(n.target, "__name__", "") == "_in_grad_mode" for n in entry.gm.graph.nodes)
+    rebuilt = build_graph(fused.describe_graph(entry.gm))
+    inputs = entry.inputs(_signature((params, x), {})[1])
+    with torch.no_grad():
+        for got, want in zip(rebuilt(*inputs), entry.gm(*inputs), strict=True):
+            torch.testing.assert_close(got, want)
