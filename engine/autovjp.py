@@ -58,6 +58,7 @@ __all__ = ["vjp"]
 _WARMUPS = 6  # pullback runs fed beside real vjp_fns before it is given up on (per pullback)
 _PULLBACK_KEYS = 256  # functions with pullbacks, past which the dead ones' keys are dropped
 _RANDOM = torch.Tag.nondeterministic_seeded
+_autocast = torch._C._is_any_autocast_enabled
 
 
 class _Stash(threading.local):
@@ -129,10 +130,11 @@ def _random(entry: Any) -> bool | None:
 class _Record:
     """What a vjp_fn is (func, its key, the primals) and what was true at its vjp call (T0)."""
 
-    __slots__ = ("func", "key", "primals", "stamps", "real")
+    __slots__ = ("func", "key", "primals", "stamps", "real", "freed")
 
     def __init__(self, func: Callable, key: Hashable, primals: tuple, real: Callable | None) -> None:
         self.func, self.key, self.primals, self.real = func, key, primals, real
+        self.freed = False  # a direct call with retain_graph=False ran: the real graph would be gone
         # pullback -> (its guard object, the version counters of the primals and the guarded tensors)
         self.stamps: dict[Any, tuple[Any, list[int]]] = {}
         for auto in list(_pullbacks.get(key, ())):
@@ -146,7 +148,10 @@ class _Record:
         if stamp is None:
             return False
         guard, versions = stamp
-        return auto._guard is guard and _versions(self.primals, guard) == versions and guard.holds()
+        # (Autocast and inference mode, off at T0, would change the recomputed forward; the
+        # guard checks the default dtype, the float32 precision and validate_args.)
+        return (auto._guard is guard and _versions(self.primals, guard) == versions and guard.holds()
+                and not _autocast() and not torch.is_inference_mode_enabled())
 
 
 def _rng_state() -> tuple:
@@ -204,9 +209,16 @@ def _vjp_fn(record: _Record) -> Callable:
         """The gradients for `cotangents`, as engine.transforms.vjp's vjp_fn (same arguments)."""
         if record.real is not None:
             return record.real(cotangents, *more, **kwargs)
+        if record.freed:
+            raise RuntimeError(
+                "Trying to backward through the graph a second time: this vjp_fn was called with "
+                "retain_graph=False before (as torch.func's vjp_fn, it cannot be called again then).")
         if not any(record.proven(auto) for auto in list(record.stamps)):
             _refuse(record)
-        return transforms.vjp(record.func, *record.primals)[1](cotangents, *more, **kwargs)
+        out = transforms.vjp(record.func, *record.primals)[1](cotangents, *more, **kwargs)
+        if kwargs.get("retain_graph", True) is False or (more and more[0] is False):
+            record.freed = True
+        return out
 
     vjp_fn._vjp_record = record
     vjp_fn._vmap_of = lambda args, kwargs: vmap_of(vjp_fn, args, kwargs)  # engine.vmap(vjp_fn) (autotrace.traced_transform)
@@ -217,7 +229,8 @@ def _refuse(record: _Record) -> None:
     raise TransformError(
         f"vjp_fn of engine.vjp({getattr(record.func, '__qualname__', record.func)!r}, ...): between the vjp "
         "call and this call, the state the function reads changed (a rebound global or closure "
-        "variable, a Module attribute, an in-place write into a primal or a tensor it reads). Automatic "
+        "variable, a Module attribute, an in-place write into a primal or a tensor it reads), or this "
+        "call runs under autocast or inference mode, which the vjp call did not. Automatic "
         "tracing deferred the vjp's backward graph, so it cannot give the gradients of the earlier "
         "state. Call vjp_fn before changing that state, or run the vjp under engine.auto_tracing(False)."
     )

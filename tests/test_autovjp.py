@@ -207,3 +207,30 @@ def test_a_function_made_anew_at_each_call_pays_no_pullback_run() -> None:
         engine.vmap(fn)(torch.ones(3, 16))
     autos = [a for k in keys for a in autovjp._pullbacks[k]]
     assert len(autos) == CALLS and all(a.eager_calls == 0 for a in autos)
+
+
+def _deferred() -> Any:
+    for _ in range(CALLS):
+        hvps(THETA, VECTORS)
+    _, fn = engine.vjp(engine.grad(loss), THETA)
+    assert fn._vjp_record.real is None
+    return fn
+
+
+def test_a_deferred_vjp_fn_called_with_retain_graph_false_cannot_be_called_again() -> None:
+    fn = _deferred()
+    _, real = _eager(lambda t: engine.vjp(engine.grad(loss), t), THETA)
+    assert torch.equal(fn(VECTORS[0], retain_graph=False)[0], real(VECTORS[0], retain_graph=False)[0])
+    with pytest.raises(RuntimeError, match="second time"):
+        real(VECTORS[0])
+    with pytest.raises(RuntimeError, match="second time"):
+        fn(VECTORS[0])
+
+
+def test_a_deferred_vjp_fn_under_autocast_or_inference_mode_is_refused() -> None:
+    fn = _deferred()
+    with torch.autocast("cpu", dtype=torch.bfloat16), pytest.raises(TransformError, match="autocast"):
+        fn(VECTORS[0])
+    with torch.inference_mode(), pytest.raises(TransformError, match="inference mode"):
+        engine.vmap(fn)(VECTORS)
+    assert torch.equal(engine.vmap(fn)(VECTORS)[0], _eager(hvps, THETA, VECTORS))  # the modes left: it answers
