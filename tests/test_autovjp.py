@@ -234,3 +234,18 @@ def test_a_deferred_vjp_fn_under_autocast_or_inference_mode_is_refused() -> None
     with torch.inference_mode(), pytest.raises(TransformError, match="inference mode"):
         engine.vmap(fn)(VECTORS)
     assert torch.equal(engine.vmap(fn)(VECTORS)[0], _eager(hvps, THETA, VECTORS))  # the modes left: it answers
+
+
+def test_the_random_state_kept_around_a_warm_up_includes_cuda_generators_when_cuda_runs(monkeypatch) -> None:
+    """The CUDA side of `_rng_state` (a CUDA path exercised on CPU): with CUDA running, every
+    device's generator state is taken and put back, beside the CPU one."""
+    calls = []
+    monkeypatch.setattr(torch.cuda, "is_initialized", lambda: True)
+    monkeypatch.setattr(torch.cuda, "get_rng_state_all", lambda: calls.append("get") or ["state0", "state1"])
+    monkeypatch.setattr(torch.cuda, "set_rng_state_all", lambda states: calls.append(("set", tuple(states))))
+    cpu = torch.get_rng_state()
+    state = autovjp._rng_state()
+    torch.rand(3)
+    autovjp._set_rng_state(state)
+    assert torch.equal(torch.get_rng_state(), cpu)
+    assert calls == ["get", ("set", ("state0", "state1"))]
