@@ -262,10 +262,15 @@ def vmap_of(vjp_fn: Callable, args: tuple, kwargs: dict) -> Callable:
         if kw or not _standing():
             return eager(*cotangents, **kw)
         both = (*record.primals, *cotangents)
-        if record.proven(pullback):
+        verify = departures and _switch.verify
+        # With the real vjp_fn at hand, the pullback is worth a call only where it replayed last
+        # time (else it runs eagerly: a second forward): e.g. a vjp whose result needs grad.
+        if record.proven(pullback) and (record.real is None or verify or pullback.__dict__.get("_vjp_replays", True)):
             pullback._vjp_warmups = 0
+            hits = pullback.traced._hits
             out = pullback._call(both, {})
-            if record.real is not None and departures and _switch.verify:
+            pullback._vjp_replays = pullback.traced._hits != hits
+            if record.real is not None and verify:
                 entry = pullback.traced._mru
                 fused = entry is not None and entry.fused is not None and fused_mode.mode is not fused_off
                 _compare(record, out, _vmap.vmap(record.real, *args, **kwargs)(*cotangents), exact=not fused)
@@ -283,7 +288,9 @@ def vmap_of(vjp_fn: Callable, args: tuple, kwargs: dict) -> Callable:
             pullback._vjp_warmups = warm + 1
             rng = _rng_state()
             try:
+                hits = pullback.traced._hits
                 pullback._call(both, {})
+                pullback._vjp_replays = pullback.traced._hits != hits
             except Exception:  # noqa: BLE001 - see above
                 pullback._vjp_warmups = _WARMUPS
             finally:

@@ -249,3 +249,28 @@ def test_the_random_state_kept_around_a_warm_up_includes_cuda_generators_when_cu
     autovjp._set_rng_state(state)
     assert torch.equal(torch.get_rng_state(), cpu)
     assert calls == ["get", ("set", ("state0", "state1"))]
+
+
+def test_a_pullback_that_cannot_replay_does_not_rerun_the_forward_beside_the_real_vjp_fn() -> None:
+    """A vjp whose result is part of an outer autograd graph (a tensor it reads needs grad) keeps
+    the real vjp_fn; its pullback's outputs need grad too, so it runs eagerly: after its tries it is
+    not called again (each call would compute the forward a second time)."""
+    weight = torch.randn(5, requires_grad=True)
+
+    def weighted(theta: torch.Tensor) -> torch.Tensor:
+        return torch.sin(theta * weight)
+
+    autos = set()
+    for _ in range(3 * CALLS):
+        _, fn = engine.vjp(weighted, THETA)
+        assert fn._vjp_record.real is not None
+        engine.vmap(fn)(VECTORS)
+        autos |= set(autovjp._pullbacks[fn._vjp_record.key])
+    (auto,) = autos
+    runs = auto.eager_calls
+    for _ in range(CALLS):
+        _, fn = engine.vjp(weighted, THETA)
+        got = engine.vmap(fn)(VECTORS)[0]
+    assert auto.eager_calls == runs
+    ref = _eager(lambda: engine.vmap(engine.vjp(weighted, THETA)[1])(VECTORS)[0])
+    assert torch.equal(got, ref) and got.requires_grad
