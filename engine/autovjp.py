@@ -182,7 +182,7 @@ def vjp(func: Callable, *primals: Any, has_aux: bool = False) -> tuple:
     if key is None:
         return transforms.vjp(func, *primals)
     record = _Record(func, key, primals, None)
-    if record.stamps:  # a pullback may replay: the forward goes through its own automatic tracing
+    if record.stamps or _warming(key):  # a pullback may replay: the forward goes through its own automatic tracing
         forward = autotrace._shared(_forward(func), ("vjp-forward", key))
         hits = forward.traced._hits
         _stash.out = _stash.fn = None
@@ -192,9 +192,10 @@ def vjp(func: Callable, *primals: Any, has_aux: bool = False) -> tuple:
         _stash.out = _stash.fn = None
         if stashed is out:  # an eager run: the real vjp_fn came with it
             record.real = real
-        elif forward.traced._hits == hits or _random(forward.traced._mru) is not False:
-            # A recording run, or a forward that draws: the real vjp, from the same random state
-            # (the caller's generators advance as by one eager vjp).
+        elif forward.traced._hits == hits or _random(forward.traced._mru) is not False or not record.stamps:
+            # A recording run, a forward that draws, or no pullback proven for a deferral yet: the
+            # real vjp, from the same random state (the caller's generators advance as by one
+            # eager vjp).
             _set_rng_state(rng)
             out, record.real = transforms.vjp(func, *primals)
         elif departures and _switch.verify:
@@ -202,6 +203,13 @@ def vjp(func: Callable, *primals: Any, has_aux: bool = False) -> tuple:
     else:
         out, record.real = transforms.vjp(func, *primals)
     return out, _vjp_fn(record)
+
+
+def _warming(key: Hashable) -> bool:
+    """Whether a pullback of this function is still being fed towards its first guard: the forward
+    then takes its own first calls alongside (both reach replay together, two calls sooner)."""
+    return any(auto.impure is None and auto._guard is None and getattr(auto, "_vjp_warmups", -1) < _WARMUPS
+               for auto in list(_pullbacks.get(key, ())))
 
 
 def _vjp_fn(record: _Record) -> Callable:

@@ -274,3 +274,23 @@ def test_a_pullback_that_cannot_replay_does_not_rerun_the_forward_beside_the_rea
     assert auto.eager_calls == runs
     ref = _eager(lambda: engine.vmap(engine.vjp(weighted, THETA)[1])(VECTORS)[0])
     assert torch.equal(got, ref) and got.requires_grad
+
+
+def test_the_loop_replays_by_the_call_after_a_workloads_warm_up() -> None:
+    """The suite measures a method after its first call and AUTO_TRACE_WARMUP more (workloads.base
+    Workload.prepare); the gate counts instructions from there on: a vmap of vjp_fns must be at
+    its steady state (deferred, the pullback replaying) by then, or a count would catch a
+    recording. The pullback and the forward take their first calls together."""
+    from workloads.base import AUTO_TRACE_WARMUP
+
+    def fresh(theta: torch.Tensor) -> torch.Tensor:
+        return torch.tanh(X @ theta).pow(3).mean()
+
+    for _ in range(1 + AUTO_TRACE_WARMUP):
+        engine.vmap(engine.vjp(engine.grad(fresh), THETA)[1])(VECTORS)
+    _, fn = engine.vjp(engine.grad(fresh), THETA)
+    assert fn._vjp_record.real is None
+    auto = _pullback(fn)
+    hits = auto.traced._hits
+    engine.vmap(fn)(VECTORS)
+    assert auto.traced._hits == hits + 1
