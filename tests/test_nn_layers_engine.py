@@ -247,3 +247,38 @@ def test_lstm_per_sample_gradients_replay_bit_for_bit_under_automatic_tracing():
     for out in replays:
         for k in eager:
             assert torch.equal(out[k], eager[k]), k
+
+
+_CONVS = {
+    "conv1d": (lambda: nn.Conv1d(3, 4, 3), (3, 9)),
+    "conv2d_stride_padding_groups": (lambda: nn.Conv2d(4, 6, 3, stride=2, padding=1, groups=2), (4, 7, 7)),
+    "conv2d_no_bias_dilation": (lambda: nn.Conv2d(3, 5, 3, dilation=2, bias=False), (3, 9, 8)),
+    "conv3d": (lambda: nn.Conv3d(2, 3, 2), (2, 4, 4, 3)),
+    "conv_transpose2d_groups": (lambda: nn.ConvTranspose2d(4, 2, 3, stride=2, groups=2, output_padding=1), (4, 5, 5)),
+    "conv_transpose1d_no_bias": (lambda: nn.ConvTranspose1d(3, 5, 3, bias=False), (3, 6)),
+}
+
+
+@pytest.mark.parametrize("with_n", [True, False], ids=["with_n", "unbatched_element"])
+@pytest.mark.parametrize("name", sorted(_CONVS))
+def test_conv_backward_with_a_shared_weight_matches_the_loop(name, with_n):
+    """Per-sample gradients of a convolution w.r.t. its parameters and its input at once: the rule
+    for a weight shared by the batch computes the input's gradient as one plain convolution backward
+    and only the weight's and bias's by the groups trick (with a shape-only stand-in weight)."""
+    torch.manual_seed(0)
+    make, shape = _CONVS[name]
+    layer = make().double()
+    params = {k: v.detach() for k, v in layer.named_parameters()}
+    x = torch.randn(4, *shape, dtype=torch.float64)
+
+    def loss(p: dict, xi: torch.Tensor) -> torch.Tensor:
+        out = functional_call(layer, p, (xi.unsqueeze(0) if with_n else xi,))
+        return (out.sin() * out).sum()
+
+    with engine.fallback_policy("error"), engine.auto_tracing(False):
+        got = engine.vmap(engine.grad(loss, argnums=(0, 1)), in_dims=(None, 0))(params, x)
+    for i in range(x.shape[0]):
+        want = torch.func.grad(loss, argnums=(0, 1))(params, x[i])
+        torch.testing.assert_close(got[1][i], want[1])
+        for k in params:
+            torch.testing.assert_close(got[0][k][i], want[0][k])

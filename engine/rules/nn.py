@@ -100,27 +100,53 @@ def convolution_backward_rule(info, in_dims, grad_out, x, weight, bias_sizes, st
     no_n = x.dim() - (in_dims[1] is not None) == weight.dim() - (wd is not None) - 1
     go = materialize(grad_out, in_dims[0], B)
     xm = materialize(x, in_dims[1], B)
-    wm = materialize(weight, wd, B)
     if no_n:
         go, xm = go.unsqueeze(1), xm.unsqueeze(1)
-    gof = go.transpose(0, 1).flatten(1, 2)
-    xf = xm.transpose(0, 1).flatten(1, 2)
-    wf = wm.flatten(0, 1)
     bsz = None if bias_sizes is None else [B * bias_sizes[0]]
-    gi, gw, gb = aten.convolution_backward.default(gof, xf, wf, bsz, stride, padding, dilation, transposed,
-                                                   output_padding, groups * B, output_mask)
-    outs, dims = [], []
-    if gi is not None:
+    if wd is None:
+        return _backward_of_a_shared_weight(B, no_n, go, xm, weight, bsz, stride, padding, dilation,
+                                            transposed, output_padding, groups, output_mask)
+    wf = materialize(weight, wd, B).flatten(0, 1)
+    gi, gw, gb = aten.convolution_backward.default(_groups_form(go), _groups_form(xm), wf, bsz, stride, padding,
+                                                   dilation, transposed, output_padding, groups * B, output_mask)
+    if gi is not None:  # [N, B*C, *s]
         gi = gi.unflatten(1, (B, -1))
-        if no_n:
-            outs.append(gi.squeeze(0))
-            dims.append(0)
-        else:
-            outs.append(gi)
-            dims.append(1)
-    else:
-        outs.append(None)
-        dims.append(None)
+        gi = (gi.squeeze(0), 0) if no_n else (gi, 1)
+    return _backward_outputs(B, gi, gw, gb)
+
+
+def _groups_form(t: torch.Tensor) -> torch.Tensor:
+    """[B, N, C, *s] -> [N, B*C, *s]: each batch element's channels a group set of their own."""
+    return t.transpose(0, 1).flatten(1, 2)
+
+
+def _backward_of_a_shared_weight(B, no_n, go, xm, weight, bsz, stride, padding, dilation, transposed,
+                                 output_padding, groups, output_mask):
+    """An unbatched weight (per-sample gradients of a model: vmap over the examples): the input's
+    gradient is one plain convolution backward with the batch folded into N (the weight is the same
+    for every element); only the weight's and bias's gradients need the groups trick, for which the
+    kernel reads no weight values (its shape only: an expanded one-element tensor stands for the
+    B copies). The groups form of the input gradient cost up to twice the plain one (nn_cifar_cnn),
+    and so did materializing B copies of the weight."""
+    gi = gw = gb = None
+    if output_mask[0]:
+        gi = aten.convolution_backward.default(go.flatten(0, 1), xm.flatten(0, 1), weight, None, stride, padding,
+                                               dilation, transposed, output_padding, groups, [True, False, False])[0]
+        gi = gi.unflatten(0, (B, -1))                             # [B, N, C, *s]
+        gi = (gi.squeeze(1), 0) if no_n else (gi, 0)
+    if output_mask[1] or output_mask[2]:
+        shape = (B * weight.shape[0], *weight.shape[1:])
+        stand_in = weight.new_empty(()).expand(shape)
+        _, gw, gb = aten.convolution_backward.default(_groups_form(go), _groups_form(xm), stand_in, bsz, stride,
+                                                      padding, dilation, transposed, output_padding, groups * B,
+                                                      [False, output_mask[1], output_mask[2]])
+    return _backward_outputs(B, gi, gw, gb)
+
+
+def _backward_outputs(B, gi, gw, gb):
+    """(grad_input as (tensor, batch dim) or None, grad_weight [B*O, ...], grad_bias [B*O]) as the
+    rule's outputs and their batch dims."""
+    outs, dims = [gi[0] if gi is not None else None], [gi[1] if gi is not None else None]
     outs.append(None if gw is None else gw.unflatten(0, (B, -1)))
     dims.append(None if gw is None else 0)
     outs.append(None if gb is None else gb.unflatten(0, (B, -1)))
