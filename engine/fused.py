@@ -61,6 +61,10 @@ OFF, ON, FORCE = "off", "on", "force"
 COLD_COMPILE_S = 20.0
 EXPECTED_SAVING = 0.5
 MIN_REPLAYS = 8
+# A CPU program's first calls are timed against the replay's, alternated (Trial): it is kept unless
+# its median call is SLOWER times the replay's or more.
+TRIAL_CALLS = 5
+SLOWER = 1.1
 
 
 def _mode_from(value: str) -> str:
@@ -380,6 +384,8 @@ class _Compiler:
 _COMPILER = _Compiler()
 # Every finished job of this process, in order: what benchmarks read to put compile cost on the record.
 HISTORY: list[dict[str, Any]] = []
+# Every program its trial found slower than the replay, in order (Tier.slower's message).
+DROPPED: list[str] = []
 
 
 def settle(timeout: float | None = None) -> bool:
@@ -486,7 +492,59 @@ class Tier:
         self.state = "fused"
         entry = self._entry()
         if entry is not None:
-            entry.fused = job.program
+            program = job.program
+            if TRIAL_CALLS and all(m[3].type == "cpu" for m in job.meta):
+                program = Trial(program, entry, self)
+            entry.fused = program
+
+    def slower(self, entry: Any, program: "FusedProgram", fused_s: float, replay_s: float) -> None:
+        """The trial found the program slower than the replay: the signature stays on the replay."""
+        self.state = "slower"
+        self.error = (f"the program took {fused_s * 1e3:.3g} ms a call against the replay's {replay_s * 1e3:.3g} ms "
+                      f"(medians of {TRIAL_CALLS} calls each, alternated): the replay is kept")
+        entry.fused = None
+        DROPPED.append(self.error)
+
+
+class Trial:
+    """A CPU program's first calls, alternated with the replay's and timed (`TRIAL_CALLS` each, after
+    one untimed call each): a program inductor made slower than the replay it replaces (large
+    convolutions, where its layout choices cost more than fusing saves: nn_cifar_cnn, 41.8 against
+    34.7 ms) is dropped, and the signature keeps replaying (`Tier.slower`, shown by tiers()); else
+    the entry gets the program itself. Either side's result is the call's (the replay's is exact, the
+    program's within the tier's tolerance). On CUDA, host time says little of a program's cost, so
+    CUDA programs start without a trial. It stands in for the program meanwhile (its attributes)."""
+
+    __slots__ = ("program", "entry", "tier", "calls", "times")
+
+    def __init__(self, program: "FusedProgram", entry: Any, tier: Tier) -> None:
+        self.program, self.entry, self.tier = program, weakref.ref(entry), tier
+        self.calls = 0
+        self.times: tuple[list[float], list[float]] = ([], [])
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.program, name)
+
+    def __call__(self, inputs: list) -> Any:
+        entry = self.entry()
+        if entry is None:
+            return self.program(inputs)
+        side = self.calls & 1  # 0: the program, 1: the replay
+        self.calls += 1
+        start = time.perf_counter()
+        outs = entry.run(*inputs) if side else self.program(inputs)
+        seconds = time.perf_counter() - start
+        if outs is None:  # the program's checks failed: the caller replays, and this is no timing
+            return None
+        if self.calls > 2:  # each side's first call untimed (cold caches, first page faults)
+            self.times[side].append(seconds)
+        if min(map(len, self.times)) >= TRIAL_CALLS:
+            fused_s, replay_s = (sorted(t)[len(t) // 2] for t in self.times)
+            if fused_s > SLOWER * replay_s:
+                self.tier.slower(entry, self.program, fused_s, replay_s)
+            else:
+                entry.fused = self.program
+        return outs
 
 
 def candidate(gm: torch.fx.GraphModule) -> bool:

@@ -174,7 +174,8 @@ def test_rosenbrock_hessian_runs_its_program_although_a_folded_constant_is_misal
         traced(x)
         traced(x)
         program = _entry(traced).fused
-        assert program is not None
+        assert isinstance(program, fused.Trial)  # its first calls: the program's first is this one
+        program = program.program
         inner = program.call
         monkeypatch.setattr(program, "call", lambda args: calls.append(1) or inner(args))
         got = traced(x)
@@ -363,3 +364,54 @@ def test_a_kernel_pinned_to_its_grad_mode_is_carried_by_the_fused_tier():
     with torch.no_grad():
         for got, want in zip(rebuilt(*inputs), entry.gm(*inputs), strict=True):
             torch.testing.assert_close(got, want)
+
+
+class _Sleepy:
+    """A stand-in program: the replay's outputs, after `seconds` of sleep."""
+
+    def __init__(self, entry: object, seconds: float) -> None:
+        self.entry, self.seconds, self.calls = entry, seconds, 0
+
+    def __call__(self, inputs: list) -> object:
+        import time
+
+        self.calls += 1
+        time.sleep(self.seconds)
+        return self.entry.run(*inputs)
+
+
+@pytest.mark.parametrize("slow", [True, False], ids=["slower_dropped", "faster_kept"])
+def test_a_program_slower_than_the_replay_is_dropped_after_its_trial(slow):
+    """The tier's first calls of a CPU program alternate with the replay, timed; a program slower
+    than the replay (inductor's layouts for large convolutions) is dropped and the signature keeps
+    replaying, shown as 'slower' by tiers(); a faster one replaces the trial."""
+    traced = engine.trace(_double_plus_one)
+    x = torch.randn(4)
+    traced(x)
+    entry = _entry(traced)
+    tier = fused.Tier(entry)
+    tier.state = "fused"
+    program = _Sleepy(entry, 0.02 if slow else 0.0)
+    entry.fused = fused.Trial(program, entry, tier)
+    entry.run = _sleeping(entry.run, 0.0 if slow else 0.02)
+    with engine.fused_tier(True):
+        for _ in range(2 * (fused.TRIAL_CALLS + 1)):
+            torch.testing.assert_close(traced(x), _double_plus_one(x))
+        assert program.calls == fused.TRIAL_CALLS + 1
+        if slow:
+            assert entry.fused is None and tier.state == "slower" and "replay is kept" in tier.error
+            traced(x)
+            assert program.calls == fused.TRIAL_CALLS + 1
+        else:
+            assert entry.fused is program and tier.state == "fused"
+            traced(x)
+            assert program.calls == fused.TRIAL_CALLS + 2
+
+
+def _sleeping(run, seconds: float):
+    import time
+
+    def slept(*args):
+        time.sleep(seconds)
+        return run(*args)
+    return slept
