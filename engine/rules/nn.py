@@ -2,7 +2,9 @@
 
 Only the input batched: the batch folds into the convolution's own batch dim. The weight batched:
 the batch folds into channels and `groups` grows by B (each batch element is its own group set),
-which works for plain and transposed convolutions alike.
+which works for plain and transposed convolutions alike. The backward of a weight shared by the
+batch (per-sample gradients) needs the groups trick for the weight's and bias's gradients only: the
+input's is one plain convolution backward with the batch in N.
 """
 from __future__ import annotations
 
