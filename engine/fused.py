@@ -65,6 +65,10 @@ MIN_REPLAYS = 8
 # its median call is SLOWER times the replay's or more.
 TRIAL_CALLS = 5
 SLOWER = 1.1
+# CUDA programs are replayed as CUDA graphs (CudaGraphed) where their inputs total this many bytes
+# at most (each call copies them into the graph's buffers); VMAPBENCH_CUDA_GRAPHS=0 turns that off.
+CUDA_GRAPHS = os.environ.get("VMAPBENCH_CUDA_GRAPHS", "1").strip().lower() not in ("0", "false", "off", "no")
+CUDA_GRAPH_MAX_BYTES = 64 << 20
 
 
 def _mode_from(value: str) -> str:
@@ -495,6 +499,8 @@ class Tier:
             program = job.program
             if TRIAL_CALLS and all(m[3].type == "cpu" for m in job.meta):
                 program = Trial(program, entry, self)
+            elif graphable(job.meta, entry.gm):
+                program = CudaGraphed(program)
             entry.fused = program
 
     def slower(self, entry: Any, program: "FusedProgram", fused_s: float, replay_s: float) -> None:
@@ -504,6 +510,112 @@ class Tier:
                       f"(medians of {TRIAL_CALLS} calls each, alternated): the replay is kept")
         entry.fused = None
         DROPPED.append(self.error)
+
+
+def draws(gm: torch.fx.GraphModule | None) -> bool | None:
+    """Whether a recorded graph calls a random op (None: no graph to tell)."""
+    if gm is None:
+        return None
+    return any(torch.Tag.nondeterministic_seeded in getattr(n.target, "tags", ())
+               for n in gm.graph.nodes if n.op == "call_function")
+
+
+def graphable(meta: list, gm: torch.fx.GraphModule | None) -> bool:
+    """A program CUDA graphs may replay: every input on CUDA, inputs of CUDA_GRAPH_MAX_BYTES at
+    most (each call copies them into the graph's own buffers), and no random op (a captured draw
+    would need the generator's graph-safe offsets; such programs run as they are)."""
+    if not CUDA_GRAPHS or not meta or draws(gm) is not False:
+        return False
+    size = 0
+    for shape, strides, dtype, device in meta:
+        if _device_type(device) != "cuda":
+            return False
+        extent = 1 + sum((n - 1) * st for n, st in zip(shape, strides) if n)
+        size += extent * (dtype.itemsize if hasattr(dtype, "itemsize") else torch.empty((), dtype=dtype).element_size())
+    return size <= CUDA_GRAPH_MAX_BYTES
+
+
+def _device_type(device: Any) -> str:
+    return device.type if isinstance(device, torch.device) else torch.device(device).type
+
+
+class _CudaCapture:
+    """torch.cuda's graph API as the one call CudaGraphed needs (a seam: the logic around it is
+    tested on CPU with a stand-in that replays by calling the function again)."""
+
+    @staticmethod
+    def capture(fn: Callable[[], Any]) -> tuple[Any, Any]:
+        """(graph, outputs): `fn` warmed up twice on a side stream, then captured."""
+        cuda = torch.cuda
+        side = cuda.Stream()
+        side.wait_stream(cuda.current_stream())
+        with cuda.stream(side):
+            for _ in range(2):
+                fn()
+        cuda.current_stream().wait_stream(side)
+        graph = cuda.CUDAGraph()
+        with cuda.graph(graph):
+            outs = fn()
+        return graph, outs
+
+
+class CudaGraphed:
+    """A CUDA program replayed as one CUDA graph: one launch instead of one per kernel, where these
+    small programs spend their time launching (bayes_hmc on an H100: the GPU busy 1.5% of the
+    time). Captured at its first call on buffers of its own (`static`), each later call copies its
+    inputs into them, replays, and returns copies of the outputs (the next replay overwrites the
+    buffers), under a lock (the buffers are shared). A call whose inputs have other strides, or
+    that needs autograd, goes to the program itself, whose checks decide. A capture that fails, or
+    whose outputs share memory with its inputs (a copy would not be the view a replay returns),
+    leaves the program as it is for good. It stands in for the program (its attributes)."""
+
+    __slots__ = ("program", "graph", "static", "outs", "strides", "plain", "lock", "capturer")
+
+    def __init__(self, program: "FusedProgram") -> None:
+        self.program = program
+        self.capturer: Any = _CudaCapture
+        self.graph: Any = None
+        self.static: list[torch.Tensor] = []
+        self.outs: Any = None
+        self.strides: tuple = ()
+        self.plain = False  # the capture failed or cannot serve: the program itself from now on
+        self.lock = threading.Lock()
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.program, name)
+
+    def __call__(self, inputs: list, *rest: Any) -> Any:
+        if self.plain or (torch.is_grad_enabled() and any(map(_requires_grad, inputs))):
+            return self.program(inputs, *rest)
+        with self.lock:
+            if self.graph is None:
+                if not self._capture(inputs):
+                    return self.program(inputs, *rest)
+            elif tuple(map(_stride, inputs)) != self.strides:
+                return self.program(inputs, *rest)
+            for buffer, x in zip(self.static, inputs):
+                buffer.copy_(x)
+            self.graph.replay()
+            return [o.clone() if isinstance(o, torch.Tensor) else o for o in self.outs]
+
+    def _capture(self, inputs: list) -> bool:
+        """Capture the program on buffers laid out as `inputs` (their strides, aligned); False
+        (and the program for good) where it cannot be replayed so."""
+        self.plain = True
+        if tuple(map(_stride, inputs)) != self.program.strides:
+            return False
+        static = [torch.empty_strided(x.shape, x.stride(), dtype=x.dtype, device=x.device).copy_(x) for x in inputs]
+        call = self.program.call
+        try:
+            graph, outs = self.capturer.capture(lambda: call(list(static)))
+        except Exception:  # noqa: BLE001 - a program that cannot be captured runs as it is
+            return False
+        storages = {t.untyped_storage().data_ptr() for t in static}
+        if any(isinstance(o, torch.Tensor) and o.untyped_storage().data_ptr() in storages for o in outs):
+            return False
+        self.graph, self.outs, self.static, self.strides = graph, outs, static, tuple(map(_stride, inputs))
+        self.plain = False
+        return True
 
 
 class Trial:

@@ -11,6 +11,8 @@ one is lent. What those runs found is kept covered here:
   torch.distributions checks also read a CPU scalar), shown with fake CUDA tensors.
 - cuDNN's RNN kernel, which no rule batches: refused with an error naming it.
 - The workloads' full float32 on CUDA (TF32 off for cuDNN and cuBLAS).
+- The fused tier's CUDA graphs (engine.fused.CudaGraphed): copies in, one replay, copies out,
+  with a stand-in for torch.cuda's capture that replays by calling the program again.
 """
 from __future__ import annotations
 
@@ -180,3 +182,116 @@ def test_workloads_run_cuda_in_full_float32() -> None:
         assert torch.backends.cudnn.allow_tf32 is False and torch.backends.cuda.matmul.allow_tf32 is False
     finally:
         torch.backends.cudnn.allow_tf32, torch.backends.cuda.matmul.allow_tf32 = before
+
+
+# ------------------------------------------------------------------------------------------------
+# the fused tier's CUDA graphs
+
+
+class _ReplayByCalling:
+    """Stands in for torch.cuda's capture: the 'graph' reruns the function on the same buffers and
+    writes its results into the outputs of the capture, as a graph replay writes into its pool."""
+
+    captures = 0
+
+    @classmethod
+    def capture(cls, fn):
+        cls.captures += 1
+        outs = fn()
+
+        class Graph:
+            replays = 0
+
+            def replay(self):
+                Graph.replays += 1
+                for o, n in zip(outs, fn()):
+                    o.copy_(n)
+
+        return Graph(), outs
+
+
+class _Refuses:
+    @staticmethod
+    def capture(fn):
+        raise RuntimeError("operation not permitted when stream is capturing")
+
+
+def _graphed(fn, example, capturer):
+    from engine import fused
+
+    calls = []
+
+    def call(args):
+        calls.append(1)
+        return [fn(*args)]
+
+    program = fused.FusedProgram(call, tuple(t.stride() for t in example), "key", 0.0, "")
+    graphed = fused.CudaGraphed(program)
+    graphed.capturer = capturer
+    return graphed, calls
+
+
+def test_a_cuda_graphed_program_copies_in_replays_and_copies_out(monkeypatch):
+    monkeypatch.setattr(_ReplayByCalling, "captures", 0)
+    x = torch.randn(4, 3)
+    graphed, _ = _graphed(lambda a: a.sin() * 2, [x], _ReplayByCalling)
+    first = graphed([x])
+    assert _ReplayByCalling.captures == 1 and graphed.graph is not None
+    torch.testing.assert_close(first[0], x.sin() * 2)
+    for seed in range(3):
+        y = torch.randn(4, 3, generator=torch.Generator().manual_seed(seed))
+        out = graphed([y])
+        torch.testing.assert_close(out[0], y.sin() * 2)
+        assert out[0].data_ptr() != graphed.outs[0].data_ptr()  # a copy: the next replay overwrites the buffer
+    kept = out[0].clone()
+    graphed([x])
+    torch.testing.assert_close(out[0], kept)  # an earlier result is not overwritten by a later call
+    assert _ReplayByCalling.captures == 1
+
+
+def test_a_cuda_graphed_program_leaves_other_layouts_and_autograd_to_the_program():
+    x = torch.randn(4, 3)
+    graphed, calls = _graphed(lambda a: a * 3, [x], _ReplayByCalling)
+    graphed([x])
+    replays_before = len(calls)
+    other = torch.randn(3, 4).t()  # same shape, other strides: the program's own checks refuse it
+    assert graphed([other]) is None
+    with torch.enable_grad():
+        assert graphed([x.clone().requires_grad_()]) is None
+    assert len(calls) == replays_before
+
+
+def test_a_program_that_cannot_be_captured_runs_as_it_is():
+    x = torch.randn(5)
+    graphed, calls = _graphed(lambda a: a + 1, [x], _Refuses)
+    torch.testing.assert_close(graphed([x])[0], x + 1)
+    assert graphed.plain and graphed.graph is None
+    torch.testing.assert_close(graphed([x * 2])[0], x * 2 + 1)
+
+
+def test_a_program_returning_a_view_of_its_input_is_not_graphed():
+    """A replay's copy of the output would not be the view of the caller's input the program
+    returns: such a program is left as it is."""
+    x = torch.randn(2, 3)
+    graphed, _ = _graphed(lambda a: a.t(), [x], _ReplayByCalling)
+    out = graphed([x])
+    assert graphed.plain
+    assert out[0]._base is x or out[0].data_ptr() == x.data_ptr()
+
+
+def test_which_programs_are_graphed():
+    from engine import fused
+
+    noisy = torch.fx.GraphModule({}, torch.fx.Graph())
+    node = noisy.graph.placeholder("a")
+    noisy.graph.output(noisy.graph.call_function(aten.rand_like.default, (node,)))
+    noisy.recompile()
+    cuda = [((4, 3), (3, 1), torch.float32, torch.device("cuda", 0))]
+    traced = engine.trace(lambda a: a * 2)
+    traced(torch.randn(4, 3))
+    (entry,) = traced._cache.values()
+    assert fused.graphable(cuda, entry.gm)
+    assert not fused.graphable(cuda, noisy)  # a random op
+    assert not fused.graphable([((4, 3), (3, 1), torch.float32, torch.device("cpu"))], entry.gm)
+    assert not fused.graphable(cuda + [((1 << 25,), (1,), torch.float32, torch.device("cuda", 0))], entry.gm)
+    assert not fused.graphable(cuda, None)

@@ -83,3 +83,31 @@ def test_cli_run_on_cuda(capsys: pytest.CaptureFixture[str]) -> None:
             "--repeat", "2", "--check"]
     assert cli.main(argv) == 0
     assert "on cuda" in capsys.readouterr().out
+
+
+def test_a_fused_cuda_program_replays_as_a_cuda_graph_with_the_replays_results():
+    """engine.fused.CudaGraphed on a real GPU (its logic is tested on CPU in
+    tests/test_cuda_paths_on_cpu.py): the program is captured at its first call, and every later
+    call's result equals the replay's within the fused tier's tolerance, for new inputs each time."""
+    import engine
+    from engine import fused
+
+    X = torch.randn(64, 8, device="cuda")
+
+    def logp(w: torch.Tensor) -> torch.Tensor:
+        return -torch.nn.functional.softplus(X @ w).sum() - 0.5 * (w * w).sum()
+
+    traced = engine.trace(engine.vmap(engine.hessian(logp)))
+    w = torch.randn(4, 8, device="cuda")
+    with engine.fused_tier("force"):
+        traced(w)
+        traced(w)
+        (entry,) = traced._cache.values()
+        assert isinstance(entry.fused, fused.CudaGraphed), traced.tiers()
+        for seed in range(3):
+            w2 = torch.randn(4, 8, device="cuda", generator=torch.Generator("cuda").manual_seed(seed))
+            got = traced(w2)
+            with engine.fused_tier(False):
+                want = traced(w2)
+            torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)
+        assert entry.fused.graph is not None and not entry.fused.plain
