@@ -43,7 +43,7 @@ from typing import Any, Callable, Hashable
 import torch
 from torch.utils._pytree import tree_flatten
 
-from engine import _vmap, autotrace, transforms
+from engine import _vmap, autotrace, fused, transforms
 from engine._guards import _Depth
 from engine.autoswitch import _local as _switch
 from engine.autoswitch import departures
@@ -57,7 +57,6 @@ __all__ = ["vjp"]
 
 _WARMUPS = 6  # pullback runs fed beside real vjp_fns before it is given up on (per pullback)
 _PULLBACK_KEYS = 256  # functions with pullbacks, past which the dead ones' keys are dropped
-_RANDOM = torch.Tag.nondeterministic_seeded
 _autocast = torch._C._is_any_autocast_enabled
 
 
@@ -116,14 +115,13 @@ _draws: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # recorded entr
 
 
 def _random(entry: Any) -> bool | None:
-    """Whether a recorded graph draws random numbers (None: no graph to tell)."""
+    """Whether a recorded entry's graph draws random numbers (None: no graph to tell), once per entry."""
     gm = getattr(entry, "gm", None)
     if gm is None:
         return None
     draws = _draws.get(entry)
     if draws is None:
-        draws = _draws[entry] = any(_RANDOM in getattr(n.target, "tags", ())
-                                    for n in gm.graph.nodes if n.op == "call_function")
+        draws = _draws[entry] = bool(fused.draws(gm))
     return draws
 
 
@@ -280,8 +278,8 @@ def vmap_of(vjp_fn: Callable, args: tuple, kwargs: dict) -> Callable:
             pullback._vjp_replays = pullback.traced._hits != hits
             if record.real is not None and verify:
                 entry = pullback.traced._mru
-                fused = entry is not None and entry.fused is not None and fused_mode.mode is not fused_off
-                _compare(record, out, _vmap.vmap(record.real, *args, **kwargs)(*cotangents), exact=not fused)
+                ran_fused = entry is not None and entry.fused is not None and fused_mode.mode is not fused_off
+                _compare(record, out, _vmap.vmap(record.real, *args, **kwargs)(*cotangents), exact=not ran_fused)
             return out
         if record.real is None and not any(record.proven(auto) for auto in list(record.stamps)):
             _refuse(record)
