@@ -229,9 +229,18 @@ class FusedProgram:
     functional (no input is written), so the copy changes nothing, unless an output is a view of
     that input: then the output would view the copy instead of the caller's memory. So the outputs
     are checked against the copies; one that shares a copy's memory is thrown away, the call
-    replays, and the program stops copying (misaligned calls replay from then on)."""
+    replays, and the program stops copying (misaligned calls replay from then on).
 
-    __slots__ = ("call", "strides", "key", "seconds", "source", "copies_ok")
+    Most of a traced call's inputs are its folded constants (engine.graph_passes.Fold), which do
+    not change from call to call: the caller passes the fold's values tuple as `proof`, and the
+    positions of the inputs the fold does not vouch for as `live` (the call's arguments, captured
+    tensors the fold does not read). The fold returns the same tuple object only while each of
+    its sources keeps the data pointer, sizes and strides it had when the values were computed,
+    and the values themselves are the fold's own tensors (nobody else holds them to change their
+    layout). So once every input passed the stride and alignment checks beside one values tuple,
+    a call with that same tuple checks only the `live` inputs: on bayes_hmc 2 of 13."""
+
+    __slots__ = ("call", "strides", "key", "seconds", "source", "copies_ok", "proof", "live", "live_strides")
 
     def __init__(self, call: Callable, strides: tuple, key: str, seconds: float, source: str) -> None:
         self.call = call
@@ -240,16 +249,34 @@ class FusedProgram:
         self.seconds = seconds  # what this program cost to get: the compile, or the load from disk
         self.source = source
         self.copies_ok = True
+        self.proof: Any = None  # the fold's values tuple all inputs were last checked beside (held: its id stays unique)
+        self.live: tuple[int, ...] = ()  # the positions checked on every call while `proof` holds
+        self.live_strides: tuple = ()
 
-    def __call__(self, inputs: list) -> Any:
+    def __call__(self, inputs: list, proof: Any = None, live: tuple[int, ...] = ()) -> Any:
+        """The program's outputs for `inputs` (a list the program empties), or None where its checks
+        do not hold (the caller replays; `inputs` is then left as it was). `proof` and `live`: see
+        the class. The requires_grad check, needed only under grad mode, covers every input."""
         # map over C functions, no Python frame per input: these checks run on every fused call
+        if proof is not None and proof is self.proof and live is self.live:
+            live_inputs = list(map(inputs.__getitem__, live))
+            if tuple(map(_stride, live_inputs)) != self.live_strides:
+                return None
+            if torch.is_grad_enabled() and any(map(_requires_grad, inputs)):
+                return None
+            if any(map(operator.and_, map(_data_ptr, live_inputs), _ALIGN)):
+                return self._call_aligned(inputs)
+            return self.call(inputs)
         if tuple(map(_stride, inputs)) != self.strides:
             return None
         if torch.is_grad_enabled() and any(map(_requires_grad, inputs)):
             return None
         if any(map(operator.and_, map(_data_ptr, inputs), _ALIGN)):
             return self._call_aligned(inputs)
-        return self.call(list(inputs))
+        if proof is not None:  # every input checked beside this values tuple (and aligned: no copies)
+            self.proof, self.live = proof, live
+            self.live_strides = tuple(self.strides[i] for i in live)
+        return self.call(inputs)
 
     def _call_aligned(self, inputs: list) -> Any:
         if not self.copies_ok:

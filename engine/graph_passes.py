@@ -490,17 +490,21 @@ class Fold:
         self.sources = sources
         self._state: tuple | None = None
         self._values: tuple = ()
-        self._contents: list[torch.Tensor] = []
+        self._contents: list = []  # bytearrays (the byte path) or clones (_same_bits)
         # The sources' memory as memoryviews (taken with the contents, while the state below holds
-        # they see exactly the sources' bytes), with `_contents` their bytes: a replay compares
-        # them by a bytes copy and one memcmp per source instead of torch.equal's dispatch and
-        # kernel (a fifth of the time on a few KB); None where a source needs _same_bits (see
-        # _byte_views).
+        # they see exactly the sources' bytes), with `_contents` their bytes in bytearrays: a replay
+        # compares them by one memcmp per source (a bytearray compares with anything that exposes
+        # a buffer, without a copy) instead of torch.equal's dispatch and kernel (a fifth of the
+        # time on a few KB); None where a source needs _same_bits (see _byte_views).
         self._live: list[memoryview] | None = None
         self._watchable = all(t.layout == torch.strided and t.numel() <= FOLD_WATCH_ELEMENTS for t in sources)
 
     def values(self) -> tuple:
-        """The folded values for the sources as they are now."""
+        """The folded values for the sources as they are now.
+
+        The same tuple object is returned only while every source keeps the data pointer, sizes
+        and strides it had when the values were computed (engine.fused.FusedProgram relies on it:
+        it checks the values' and the sources' layout once per tuple)."""
         sources = self.sources
         # (the layout too: the byte path's memoryviews keep the layout they were taken with, and
         # `t.data = t.t()` gives another layout over the same memory, moving neither the version
@@ -508,7 +512,7 @@ class Fold:
         state = tuple([(t._version, t.data_ptr(), t.shape, t.stride()) for t in sources])
         if state == self._state:
             live = self._live
-            if (all(map(operator.eq, map(bytes, live), self._contents)) if live is not None
+            if (all(map(operator.eq, self._contents, live)) if live is not None
                     else all(map(_same_bits, sources, self._contents))):
                 if not torch.is_grad_enabled() or not any(t.requires_grad for t in sources):
                     return self._values
@@ -519,7 +523,7 @@ class Fold:
             self._state = state
             self._live = _byte_views(sources)
             if self._live is not None:
-                self._contents = [bytes(v) for v in self._live]
+                self._contents = [bytearray(v) for v in self._live]
             else:
                 self._contents = [t.detach().clone() for t in sources]
         self._values = values

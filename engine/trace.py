@@ -408,7 +408,7 @@ class _Entry:
     __slots__ = (
         "gm", "run", "constants", "tensor_pos", "select", "out_spec", "out_consts", "build", "eager", "compiled",
         "compile_seconds", "key", "fast_keys", "first", "guards", "tier", "fused", "promotion", "fold",
-        "inert", "__weakref__",
+        "inert", "live", "__weakref__",
     )
 
     def __init__(self) -> None:
@@ -438,6 +438,10 @@ class _Entry:
         # needs no no_grad. (Where it reads captured tensors, no_grad also spares the folded
         # values' per-call requires_grad check, Fold.values: it costs more than the switch.)
         self.inert = False
+        # The positions of the graph inputs the fold does not vouch for (the call's tensors, the
+        # captured tensors the fold does not read): what the fused program checks on every call
+        # while the fold's values are unchanged (engine.fused.FusedProgram).
+        self.live: tuple[int, ...] = ()
 
     def inputs(self, flat: list) -> list:
         return [flat[i] for i in self.tensor_pos] + list(self.feed())
@@ -467,10 +471,17 @@ class _Entry:
         """A call with the fused tier on: the program when it is ready and its checks hold, else
         the replay, timed for the tier's counters while the signature may still move up."""
         select = self.select
-        inputs = [*flat, *self.feed()] if select is None else [*[flat[i] for i in select], *self.feed()]
+        fold = self.fold
+        if fold is None:
+            values = None
+            inputs = [*flat, *self.constants] if select is None else [*[flat[i] for i in select], *self.constants]
+        else:
+            values = fold.values()  # the program's proof that the folded inputs are as it checked them
+            inputs = ([*flat, *self.constants, *values] if select is None
+                      else [*[flat[i] for i in select], *self.constants, *values])
         program = self.fused
         if program is not None:
-            outs = program(inputs)
+            outs = program(inputs, values, self.live)
             if outs is not None:
                 return outs
             return self.run(*inputs)
@@ -762,6 +773,9 @@ class TracedFunction:
                 + ") could not be matched to the recorded graph"))
         entry.constants = tuple(clean_up(gm))
         entry.fold = fold_constants(gm, len(entry.tensor_pos), list(entry.constants))
+        read = () if entry.fold is None else {id(t) for t in entry.fold.sources}
+        entry.live = (*range(len(entry.tensor_pos)),
+                      *(len(entry.tensor_pos) + i for i, t in enumerate(entry.constants) if id(t) not in read))
         if self._auto and _writes_into_inputs(gm):
             # Automatic tracing replays only graphs without writes into inputs or captured tensors
             # (whose effects on aliases and version counters it does not prove); this call was the

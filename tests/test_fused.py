@@ -135,6 +135,90 @@ def test_a_program_refuses_inputs_of_other_strides():
     assert program([torch.zeros(8)[::2]]) is None  # stride 2
 
 
+def test_beside_the_same_fold_values_a_program_checks_only_the_live_inputs():
+    """The fold vouches for its values and its sources while it returns the same values tuple:
+    the checks then run on the `live` positions only, and any other tuple checks every input."""
+    program = fused.FusedProgram(lambda args: ("ran",), ((1,), (1,), (1,)), "key", 0.0, "")
+    live = (0,)
+    proof = (torch.zeros(4),)
+    assert program([torch.zeros(4), torch.zeros(4), proof[0]], proof, live) == ("ran",)
+    assert program.proof is proof and program.live_strides == ((1,),)
+    other_strides = torch.zeros(8)[::2]
+    # the caller never pairs this proof with a vouched input of other strides: only live ones are read
+    assert program([torch.zeros(4), other_strides, proof[0]], proof, live) == ("ran",)
+    assert program([other_strides, torch.zeros(4), proof[0]], proof, live) is None  # a live input
+    assert program([torch.zeros(4), other_strides, proof[0]], (proof[0],), live) is None  # another tuple: all
+    assert program([torch.zeros(4), other_strides, proof[0]]) is None  # no proof: all
+
+
+def test_a_fused_call_follows_its_captured_tensors_layout_and_contents(monkeypatch, tmp_path):
+    """The fused program is specialised to its inputs' strides and alignment. A captured tensor the
+    fold reads (W) or does not read (c) that gets other strides, an unaligned start or other bytes
+    (through `.data`, which moves no version counter) must never reach the program unchecked:
+    each call equals the eager result, and the stand-in program below refuses any input of another
+    layout than it was compiled for."""
+    monkeypatch.setattr(fused, "INDEX", fused.GraphIndex(tmp_path))
+    compiled: dict = {}
+    calls = []
+
+    def stand_in(job: fused.Job) -> str:
+        compiled["strides"] = tuple(m[1] for m in job.meta)
+        return "stand-in"
+
+    def load(source: str):
+        strides = compiled["strides"]
+
+        def call(args):
+            assert tuple(a.stride() for a in args) == strides and all(a.data_ptr() % 16 == 0 for a in args)
+            outs = compiled["gm"](*args)
+            args.clear()
+            calls.append(1)
+            return outs
+        return call
+
+    monkeypatch.setattr(fused._COMPILER, "_compile", stand_in)
+    monkeypatch.setattr(fused, "load_program", load)
+    W, c = torch.randn(4, 4), torch.randn(4)
+
+    def f(x: torch.Tensor) -> torch.Tensor:
+        return x @ (W * 2) + x * c
+
+    traced = engine.trace(f)
+    x = torch.randn(3, 4)
+    with engine.fused_tier("force"):
+        traced(x)
+        compiled["gm"] = _entry(traced).gm
+        traced(x)  # the first replay compiles and waits
+        assert traced.tiers()[0]["state"] == "fused"
+
+        def check(program_ran: bool) -> None:
+            before = len(calls)
+            torch.testing.assert_close(traced(x), x @ (W * 2) + x * c, rtol=0, atol=0)
+            assert len(calls) == before + program_ran
+
+        check(True)
+        check(True)
+        assert _entry(traced).fused.proof is not None  # the second call checked the live inputs only
+        strided = torch.empty(8)[::2]
+        strided.copy_(c)
+        c.data = strided  # other strides, same values, same version
+        check(False)
+        c.data = torch.randn(4)
+        check(True)
+        W.data = W.t().contiguous().t()  # read by the fold: its values are recomputed, all checked
+        check(False)
+        W.data = W.contiguous()
+        check(True)
+        buffer = torch.empty(17)
+        buffer[1:].copy_(W.flatten())
+        W.data = buffer[1:].view(4, 4)  # 4 bytes past an aligned start: copied to aligned memory
+        check(True)
+        W.data = torch.randn(4, 4)
+        check(True)
+        W.data.mul_(3)  # new bytes, the version counter of W unmoved
+        check(True)
+
+
 def test_a_misaligned_input_is_copied_to_aligned_memory_of_the_same_strides():
     seen = []
 
