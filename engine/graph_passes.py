@@ -483,15 +483,21 @@ class Fold:
     call), as the unfolded graph would.
     """
 
-    __slots__ = ("gm", "sources", "_state", "_values", "_contents", "_live", "_watchable")
+    __slots__ = ("gm", "sources", "_layout", "_ptrs", "_values", "_contents", "_live", "_watchable")
 
     def __init__(self, gm: torch.fx.GraphModule, sources: list[torch.Tensor]) -> None:
         self.gm = gm
         self.sources = sources
-        self._state: tuple | None = None
+        # The sources' layout as the values were computed: their data pointers, and a check of
+        # everything else a source's layout is (sizes, strides, dtype, device, the dispatch keys
+        # that carry the conjugate and negative bits, requires_grad): torch's TensorGuards, one
+        # C call for all sources (a Python tuple of them cost twice the content comparison).
+        # None: no values kept.
+        self._layout: Callable[..., bool] | None = None
+        self._ptrs: list[int] = []
         self._values: tuple = ()
         self._contents: list = []  # bytearrays (the byte path) or clones (_same_bits)
-        # The sources' memory as memoryviews (taken with the contents, while the state below holds
+        # The sources' memory as memoryviews (taken with the contents, while the layout holds
         # they see exactly the sources' bytes), with `_contents` their bytes in bytearrays: a replay
         # compares them by one memcmp per source (a bytearray compares with anything that exposes
         # a buffer, without a copy) instead of torch.equal's dispatch and kernel (a fifth of the
@@ -508,9 +514,10 @@ class Fold:
         sources = self.sources
         # (the layout too: the byte path's memoryviews keep the layout they were taken with, and
         # `t.data = t.t()` gives another layout over the same memory, moving neither the version
-        # nor the data pointer)
-        state = tuple([(t._version, t.data_ptr(), t.shape, t.stride()) for t in sources])
-        if state == self._state:
+        # nor the data pointer. The version counter is not read: the contents are compared, and a
+        # write moves no counter where it goes through `.data`.)
+        layout = self._layout
+        if layout is not None and list(map(_data_ptr, sources)) == self._ptrs and layout(*sources):
             live = self._live
             if (all(map(operator.eq, self._contents, live)) if live is not None
                     else all(map(_same_bits, sources, self._contents))):
@@ -518,9 +525,10 @@ class Fold:
                     return self._values
         values = tuple(self.gm(*sources))
         if not self._watchable or (torch.is_grad_enabled() and any(t.requires_grad for t in sources)):
-            self._state = None
+            self._layout = None
         else:
-            self._state = state
+            self._ptrs = list(map(_data_ptr, sources))
+            self._layout = _layout_check(sources)
             self._live = _byte_views(sources)
             if self._live is not None:
                 self._contents = [bytearray(v) for v in self._live]
@@ -528,6 +536,27 @@ class Fold:
                 self._contents = [t.detach().clone() for t in sources]
         self._values = values
         return values
+
+
+_data_ptr = torch.Tensor.data_ptr
+
+
+def _layout_check(tensors: list[torch.Tensor]) -> Callable[..., bool]:
+    """A check that tensors have the layout these have now (sizes, strides, dtype, device,
+    conjugate and negative bits, requires_grad; not the data pointer): torch's TensorGuards (what
+    torch.compile's guards check tensors with), or the same comparison in Python where this torch
+    lacks it or refuses the tensors. A check that answers False only costs a recomputation."""
+    try:
+        return torch._C._dynamo.guards.TensorGuards(
+            *tensors, dynamic_dims_sizes=[list(t.shape) for t in tensors],
+            dynamic_dims_strides=[list(t.stride()) for t in tensors]).check
+    except (AttributeError, TypeError, RuntimeError):
+        saved = [_layout_of(t) for t in tensors]
+        return lambda *ts: [_layout_of(t) for t in ts] == saved
+
+
+def _layout_of(t: torch.Tensor) -> tuple:
+    return (t.shape, t.stride(), t.dtype, t.device, t.is_conj(), t.is_neg(), t.requires_grad)
 
 
 FOLD_WATCH_ELEMENTS = 1 << 16  # sources up to this size are compared to keep their folded values

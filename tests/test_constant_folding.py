@@ -153,3 +153,23 @@ def test_folded_values_follow_a_new_layout_over_the_same_memory():
     weight.data = weight.detach().t()  # element [0, 1] is now 3.0, was 1.0
     assert (weight._version, weight.data_ptr()) == (version, ptr)
     torch.testing.assert_close(traced(x), torch.tensor(3.0))
+
+
+@pytest.mark.parametrize("check", ["native", "python"])
+def test_folded_values_follow_a_new_dtype_over_the_same_memory(check, monkeypatch):
+    """`t.data = t.view(torch.int32)` keeps the memory, its bytes, the sizes and strides, and moves
+    no version counter: only the dtype says the values changed (float bits read as integers). The
+    fold's layout check includes the dtype (the replay returned the float results before), with
+    torch's TensorGuards and with the Python comparison used where a torch lacks them."""
+    if check == "python":
+        monkeypatch.delattr(torch._C._dynamo.guards, "TensorGuards")
+    weight = torch.randn(4)
+    traced = engine.trace(lambda x: x + weight * 2)  # the fold: weight * 2
+    x = torch.randn(4)
+    traced(x)
+    traced(x)
+    assert _entry(traced).fold is not None
+    version, ptr = weight._version, weight.data_ptr()
+    weight.data = weight.view(torch.int32)
+    assert (weight._version, weight.data_ptr()) == (version, ptr)
+    torch.testing.assert_close(traced(x), x + weight * 2)
