@@ -32,6 +32,7 @@ fused). Only graphs without in-place writes are fused, and only calls that need 
 from __future__ import annotations
 
 import contextlib
+import functools
 import hashlib
 import itertools
 import operator
@@ -240,7 +241,7 @@ class FusedProgram:
     layout). So once every input passed the stride and alignment checks beside one values tuple,
     a call with that same tuple checks only the `live` inputs: on bayes_hmc 2 of 13."""
 
-    __slots__ = ("call", "strides", "key", "seconds", "source", "copies_ok", "proof", "live", "live_strides")
+    __slots__ = ("call", "strides", "key", "seconds", "source", "copies_ok", "proof", "live", "gather", "live_check")
 
     def __init__(self, call: Callable, strides: tuple, key: str, seconds: float, source: str) -> None:
         self.call = call
@@ -251,7 +252,8 @@ class FusedProgram:
         self.copies_ok = True
         self.proof: Any = None  # the fold's values tuple all inputs were last checked beside (held: its id stays unique)
         self.live: tuple[int, ...] = ()  # the positions checked on every call while `proof` holds
-        self.live_strides: tuple = ()
+        self.gather: Callable[[list], tuple] = _nothing  # the live inputs, as a tuple
+        self.live_check: Callable[..., bool] = _refuse  # their layout as checked (torch's TensorGuards)
 
     def __call__(self, inputs: list, proof: Any = None, live: tuple[int, ...] = ()) -> Any:
         """The program's outputs for `inputs` (a list the program empties), or None where its checks
@@ -259,24 +261,39 @@ class FusedProgram:
         the class. The requires_grad check, needed only under grad mode, covers every input."""
         # map over C functions, no Python frame per input: these checks run on every fused call
         if proof is not None and proof is self.proof and live is self.live:
-            live_inputs = list(map(inputs.__getitem__, live))
-            if tuple(map(_stride, live_inputs)) != self.live_strides:
-                return None
-            if torch.is_grad_enabled() and any(map(_requires_grad, inputs)):
-                return None
-            if any(map(operator.and_, map(_data_ptr, live_inputs), _ALIGN)):
-                return self._call_aligned(inputs)
-            return self.call(inputs)
+            head = self.gather(inputs)
+            if (self.live_check(*head) and not any(map(operator.and_, map(_data_ptr, head), _ALIGN))
+                    and not (torch.is_grad_enabled() and any(map(_requires_grad, inputs)))):
+                return self.call(inputs)
+            # (a live input changed, or the check is stricter than the one below: that one decides)
         if tuple(map(_stride, inputs)) != self.strides:
             return None
         if torch.is_grad_enabled() and any(map(_requires_grad, inputs)):
             return None
         if any(map(operator.and_, map(_data_ptr, inputs), _ALIGN)):
             return self._call_aligned(inputs)
-        if proof is not None:  # every input checked beside this values tuple (and aligned: no copies)
-            self.proof, self.live = proof, live
-            self.live_strides = tuple(self.strides[i] for i in live)
+        if proof is not None and proof is not self.proof:  # every input checked (and aligned) beside it
+            self._vouch(proof, live, inputs)
         return self.call(inputs)
+
+    def _vouch(self, proof: Any, live: tuple[int, ...], inputs: list) -> None:
+        """Check only the `live` inputs while the caller passes `proof` (see the class): their
+        strides (with sizes, dtype, device, dispatch keys and requires_grad: torch's TensorGuards,
+        one C call) and their alignment."""
+        if not live:
+            gather: Callable[[list], tuple] = _nothing
+        elif len(live) == 1:
+            gather = functools.partial(_one, live[0])
+        else:
+            gather = operator.itemgetter(*live)
+        head = gather(inputs)
+        try:
+            check = torch._C._dynamo.guards.TensorGuards(
+                *head, dynamic_dims_sizes=[list(t.shape) for t in head],
+                dynamic_dims_strides=[list(t.stride()) for t in head]).check
+        except (AttributeError, TypeError, RuntimeError):
+            return  # this torch lacks them (or refuses these tensors): every call checks every input
+        self.proof, self.live, self.gather, self.live_check = proof, live, gather, check
 
     def _call_aligned(self, inputs: list) -> Any:
         if not self.copies_ok:
@@ -295,6 +312,18 @@ class FusedProgram:
             self.copies_ok = False
             return None
         return outs
+
+
+def _nothing(inputs: list) -> tuple:
+    return ()
+
+
+def _one(i: int, inputs: list) -> tuple:
+    return (inputs[i],)
+
+
+def _refuse(*tensors: torch.Tensor) -> bool:
+    return False
 
 
 _stride = torch.Tensor.stride
