@@ -149,7 +149,15 @@ class AutoTraced:
                 if holds:
                     traced._hits += 1  # TracedFunction._replay_hit, inlined (the entry is the most recent)
                     try:
-                        return traced._replay(entry, [*args])
+                        # TracedFunction._replay, inlined: under no_grad unless the entry is inert
+                        # (the arguments tuple stands for the flat list: plain tensors, positional)
+                        if entry.inert or not _grad_enabled():
+                            return entry.call(args)
+                        _set_grad_enabled(False)
+                        try:
+                            return entry.call(args)
+                        finally:
+                            _set_grad_enabled(True)
                     except _GuardFailed:
                         return traced._guard_failed(entry, args, kwargs)
         fast = _fast_signature(args, kwargs, False)
@@ -502,6 +510,8 @@ _switch = autoswitch._local
 
 
 _dispatch_modes = torch._C._len_torch_dispatch_stack
+_grad_enabled = torch.is_grad_enabled
+_set_grad_enabled = torch._C._set_grad_enabled
 _function_modes = torch._C._len_torch_function_stack
 _interpreters = torch._C._functorch.peek_interpreter_stack
 _inference_mode = torch.is_inference_mode_enabled

@@ -451,9 +451,24 @@ class _Entry:
         fold = self.fold
         return self.constants if fold is None else self.constants + fold.values()
 
-    def call(self, flat: list) -> Any:
+    def call(self, flat: list | tuple) -> Any:
         mode = _fused_switch.mode
-        if mode is _FUSED_OFF or (self.fused is None and self.tier is None):
+        program = self.fused
+        if program is not None and mode is not _FUSED_OFF:
+            # the fused program, inline (a Python frame costs what a check does): see _tiered
+            select = self.select
+            fold = self.fold
+            if fold is None:
+                values = None
+                inputs = [*flat, *self.constants] if select is None else [*[flat[i] for i in select], *self.constants]
+            else:
+                values = fold.values()  # the program's proof that the folded inputs are as it checked them
+                inputs = ([*flat, *self.constants, *values] if select is None
+                          else [*[flat[i] for i in select], *self.constants, *values])
+            outs = program(inputs, values, self.live)
+            if outs is None:
+                outs = self.run(*inputs)
+        elif mode is _FUSED_OFF or self.tier is None:
             select = self.select
             if select is None:
                 outs = self.run(*flat, *self.feed())
@@ -467,9 +482,10 @@ class _Entry:
             outs = outs[:-1]
         return self.build(outs)
 
-    def _tiered(self, flat: list, mode: str) -> Any:
+    def _tiered(self, flat: list | tuple, mode: str) -> Any:
         """A call with the fused tier on: the program when it is ready and its checks hold, else
-        the replay, timed for the tier's counters while the signature may still move up."""
+        the replay, timed for the tier's counters while the signature may still move up. (`call`
+        runs a ready program's path inline, the same as here.)"""
         select = self.select
         fold = self.fold
         if fold is None:
