@@ -293,7 +293,9 @@ class FusedProgram:
                 dynamic_dims_strides=[list(t.stride()) for t in head]).check
         except (AttributeError, TypeError, RuntimeError):
             return  # this torch lacks them (or refuses these tensors): every call checks every input
-        self.proof, self.live, self.gather, self.live_check = proof, live, gather, check
+        # the proof last: a thread that sees it sees the checks made beside it
+        self.live, self.gather, self.live_check = live, gather, check
+        self.proof = proof
 
     def _call_aligned(self, inputs: list) -> Any:
         if not self.copies_ok:

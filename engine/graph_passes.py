@@ -474,10 +474,11 @@ class Fold:
     fed to the graph as trailing inputs instead of recomputed at every replay.
 
     Captured tensors stay live (an in-place update of them is seen by later replays), so the folded
-    values are recomputed whenever one of their sources changed: a new version counter or storage,
-    or contents that differ bit for bit from those the values were computed from. The contents are
-    compared because not every write moves the version counter: BatchNorm's kernels update its
-    running statistics in place without it. A source larger than FOLD_WATCH_ELEMENTS is not
+    values are recomputed whenever one of their sources changed: another data pointer or layout
+    (sizes, strides, dtype, device, conjugate/negative bits), or contents that differ bit for bit
+    from those the values were computed from. The contents are compared, not version counters,
+    because not every write moves one: BatchNorm's kernels update its running statistics in place
+    without it, and a write through `t.data` moves another counter. A source larger than FOLD_WATCH_ELEMENTS is not
     compared, so the values are recomputed on every call; and whenever a source requires grad
     under grad mode, they are recomputed on every call (their autograd graph belongs to that
     call), as the unfolded graph would.
