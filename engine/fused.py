@@ -695,14 +695,14 @@ class Trial:
     def __getattr__(self, name: str) -> Any:
         return getattr(self.program, name)
 
-    def __call__(self, inputs: list) -> Any:
+    def __call__(self, inputs: list, *rest: Any) -> Any:
         entry = self.entry()
         if entry is None:
-            return self.program(inputs)
+            return self.program(inputs, *rest)
         side = self.calls & 1  # 0: the program, 1: the replay
         self.calls += 1
         start = time.perf_counter()
-        outs = entry.run(*inputs) if side else self.program(inputs)
+        outs = entry.run(*inputs) if side else self.program(inputs, *rest)
         seconds = time.perf_counter() - start
         if outs is None:  # the program's checks failed: the caller replays, and this is no timing
             return None

@@ -158,6 +158,7 @@ def test_a_fused_call_follows_its_captured_tensors_layout_and_contents(monkeypat
     each call equals the eager result, and the stand-in program below refuses any input of another
     layout than it was compiled for."""
     monkeypatch.setattr(fused, "INDEX", fused.GraphIndex(tmp_path))
+    monkeypatch.setattr(fused, "TRIAL_CALLS", 0)  # the program from its first call (no trial against the replay)
     compiled: dict = {}
     calls = []
 
@@ -456,7 +457,7 @@ class _Sleepy:
     def __init__(self, entry: object, seconds: float) -> None:
         self.entry, self.seconds, self.calls = entry, seconds, 0
 
-    def __call__(self, inputs: list) -> object:
+    def __call__(self, inputs: list, *proof: object) -> object:  # (a fold's proof, see FusedProgram)
         import time
 
         self.calls += 1
@@ -490,6 +491,20 @@ def test_a_program_slower_than_the_replay_is_dropped_after_its_trial(slow):
             assert entry.fused is program and tier.state == "fused"
             traced(x)
             assert program.calls == fused.TRIAL_CALLS + 2
+
+
+def test_a_trial_hands_the_fold_proof_to_its_program():
+    """The trial stands in for the program while it times it: the fold's proof and the live
+    positions reach the program, which checks beside them from then on (see FusedProgram)."""
+    traced = engine.trace(_double_plus_one)
+    x = torch.randn(4)
+    traced(x)
+    entry = _entry(traced)
+    program = fused.FusedProgram(lambda args: ("ran",), ((1,),), "key", 0.0, "")
+    trial = fused.Trial(program, entry, fused.Tier(entry))
+    proof = (torch.zeros(4),)
+    assert trial([torch.zeros(4)], proof, (0,)) == ("ran",)  # the trial's first call is the program's
+    assert program.proof is proof
 
 
 def _sleeping(run, seconds: float):
