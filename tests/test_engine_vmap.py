@@ -431,3 +431,20 @@ def test_slice_select_backward_and_scatter_rules():
             assert close(engine.vmap(g, in_dims=dims)(x if dims[0] == 0 else x[0], s if dims[1] == 0 else s[0]),
                          loop(g, x if dims[0] == 0 else x[0], s if dims[1] == 0 else s[0], in_dims=dims))
     assert rec.total == 0
+
+
+@pytest.mark.parametrize("width", [1, 8, 64])
+def test_a_product_whose_batch_folds_into_column_major_rows_matches_the_loop(width):
+    """A batched left operand whose memory has the contraction dim outermost (a batched backward's
+    weight gradient) folds into a column-major [B*n, k]: multiplied the other way round where the
+    output is narrow (the CPU GEMM's slow path otherwise), the same values as the loop's."""
+    from engine.rules.linalg import _column_major_rows
+
+    B, n, k = 8, 16, 64
+    a = torch.randn(k, B * n).t().view(B, n, k)
+    assert _column_major_rows(a)
+    w = torch.randn(k, width)
+    got = engine.vmap(lambda ai: ai @ w)(a)
+    torch.testing.assert_close(got, torch.stack([ai @ w for ai in a]))
+    got_mm = engine.vmap(lambda ai: torch.mm(ai, w))(a)
+    torch.testing.assert_close(got_mm, torch.stack([ai @ w for ai in a]))
