@@ -455,7 +455,7 @@ class _Entry:
         mode = _fused_switch.mode
         program = self.fused
         if program is not None and mode is not _FUSED_OFF:
-            # the fused program, inline (a Python frame costs what a check does): see _tiered
+            # the fused program, inline (a Python frame costs what a check does)
             select = self.select
             fold = self.fold
             if fold is None:
@@ -483,24 +483,10 @@ class _Entry:
         return self.build(outs)
 
     def _tiered(self, flat: list | tuple, mode: str) -> Any:
-        """A call with the fused tier on: the program when it is ready and its checks hold, else
-        the replay, timed for the tier's counters while the signature may still move up. (`call`
-        runs a ready program's path inline, the same as here.)"""
+        """A replay while the signature may still move up to the fused tier, timed for the tier's
+        counters. (A ready program runs inline in `call`: it is only a check and the call.)"""
         select = self.select
-        fold = self.fold
-        if fold is None:
-            values = None
-            inputs = [*flat, *self.constants] if select is None else [*[flat[i] for i in select], *self.constants]
-        else:
-            values = fold.values()  # the program's proof that the folded inputs are as it checked them
-            inputs = ([*flat, *self.constants, *values] if select is None
-                      else [*[flat[i] for i in select], *self.constants, *values])
-        program = self.fused
-        if program is not None:
-            outs = program(inputs, values, self.live)
-            if outs is not None:
-                return outs
-            return self.run(*inputs)
+        inputs = [*flat, *self.feed()] if select is None else [*[flat[i] for i in select], *self.feed()]
         start = time.perf_counter()
         outs = self.run(*inputs)
         tier = self.tier
