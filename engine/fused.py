@@ -241,11 +241,17 @@ class FusedProgram:
     layout). So once every input passed the stride and alignment checks beside one values tuple,
     a call with that same tuple checks only the `live` inputs: on bayes_hmc 2 of 13."""
 
-    __slots__ = ("call", "strides", "key", "seconds", "source", "copies_ok", "proof", "live", "gather", "live_check")
+    __slots__ = ("call", "strides", "layout", "key", "seconds", "source", "copies_ok", "proof", "live", "gather",
+                 "live_check")
 
-    def __init__(self, call: Callable, strides: tuple, key: str, seconds: float, source: str) -> None:
+    def __init__(self, call: Callable, strides: tuple, key: str, seconds: float, source: str,
+                 layout: tuple | None = None) -> None:
         self.call = call
         self.strides = strides
+        # (sizes, dtype, device) of every input as compiled: a captured tensor or a folded value can
+        # change them between calls (`t.data = t.view(torch.int32)`, a larger `t.data`) where the
+        # signature does not look, and the program would read its memory as compiled, silently.
+        self.layout = layout
         self.key = key
         self.seconds = seconds  # what this program cost to get: the compile, or the load from disk
         self.source = source
@@ -267,6 +273,8 @@ class FusedProgram:
                 return self.call(inputs)
             # (a live input changed, or the check is stricter than the one below: that one decides)
         if tuple(map(_stride, inputs)) != self.strides:
+            return None
+        if self.layout is not None and tuple(map(_layout, inputs)) != self.layout:
             return None
         if torch.is_grad_enabled() and any(map(_requires_grad, inputs)):
             return None
@@ -329,6 +337,7 @@ def _refuse(*tensors: torch.Tensor) -> bool:
 
 
 _stride = torch.Tensor.stride
+_layout = operator.attrgetter("shape", "dtype", "device")
 _data_ptr = torch.Tensor.data_ptr
 _requires_grad = operator.attrgetter("requires_grad")
 _ALIGN = itertools.repeat(15)  # data_ptr & 15: not 16-byte aligned
@@ -405,7 +414,8 @@ class _Compiler:
                 source = job.known if job.known is not None else self._compile(job)
                 call = load_program(source)
                 job.seconds = time.perf_counter() - start
-                job.program = FusedProgram(call, tuple(m[1] for m in job.meta), job.key, job.seconds, source)
+                job.program = FusedProgram(call, tuple(m[1] for m in job.meta), job.key, job.seconds, source,
+                                           tuple((torch.Size(m[0]), m[2], m[3]) for m in job.meta))
                 if job.known is None:
                     INDEX.put(job.key, source)
             except Exception as exc:  # noqa: BLE001 - the signature keeps replaying; the error is kept
@@ -627,7 +637,7 @@ class CudaGraphed:
     whose outputs share memory with its inputs (a copy would not be the view a replay returns),
     leaves the program as it is for good. It stands in for the program (its attributes)."""
 
-    __slots__ = ("program", "graph", "static", "outs", "strides", "plain", "lock", "capturer")
+    __slots__ = ("program", "graph", "static", "outs", "strides", "layout", "plain", "lock", "capturer")
 
     def __init__(self, program: "FusedProgram") -> None:
         self.program = program
@@ -636,6 +646,7 @@ class CudaGraphed:
         self.static: list[torch.Tensor] = []
         self.outs: Any = None
         self.strides: tuple = ()
+        self.layout: tuple = ()
         self.plain = False  # the capture failed or cannot serve: the program itself from now on
         self.lock = threading.Lock()
 
@@ -649,8 +660,8 @@ class CudaGraphed:
             if self.graph is None:
                 if not self._capture(inputs):
                     return self.program(inputs, *rest)
-            elif tuple(map(_stride, inputs)) != self.strides:
-                return self.program(inputs, *rest)
+            elif tuple(map(_stride, inputs)) != self.strides or tuple(map(_layout, inputs)) != self.layout:
+                return self.program(inputs, *rest)  # (copy_ would convert or broadcast into the buffers)
             for buffer, x in zip(self.static, inputs):
                 buffer.copy_(x)
             self.graph.replay()
@@ -660,7 +671,8 @@ class CudaGraphed:
         """Capture the program on buffers laid out as `inputs` (their strides, aligned); False
         (and the program for good) where it cannot be replayed so."""
         self.plain = True
-        if tuple(map(_stride, inputs)) != self.program.strides:
+        layout = self.program.layout
+        if tuple(map(_stride, inputs)) != self.program.strides or (layout is not None and tuple(map(_layout, inputs)) != layout):
             return False
         static = [torch.empty_strided(x.shape, x.stride(), dtype=x.dtype, device=x.device).copy_(x) for x in inputs]
         call = self.program.call
@@ -671,7 +683,8 @@ class CudaGraphed:
         storages = {t.untyped_storage().data_ptr() for t in static}
         if any(isinstance(o, torch.Tensor) and o.untyped_storage().data_ptr() in storages for o in outs):
             return False
-        self.graph, self.outs, self.static, self.strides = graph, outs, static, tuple(map(_stride, inputs))
+        self.graph, self.outs, self.static = graph, outs, static
+        self.strides, self.layout = tuple(map(_stride, inputs)), tuple(map(_layout, inputs))
         self.plain = False
         return True
 

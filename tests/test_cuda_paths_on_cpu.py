@@ -225,7 +225,8 @@ def _graphed(fn, example, capturer):
         calls.append(1)
         return [fn(*args)]
 
-    program = fused.FusedProgram(call, tuple(t.stride() for t in example), "key", 0.0, "")
+    program = fused.FusedProgram(call, tuple(t.stride() for t in example), "key", 0.0, "",
+                                 tuple((t.shape, t.dtype, t.device) for t in example))
     graphed = fused.CudaGraphed(program)
     graphed.capturer = capturer
     return graphed, calls
@@ -256,6 +257,8 @@ def test_a_cuda_graphed_program_leaves_other_layouts_and_autograd_to_the_program
     replays_before = len(calls)
     other = torch.randn(3, 4).t()  # same shape, other strides: the program's own checks refuse it
     assert graphed([other]) is None
+    assert graphed([x.double()]) is None  # other dtype, same strides: not converted into the buffers
+    assert graphed([torch.randn(1, 3).expand(4, 3).contiguous().view(torch.int32)]) is None
     with torch.enable_grad():
         assert graphed([x.clone().requires_grad_()]) is None
     assert len(calls) == replays_before

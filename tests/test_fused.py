@@ -514,3 +514,16 @@ def _sleeping(run, seconds: float):
         time.sleep(seconds)
         return run(*args)
     return slept
+
+
+def test_a_program_refuses_inputs_of_other_sizes_dtype_or_device_with_the_same_strides():
+    """A captured tensor or folded value can change its sizes or dtype between calls where the
+    signature does not look (`t.data = t.view(torch.int32)`, `t.data = torch.randn(8)`): the
+    program would read the memory as compiled, silently. Its full check compares them."""
+    x = torch.randn(4)
+    program = fused.FusedProgram(lambda args: [args[0] * 2], (x.stride(),), "k", 0.0, "",
+                                 ((x.shape, x.dtype, x.device),))
+    torch.testing.assert_close(program([x])[0], x * 2)
+    assert program([x.view(torch.int32)]) is None
+    assert program([torch.randn(8)]) is None  # same strides (1,), other sizes
+    assert program([x.double()]) is None
