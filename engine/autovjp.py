@@ -93,8 +93,20 @@ def _pullback(func: Callable, count: int, args: tuple, kwargs: dict) -> Callable
     return pullback
 
 
-# Pullbacks made so far, per func key: the ones whose guard a vjp call checks (T0).
-_pullbacks: dict[Hashable, weakref.WeakSet] = {}
+class _Feed:
+    """A pullback's warm-up beside real vjp_fns: how often it was fed (-1: met once, never fed),
+    and whether its last call replayed."""
+
+    __slots__ = ("warmups", "replayed")
+
+    def __init__(self) -> None:
+        self.warmups = -1
+        self.replayed = True
+
+
+# Pullbacks made so far, per func key, with their feeds: the pullbacks whose guard a vjp call
+# checks (T0), held weakly (the shared registry of engine.autotrace owns them).
+_pullbacks: dict[Hashable, weakref.WeakKeyDictionary] = {}
 _lock = threading.Lock()
 
 
@@ -206,8 +218,8 @@ def vjp(func: Callable, *primals: Any, has_aux: bool = False) -> tuple:
 def _warming(key: Hashable) -> bool:
     """Whether a pullback of this function is still being fed towards its first guard: the forward
     then takes its own first calls alongside (both reach replay together, two calls sooner)."""
-    return any(auto.impure is None and auto._guard is None and getattr(auto, "_vjp_warmups", -1) < _WARMUPS
-               for auto in list(_pullbacks.get(key, ())))
+    return any(auto.impure is None and auto._guard is None and feed.warmups < _WARMUPS
+               for auto, feed in list(_pullbacks.get(key, {}).items()))
 
 
 def _vjp_fn(record: _Record) -> Callable:
@@ -256,10 +268,11 @@ def vmap_of(vjp_fn: Callable, args: tuple, kwargs: dict) -> Callable:
     count = len(record.primals)
     key = ("vjp-pullback", record.key, count, options)
     pullback = autotrace._shared(_pullback(record.func, count, args, kwargs), key)
-    autos = _pullbacks.get(record.key)
-    if autos is None or pullback not in autos:
+    feeds = _pullbacks.get(record.key)
+    feed = None if feeds is None else feeds.get(pullback)
+    if feed is None:
         with _lock:
-            _pullbacks.setdefault(record.key, weakref.WeakSet()).add(pullback)
+            feed = _pullbacks.setdefault(record.key, weakref.WeakKeyDictionary()).setdefault(pullback, _Feed())
             if len(_pullbacks) > _PULLBACK_KEYS:  # keys of functions whose pullbacks are gone
                 for k in [k for k, autos in _pullbacks.items() if not autos]:
                     del _pullbacks[k]
@@ -271,11 +284,11 @@ def vmap_of(vjp_fn: Callable, args: tuple, kwargs: dict) -> Callable:
         verify = departures and _switch.verify
         # With the real vjp_fn at hand, the pullback is worth a call only where it replayed last
         # time (else it runs eagerly: a second forward): e.g. a vjp whose result needs grad.
-        if record.proven(pullback) and (record.real is None or verify or pullback.__dict__.get("_vjp_replays", True)):
-            pullback._vjp_warmups = 0
+        if record.proven(pullback) and (record.real is None or verify or feed.replayed):
+            feed.warmups = 0
             hits = pullback.traced._hits
             out = pullback._call(both, {})
-            pullback._vjp_replays = pullback.traced._hits != hits
+            feed.replayed = pullback.traced._hits != hits
             if record.real is not None and verify:
                 entry = pullback.traced._mru
                 ran_fused = entry is not None and entry.fused is not None and fused_mode.mode is not fused_off
@@ -284,21 +297,20 @@ def vmap_of(vjp_fn: Callable, args: tuple, kwargs: dict) -> Callable:
         if record.real is None and not any(record.proven(auto) for auto in list(record.stamps)):
             _refuse(record)
         out = eager(*cotangents)  # the real vjp_fn, or the deferred one recomputing in the proven state
-        warm = getattr(pullback, "_vjp_warmups", -1)
-        if warm < 0:  # met once: a vjp of a function made anew at each call (a lambda) pays nothing
-            pullback._vjp_warmups = 0
-        elif pullback.impure is None and warm < _WARMUPS:
+        if feed.warmups < 0:  # met once: a vjp of a function made anew at each call (a lambda) pays nothing
+            feed.warmups = 0
+        elif pullback.impure is None and feed.warmups < _WARMUPS:
             # A run for the pullback's verdicts and recording, not for its result (the real one's
             # is returned): it leaves the random state as it found it, and a failure (a random op
             # under randomness='error', which the real vjp_fn ran outside vmap) only ends the tries.
-            pullback._vjp_warmups = warm + 1
+            feed.warmups += 1
             rng = _rng_state()
             try:
                 hits = pullback.traced._hits
                 pullback._call(both, {})
-                pullback._vjp_replays = pullback.traced._hits != hits
+                feed.replayed = pullback.traced._hits != hits
             except Exception:  # noqa: BLE001 - see above
-                pullback._vjp_warmups = _WARMUPS
+                feed.warmups = _WARMUPS
             finally:
                 _set_rng_state(rng)
         return out

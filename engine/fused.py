@@ -66,6 +66,7 @@ MIN_REPLAYS = 8
 # its median call is SLOWER times the replay's or more.
 TRIAL_CALLS = 5
 SLOWER = 1.1
+TRIAL_LENGTH = 2 * (TRIAL_CALLS + 1)  # calls until a trial decides: one untimed call of each side first
 # CUDA programs are replayed as CUDA graphs (CudaGraphed) where their inputs total this many bytes
 # at most (each call copies them into the graph's buffers); VMAPBENCH_CUDA_GRAPHS=0 turns that off.
 CUDA_GRAPHS = os.environ.get("VMAPBENCH_CUDA_GRAPHS", "1").strip().lower() not in ("0", "false", "off", "no")
@@ -272,9 +273,7 @@ class FusedProgram:
                     and not (torch.is_grad_enabled() and any(map(_requires_grad, inputs)))):
                 return self.call(inputs)
             # (a live input changed, or the check is stricter than the one below: that one decides)
-        if tuple(map(_stride, inputs)) != self.strides:
-            return None
-        if self.layout is not None and tuple(map(_layout, inputs)) != self.layout:
+        if not self.laid_out(inputs):
             return None
         if torch.is_grad_enabled() and any(map(_requires_grad, inputs)):
             return None
@@ -283,6 +282,11 @@ class FusedProgram:
         if proof is not None and proof is not self.proof:  # every input checked (and aligned) beside it
             self._vouch(proof, live, inputs)
         return self.call(inputs)
+
+    def laid_out(self, inputs: list) -> bool:
+        """Whether `inputs` have the strides, sizes, dtype and device the program was compiled for."""
+        return tuple(map(_stride, inputs)) == self.strides and (
+            self.layout is None or tuple(map(_layout, inputs)) == self.layout)
 
     def _vouch(self, proof: Any, live: tuple[int, ...], inputs: list) -> None:
         """Check only the `live` inputs while the caller passes `proof` (see the class): their
@@ -571,7 +575,7 @@ class Tier:
                 program = CudaGraphed(program)
             entry.fused = program
 
-    def slower(self, entry: Any, program: "FusedProgram", fused_s: float, replay_s: float) -> None:
+    def slower(self, entry: Any, fused_s: float, replay_s: float) -> None:
         """The trial found the program slower than the replay: the signature stays on the replay."""
         self.state = "slower"
         self.error = (f"the program took {fused_s * 1e3:.3g} ms a call against the replay's {replay_s * 1e3:.3g} ms "
@@ -596,15 +600,10 @@ def graphable(meta: list, gm: torch.fx.GraphModule | None) -> bool:
         return False
     size = 0
     for shape, strides, dtype, device in meta:
-        if _device_type(device) != "cuda":
+        if device.type != "cuda":
             return False
-        extent = 1 + sum((n - 1) * st for n, st in zip(shape, strides) if n)
-        size += extent * (dtype.itemsize if hasattr(dtype, "itemsize") else torch.empty((), dtype=dtype).element_size())
+        size += (1 + sum((n - 1) * st for n, st in zip(shape, strides) if n)) * dtype.itemsize
     return size <= CUDA_GRAPH_MAX_BYTES
-
-
-def _device_type(device: Any) -> str:
-    return device.type if isinstance(device, torch.device) else torch.device(device).type
 
 
 class _CudaCapture:
@@ -637,7 +636,7 @@ class CudaGraphed:
     whose outputs share memory with its inputs (a copy would not be the view a replay returns),
     leaves the program as it is for good. It stands in for the program (its attributes)."""
 
-    __slots__ = ("program", "graph", "static", "outs", "strides", "layout", "plain", "lock", "capturer")
+    __slots__ = ("program", "graph", "static", "outs", "plain", "lock", "capturer")
 
     def __init__(self, program: "FusedProgram") -> None:
         self.program = program
@@ -645,8 +644,6 @@ class CudaGraphed:
         self.graph: Any = None
         self.static: list[torch.Tensor] = []
         self.outs: Any = None
-        self.strides: tuple = ()
-        self.layout: tuple = ()
         self.plain = False  # the capture failed or cannot serve: the program itself from now on
         self.lock = threading.Lock()
 
@@ -656,24 +653,20 @@ class CudaGraphed:
     def __call__(self, inputs: list, *rest: Any) -> Any:
         if self.plain or (torch.is_grad_enabled() and any(map(_requires_grad, inputs))):
             return self.program(inputs, *rest)
+        if self.program.layout is None or not self.program.laid_out(inputs):
+            return self.program(inputs, *rest)  # (copy_ would convert or broadcast into the buffers)
         with self.lock:
-            if self.graph is None:
-                if not self._capture(inputs):
-                    return self.program(inputs, *rest)
-            elif tuple(map(_stride, inputs)) != self.strides or tuple(map(_layout, inputs)) != self.layout:
-                return self.program(inputs, *rest)  # (copy_ would convert or broadcast into the buffers)
+            if self.graph is None and not self._capture(inputs):
+                return self.program(inputs, *rest)
             for buffer, x in zip(self.static, inputs):
                 buffer.copy_(x)
             self.graph.replay()
             return [o.clone() if isinstance(o, torch.Tensor) else o for o in self.outs]
 
     def _capture(self, inputs: list) -> bool:
-        """Capture the program on buffers laid out as `inputs` (their strides, aligned); False
-        (and the program for good) where it cannot be replayed so."""
+        """Capture the program on buffers of its own holding `inputs` (laid out as compiled, and
+        aligned: fresh memory); False (and the program for good) where it cannot be replayed so."""
         self.plain = True
-        layout = self.program.layout
-        if tuple(map(_stride, inputs)) != self.program.strides or (layout is not None and tuple(map(_layout, inputs)) != layout):
-            return False
         static = [torch.empty_strided(x.shape, x.stride(), dtype=x.dtype, device=x.device).copy_(x) for x in inputs]
         call = self.program.call
         try:
@@ -684,7 +677,6 @@ class CudaGraphed:
         if any(isinstance(o, torch.Tensor) and o.untyped_storage().data_ptr() in storages for o in outs):
             return False
         self.graph, self.outs, self.static = graph, outs, static
-        self.strides, self.layout = tuple(map(_stride, inputs)), tuple(map(_layout, inputs))
         self.plain = False
         return True
 
@@ -724,7 +716,7 @@ class Trial:
         if min(map(len, self.times)) >= TRIAL_CALLS:
             fused_s, replay_s = (sorted(t)[len(t) // 2] for t in self.times)
             if fused_s > SLOWER * replay_s:
-                self.tier.slower(entry, self.program, fused_s, replay_s)
+                self.tier.slower(entry, fused_s, replay_s)
             else:
                 entry.fused = self.program
         return outs

@@ -206,7 +206,7 @@ def measure_workload(workload: Any, size: str, rounds: int, budget_s: float,
     if ours in calls and engine.fused.fused_mode() != "off":
         # The program's trial against the replay (engine.fused.Trial) ends before the timings.
         slower = len(engine.fused.DROPPED)
-        for _ in range(2 * (engine.fused.TRIAL_CALLS + 1)):
+        for _ in range(engine.fused.TRIAL_LENGTH):
             calls[ours]()
         if len(engine.fused.DROPPED) > slower:
             row.fused_state = f"{row.fused_state}, slower than the replay: replay kept"

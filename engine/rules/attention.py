@@ -78,7 +78,6 @@ flash_attention_rule.deterministic_when = _dropout_p_is_zero(3)  # type: ignore[
 flash_attention_backward_rule.deterministic_when = _dropout_p_is_zero(6)  # type: ignore[attr-defined]
 
 
-
 def _fold_bias(bias, d, B: int, qf: torch.Tensor, kf: torch.Tensor):
     """An attention bias for the folded call on `qf` [B*N, H, L, E] and `kf` [B*N, H, S, E]:
     broadcast (from the right, as SDPA broadcasts it) to [B, N, H, L, S], then folded. The folded
