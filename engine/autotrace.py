@@ -180,7 +180,12 @@ class AutoTraced:
                         traced._cache.move_to_end(entry.key)
                         traced._mru = entry
                     if (memo is None or memo.entry is not entry or memo.base is not native) and not kwargs:
-                        if self._memo_wait:
+                        if memo is not None and memo.entry is entry:
+                            # Same signature, its guard's native check rebuilt (a tag moved and the
+                            # contents held): the memo follows at once, uncounted. The backoff is for
+                            # signatures that alternate; the guard's own credit bounds these rebuilds.
+                            self._remember(entry, native, args, counted=False)
+                        elif self._memo_wait:
                             self._memo_wait -= 1
                         else:
                             self._remember(entry, native, args)
@@ -190,15 +195,19 @@ class AutoTraced:
                         return traced._guard_failed(entry, args, kwargs)
         return self._checked_call(args, kwargs, fast)
 
-    def _remember(self, entry: Any, native: Any, args: tuple) -> None:
+    def _remember(self, entry: Any, native: Any, args: tuple, counted: bool = True) -> None:
         """Build `_memo` for these arguments' signature (see `_call`), where `_memo_wait` (counted
         down by the caller) is 0: the first `_MEMO_BUILDS` times under a guard at once, then after
         twice as many replays that missed it as before the last build, so that calls alternating
         between signatures (or with arguments other than plain tensors, which get no memo) build
-        O(log calls) of them (each costs what the guard's native check took to build)."""
-        self._memo_builds += 1
-        if self._memo_builds >= _MEMO_BUILDS:
-            self._memo_wait = 1 << min(self._memo_builds, 20)
+        O(log calls) of them (each costs what the guard's native check took to build). A rebuild
+        for the memo's own signature after its guard's native check was rebuilt is not counted
+        (`counted=False`): once a tag moved, waiting out a backoff there left every call on the
+        slower path for 2^k calls, and the rebuild then landed wherever the count ran out."""
+        if counted:
+            self._memo_builds += 1
+            if self._memo_builds >= _MEMO_BUILDS:
+                self._memo_wait = 1 << min(self._memo_builds, 20)
         memo = _NativeGuard.build(native.guard, args)
         if memo is None or memo.grad != native.grad:
             return

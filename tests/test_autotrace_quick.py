@@ -16,7 +16,7 @@ import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
 import engine
-from engine import autoswitch
+from engine import autoswitch, autotrace
 from engine.autotrace import autotraced_state
 
 
@@ -316,6 +316,24 @@ def test_tags_moved_now_and_then_keep_the_native_check():
         torch.testing.assert_close(out, expected)
     assert state._guard is guard and guard._fast_misses >= 6
     assert guard._natives is not None and guard._versions is not None
+
+
+def test_after_a_moved_tag_the_memo_is_rebuilt_at_the_next_call_however_often_it_moved():
+    # The memo (the argument check) is built on its guard's native check; when a tag moved and the
+    # native check was rebuilt, the memo follows at the next call, not after a backoff meant for
+    # alternating signatures (which, after a few moves, left 2^k calls on the slower path).
+    lin, fn, x, expected, state = _linear_replaying()
+    guard = state._guard
+    for move in range(autotrace._MEMO_BUILDS + 4):
+        _swap_and_restore(lin)
+        fn(x)  # re-proves the guard, rebuilds its native check
+        torch.testing.assert_close(fn(x), expected)
+        native = guard._natives[torch.is_grad_enabled()]
+        assert state._memo is not None and state._memo.base is native, f"move {move}: no memo on the new native check"
+        assert state._memo_wait == 0
+        for _ in range(10):  # calls the tags serve (a guard whose tags move every call or two gives them up)
+            fn(x)
+    assert state._guard is guard and guard._natives is not None
 
 
 def test_tags_moved_on_every_call_are_given_up_and_the_results_stay_right():

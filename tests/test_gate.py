@@ -261,6 +261,32 @@ def test_adaptive_rounds_stop_early_for_a_steady_signal_and_run_on_for_a_noisy_o
     assert len(noisy["a"]) % 2 == 0  # whole pairs of rounds (forward, reverse)
 
 
+def test_a_rewarmed_method_gets_its_untimed_calls_after_every_switch_before_its_batch():
+    # Automatic tracing rebuilds two native checks after another side's modules were in place (the
+    # guard's, then the argument memo's): both must fall in untimed calls, not in the timed batch.
+    from vmapbench import gate_probe
+
+    import gc
+
+    log: list[tuple[str, str, str]] = []
+
+    def call(side: str, name: str):  # a timed batch runs with the collector off (paired_samples' batch)
+        return lambda: log.append((side, name, "untimed" if gc.isenabled() else "timed"))
+
+    ticks = iter(range(10**7))
+    clock = lambda: next(ticks) * 1e-3  # noqa: E731
+    sides = {side: {"engine": call(side, "engine"), "torch_func": call(side, "torch_func")} for side in ("base", "head")}
+    switches: list[str] = []
+    gate_probe.paired_samples(sides, "torch_func", budget_s=1e9, clock=clock, activate=switches.append,
+                              rewarm=("engine",), min_rounds=2, max_rounds=2)
+    # Each batch of engine is preceded, since the last switch, by REWARM_CALLS untimed engine calls.
+    for i, entry in enumerate(log):
+        if entry[1] == "engine" and entry[2] == "timed" and (i == 0 or log[i - 1][2] == "untimed"):
+            before = log[max(0, i - gate_probe.REWARM_CALLS):i]
+            assert before == [(entry[0], "engine", "untimed")] * gate_probe.REWARM_CALLS, log[max(0, i - 4):i + 1]
+    assert gate_probe.REWARM_CALLS >= 2
+
+
 def test_continuous_exit_codes_and_result_placement(tmp_path, monkeypatch):
     """make continuous's module, with the measuring processes replaced by synthetic outputs."""
     plans = {"ok": (1.0, None), "slow": (1.3, None), "broken": (1.0, {"mlp_hvp hidden=128,k=8 engine": "boom"})}

@@ -61,6 +61,10 @@ CHAIN_COUNT_METHODS = ("engine", "engine_traced", "engine_auto")
 # guards watch module dicts, which every switch of side writes; their first call after a switch
 # re-proves the guards (the cost of the switch, not of the code) and is made untimed.
 REWARM_METHODS = ("engine", "engine_auto")
+# Untimed calls of such a method after each switch: the first re-proves the guard and rebuilds its
+# native check, the second its argument check (engine.autotrace's memo), both built anew after a
+# switch; with one, the second build fell inside the timed batch (a batch of ~12 calls 3-4x slower).
+REWARM_CALLS = 2
 # Their batches make at least this many calls: a guard whose tags move (here: once per switch)
 # more often than every engine.guardstate._REBUILD_CALLS (8) calls gives up its native check for
 # good, which would switch the measured path in the middle of a run.
@@ -166,7 +170,8 @@ def paired_samples(sides: Mapping[str, Mapping[str, Callable[[], Any]]], referen
         activate(side)
         for name, fn in calls.items():
             if name in rewarm:
-                fn()
+                for _ in range(REWARM_CALLS):
+                    fn()
             least = REWARM_MIN_CALLS if name in rewarm else 1
             number[side, name] = max(least, min(10_000, math.ceil(MIN_BATCH_S / max(batch(fn, 1), 1e-7))))
     samples = {side: {name: [] for name in calls} for side, calls in sides.items()}
@@ -179,7 +184,8 @@ def paired_samples(sides: Mapping[str, Mapping[str, Callable[[], Any]]], referen
             names = list(sides[side])
             for name in names if r % 2 == 0 else reversed(names):
                 if name in rewarm:
-                    sides[side][name]()
+                    for _ in range(REWARM_CALLS):
+                        sides[side][name]()
                 seconds = batch(sides[side][name], number[side, name])
                 if keep:
                     samples[side][name].append(seconds)
