@@ -318,6 +318,7 @@ def test_tags_moved_now_and_then_keep_the_native_check():
     assert guard._natives is not None and guard._versions is not None
 
 
+@pytest.mark.skipif(bool(autoswitch.departures), reason="the memo path is the standard state's (no verify mode)")
 def test_after_a_moved_tag_the_memo_is_rebuilt_at_the_next_call_however_often_it_moved():
     # The memo (the argument check) is built on its guard's native check; when a tag moved and the
     # native check was rebuilt, the memo follows at the next call, not after a backoff meant for
