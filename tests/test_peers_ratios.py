@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import json
 import math
+import sys
 
 import pytest
 
@@ -114,3 +115,20 @@ def test_main_prints_the_table_and_writes_results(tmp_path, monkeypatch, capsys)
     assert len(document["rows"][0]["samples"]["jax"]) >= 3
     with pytest.raises(SystemExit, match="--size needs exactly one"):
         peer_ratios.main(parser.parse_args(["--size", "d=8"]))
+
+
+def test_peer_ratios_runs_itself_again_with_malloc_keeping_its_pages(monkeypatch):
+    # glibc reads GLIBC_TUNABLES at process start: without it set, the program runs again with it
+    # (the same command line); with it set, even empty (the opt-out), it runs on as it is.
+    from vmapbench import malloc
+
+    ran: list = []
+    monkeypatch.setattr(malloc.os, "execve", lambda path, argv, env: ran.append((path, list(argv), dict(env))))
+    monkeypatch.delenv(malloc.VARIABLE, raising=False)
+    malloc.reexec_with_tunables("peer_ratios")
+    assert len(ran) == 1 and ran[0][1] == list(sys.orig_argv) and ran[0][2][malloc.VARIABLE] == malloc.TUNABLES
+    for value in ("", "glibc.malloc.trim_threshold=0"):
+        monkeypatch.setenv(malloc.VARIABLE, value)
+        malloc.reexec_with_tunables("peer_ratios")
+    assert len(ran) == 1
+    assert malloc.in_env({malloc.VARIABLE: ""})[malloc.VARIABLE] == ""  # an explicit setting wins

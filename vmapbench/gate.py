@@ -51,7 +51,7 @@ from typing import Any, Iterable, Iterator, Mapping, Sequence
 
 import numpy as np
 
-from vmapbench import stats
+from vmapbench import malloc, stats
 
 PROBE = Path(__file__).resolve().with_name("gate_probe.py")
 # Time signals: every workload of the registry (the measured commit's), methods
@@ -81,7 +81,6 @@ EVIDENCE_MARGIN = 1.5
 EVIDENCE_QUANTILE = 0.9
 EVIDENCE_POOL_MIN = 8
 OUT_DIR = Path(".asv") / "continuous"
-MALLOC_TUNABLES = "glibc.malloc.mmap_threshold=33554432:glibc.malloc.trim_threshold=4294967296:glibc.malloc.top_pad=67108864"
 PLANT_MARK = "# --- planted by `vmapbench gate --calibrate`"
 
 
@@ -266,11 +265,7 @@ def probe_env() -> dict[str, str]:
     env.pop("PYTHONPATH", None)  # the probe puts each side's tree first on sys.path itself
     env["OMP_NUM_THREADS"] = env["MKL_NUM_THREADS"] = "1"  # CPU time of one thread: no spin-waits
     env["PYTHONHASHSEED"] = "0"  # the same dict and set orders in every process: counts repeat
-    # glibc's malloc keeps what it was given: no block above a fixed 32 MiB threshold is mmapped
-    # and unmapped call by call, and the heap's top is never trimmed back to the system. On these
-    # VMs (memory handed back to the host) each fresh page costs a fault the host serves, and which
-    # call paid for which pages moved a time signal's pairs by 2-4x.
-    env.setdefault("GLIBC_TUNABLES", MALLOC_TUNABLES)
+    malloc.in_env(env)  # malloc keeps its pages (vmapbench/malloc.py): page faults moved pairs by 2-4x
     # The replay tier, never a fused program loaded mid-timing from what an earlier run left on
     # disk (see suite/__init__.py): a fresh runner and this machine measure the same paths.
     env["VMAPBENCH_FUSED"] = "0"

@@ -22,6 +22,9 @@ the same thread count for torch and XLA (`--threads`, default 1, set before jax 
 A peer whose package is missing is reported as skipped with the reason; a method that fails its
 check or raises is reported as failed and left out of the ratios, never timed.
 `--write` stores the rows as results/peer_ratios/<machine>/<commit8>.json.
+It runs with glibc's malloc keeping its pages (vmapbench/malloc.py: it runs itself again with
+GLIBC_TUNABLES set where the environment does not set it; set it empty to keep glibc's defaults):
+page faults served by the VM's host made rounds bimodal, the method timed before deciding.
 """
 from __future__ import annotations
 
@@ -29,6 +32,7 @@ import argparse
 import functools
 import json
 import math
+import os
 import statistics
 import sys
 from dataclasses import asdict, dataclass, field
@@ -36,6 +40,8 @@ from pathlib import Path
 from typing import Any, Callable, Sequence
 
 import torch
+
+from vmapbench import malloc
 
 PEERS: tuple[str, ...] = ("jax", "opacus_hooks", "opacus_ew", "opacus_functorch", "backpack")
 # The engine's replayed path: the first of these the workload lists.
@@ -336,6 +342,7 @@ def write(rows: Sequence[Row], threads: int) -> Path:
     path = root / "results" / "peer_ratios" / machine / f"{commit[:8]}.json"
     path.parent.mkdir(parents=True, exist_ok=True)
     document = {"machine": machine, "commit": commit, "torch": torch.__version__, "threads": threads,
+                "glibc_tunables": os.environ.get(malloc.VARIABLE),
                 "rows": [{**asdict(r), "seconds": r.seconds, "best_peer": r.best_peer,
                           "break_even": {m: r.break_even(m) for m in r.first_call}} for r in rows]}
     path.write_text(json.dumps(document, indent=1) + "\n")
@@ -456,4 +463,6 @@ def main(args: argparse.Namespace) -> int:
 if __name__ == "__main__":
     parser = argparse.ArgumentParser(prog="python -m vmapbench.peer_ratios", description=__doc__.splitlines()[0])
     configure(parser)
-    sys.exit(main(parser.parse_args()))
+    arguments = parser.parse_args()
+    malloc.reexec_with_tunables("peer_ratios")  # the command line only: a caller's process is its own
+    sys.exit(main(arguments))
