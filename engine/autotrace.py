@@ -183,7 +183,9 @@ class AutoTraced:
                         if memo is not None and memo.entry is entry:
                             # Same signature, its guard's native check rebuilt (a tag moved and the
                             # contents held): the memo follows at once, uncounted. The backoff is for
-                            # signatures that alternate; the guard's own credit bounds these rebuilds.
+                            # signatures that alternate; the guard's own credit bounds these rebuilds
+                            # (a build costs about what the native one did; under the backoff it came
+                            # at doubling intervals, a millisecond inside whichever call reached it).
                             self._remember(entry, native, args, counted=False)
                         elif self._memo_wait:
                             self._memo_wait -= 1
