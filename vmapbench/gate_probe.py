@@ -148,8 +148,9 @@ def paired_samples(sides: Mapping[str, Mapping[str, Callable[[], Any]]], referen
     with it off and is followed by an untimed collection. A full collection of a process holding
     torch and three commits' modules took tens of milliseconds and fell into whichever 4 ms
     batch allocated past its threshold: one side's median moved by a collection, not by its code.
-    After a side is activated, its methods in `rewarm` are called once untimed before their batch
-    (automatic tracing re-proves its guards once when another side's modules were in place)."""
+    After a side is activated, its methods in `rewarm` are called REWARM_CALLS times untimed before
+    their batch (automatic tracing re-proves its guard and rebuilds its checks once another side's
+    modules were in place)."""
     def batch(fn: Callable[[], Any], number: int) -> float:
         gc.disable()
         try:
