@@ -50,6 +50,7 @@ import torch
 import torch.fx
 
 from engine.fused_worker import LOWERING, encode, read_message, write_message
+from engine.graph_passes import layout_guard
 
 __all__ = ["FusedProgram", "Tier", "compile_now", "fused_mode", "fused_tier", "pays", "settle"]
 
@@ -298,12 +299,8 @@ class FusedProgram:
             gather = functools.partial(_one, live[0])
         else:
             gather = operator.itemgetter(*live)
-        head = gather(inputs)
-        try:
-            check = torch._C._dynamo.guards.TensorGuards(
-                *head, dynamic_dims_sizes=[list(t.shape) for t in head],
-                dynamic_dims_strides=[list(t.stride()) for t in head]).check
-        except (AttributeError, TypeError, RuntimeError):
+        check = layout_guard(gather(inputs))
+        if check is None:
             return  # this torch lacks them (or refuses these tensors): every call checks every input
         # the proof last: a thread that sees it sees the checks made beside it
         self.live, self.gather, self.live_check = live, gather, check

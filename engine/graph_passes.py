@@ -542,18 +542,27 @@ class Fold:
 _data_ptr = torch.Tensor.data_ptr
 
 
-def _layout_check(tensors: list[torch.Tensor]) -> Callable[..., bool]:
-    """A check that tensors have the layout these have now (sizes, strides, dtype, device,
-    conjugate and negative bits, requires_grad; not the data pointer): torch's TensorGuards (what
-    torch.compile's guards check tensors with), or the same comparison in Python where this torch
-    lacks it or refuses the tensors. A check that answers False only costs a recomputation."""
+def layout_guard(tensors: Any) -> Callable[..., bool] | None:
+    """`check(*ts)`: whether tensors have the layout these have now (sizes, strides, dtype, device,
+    dispatch keys, which carry the conjugate and negative bits, requires_grad; not the data
+    pointer), in one C call: torch's TensorGuards (what torch.compile's guards check tensors
+    with). None where this torch lacks it or refuses the tensors."""
     try:
         return torch._C._dynamo.guards.TensorGuards(
             *tensors, dynamic_dims_sizes=[list(t.shape) for t in tensors],
             dynamic_dims_strides=[list(t.stride()) for t in tensors]).check
     except (AttributeError, TypeError, RuntimeError):
+        return None
+
+
+def _layout_check(tensors: list[torch.Tensor]) -> Callable[..., bool]:
+    """`layout_guard`, or the same comparison in Python where there is none. A check that answers
+    False only costs the fold a recomputation."""
+    check = layout_guard(tensors)
+    if check is None:
         saved = [_layout_of(t) for t in tensors]
         return lambda *ts: [_layout_of(t) for t in ts] == saved
+    return check
 
 
 def _layout_of(t: torch.Tensor) -> tuple:

@@ -456,15 +456,11 @@ class _Entry:
         program = self.fused
         if program is not None and mode is not _FUSED_OFF:
             # the fused program, inline (a Python frame costs what a check does)
-            select = self.select
-            fold = self.fold
-            if fold is None:
-                values = None
-                inputs = [*flat, *self.constants] if select is None else [*[flat[i] for i in select], *self.constants]
-            else:
-                values = fold.values()  # the program's proof that the folded inputs are as it checked them
-                inputs = ([*flat, *self.constants, *values] if select is None
-                          else [*[flat[i] for i in select], *self.constants, *values])
+            select, fold = self.select, self.fold
+            # (the fold's values: the program's proof that the folded inputs are as it checked them)
+            values = None if fold is None else fold.values()
+            head = flat if select is None else [flat[i] for i in select]
+            inputs = [*head, *self.constants] if values is None else [*head, *self.constants, *values]
             outs = program(inputs, values, self.live)
             if outs is None:
                 outs = self.run(*inputs)

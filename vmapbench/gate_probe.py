@@ -151,6 +151,10 @@ def paired_samples(sides: Mapping[str, Mapping[str, Callable[[], Any]]], referen
     After a side is activated, its methods in `rewarm` are called REWARM_CALLS times untimed before
     their batch (automatic tracing re-proves its guard and rebuilds its checks once another side's
     modules were in place)."""
+    def rewarmed(fn: Callable[[], Any]) -> None:
+        for _ in range(REWARM_CALLS):
+            fn()
+
     def batch(fn: Callable[[], Any], number: int) -> float:
         gc.disable()
         try:
@@ -171,8 +175,7 @@ def paired_samples(sides: Mapping[str, Mapping[str, Callable[[], Any]]], referen
         activate(side)
         for name, fn in calls.items():
             if name in rewarm:
-                for _ in range(REWARM_CALLS):
-                    fn()
+                rewarmed(fn)
             least = REWARM_MIN_CALLS if name in rewarm else 1
             number[side, name] = max(least, min(10_000, math.ceil(MIN_BATCH_S / max(batch(fn, 1), 1e-7))))
     samples = {side: {name: [] for name in calls} for side, calls in sides.items()}
@@ -185,8 +188,7 @@ def paired_samples(sides: Mapping[str, Mapping[str, Callable[[], Any]]], referen
             names = list(sides[side])
             for name in names if r % 2 == 0 else reversed(names):
                 if name in rewarm:
-                    for _ in range(REWARM_CALLS):
-                        sides[side][name]()
+                    rewarmed(sides[side][name])
                 seconds = batch(sides[side][name], number[side, name])
                 if keep:
                     samples[side][name].append(seconds)
