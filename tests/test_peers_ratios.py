@@ -82,6 +82,34 @@ def test_a_method_failing_its_check_is_reported_and_not_timed(monkeypatch: pytes
     assert skipped.skipped == {"jax": "no jax here"}
 
 
+def test_the_device_reaches_set_up_timing_and_first_calls(monkeypatch: pytest.MonkeyPatch) -> None:
+    """--device cuda's path, exercised on CPU: every state is set up on the device asked for, and the
+    first calls and the timed batches wait for that device (a GPU's queued work is in the time)."""
+    from suite import probes
+
+    w = workloads.get("rosenbrock_hessian")
+    set_up, synced, timed = [], [], []
+    real_setup, real_samples = w.setup, probes.interleaved_samples
+    monkeypatch.setattr(w, "setup", lambda params, device: set_up.append(device) or real_setup(params, "cpu"))
+    monkeypatch.setattr(probes, "synchronize", synced.append)
+    monkeypatch.setattr(probes, "interleaved_samples",
+                        lambda calls, device, **kw: timed.append(device) or real_samples(calls, "cpu", **kw))
+    row = peer_ratios.measure_workload(w, "d=8", rounds=3, budget_s=0.2, fused=False, device="cuda")
+    assert row.device == "cuda" and not row.failed
+    assert set_up == ["cuda"] * 3  # the timed state, and a fresh one for each of ours' and jax's warm first call
+    assert synced.count("cuda") == 4 and timed == ["cuda"]  # two first calls each for ours and jax
+
+
+def test_device_cuda_without_a_gpu_is_refused(monkeypatch: pytest.MonkeyPatch) -> None:
+    import torch
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    parser = argparse.ArgumentParser()
+    peer_ratios.configure(parser)
+    with pytest.raises(SystemExit, match="--device cuda, but torch sees no CUDA device"):
+        peer_ratios.main(parser.parse_args(["-w", "rosenbrock_hessian", "--device", "cuda"]))
+
+
 def test_markdown_table_shows_the_ratios() -> None:
     # Three rounds; the second was slowed for everyone by a load burst, the third for ours alone.
     row = Row("psg_mlp", "batch=64", "engine_traced", samples={
@@ -111,6 +139,7 @@ def test_main_prints_the_table_and_writes_results(tmp_path, monkeypatch, capsys)
     out = capsys.readouterr().out
     assert "| rosenbrock_hessian | d=8 | engine_traced |" in out
     document = json.loads((tmp_path / "results" / "peer_ratios" / "test-box" / "01234567.json").read_text())
+    assert document["device"] == "cpu" and document["rows"][0]["device"] == "cpu"
     assert document["rows"][0]["best_peer"] == "jax" and set(document["rows"][0]["seconds"]) >= {"jax"}
     assert len(document["rows"][0]["samples"]["jax"]) >= 3
     with pytest.raises(SystemExit, match="--size needs exactly one"):

@@ -4,6 +4,7 @@
     python -m vmapbench.peer_ratios -w psg_mlp -w nn_lstm --rounds 25
     python -m vmapbench.peer_ratios --family per_sample_grads --write
     python -m vmapbench.peer_ratios --ours default -w bayes_hmc   # the default path (engine), not engine.trace
+    python -m vmapbench.peer_ratios --device cuda --ours default  # on a GPU (fused programs as CUDA graphs)
 
 For each workload that lists `jax` (or those named with `-w`), at its first quick size (else its
 smallest; `--size` with one workload), the engine's replayed path (`engine_traced`, or
@@ -21,6 +22,8 @@ Equal footing is the methods' own (workloads.peers.jax_methods): same data and d
 the same thread count for torch and XLA (`--threads`, default 1, set before jax is imported).
 A peer whose package is missing is reported as skipped with the reason; a method that fails its
 check or raises is reported as failed and left out of the ratios, never timed.
+`--device cuda` runs every method on the GPU (jax needs a CUDA jaxlib there); a batch of calls is
+timed up to the device's last result (torch.cuda.synchronize; jax blocks until ready).
 `--write` stores the rows as results/peer_ratios/<machine>/<commit8>.json.
 It runs with glibc's malloc keeping its pages (vmapbench/malloc.py: it runs itself again with
 GLIBC_TUNABLES set where the environment does not set it; set it empty to keep glibc's defaults):
@@ -73,6 +76,7 @@ class Row:
     # process: ours loads the program from the on-disk index, jax finds what its caches hold).
     first_call: dict[str, dict[str, float]] = field(default_factory=dict)
     fused_state: str | None = None  # the fused tier's state of ours after settling (fused, failed: why, ...)
+    device: str = "cpu"
 
     def break_even(self, method: str) -> float:
         """Calls after which `method` (cold first call, then steady calls) has cost less in total
@@ -150,19 +154,20 @@ def selected_workloads(names: Sequence[str] | None, family: str | None) -> list[
     return [w for w in chosen if family is None or w.family == family]
 
 
-def jax_unavailable() -> str | None:
-    """Why the jax method cannot run in this process (None when it can)."""
+def jax_unavailable(device: str = "cpu") -> str | None:
+    """Why the jax method cannot run in this process on `device` (None when it can)."""
     from workloads.peers.jax_methods import load_jax
 
     try:
-        load_jax("cpu")
+        load_jax(device)
     except NotImplementedError as exc:
         return str(exc)
     return None
 
 
 def measure_workload(workload: Any, size: str, rounds: int, budget_s: float,
-                     jax_reason: str | None = None, fused: bool = True, default_path: bool = False) -> Row:
+                     jax_reason: str | None = None, fused: bool = True, default_path: bool = False,
+                     device: str = "cpu") -> Row:
     """Build, first-call and check every contender of `workload` at `size`, then time them interleaved.
 
     With `fused` (the default) ours' first build forces the fused tier's compile (what the default
@@ -172,15 +177,16 @@ def measure_workload(workload: Any, size: str, rounds: int, budget_s: float,
 
     if not fused:
         with engine.fused_tier(False):
-            return measure_workload(workload, size, rounds, budget_s, jax_reason, fused=True, default_path=default_path)
+            return measure_workload(workload, size, rounds, budget_s, jax_reason, fused=True,
+                                    default_path=default_path, device=device)
     from suite import probes
     from workloads.peers import PeerUnavailable
 
 
     ours = ours_of(workload, default_path)
-    row = Row(workload.name, size, ours)
+    row = Row(workload.name, size, ours, device=device)
     params = workload.params(size)
-    state = workload.setup(params, "cpu")
+    state = workload.setup(params, device)
     calls: dict[str, Callable[[], Any]] = {}
     for method in (ours, REFERENCE, *PEERS):
         if method not in workload.methods:
@@ -193,10 +199,10 @@ def measure_workload(workload: Any, size: str, rounds: int, budget_s: float,
                 from engine import fused
 
                 seen = len(fused.HISTORY)
-                cold = _first_call(workload, method, state)
+                cold = _first_call(workload, method, state, device)
                 if method == ours:
                     row.fused_state = _fused_state(fused.HISTORY[seen:])
-                warm = _first_call(workload, method, workload.setup(params, "cpu"))
+                warm = _first_call(workload, method, workload.setup(params, device), device)
                 row.first_call[method] = {"cold": cold, "warm": warm}
             workload.check(state, [method])  # builds it, first call (trace/compile/jit), float64 loop check
         except PeerUnavailable as exc:
@@ -217,16 +223,17 @@ def measure_workload(workload: Any, size: str, rounds: int, budget_s: float,
         if len(engine.fused.DROPPED) > slower:
             row.fused_state = f"{row.fused_state}, slower than the replay: replay kept"
     if calls:
-        row.samples = probes.interleaved_samples(calls, "cpu", rounds=rounds, budget_s=budget_s)
+        row.samples = probes.interleaved_samples(calls, device, rounds=rounds, budget_s=budget_s)
     return row
 
 
-def _first_call(workload: Any, method: str, state: Any) -> float:
+def _first_call(workload: Any, method: str, state: Any, device: str = "cpu") -> float:
     """Seconds until `method`, freshly built on `state`, runs at its steady tier: its first call,
     and for ours the second, which with the fused tier forced compiles (or loads) its program."""
     import time
 
     import engine
+    from suite import probes
 
     start = time.perf_counter()
     workload.run(method, state)
@@ -239,6 +246,7 @@ def _first_call(workload: Any, method: str, state: Any) -> float:
         with engine.fused_tier("force"):
             workload.run(method, state)
         engine.settle()
+    probes.synchronize(device)
     return time.perf_counter() - start
 
 
@@ -333,7 +341,7 @@ def notes(rows: Sequence[Row]) -> list[str]:
     return out
 
 
-def write(rows: Sequence[Row], threads: int) -> Path:
+def write(rows: Sequence[Row], threads: int, device: str = "cpu") -> Path:
     """results/peer_ratios/<machine>/<commit8>.json under the repository root."""
     from vmapbench.bench import git, machine_name, repo_root
 
@@ -341,7 +349,7 @@ def write(rows: Sequence[Row], threads: int) -> Path:
     machine, commit = machine_name(), git(root, "rev-parse", "HEAD")
     path = root / "results" / "peer_ratios" / machine / f"{commit[:8]}.json"
     path.parent.mkdir(parents=True, exist_ok=True)
-    document = {"machine": machine, "commit": commit, "torch": torch.__version__, "threads": threads,
+    document = {"machine": machine, "commit": commit, "torch": torch.__version__, "threads": threads, "device": device,
                 "glibc_tunables": os.environ.get(malloc.VARIABLE),
                 "rows": [{**asdict(r), "seconds": r.seconds, "best_peer": r.best_peer,
                           "break_even": {m: r.break_even(m) for m in r.first_call}} for r in rows]}
@@ -426,12 +434,16 @@ def configure(parser: argparse.ArgumentParser) -> None:
                         help="our method: 'traced' (engine_traced: an explicit engine.trace, the default) or "
                              "'default' (engine: the default path, automatic tracing, where it replays and eager "
                              "where it does not); both with the fused tier forced in and settled")
+    parser.add_argument("--device", choices=("cpu", "cuda"), default="cpu",
+                        help="where every method runs (default cpu); cuda needs a GPU, and jax a CUDA jaxlib")
     parser.add_argument("--write", action="store_true", help="store the rows under results/peer_ratios/")
 
 
 def main(args: argparse.Namespace) -> int:
     if args.size is not None and len(args.workloads or ()) != 1:
         raise SystemExit("peer_ratios: --size needs exactly one -w WORKLOAD")
+    if args.device == "cuda" and not torch.cuda.is_available():
+        raise SystemExit("peer_ratios: --device cuda, but torch sees no CUDA device here")
     torch.set_num_threads(args.threads)  # before jax is imported: load_jax matches XLA's threads to it
     if args.overhead:
         print(f"torch {torch.__version__}, {args.threads} thread(s): x + 1 on 8 float32, interleaved rounds")
@@ -440,14 +452,14 @@ def main(args: argparse.Namespace) -> int:
     chosen = selected_workloads(args.workloads, args.family)
     if not chosen:
         raise SystemExit("peer_ratios: no workload selected")
-    jax_reason = jax_unavailable()
+    jax_reason = jax_unavailable(args.device)
     rows = []
     for w in chosen:
         size = args.size or default_size(w)
         print(f"{w.name} [{size}] ...", file=sys.stderr, flush=True)
         rows.append(measure_workload(w, size, args.rounds, args.budget_s, jax_reason, fused=not args.no_fused,
-                                     default_path=args.ours == "default"))
-    print(f"torch {torch.__version__}, {args.threads} thread(s), float32, cpu; interleaved rounds (up to "
+                                     default_path=args.ours == "default", device=args.device))
+    print(f"torch {torch.__version__}, {args.threads} thread(s), float32, {args.device}; interleaved rounds (up to "
           f"{args.rounds}, {args.budget_s:g} s per workload): median per call, ratios median of the per-round "
           "ratios (interquartile range); every method checked against the float64 loop first")
     print(markdown(rows))
@@ -456,7 +468,7 @@ def main(args: argparse.Namespace) -> int:
     for line in notes(rows):
         print(line)
     if args.write:
-        print(f"wrote {write(rows, args.threads)}")
+        print(f"wrote {write(rows, args.threads, args.device)}")
     return 1 if any(r.failed for r in rows) else 0
 
 
