@@ -209,6 +209,7 @@ class PeerReport:
     threads: Any
     rows: list[dict[str, Any]]
     path: Path
+    device: str = "cpu"  # reports written before `--device` existed ran on the CPU
 
 
 def load_peer_ratios(results_dir: str | Path) -> list[PeerReport]:
@@ -219,6 +220,6 @@ def load_peer_ratios(results_dir: str | Path) -> list[PeerReport]:
     for machine_dir in sorted(p for p in root.glob("*") if p.is_dir()):
         for path, data, rows, _ in _newest_reports(machine_dir, "peer_ratios report", "rows", "workload"):
             out.append(PeerReport(str(data.get("machine") or machine_dir.name), str(data.get("commit") or ""),
-                                  data.get("threads"), rows, path))
+                                  data.get("threads"), rows, path, str(data.get("device") or "cpu")))
             break
     return out

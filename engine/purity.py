@@ -21,7 +21,11 @@ piece of code that ran outside torch and the engine:
   torch.manual_seed, optimizer steps, ...) called from such code is refused.
 
 Torch's and the engine's own Python code, and the standard library when called from them (not
-from user code), are trusted: they are the machinery whose ops the trace records. A user function
+from user code), are trusted. typing_extensions counts as standard library: it is typing's
+backport, torch depends on it, and importing it patches typing's internals with its own functions
+(typing._collect_parameters, whose check reads its caller's frame with sys._getframe), so a generic
+subscripted inside torch runs its code too (seen with torch 2.11 on Python 3.12, where that made
+every function eager). These are trusted: they are the machinery whose ops the trace records. A user function
 they call back (the transformed function, a Module's forward, a hook) is checked like any user
 code. Third-party packages other than torch are user code.
 
@@ -42,6 +46,7 @@ from typing import Any, Iterator
 import contextlib
 
 import torch
+import typing_extensions
 
 __all__ = ["Observation", "generated", "global_names", "watch"]
 
@@ -51,6 +56,8 @@ _STDLIB_DIRS = tuple(
     os.path.realpath(p) + os.sep for p in {sysconfig.get_paths()["stdlib"], sysconfig.get_paths()["platstdlib"]}
 )
 _SITE_MARKERS = (os.sep + "site-packages" + os.sep, os.sep + "dist-packages" + os.sep)
+# Third-party modules that stand for the standard library (see the module docstring).
+_STDLIB_BACKPORTS = frozenset({os.path.realpath(typing_extensions.__file__)})
 
 # Bytecode that writes somewhere other than the frame's own locals.
 _EFFECT_OPS = frozenset({
@@ -127,7 +134,8 @@ def _is_helper(code: types.CodeType) -> bool:
             verdict = code.co_name.startswith("__") and code.co_name.endswith("__")
         else:
             path = os.path.realpath(filename)
-            verdict = path.startswith(_STDLIB_DIRS) and not any(m in path for m in _SITE_MARKERS)
+            verdict = (path.startswith(_STDLIB_DIRS) and not any(m in path for m in _SITE_MARKERS)) \
+                or path in _STDLIB_BACKPORTS
         _helper_codes[code] = verdict
     return verdict
 

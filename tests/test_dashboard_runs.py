@@ -206,5 +206,6 @@ def test_peers_page_shows_compile_cost_from_peer_ratios(tmp_path: Path) -> None:
     build_dashboard(results, tmp_path / "out")
     page = (tmp_path / "out" / "peers.html").read_text(encoding="utf-8")
     assert "Against jax.jit, compile cost included" in page and "commit <code>0a1b2c3d</code>" in page
+    assert "cpu-box · cpu · 1 thread(s)" in page  # a report without a device field ran on the CPU
     assert "31.5 s / 800 ms" in page and ">3938<" in page and ">never<" in page
     assert re.search(r"2(\.0+)?×", page) and "not a per-sample workload" in page

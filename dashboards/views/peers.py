@@ -219,7 +219,7 @@ def _peer_ratios_section(page: Page, ctx: Context) -> None:
     for rep in reports:
         body = [_peer_row(r) for r in rep.rows]
         threads = f" · {esc(str(rep.threads))} thread(s)" if rep.threads is not None else ""
-        page.add(f'<h3 class="vb-f" data-machine="{esc(rep.machine)}">{esc(rep.machine)}{threads} · commit '
+        page.add(f'<h3 class="vb-f" data-machine="{esc(rep.machine)}">{esc(rep.machine)} · {esc(rep.device)}{threads} · commit '
                  f'<code>{esc(rep.commit[:8])}</code></h3>' + table(headers, body, css="vb-compact"))
 
 
