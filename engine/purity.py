@@ -7,7 +7,9 @@ piece of code that ran outside torch and the engine:
 
 - every Python frame of such code must have bytecode without stores outside its own locals:
   no STORE_GLOBAL/DELETE_GLOBAL, no STORE_ATTR/DELETE_ATTR (`self.x = ...`), no STORE_SUBSCR/
-  DELETE_SUBSCR (`captured[k] = ...`), no stores to `nonlocal` variables, no STORE_NAME. The
+  DELETE_SUBSCR/STORE_SLICE (`captured[k] = ...`), no stores to `nonlocal` variables, no STORE_NAME.
+  The instruction sets of Python 3.11 to 3.13 were reviewed for these; on another Python no user
+  code is proven pure (a new instruction could store unseen). The
   check is static and per code object (cached), so it refuses a store on a path the run did not
   take as well: conservative, never wrong the other way. The one exception: a list/dict/set the
   frame built itself (`fresh_locals`) may be filled (`d[k] = v`, `out.append(t)`);
@@ -59,11 +61,19 @@ _SITE_MARKERS = (os.sep + "site-packages" + os.sep, os.sep + "dist-packages" + o
 # Third-party modules that stand for the standard library (see the module docstring).
 _STDLIB_BACKPORTS = frozenset({os.path.realpath(typing_extensions.__file__)})
 
-# Bytecode that writes somewhere other than the frame's own locals.
+# Bytecode that writes somewhere other than the frame's own locals. STORE_SLICE is Python 3.12's
+# `captured[i:j] = v` (3.11 builds a slice and stores it with STORE_SUBSCR).
 _EFFECT_OPS = frozenset({
     "STORE_GLOBAL", "DELETE_GLOBAL", "STORE_ATTR", "DELETE_ATTR", "STORE_SUBSCR", "DELETE_SUBSCR",
-    "STORE_NAME", "DELETE_NAME", "IMPORT_STAR",
+    "STORE_SLICE", "STORE_NAME", "DELETE_NAME", "IMPORT_STAR",
 })
+# The Pythons whose instruction sets were read for the above (every opcode new in 3.12 and 3.13
+# reviewed: STORE_SLICE stores; `import *` became CALL_INTRINSIC_1 INTRINSIC_IMPORT_STAR; keyword
+# names moved from KW_NAMES to a LOAD_CONST before CALL_KW; the rest load, store locals, jump or
+# build). On another Python a new instruction could store unseen, so no user code is proven pure
+# there: automatic tracing runs it eagerly, and says why.
+_REVIEWED_PYTHONS = ((3, 11), (3, 12), (3, 13))
+_PYTHON = sys.version_info[:2]
 
 # Not id/hash (identity differs per call while the signature does not) nor repr/format (a tensor's
 # text reads its values outside the dispatcher).
@@ -252,6 +262,13 @@ def _kw_names(code: types.CodeType, ins: dis.Instruction) -> tuple:
     return names if isinstance(names, tuple) else ()
 
 
+def _call_kw_names(instructions: list, i: int) -> tuple:
+    """The keyword names of Python 3.13's CALL_KW: the tuple its LOAD_CONST pushed just before
+    (anything else: ("key",), so an unreadable call counts as one that may pass key=)."""
+    names = instructions[i - 1].argval if i and instructions[i - 1].opname == "LOAD_CONST" else None
+    return names if isinstance(names, tuple) else ("key",)
+
+
 def code_effect(code: types.CodeType) -> str | None:
     """Why this code object may write outside its own locals (None: it cannot). Cached.
 
@@ -260,18 +277,28 @@ def code_effect(code: types.CodeType) -> str | None:
     if verdict is not False:
         return verdict
     verdict = None
+    if _PYTHON not in _REVIEWED_PYTHONS:
+        verdict = (f"{code.co_name}: Python {_PYTHON[0]}.{_PYTHON[1]}'s bytecode has not been reviewed by engine.purity "
+                   f"(it knows {', '.join(f'{a}.{b}' for a, b in _REVIEWED_PYTHONS)}): a store it does not know could "
+                   f"go unseen")
+        _code_verdicts[code] = verdict
+        return verdict
     instructions = list(dis.get_instructions(code))
     for i, ins in enumerate(instructions):
-        if ins.opname in ("STORE_SUBSCR", "DELETE_SUBSCR") and i >= 2:
-            container, key = instructions[i - 2], instructions[i - 1]
-            if container.opname == "LOAD_FAST" and container.argval in fresh_locals(code) and key.opname in _SIMPLE_LOADS:
+        # the container sits below the key (subscript) or below start and stop (3.12's slice store)
+        reach = 3 if ins.opname == "STORE_SLICE" else 2
+        if ins.opname in ("STORE_SUBSCR", "DELETE_SUBSCR", "STORE_SLICE") and i >= reach:
+            container, keys = instructions[i - reach], instructions[i - reach + 1:i]
+            if container.opname == "LOAD_FAST" and container.argval in fresh_locals(code) \
+                    and all(k.opname in _SIMPLE_LOADS for k in keys):
                 continue
-        if ins.opname in _EFFECT_OPS:
-            verdict = f"{ins.opname} {ins.argval}"
+        if ins.opname in _EFFECT_OPS or (ins.opname == "CALL_INTRINSIC_1" and ins.argrepr == "INTRINSIC_IMPORT_STAR"):
+            verdict = f"{ins.opname} {ins.argrepr or ins.argval}"
         elif ins.opname in ("LOAD_GLOBAL", "LOAD_NAME", "LOAD_ATTR", "LOAD_METHOD") and ins.argval in _HIGHER_ORDER:
             verdict = (f"a call through {ins.argval}, which calls what it is given from C, where the purity "
                        f"watch cannot see it")
-        elif ins.opname == "KW_NAMES" and "key" in _kw_names(code, ins):
+        elif (ins.opname == "KW_NAMES" and "key" in _kw_names(code, ins)) or (
+                ins.opname == "CALL_KW" and "key" in _call_kw_names(instructions, i)):
             verdict = "a call with key=, whose key function is called from C, where the purity watch cannot see it"
         elif ins.opname in ("STORE_DEREF", "DELETE_DEREF") and ins.argval in code.co_freevars:
             verdict = f"a store to the nonlocal {ins.argval}"

@@ -86,3 +86,47 @@ def test_typing_extensions_called_by_user_code_is_still_checked():
     for _ in range(3):
         auto(torch.randn(3))
     assert auto.impure is not None and "sys._getframe" in auto.impure
+
+
+def _as_if_compiled_by(monkeypatch, sequence):
+    """A fresh code object whose disassembly is `sequence` of (opname, argval[, argrepr]): the
+    instructions another Python version compiles, which this interpreter cannot (tests run on 3.11)."""
+    import dis
+
+    _as_if_compiled_by.made += 1  # a code object of its own (code objects equal by value share verdicts)
+    code = (lambda: None).__code__.replace(co_name=f"as_if_{_as_if_compiled_by.made}")
+    made = [dis.Instruction(op, 0, None, argval, argrepr[0] if argrepr else "", 2 * i, None, False, None)
+            for i, (op, argval, *argrepr) in enumerate(sequence)]
+    monkeypatch.setattr(purity.dis, "get_instructions", lambda c, *a, **k: iter(made) if c is code else real(c, *a, **k))
+    real = __import__("dis").get_instructions
+    return code
+
+
+_as_if_compiled_by.made = 0
+
+
+def test_python_3_12_slice_store_into_a_captured_list_is_an_effect(monkeypatch):
+    """`buf[0:1] = [x]` on Python 3.12 and 3.13 is STORE_SLICE (3.11: BUILD_SLICE, STORE_SUBSCR):
+    a store into a captured container, which a replay would skip."""
+    code = _as_if_compiled_by(monkeypatch, [("LOAD_FAST", "x"), ("BUILD_LIST", 1), ("LOAD_FAST", "buf"),
+                                            ("LOAD_CONST", 0), ("LOAD_CONST", 1), ("STORE_SLICE", None),
+                                            ("RETURN_CONST", None)])
+    assert "does STORE_SLICE" in purity.code_effect(code)
+
+
+def test_python_3_12_import_star_and_3_13_key_calls_are_effects(monkeypatch):
+    star = _as_if_compiled_by(monkeypatch, [("LOAD_CONST", 0), ("LOAD_CONST", ("*",)), ("IMPORT_NAME", "m"),
+                                            ("CALL_INTRINSIC_1", 2, "INTRINSIC_IMPORT_STAR"), ("POP_TOP", None)])
+    assert "INTRINSIC_IMPORT_STAR" in purity.code_effect(star)
+    keyed = _as_if_compiled_by(monkeypatch, [("LOAD_GLOBAL", "sorted"), ("LOAD_FAST_LOAD_FAST", ("xs", "g")),
+                                             ("LOAD_CONST", ("key",)), ("CALL_KW", 2), ("RETURN_VALUE", None)])
+    assert "key=" in purity.code_effect(keyed)
+    other = _as_if_compiled_by(monkeypatch, [("LOAD_GLOBAL", "sorted"), ("LOAD_FAST_LOAD_FAST", ("xs", "r")),
+                                             ("LOAD_CONST", ("reverse",)), ("CALL_KW", 2), ("RETURN_VALUE", None)])
+    assert purity.code_effect(other) is None
+
+
+def test_on_a_python_whose_bytecode_was_not_reviewed_no_code_is_proven_pure(monkeypatch):
+    monkeypatch.setattr(purity, "_PYTHON", (3, 99))
+    code = (lambda x: x + 1).__code__
+    assert "Python 3.99's bytecode has not been reviewed" in purity.code_effect(code)
