@@ -55,6 +55,23 @@ def test_append_to_a_captured_list_happens_every_call():
     assert "append" in autotraced_state(g).impure
 
 
+def test_slice_store_into_a_captured_list_happens_every_call():
+    """`slots[0:1] = [...]` compiles to STORE_SLICE on Python 3.12 and 3.13 (to BUILD_SLICE and
+    STORE_SUBSCR on 3.11): a store into a captured list either way, which a replay would skip."""
+    slots = [None]
+
+    def f(x):
+        slots[0:1] = [x.sum()]
+        return x.sin()
+
+    g = engine.vmap(f)
+    for n in range(CALLS):
+        x = torch.full((3, 4), float(n))
+        torch.testing.assert_close(g(x), x.sin())
+        assert slots[0] is not None and slots[0].item() == 4.0 * n
+    assert "SLICE" in autotraced_state(g).impure or "STORE_SUBSCR" in autotraced_state(g).impure
+
+
 COUNTER = 0
 
 
