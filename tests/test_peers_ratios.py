@@ -53,6 +53,20 @@ def test_the_default_path_is_measured_with_ours_default() -> None:
     assert set(row.samples) == {"engine", "torch_func", "jax"} and not row.failed and not row.skipped
 
 
+def test_a_default_path_that_runs_eagerly_is_reported_eager_with_the_reason(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The tier column said "replay" for a default path whose every call ran eagerly (the lent
+    H100: every function impure under torch 2.11 on Python 3.12). It says eager, and why."""
+    from engine import purity
+
+    w = workloads.get("logreg_hessian")  # its method's function is a new closure per set-up: verified anew
+    replaying = peer_ratios.measure_workload(w, "n=100,d=16", rounds=3, budget_s=0.2, fused=False, default_path=True)
+    assert replaying.fused_state == "replay"
+    monkeypatch.setattr(purity, "code_effect", lambda code: f"{code.co_name} does a planted store")
+    eager = peer_ratios.measure_workload(w, "n=100,d=16", rounds=3, budget_s=0.2, fused=False, default_path=True)
+    assert eager.fused_state.startswith("eager: it has an effect besides its result") and "planted" in eager.fused_state
+    assert "| eager: it has an effect" in peer_ratios.compile_markdown([eager])
+
+
 def test_the_compiled_family_is_measured_by_engine_compiled() -> None:
     assert peer_ratios.ours_of(workloads.get("compiled_psg_mlp")) == "engine_compiled"
     assert peer_ratios.ours_of(workloads.get("tutorial_ntk")) == "engine_traced"

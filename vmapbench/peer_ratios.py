@@ -183,6 +183,8 @@ def measure_workload(workload: Any, size: str, rounds: int, budget_s: float,
     from workloads.peers import PeerUnavailable
 
 
+    from engine import autotrace
+
     ours = ours_of(workload, default_path)
     row = Row(workload.name, size, ours, device=device)
     params = workload.params(size)
@@ -222,6 +224,10 @@ def measure_workload(workload: Any, size: str, rounds: int, budget_s: float,
             calls[ours]()
         if len(engine.fused.DROPPED) > slower:
             row.fused_state = f"{row.fused_state}, slower than the replay: replay kept"
+    if ours == DEFAULT_PATH and ours in calls:
+        eager = _eager_reason(list(autotrace._shared_autos.values()), calls[ours])
+        if eager is not None:
+            row.fused_state = eager
     if calls:
         row.samples = probes.interleaved_samples(calls, device, rounds=rounds, budget_s=budget_s)
     return row
@@ -248,6 +254,20 @@ def _first_call(workload: Any, method: str, state: Any, device: str = "cpu") -> 
         engine.settle()
     probes.synchronize(device)
     return time.perf_counter() - start
+
+
+def _eager_reason(autos: list[Any], call: Callable[[], Any]) -> str | None:
+    """Why the default path's settled call runs eagerly (None when one more call replays): of the
+    automatic tracing states (`autos`), those that `call` ran either replayed or ran eagerly, for
+    a reason (a function found impure) or none (nothing recorded it could replay). The tier
+    column must not say "replay" for eager calls (on a lent GPU, torch 2.11 on Python 3.12 made
+    every function impure there)."""
+    before = [(a.traced._hits, a.eager_calls) for a in autos]
+    call()
+    if any(a.traced._hits > hits for a, (hits, _) in zip(autos, before)):
+        return None
+    reasons = [a.impure for a, (_, eager) in zip(autos, before) if a.eager_calls > eager and a.impure is not None]
+    return f"eager: {reasons[0][:200]}" if reasons else "eager: no replay (automatic tracing recorded nothing it could replay)"
 
 
 def _replayed(workload: Any, method: str, state: Any) -> Any:
