@@ -179,11 +179,9 @@ def measure_workload(workload: Any, size: str, rounds: int, budget_s: float,
         with engine.fused_tier(False):
             return measure_workload(workload, size, rounds, budget_s, jax_reason, fused=True,
                                     default_path=default_path, device=device)
+    from engine import autotrace
     from suite import probes
     from workloads.peers import PeerUnavailable
-
-
-    from engine import autotrace
 
     ours = ours_of(workload, default_path)
     row = Row(workload.name, size, ours, device=device)
