@@ -269,13 +269,16 @@ class StateGuard:
 
     def _dataclass_meta_read(self) -> bool:
         """Whether code that ran could read a dataclass's metadata: a function of the dataclasses
-        module (fields, asdict, astuple, replace, ...) ran, or the user code walked names
-        `__dataclass_fields__` / `__dataclass_params__` (as an attribute or a string). Otherwise a
-        Field's attributes are read by no run, like the code of a function that never ran: the
-        Field objects stay guarded where they are held (the fields dict, by identity), but what
-        they hold is not walked. On bayes_hmc they were 88 of the guard's 127 slotted attributes."""
-        return bool(self._attr_names & _DATACLASS_META_NAMES) or any(
-            code.co_filename == _DATACLASSES_FILE for code in self._ran or ())
+        module (fields, asdict, astuple, replace, ...) ran, or any code that ran or was walked
+        names `__dataclass_fields__` / `__dataclass_params__` (as an attribute or a string: a
+        library reading them directly, however it was reached). Otherwise a Field's attributes
+        are read by no run, like the code of a function that never ran: the Field objects stay
+        guarded where they are held (the fields dict, by identity), but what they hold is not
+        walked. On bayes_hmc they were 88 of the guard's 127 slotted attributes."""
+        if self._attr_names & _DATACLASS_META_NAMES:
+            return True
+        return any(code.co_filename == _DATACLASSES_FILE or not _DATACLASS_META_NAMES.isdisjoint(_code_names(code))
+                   for code in self._ran or ())
 
     # -- walking ------------------------------------------------------------------------------
 

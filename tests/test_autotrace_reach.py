@@ -5,6 +5,7 @@ read changes."""
 from __future__ import annotations
 
 import dataclasses
+import functools
 import random
 import threading
 from typing import Any, Callable
@@ -236,3 +237,30 @@ def test_a_field_default_that_the_function_reads_is_guarded(log_joint):
     finally:
         field.default = 2.0
     torch.testing.assert_close(g(points), 2.0 * points.cos(), rtol=0, atol=0)
+
+
+def _fields_of(cls: type) -> dict:
+    """A helper that reads a class's fields directly (as some libraries do), not through the
+    dataclasses module."""
+    return getattr(cls, "__dataclass_fields__")
+
+
+def _scaled_by_a_helper(theta: torch.Tensor) -> torch.Tensor:
+    # reached through a library module's attribute, whose value the guard does not walk: only
+    # the code that ran shows what it reads
+    return (theta.sin() * functools._vmapbench_fields_of(_Prior)["scale"].default).sum()
+
+
+def test_a_field_default_read_by_any_code_that_ran_is_guarded(monkeypatch):
+    monkeypatch.setattr(functools, "_vmapbench_fields_of", _fields_of, raising=False)
+    model = _Model(_scaled_by_a_helper, _twin)
+    points = torch.randn(8, 3)
+    g = engine.vmap(engine.grad(lambda theta: model.log_joint(theta)))
+    _calls(g, points)
+    assert _guarded_fields(g)
+    field = _Prior.__dataclass_fields__["scale"]
+    try:
+        field.default = -1.0
+        torch.testing.assert_close(g(points), -points.cos(), rtol=0, atol=0)
+    finally:
+        field.default = 2.0
