@@ -132,6 +132,23 @@ def _is_library(obj: Any) -> bool:
     return isinstance(module, str) and module.split(".")[0] in _LIBRARIES
 
 
+def _placed_by_user(value: Any) -> bool:
+    """Whether a library module's attribute holds the user's state rather than the library's: a
+    function of the user's code (a monkeypatch, `F.gelu = my_gelu`), an instance or class of a
+    user class, a plain container or a tensor. Walked like a user module's values: a user closure
+    reached only through `torch.nn.functional` or `functools` read a captured list that nothing
+    guarded, and its replays kept the list's old contents. Library functions, classes and their
+    instances, modules and atoms are the library's own and are not walked."""
+    if isinstance(value, (types.ModuleType, types.BuiltinFunctionType)) or (
+            isinstance(value, _ATOMS) and not hasattr(value, "__dict__")):
+        return False
+    if isinstance(value, types.FunctionType):
+        return not (_is_library(value) or _is_torch_or_engine(value.__code__.co_filename))
+    if type(value) in (dict, list, set, tuple, frozenset) or isinstance(value, torch.Tensor):
+        return True
+    return not _is_library(value if isinstance(value, type) else type(value))
+
+
 def _tensor_meta(t: torch.Tensor) -> tuple:
     return (t.shape, t.stride(), t.dtype, t.device, t.requires_grad)
 
@@ -291,12 +308,13 @@ class StateGuard:
         value = namespace.get(name, _EMPTY)
         if value is _EMPTY:
             return
-        if walk or isinstance(value, types.ModuleType):
+        if walk or isinstance(value, types.ModuleType) or _placed_by_user(value):
             stack.append(value)
 
     def _module_attrs(self, module: types.ModuleType, stack: list) -> None:
         """Guard, like globals, the attributes of a reached module that the user code reads
-        (`helpers.scale`, `np.exp`, `config.SCALE`); a library's values are not walked."""
+        (`helpers.scale`, `np.exp`, `config.SCALE`); a library's values are not walked, but what a
+        user put there is (`_placed_by_user`: `F.gelu = my_gelu`, a helper set on functools)."""
         namespace = module.__dict__
         walk = not _is_library(module) and module.__name__.split(".")[0] not in _LIBRARIES
         for attr in sorted(self._attr_names.intersection(namespace)):

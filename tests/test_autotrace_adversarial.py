@@ -1850,3 +1850,57 @@ def test_a_tensors_dict_replaced_wholesale():
     _warm(g, x)
     t.__dict__ = {"k": 9.0}
     _after(g, x)
+
+
+# ------------------------------------------------------------------------------------------------
+# the user's state put on a library module (a monkeypatch, a helper set on functools)
+
+
+def _make_scaler(box):
+    def scaler(x):
+        return x * box[0]
+    return scaler
+
+
+def test_a_user_closure_set_on_a_library_module_reads_a_changed_list(monkeypatch):
+    """Found 2026-11-26: the guard did not walk a library module's values, so a user closure
+    reached only as `functools.<name>` kept its captured list unguarded and replays returned the
+    list's old contents."""
+    box = [2.0]
+    monkeypatch.setattr(functools, "_vmapbench_scaler", _make_scaler(box), raising=False)
+    g = engine.grad(lambda x: functools._vmapbench_scaler(x).sum())
+    x = torch.randn(3)
+    _warm(g, x)
+    box[0] = -1.0
+    _after(g, x)
+    box[0] = 5.0
+    _after(g, x)
+
+
+def test_a_monkeypatched_torch_function_reads_a_changed_config(monkeypatch):
+    config = {"slope": 0.5}
+
+    def leaky(x, inplace=False):
+        return torch.where(x > 0, x, config["slope"] * x)
+
+    monkeypatch.setattr(F, "relu", leaky)
+    g = engine.vmap(engine.grad(lambda x: F.relu(x).sum()))
+    x = X.clone()
+    _warm(g, x)
+    config["slope"] = -3.0
+    _after(g, x)
+
+
+class _Gain:
+    def __init__(self, gain: float) -> None:
+        self.gain = gain
+
+
+def test_a_user_object_set_on_a_library_module_changed(monkeypatch):
+    gain = _Gain(2.0)
+    monkeypatch.setattr(functools, "_vmapbench_gain", gain, raising=False)
+    g = engine.grad(lambda x: (x * functools._vmapbench_gain.gain).sum())
+    x = torch.randn(3)
+    _warm(g, x)
+    gain.gain = -4.0
+    _after(g, x)
