@@ -248,6 +248,15 @@ class StateGuard:
                 stack, self._meta = self._meta, None  # walked from now on, like any object
                 self._seen.difference_update(id(m) for m in stack)
             if not stack:
+                # The library namespaces below are guarded by version, not walked; what the user
+                # put there under a name the user code reads (`torch.Tensor.scaled = lambda ...`)
+                # is the user's state, walked like it.
+                for namespace in _library_namespaces(self._library_types):
+                    for name in sorted(self._attr_names.intersection(namespace)):
+                        value = namespace[name]
+                        if id(value) not in self._seen and _placed_by_user(value):
+                            stack.append(value)
+            if not stack:
                 break
         # What torch's own code calls without user code naming it (nn.GELU.forward -> F.gelu,
         # Module.__call__ -> Linear.forward, x.sin()): the namespaces it is found in, guarded by

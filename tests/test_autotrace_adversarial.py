@@ -1904,3 +1904,14 @@ def test_a_user_object_set_on_a_library_module_changed(monkeypatch):
     _warm(g, x)
     gain.gain = -4.0
     _after(g, x)
+
+
+def test_a_tensor_method_monkeypatched_with_a_closure_reads_a_changed_list(monkeypatch):
+    """A user lambda set on torch.Tensor (a library class, whose dict was guarded by version only)."""
+    box = [2.0]
+    monkeypatch.setattr(torch.Tensor, "_vmapbench_scaled", lambda self: self * box[0], raising=False)
+    g = engine.grad(lambda x: x._vmapbench_scaled().sum())
+    x = torch.randn(3)
+    _warm(g, x)
+    box[0] = -1.0
+    _after(g, x)
