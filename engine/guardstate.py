@@ -135,7 +135,7 @@ def _is_library(obj: Any) -> bool:
 def _placed_by_user(value: Any) -> bool:
     """Whether a library module's attribute holds the user's state rather than the library's: a
     function of the user's code (a monkeypatch, `F.gelu = my_gelu`), an instance or class of a
-    user class, a plain container or a tensor. Walked like a user module's values: a user closure
+    user class, a plain container, a tensor or other memory. Walked like a user module's values: a user closure
     reached only through `torch.nn.functional` or `functools` read a captured list that nothing
     guarded, and its replays kept the list's old contents. Library functions, classes and their
     instances, modules and atoms are the library's own and are not walked."""
@@ -144,7 +144,8 @@ def _placed_by_user(value: Any) -> bool:
         return False
     if isinstance(value, types.FunctionType):
         return not (_is_library(value) or _is_torch_or_engine(value.__code__.co_filename))
-    if type(value) in (dict, list, set, tuple, frozenset) or isinstance(value, torch.Tensor):
+    if type(value) in (dict, list, set, tuple, frozenset) or isinstance(value, (torch.Tensor, *_BUFFERS)) \
+            or hasattr(type(value), "__array_interface__"):  # memory: a numpy array set on numpy
         return True
     return not _is_library(value if isinstance(value, type) else type(value))
 

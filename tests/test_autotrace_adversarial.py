@@ -1915,3 +1915,13 @@ def test_a_tensor_method_monkeypatched_with_a_closure_reads_a_changed_list(monke
     _warm(g, x)
     box[0] = -1.0
     _after(g, x)
+
+
+def test_a_numpy_array_set_on_the_numpy_module_changed_in_place(monkeypatch):
+    arr = np.array([2.0])
+    monkeypatch.setattr(np, "_vmapbench_gain", arr, raising=False)
+    g = engine.grad(lambda x: (x * float(np._vmapbench_gain[0])).sum())
+    x = torch.randn(3)
+    _warm(g, x)
+    arr[0] = 7.0
+    _after(g, x)
