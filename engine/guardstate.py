@@ -81,6 +81,7 @@ import gc
 import functools
 import itertools
 import operator
+import sys
 import threading
 import types
 from typing import Any, Callable, Collection, Iterable
@@ -105,7 +106,6 @@ _BUFFERS = (bytearray, memoryview, array.array)
 _MAPPING_VIEWS = (types.MappingProxyType, type({}.keys()), type({}.values()), type({}.items()))
 _DESCRIPTORS = (property, staticmethod, classmethod, functools.cached_property)
 _chain = itertools.chain.from_iterable
-_BUILTIN_NAMES = frozenset(vars(builtins))
 # A dataclass's own metadata (`__dataclass_fields__`'s Field objects, `__dataclass_params__`): read
 # by the dataclasses module's functions (fields, asdict, replace, ...) and by code naming those
 # attributes, and by nothing else once the class exists (its __init__/__eq__/__repr__ were generated
@@ -380,6 +380,9 @@ class StateGuard:
                 self.dicts.append(obj.__dict__)
                 stack.extend(obj.__dict__.values())
                 stack.extend(b for b in obj.__bases__ if b is not object)
+                meta = type(obj)  # a user metaclass's attributes read through the class (`Config.gains`)
+                if meta is not type and str(meta.__module__).split(".")[0] not in sys.stdlib_module_names:
+                    stack.append(meta)
             return
         if isinstance(obj, (types.BuiltinFunctionType, types.CodeType)):
             return
@@ -474,8 +477,14 @@ class StateGuard:
         for name in sorted(global_names(fn.__code__)):  # read as globals (not `F.cross_entropy`'s attribute)
             if name in namespace:
                 self._name(namespace, name, stack)
-            elif name in _BUILTIN_NAMES:  # resolved from builtins: a global of that name defined later shadows it
+            else:  # resolved from builtins: a global of that name defined later shadows it
                 self._name(namespace, name, stack, walk=False)
+                # and the builtins entry itself: a name the user put there (`builtins.GAINS = [...]`)
+                # or a builtin replaced (`builtins.len = ...`) is the user's state
+                table = namespace.get("__builtins__", builtins)
+                table = table if isinstance(table, dict) else vars(table)
+                if name in table:
+                    self._name(table, name, stack, walk=_placed_by_user(table[name]))
 
     def _buffer(self, obj: Any) -> None:
         """Memory a replay cannot watch change: guarded by a copy of its bytes, or unprovable."""

@@ -1925,3 +1925,51 @@ def test_a_numpy_array_set_on_the_numpy_module_changed_in_place(monkeypatch):
     _warm(g, x)
     arr[0] = 7.0
     _after(g, x)
+
+
+def _reads_injected_builtin(x):
+    return (x * _VMAPBENCH_GAINS[0]).sum()  # noqa: F821 - put into builtins by the test
+
+
+def test_a_name_put_into_builtins_changed_or_rebound(monkeypatch):
+    import builtins
+
+    monkeypatch.setattr(builtins, "_VMAPBENCH_GAINS", [2.0], raising=False)
+    g = engine.grad(_reads_injected_builtin)
+    x = torch.randn(3)
+    _warm(g, x)
+    builtins._VMAPBENCH_GAINS[0] = -1.0
+    _after(g, x)
+    builtins._VMAPBENCH_GAINS = [5.0]
+    _after(g, x)
+
+
+def test_a_builtin_replaced_between_calls(monkeypatch):
+    import builtins
+
+    g = engine.grad(lambda x: (x * abs(-2.0)).sum())
+    x = torch.randn(3)
+    _warm(g, x)
+    monkeypatch.setattr(builtins, "abs", lambda v: 3 * v)
+    _after(g, x)
+
+
+class _GainsMeta(type):
+    gains = [2.0]
+
+
+class _WithMetaGains(metaclass=_GainsMeta):
+    pass
+
+
+def test_a_metaclass_attribute_read_through_the_class_changed():
+    g = engine.grad(lambda x: (x * _WithMetaGains.gains[0]).sum())
+    x = torch.randn(3)
+    try:
+        _warm(g, x)
+        _GainsMeta.gains[0] = 4.0
+        _after(g, x)
+        _GainsMeta.gains = [6.0]
+        _after(g, x)
+    finally:
+        _GainsMeta.gains = [2.0]
