@@ -144,6 +144,10 @@ def _placed_by_user(value: Any) -> bool:
         return False
     if isinstance(value, types.FunctionType):
         return not (_is_library(value) or _is_torch_or_engine(value.__code__.co_filename))
+    if isinstance(value, types.MethodType):  # a bound method of the user's object, or of the user's function
+        return _placed_by_user(value.__func__) or _placed_by_user(value.__self__)
+    if isinstance(value, functools.partial):
+        return any(map(_placed_by_user, (value.func, *value.args, *value.keywords.values())))
     if type(value) in (dict, list, set, tuple, frozenset) or isinstance(value, (torch.Tensor, *_BUFFERS)) \
             or hasattr(type(value), "__array_interface__"):  # memory: a numpy array set on numpy
         return True

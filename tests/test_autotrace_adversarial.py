@@ -1973,3 +1973,27 @@ def test_a_metaclass_attribute_read_through_the_class_changed():
         _after(g, x)
     finally:
         _GainsMeta.gains = [2.0]
+
+
+def _scale_by_box(box, v):
+    return v * box[0]
+
+
+class _BoxScaler:
+    def __init__(self, box):
+        self.box = box
+
+    def scale(self, v):
+        return v * self.box[0]
+
+
+@pytest.mark.parametrize("wrapped", ["partial", "bound method"])
+def test_a_partial_or_bound_method_set_on_a_library_module_reads_a_changed_list(monkeypatch, wrapped):
+    box = [2.0]
+    helper = functools.partial(_scale_by_box, box) if wrapped == "partial" else _BoxScaler(box).scale
+    monkeypatch.setattr(math, "_vmapbench_scale", helper, raising=False)
+    g = engine.grad(lambda x: math._vmapbench_scale(x).sum())
+    x = torch.randn(3)
+    _warm(g, x)
+    box[0] = -1.0
+    _after(g, x)
