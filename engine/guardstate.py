@@ -148,6 +148,9 @@ def _placed_by_user(value: Any) -> bool:
         return _placed_by_user(value.__func__) or _placed_by_user(value.__self__)
     if isinstance(value, functools.partial):
         return any(map(_placed_by_user, (value.func, *value.args, *value.keywords.values())))
+    if isinstance(value, _DESCRIPTORS):  # a property or static/class method the user set on a library class
+        return any(_placed_by_user(f) for f in (getattr(value, n, None) for n in ("fget", "fset", "fdel", "__func__", "func"))
+                   if f is not None)
     if type(value) in (dict, list, set, tuple, frozenset) or isinstance(value, (torch.Tensor, *_BUFFERS)) \
             or hasattr(type(value), "__array_interface__"):  # memory: a numpy array set on numpy
         return True
@@ -330,8 +333,18 @@ class StateGuard:
         (`helpers.scale`, `np.exp`, `config.SCALE`); a library's values are not walked, but what a
         user put there is (`_placed_by_user`: `F.gelu = my_gelu`, a helper set on functools)."""
         namespace = module.__dict__
-        walk = not _is_library(module) and module.__name__.split(".")[0] not in _LIBRARIES
-        for attr in sorted(self._attr_names.intersection(namespace)):
+        # (by its name, read from its dict: a getattr would run a module-level __getattr__)
+        walk = str(namespace.get("__name__", "")).split(".")[0] not in _LIBRARIES
+        if walk and "__getattr__" in namespace:
+            # PEP 562 in a user module: a name the module lacks comes from its __getattr__, which
+            # is walked like any function read, and every name read is guarded, absent ones by
+            # their absence (one set later shadows __getattr__). (A library's, torch's lazy
+            # submodule loader, is the library's own.)
+            self._name(namespace, "__getattr__", stack)
+            names = self._attr_names
+        else:
+            names = self._attr_names.intersection(namespace)
+        for attr in sorted(names):
             self._name(namespace, attr, stack, walk)
 
     def _dict(self, d: dict, stack: list) -> None:

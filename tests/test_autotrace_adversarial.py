@@ -1997,3 +1997,38 @@ def test_a_partial_or_bound_method_set_on_a_library_module_reads_a_changed_list(
     _warm(g, x)
     box[0] = -1.0
     _after(g, x)
+
+
+@pytest.mark.parametrize("kind", ["property", "staticmethod"])
+def test_a_property_or_staticmethod_set_on_a_library_class_reads_a_changed_list(monkeypatch, kind):
+    box = [2.0]
+    if kind == "property":
+        monkeypatch.setattr(torch.Tensor, "_vmapbench_gained", property(lambda self: self * box[0]), raising=False)
+        g = engine.grad(lambda x: x._vmapbench_gained.sum())
+    else:
+        monkeypatch.setattr(torch.Tensor, "_vmapbench_gain", staticmethod(lambda v: v * box[0]), raising=False)
+        g = engine.grad(lambda x: x._vmapbench_gain(x).sum())
+    x = torch.randn(3)
+    _warm(g, x)
+    box[0] = -1.0
+    _after(g, x)
+
+
+def test_a_module_level_getattr_that_raises_keyerror_is_not_called_by_the_guard():
+    """A user module's PEP 562 __getattr__ raising KeyError for unknown names (not AttributeError)
+    crashed the guard's build, which asked the module for `__module__` through getattr; and what
+    __getattr__ reads (its closure) was unguarded: a stale replay once that was fixed."""
+    table = {"scale": 2.0}
+    mod = types.ModuleType("_vmapbench_lazy_config")
+
+    def lookup(name):
+        return table[name]
+
+    mod.__getattr__ = lookup
+    g = engine.grad(lambda x: (x * mod.scale).sum())
+    x = torch.randn(3)
+    _warm(g, x)
+    table["scale"] = -1.0  # read through __getattr__'s closure
+    _after(g, x)
+    mod.scale = 9.0  # set on the module: shadows __getattr__
+    _after(g, x)
