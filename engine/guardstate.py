@@ -84,6 +84,7 @@ import operator
 import sys
 import threading
 import types
+import weakref
 from typing import Any, Callable, Collection, Iterable
 
 import torch
@@ -379,6 +380,11 @@ class StateGuard:
             for d in gc.get_referents(obj):
                 if isinstance(d, dict):
                     self._dict(d, stack)
+            return
+        if isinstance(obj, weakref.ref):  # `ref().scale`: what it refers to (the guard's walk keeps it alive)
+            target = obj()
+            if target is not None:
+                stack.append(target)
             return
         if isinstance(obj, torch.Generator):
             self.generators.append(obj)

@@ -2032,3 +2032,20 @@ def test_a_module_level_getattr_that_raises_keyerror_is_not_called_by_the_guard(
     _after(g, x)
     mod.scale = 9.0  # set on the module: shadows __getattr__
     _after(g, x)
+
+
+class _Scale:
+    def __init__(self, scale: float) -> None:
+        self.scale = scale
+
+
+def test_an_object_read_through_a_weakref_changed():
+    import weakref
+
+    target = _Scale(2.0)
+    ref = weakref.ref(target)
+    g = engine.grad(lambda x: (x * ref().scale).sum())
+    x = torch.randn(3)
+    _warm(g, x)
+    target.scale = -1.0
+    _after(g, x)
