@@ -506,8 +506,8 @@ class StateGuard:
                 # or a builtin replaced (`builtins.len = ...`) is the user's state
                 table = namespace.get("__builtins__", builtins)
                 table = table if isinstance(table, dict) else vars(table)
-                if name in table:
-                    self._name(table, name, stack, walk=_placed_by_user(table[name]))
+                if name in table:  # (_name walks what the user put there)
+                    self._name(table, name, stack, walk=False)
 
     def _buffer(self, obj: Any) -> None:
         """Memory a replay cannot watch change: guarded by a copy of its bytes, or unprovable."""

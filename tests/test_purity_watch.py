@@ -97,8 +97,8 @@ def _as_if_compiled_by(monkeypatch, sequence):
     code = (lambda: None).__code__.replace(co_name=f"as_if_{_as_if_compiled_by.made}")
     made = [dis.Instruction(op, 0, None, argval, argrepr[0] if argrepr else "", 2 * i, None, False, None)
             for i, (op, argval, *argrepr) in enumerate(sequence)]
+    real = dis.get_instructions
     monkeypatch.setattr(purity.dis, "get_instructions", lambda c, *a, **k: iter(made) if c is code else real(c, *a, **k))
-    real = __import__("dis").get_instructions
     return code
 
 
