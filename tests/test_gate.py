@@ -77,7 +77,7 @@ def test_signals_are_named_like_the_suite_points():
     ref = got[f"bench_workloads.mlp_hvp.time_run({p.format('torch_func')})"]
     assert len(ratio) == len(run) == ROUNDS // 2 and ratio == pytest.approx([a / b for a, b in zip(run, ref)])
     raw = probe(0)["times"]["mlp_hvp"]["hidden=128,k=8"]["engine"]
-    assert run == pytest.approx([(raw[i] + raw[i + 1]) / 2 for i in range(0, ROUNDS, 2)])  # pairs of rounds
+    assert run == pytest.approx([min(raw[i], raw[i + 1]) for i in range(0, ROUNDS, 2)])  # pairs of rounds
     assert f"bench_workloads.mlp_hvp.track_ratio_vs_torch_func({p.format('torch_func')})" not in got
     assert f"bench_workloads.mlp_hvp.track_speedup_vs_loop({p.format('loop')})" not in got
     assert "bench_overhead.PerOpOverhead.track_overhead_us_per_op('engine', 'cpu')" in got
@@ -259,6 +259,132 @@ def test_adaptive_rounds_stop_early_for_a_steady_signal_and_run_on_for_a_noisy_o
                                         clock=lambda: float(next(jumpy)))
     assert len(noisy["a"]) > gate_probe.MIN_ROUNDS and len(noisy["a"]) == len(noisy["b"])
     assert len(noisy["a"]) % 2 == 0  # whole pairs of rounds (forward, reverse)
+
+
+def test_a_rounds_figure_is_its_fastest_unit_of_calls_per_call():
+    # The vCPU's slow phases only ever add time: a batch's figure is its fastest unit of calls
+    # (calls grouped to at least UNIT_S), not its mean. A call every third of which takes 3 ms.
+    from vmapbench import gate_probe
+
+    now = [0.0]
+    calls = [0]
+
+    def fn():
+        calls[0] += 1
+        now[0] += 3e-3 if calls[0] % 3 == 0 else 1e-3
+
+    got = gate_probe.adaptive_samples({"a": fn}, None, budget_s=1e9, clock=lambda: now[0],
+                                      min_rounds=2, max_rounds=2)
+    assert got["a"] == pytest.approx([1e-3, 1e-3])  # the means were 1.67 ms
+    assert gate_probe.in_pairs([2.0, 1.0, 3.0, 5.0, 9.0]) == [1.0, 3.0]  # the faster round of each pair
+
+
+def test_short_calls_are_timed_in_units_so_the_clock_costs_little():
+    from vmapbench import gate_probe
+
+    now = [0.0]
+    reads = [0]
+
+    def clock():
+        reads[0] += 1
+        return now[0]
+
+    def fn():  # 10 us a call
+        now[0] += 1e-5
+
+    got = gate_probe.adaptive_samples({"a": fn}, None, budget_s=1e9, clock=clock, min_rounds=2, max_rounds=2)
+    assert got["a"] == pytest.approx([1e-5, 1e-5])
+    per_unit = math.ceil(gate_probe.UNIT_S / 1e-5)
+    batch = math.ceil(gate_probe.MIN_BATCH_S / 1e-5)
+    # Two clock reads a unit (and the budget's), never two a call: 3 rounds (one warm-up) of batch calls.
+    assert reads[0] < 3 * (2 * batch / per_unit + 4) + 10
+
+
+def test_a_shared_reference_is_timed_on_the_first_side_only_and_read_by_every_side():
+    from vmapbench import gate_probe
+
+    log: list[tuple[str, str]] = []
+    now = [0.0]
+
+    def call(side: str, name: str, seconds: float):
+        def fn():
+            log.append((side, name))
+            now[0] += seconds
+        return fn
+
+    sides = {side: {"engine": call(side, "engine", 1e-3 * k), "loop": call(side, "loop", 5e-3)}
+             for side, k in (("base", 1), ("head", 2), ("twin", 1))}
+    got = gate_probe.paired_samples(sides, "loop", budget_s=1e9, clock=lambda: now[0], shared=("loop",),
+                                    min_rounds=4, max_rounds=4)
+    assert ("head", "loop") not in log and ("twin", "loop") not in log and ("base", "loop") in log
+    assert got["head"]["loop"] == got["base"]["loop"] == got["twin"]["loop"] and len(got["base"]["loop"]) == 4
+    assert got["head"]["engine"] == pytest.approx([2e-3] * 4)
+
+
+def test_a_ratios_change_is_the_methods_own_when_its_reference_is_shared():
+    # With the reference timed once and read by every side, head/base of a ratio signal, pair by
+    # pair, is the method's own change: the reference's noise cancels; the copies make no signals.
+    times = {"base": [1.0, 1.1, 1.0, 1.2], "head": [1.2, 1.32, 1.2, 1.44]}
+    loop = [10.0, 14.0, 9.0, 30.0]
+    tf = {"base": [5.0, 5.5, 5.0, 6.0], "head": [5.0, 5.5, 5.0, 6.0]}
+
+    def out(side: str) -> dict:
+        t = {"engine": times[side], "loop": loop, "torch_func": tf[side]}
+        probe = {"times": {"mlp_hvp": {"hidden=128,k=8": t}}, "process": "time-0"}
+        return probe | ({"shared": {"mlp_hvp": ["loop"]}} if side == "head" else {})
+
+    base, head = gate.signals(out("base")), gate.signals(out("head"))
+    p = "'hidden=128,k=8', '{}', 'cpu'"
+    speedup = f"bench_workloads.mlp_hvp.track_speedup_vs_loop({p.format('engine')})"
+    change = gate.paired_change({"t": base}, {"t": head}, speedup)
+    assert change.value == pytest.approx(1 / 1.2) and change.lo == pytest.approx(1 / 1.2)
+    assert f"bench_workloads.mlp_hvp.time_run({p.format('loop')})" in base
+    assert f"bench_workloads.mlp_hvp.time_run({p.format('loop')})" not in head
+    assert f"bench_workloads.mlp_hvp.track_ratio_vs_torch_func({p.format('loop')})" not in head
+
+
+def test_references_are_shared_only_with_the_same_workloads_and_no_engine_code(tmp_path):
+    from vmapbench import gate_probe
+
+    for side in ("base", "head"):
+        (tmp_path / side / "workloads").mkdir(parents=True)
+        (tmp_path / side / "engine").mkdir()
+        (tmp_path / side / "workloads" / "w.py").write_text("N = 3\n")
+        (tmp_path / side / "engine" / "helper.py").write_text("def helper():\n    return 1\n")
+    trees = [tmp_path / "base", tmp_path / "head"]
+    assert gate_probe.same_files(trees, "workloads")
+    (tmp_path / "head" / "workloads" / "w.py").write_text("N = 4\n")
+    assert not gate_probe.same_files(trees, "workloads")
+    (tmp_path / "head" / "workloads" / "w.py").write_text("N = 3\n")
+    (tmp_path / "head" / "workloads" / "extra.py").write_text("")
+    assert not gate_probe.same_files(trees, "workloads")
+
+    namespace: dict = {}
+    exec(compile((tmp_path / "base" / "engine" / "helper.py").read_text(),
+                 str(tmp_path / "base" / "engine" / "helper.py"), "exec"), namespace)
+    assert gate_probe.runs_code_from(lambda: namespace["helper"](), tmp_path / "base" / "engine")
+    assert not gate_probe.runs_code_from(lambda: sum(range(3)), tmp_path / "base" / "engine")
+    assert sys.getprofile() is None
+
+
+def test_the_registrys_references_are_shared_and_torch_funcs_is_not(tmp_path):
+    # torch.func's calls run the engine's wrapper of Tensor.requires_grad_ (a process-wide patch of
+    # the active side): its time is the side's, so it is timed on every side. The loop is shared.
+    from vmapbench import gate_probe
+
+    trees = {}
+    for side in ("base", "head"):
+        trees[side] = gate.extract(ROOT, "HEAD", tmp_path / side)
+    sides = gate_probe.Sides(trees)
+    try:
+        calls = {}
+        for side in sides:
+            sides.activate(side)
+            _, calls[side] = gate_probe.prepared("mlp_hvp", gate_probe.GATE_METHODS, {})
+        assert gate_probe.shared_references(sides, calls, True) == ("loop",)
+        assert gate_probe.shared_references(sides, calls, False) == ()
+    finally:
+        sides.close()
 
 
 def test_a_rewarmed_method_gets_its_untimed_calls_after_every_switch_before_its_batch():

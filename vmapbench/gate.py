@@ -365,9 +365,12 @@ def signals(probe: Mapping[str, Any]) -> dict[str, list[float]]:
     out: dict[str, list[float]] = {}
     for workload, sizes in probe.get("times", {}).items():
         cls = _cls(workload)
+        copied = set(probe.get("shared", {}).get(workload, ()))
         for size, by_method in sizes.items():
             seconds = {method: in_pairs(_listed(t)) for method, t in by_method.items()}
             for method, t in seconds.items():
+                if method in copied:  # the first side's reference, read here as a denominator only
+                    continue
                 point = f"'{size}', '{method}', 'cpu'"
                 out[f"bench_workloads.{cls}.time_run({point})"] = t
                 if method != "torch_func" and "torch_func" in seconds:

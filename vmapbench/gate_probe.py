@@ -74,6 +74,7 @@ MIN_ROUNDS = 6  # even: rounds are read in pairs (forward order, then reverse; s
 MAX_ROUNDS = 24
 TARGET_HALFWIDTH = 0.02
 MIN_BATCH_S = 0.004
+UNIT_S = 0.0002  # a timed unit's least length: two clock reads (0.6 us each for CPU time) cost < 1%
 # The per-op chain's input: overhead-bound small tensors, where a dispatch-path regression shows most.
 OVERHEAD_SIZE = "small"
 
@@ -128,7 +129,8 @@ def adaptive_samples(calls: Mapping[str, Callable[[], Any]], reference: str | No
 def paired_samples(sides: Mapping[str, Mapping[str, Callable[[], Any]]], reference: str | None, budget_s: float,
                    clock: Callable[[], float], activate: Callable[[str], None] = lambda side: None,
                    min_rounds: int = MIN_ROUNDS, max_rounds: int = MAX_ROUNDS,
-                   target: float = TARGET_HALFWIDTH, rewarm: Collection[str] = ()) -> dict[str, dict[str, list[float]]]:
+                   target: float = TARGET_HALFWIDTH, rewarm: Collection[str] = (),
+                   shared: Collection[str] = ()) -> dict[str, dict[str, list[float]]]:
     """`adaptive_samples` over several sides (commits) of the same calls in one process: side ->
     method -> seconds per call, one figure per round, every list aligned by round (the calls of one
     round, of every side, ran moments apart: a head/base ratio taken round by round cancels what
@@ -137,6 +139,18 @@ def paired_samples(sides: Mapping[str, Mapping[str, Callable[[], Any]]], referen
     is the one the others are compared with: rounds go on until every method's ratio to `reference`
     of every other side over the first's, round by round, is known to `target` (or, with one side,
     its ratio to `reference`), `max_rounds` are done, or `budget_s` x sides is spent.
+
+    A round's figure of a method is the fastest unit of its batch, per call: the batch (at least
+    MIN_BATCH_S) is timed in units of calls of at least UNIT_S each (one call, for calls that long).
+    This machine's vCPU runs at two speeds that switch every few milliseconds, and its slow phases
+    only ever add time: the mean of a batch moved by the share of it that fell in a slow phase
+    (adjacent batches of one call: 4% median, 30% at the 95th percentile), the fastest unit is the
+    code's own cost, as timeit's documentation recommends its minimum. A cost paid by only some of
+    the calls (one in a unit's worth or rarer) does not show in it; what every call pays does.
+
+    Methods in `shared` (references that run the same code on every side: see
+    `shared_references`) are timed on the first side only, and every other side's list is the
+    first's: a ratio to them, round by round, then cancels their noise exactly.
 
     A call's position in the round moves its time (first or last, after which other calls): the
     order flips every round and the number of rounds is even, so a pair of rounds (forward, then
@@ -155,41 +169,54 @@ def paired_samples(sides: Mapping[str, Mapping[str, Callable[[], Any]]], referen
         for _ in range(REWARM_CALLS):
             fn()
 
-    def batch(fn: Callable[[], Any], number: int) -> float:
+    def batch(fn: Callable[[], Any], number: int, unit: int) -> float:
         gc.disable()
         try:
-            start = clock()
-            for _ in range(number):
-                fn()
-            elapsed = clock() - start
+            fastest = math.inf
+            for _ in range(max(1, number // unit)):
+                start = clock()
+                for _ in range(unit):
+                    fn()
+                fastest = min(fastest, clock() - start)
         finally:
             gc.enable()
         gc.collect()
-        return elapsed / number
+        return fastest / unit
 
     gc.collect()
     gc.freeze()
 
-    number: dict[tuple[str, str], int] = {}
+    order = list(sides)
+    first = order[0] if order else ""
+    number: dict[tuple[str, str], tuple[int, int]] = {}  # (calls per batch, calls per unit)
     for side, calls in sides.items():
         activate(side)
         for name, fn in calls.items():
+            if side != first and name in shared:
+                continue
             if name in rewarm:
                 rewarmed(fn)
             least = REWARM_MIN_CALLS if name in rewarm else 1
-            number[side, name] = max(least, min(10_000, math.ceil(MIN_BATCH_S / max(batch(fn, 1), 1e-7))))
+            once = max(batch(fn, 1, 1), 1e-7)
+            unit = min(10_000, math.ceil(UNIT_S / once))
+            calls_n = max(least, min(10_000, math.ceil(MIN_BATCH_S / once)))
+            number[side, name] = (unit * math.ceil(calls_n / unit), unit)
     samples = {side: {name: [] for name in calls} for side, calls in sides.items()}
-    order = list(sides)
-    first = order[0] if order else ""
+    for side in order[1:]:  # a shared method is timed on the first side only: the others read its list
+        for name in shared:
+            if name in samples[side] and name in samples[first]:
+                samples[side][name] = samples[first][name]
 
     def one_round(r: int, keep: bool) -> None:
         for side in order if r % 2 == 0 else reversed(order):
             activate(side)
             names = list(sides[side])
             for name in names if r % 2 == 0 else reversed(names):
+                if side != first and name in shared:
+                    continue
                 if name in rewarm:
                     rewarmed(sides[side][name])
-                seconds = batch(sides[side][name], number[side, name])
+                seconds = batch(sides[side][name], *number[side, name])
                 if keep:
                     samples[side][name].append(seconds)
 
@@ -207,12 +234,12 @@ def paired_samples(sides: Mapping[str, Mapping[str, Callable[[], Any]]], referen
 
 
 def in_pairs(rounds: Sequence[float]) -> list[float]:
-    """Rounds read in pairs, each the mean of a forward and a reverse round (the calls in mirrored
+    """Rounds read in pairs, each the faster of a forward and a reverse round (the calls in mirrored
     positions: see `paired_samples`); a last unpaired round is left out. Fewer than two rounds are
     returned as they are. The gate reads every time signal this way (vmapbench.gate.signals)."""
     if len(rounds) < 2:
         return list(rounds)
-    return [(rounds[i] + rounds[i + 1]) / 2 for i in range(0, len(rounds) - 1, 2)]
+    return [min(rounds[i], rounds[i + 1]) for i in range(0, len(rounds) - 1, 2)]
 
 
 def _round_widths(samples: Mapping[str, Mapping[str, list[float]]], first: str, reference: str | None) -> list[float]:
@@ -391,6 +418,58 @@ def prepared(name: str, methods: tuple[str, ...], errors: dict[str, str]) -> tup
     return size, calls
 
 
+REFERENCES = ("torch_func", "loop")
+"""The methods every ratio signal divides by: torch.func's and the for-loop's calls, which run the
+workload's code and torch, never the engine (checked: `runs_code_from`)."""
+
+
+def same_files(trees: Collection[Path], package: str) -> bool:
+    """Whether `package` holds the same files with the same bytes in every tree."""
+    def listing(tree: Path) -> dict[str, bytes]:
+        root = tree / package
+        return {str(f.relative_to(root)): f.read_bytes() for f in sorted(root.rglob("*"))
+                if f.is_file() and "__pycache__" not in f.parts}
+
+    listings = [listing(Path(t)) for t in trees]
+    return all(other == listings[0] for other in listings[1:])
+
+
+def runs_code_from(fn: Callable[[], Any], folder: Path) -> bool:
+    """Whether one call of `fn` runs Python code from a file under `folder`."""
+    prefix = str(folder.resolve()) + "/"
+    seen = False
+
+    def profile(frame: Any, event: str, arg: Any) -> None:
+        nonlocal seen
+        if event == "call" and frame.f_code.co_filename.startswith(prefix):
+            seen = True
+
+    sys.setprofile(profile)
+    try:
+        fn()
+    finally:
+        sys.setprofile(None)
+    return seen
+
+
+def shared_references(sides: Sides, calls: Mapping[str, Mapping[str, Callable[[], Any]]],
+                      same_workloads: bool) -> tuple[str, ...]:
+    """The references (REFERENCES) that run the same code on every side of this workload, timed on
+    the first side only (`paired_samples`' `shared`): every side's workloads/ is the same files and
+    the reference's call runs no engine code (checked on the first side). Their time differs
+    between sides by noise alone, so a ratio signal divides every side's method by the first
+    side's reference round by round, and its change head/base is the method's own: the reference's
+    noise, most of what a ratio's change moved by (its calls are the slow ones: 1-145 ms at the
+    quick sizes), cancels exactly, and the rounds it took go to the engine's methods."""
+    labels = list(calls)
+    if len(labels) < 2 or not same_workloads or set(labels) != set(sides.trees):
+        return ()
+    first = labels[0]
+    sides.activate(first)
+    return tuple(m for m in REFERENCES if all(m in c for c in calls.values())
+                 and not runs_code_from(calls[first][m], sides.trees[first] / "engine"))
+
+
 def _empty_side() -> dict[str, Any]:
     return {"times": {}, "overhead": {}, "errors": {}, "cpu_seconds": {}}
 
@@ -415,6 +494,7 @@ def measure_workloads(sides: Sides, budget_s: float, clock: Callable[[], float],
         for name in (only if only is not None else listed):
             if name not in names:
                 names.append(name)
+    same_workloads = same_files(sides.trees.values(), "workloads")
     for name in names:
         started = time.process_time()
         sizes: dict[str, str] = {}
@@ -427,10 +507,13 @@ def measure_workloads(sides: Sides, budget_s: float, clock: Callable[[], float],
             if got:
                 sizes[label], calls[label] = size, got
         if calls:
+            shared = shared_references(sides, calls, same_workloads)
             timed = paired_samples(calls, "torch_func", budget_s, clock, activate=sides.activate,
-                                   rewarm=REWARM_METHODS if len(calls) > 1 else ())
+                                   rewarm=REWARM_METHODS if len(calls) > 1 else (), shared=shared)
             for label, samples in timed.items():
                 out[label]["times"].setdefault(name, {})[sizes[label]] = samples
+                if shared and label != next(iter(calls)):
+                    out[label].setdefault("shared", {})[name] = list(shared)
         for label in calls:
             out[label]["cpu_seconds"][name] = time.process_time() - started
     return out
