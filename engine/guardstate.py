@@ -221,6 +221,7 @@ class StateGuard:
         self.slotted: list[tuple[Any, str]] = []  # (object, slot name): `__slots__` attributes
         self.buffers: list[tuple[Any, tuple]] = []  # (object exposing memory, (format, shape, strides, bytes) recorded)
         self.generators: list[torch.Generator] = []  # random generators reached (shadow verification restores them)
+        self._weakrefs: list[weakref.ref] = []  # live weak references reached (see _weak_only)
         self.unprovable: str | None = None
         self._library_types: set[type] = {torch.Tensor}  # classes whose methods torch's code calls
         self._seen: set[int] = set()
@@ -267,6 +268,8 @@ class StateGuard:
                             stack.append(value)
             if not stack:
                 break
+        if self.unprovable is None:
+            self.unprovable = self._weak_only()
         # What torch's own code calls without user code naming it (nn.GELU.forward -> F.gelu,
         # Module.__call__ -> Linear.forward, x.sin()): the namespaces it is found in, guarded by
         # version (a monkeypatch moves it), not walked.
@@ -329,6 +332,21 @@ class StateGuard:
         if walk or isinstance(value, types.ModuleType) or _placed_by_user(value):
             stack.append(value)
 
+    def _weak_only(self) -> str | None:
+        """Why the state cannot be guarded if a live referent of a weak reference reached is
+        reached only through weak references. Held by the guard, it would outlive the user's
+        last reference (torch.func lets it die, and `ref() is None` then comes true); not held, a
+        replay of the branch taken while it lived would miss its death. A referent the walk also
+        reached through strong references (nn.LSTM's `_flat_weight_refs` to its own parameters)
+        lives while what holds it does, and that is guarded: it dies only after a change the guard
+        sees. A dead referent stays dead: nothing to guard."""
+        for ref in self._weakrefs:
+            target = ref()
+            if target is not None and id(target) not in self._seen:
+                return (f"it reaches a {type(target).__name__} only through a weak reference: a replay would "
+                        "keep it alive or miss its death")
+        return None
+
     def _module_attrs(self, module: types.ModuleType, stack: list) -> None:
         """Guard, like globals, the attributes of a reached module that the user code reads
         (`helpers.scale`, `np.exp`, `config.SCALE`); a library's values are not walked, but what a
@@ -381,10 +399,9 @@ class StateGuard:
                 if isinstance(d, dict):
                     self._dict(d, stack)
             return
-        if isinstance(obj, weakref.ref):  # `ref().scale`: what it refers to (the guard's walk keeps it alive)
-            target = obj()
-            if target is not None:
-                stack.append(target)
+        if isinstance(obj, weakref.ref):  # see _weak_only
+            if obj() is not None:
+                self._weakrefs.append(obj)
             return
         if isinstance(obj, torch.Generator):
             self.generators.append(obj)

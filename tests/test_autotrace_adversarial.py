@@ -16,6 +16,7 @@ import contextvars
 import dataclasses
 import enum
 import functools
+import gc
 import math
 import os
 import struct
@@ -2046,6 +2047,48 @@ def test_an_object_read_through_a_weakref_changed():
     ref = weakref.ref(target)
     g = engine.grad(lambda x: (x * ref().scale).sum())
     x = torch.randn(3)
-    _warm(g, x)
+    _warm(g, x, replay=False)
     target.scale = -1.0
     _after(g, x)
+    del target
+    gc.collect()
+    assert ref() is None  # the engine kept no referent alive (torch.func keeps none)
+
+
+def test_a_weakrefs_referent_also_held_by_the_function_is_guarded_and_replays():
+    import weakref
+
+    target = _Scale(2.0)
+    ref = weakref.ref(target)
+    def loss(x):
+        held = target  # the closure holds the referent too: a strong path the guard walks
+        return (x * ref().scale).sum() if held is not None else x.sum()
+
+    g = engine.grad(loss)
+    x = torch.randn(3)
+    _warm(g, x)  # so it replays
+    target.scale = -1.0
+    _after(g, x)
+
+
+class _Token:
+    __slots__ = ("__weakref__",)  # no state of its own: only its life is read
+
+
+def test_the_death_of_a_weakrefs_referent_is_seen():
+    import weakref
+
+    token = _Token()
+    ref = weakref.ref(token)
+
+    def loss(x):
+        return (x * 0.5).sum() if ref() is None else (x * 2.0).sum()
+
+    g = engine.grad(loss)
+    x = torch.randn(3)
+    _warm(g, x, replay=False)
+    del token
+    gc.collect()
+    assert ref() is None
+    _after(g, x)
+    _exact(g(x), torch.func.grad(loss)(x))

@@ -362,29 +362,35 @@ def test_references_are_shared_only_with_the_same_workloads_and_no_engine_code(t
     namespace: dict = {}
     exec(compile((tmp_path / "base" / "engine" / "helper.py").read_text(),
                  str(tmp_path / "base" / "engine" / "helper.py"), "exec"), namespace)
-    assert gate_probe.runs_code_from(lambda: namespace["helper"](), tmp_path / "base" / "engine")
-    assert not gate_probe.runs_code_from(lambda: sum(range(3)), tmp_path / "base" / "engine")
+    assert gate_probe.files_run(lambda: namespace["helper"](), tmp_path / "base") == {"engine/helper.py"}
+    assert gate_probe.files_run(lambda: sum(range(3)), tmp_path / "base") == set()
     assert sys.getprofile() is None
 
 
-def test_the_registrys_references_are_shared_and_torch_funcs_is_not(tmp_path):
-    # torch.func's calls run the engine's wrapper of Tensor.requires_grad_ (a process-wide patch of
-    # the active side): its time is the side's, so it is timed on every side. The loop is shared.
+def test_the_registrys_references_are_shared_unless_the_engine_code_they_run_differs(tmp_path):
+    # torch.func's calls run the active engine's wrapper of Tensor.requires_grad_ (engine/_guards.py,
+    # a process-wide patch): shared while that file is the same on every side, timed on every side
+    # once it differs. The loop runs no engine code: shared either way.
     from vmapbench import gate_probe
 
-    trees = {}
-    for side in ("base", "head"):
-        trees[side] = gate.extract(ROOT, "HEAD", tmp_path / side)
-    sides = gate_probe.Sides(trees)
-    try:
-        calls = {}
-        for side in sides:
-            sides.activate(side)
-            _, calls[side] = gate_probe.prepared("mlp_hvp", gate_probe.GATE_METHODS, {})
-        assert gate_probe.shared_references(sides, calls, True) == ("loop",)
-        assert gate_probe.shared_references(sides, calls, False) == ()
-    finally:
-        sides.close()
+    trees = {side: gate.extract(ROOT, "HEAD", tmp_path / side) for side in ("base", "head")}
+    guards = trees["head"] / "engine" / "_guards.py"
+    for changed in (False, True):
+        if changed:
+            guards.write_text(guards.read_text() + "\n# a change\n")
+        sides = gate_probe.Sides(trees)
+        try:
+            calls = {}
+            for side in sides:
+                sides.activate(side)
+                _, calls[side] = gate_probe.prepared("mlp_hvp", gate_probe.GATE_METHODS, {})
+            sides.activate("base")
+            assert "engine/_guards.py" in gate_probe.files_run(calls["base"]["torch_func"], trees["base"])
+            assert not any(f.startswith("engine/") for f in gate_probe.files_run(calls["base"]["loop"], trees["base"]))
+            assert gate_probe.shared_references(sides, calls, True) == (("loop",) if changed else ("torch_func", "loop"))
+            assert gate_probe.shared_references(sides, calls, False) == ()
+        finally:
+            sides.close()
 
 
 def test_a_rewarmed_method_gets_its_untimed_calls_after_every_switch_before_its_batch():

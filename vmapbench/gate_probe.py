@@ -419,8 +419,9 @@ def prepared(name: str, methods: tuple[str, ...], errors: dict[str, str]) -> tup
 
 
 REFERENCES = ("torch_func", "loop")
-"""The methods every ratio signal divides by: torch.func's and the for-loop's calls, which run the
-workload's code and torch, never the engine (checked: `runs_code_from`)."""
+"""The methods every ratio signal divides by: torch.func's and the for-loop's calls. They run the
+workload's code and torch, and of the engine only what it patched into torch for the process (its
+wrapper of `Tensor.requires_grad_`, run by torch.func's calls)."""
 
 
 def same_files(trees: Collection[Path], package: str) -> bool:
@@ -434,15 +435,14 @@ def same_files(trees: Collection[Path], package: str) -> bool:
     return all(other == listings[0] for other in listings[1:])
 
 
-def runs_code_from(fn: Callable[[], Any], folder: Path) -> bool:
-    """Whether one call of `fn` runs Python code from a file under `folder`."""
-    prefix = str(folder.resolve()) + "/"
-    seen = False
+def files_run(fn: Callable[[], Any], tree: Path) -> set[str]:
+    """The files under `tree` (paths relative to it) whose Python code one call of `fn` runs."""
+    prefix = str(tree.resolve()) + "/"
+    seen: set[str] = set()
 
     def profile(frame: Any, event: str, arg: Any) -> None:
-        nonlocal seen
         if event == "call" and frame.f_code.co_filename.startswith(prefix):
-            seen = True
+            seen.add(frame.f_code.co_filename[len(prefix):])
 
     sys.setprofile(profile)
     try:
@@ -455,19 +455,32 @@ def runs_code_from(fn: Callable[[], Any], folder: Path) -> bool:
 def shared_references(sides: Sides, calls: Mapping[str, Mapping[str, Callable[[], Any]]],
                       same_workloads: bool) -> tuple[str, ...]:
     """The references (REFERENCES) that run the same code on every side of this workload, timed on
-    the first side only (`paired_samples`' `shared`): every side's workloads/ is the same files and
-    the reference's call runs no engine code (checked on the first side). Their time differs
-    between sides by noise alone, so a ratio signal divides every side's method by the first
-    side's reference round by round, and its change head/base is the method's own: the reference's
-    noise, most of what a ratio's change moved by (its calls are the slow ones: 1-145 ms at the
-    quick sizes), cancels exactly, and the rounds it took go to the engine's methods."""
+    the first side only (`paired_samples`' `shared`): every side's workloads/ is the same files,
+    and one call of the reference on each side runs code from the same files of its tree, each
+    with the same bytes on every side (`files_run`: torch.func's calls run the engine's wrapper of
+    `Tensor.requires_grad_`, so a commit changing engine/_guards.py gets torch.func timed on every
+    side). Their time differs between sides by noise alone, so a ratio signal divides every side's
+    method by the first side's reference round by round, and its change head/base is the method's
+    own: the reference's noise, most of what a ratio's change moved by (its calls are the slow
+    ones: 1-145 ms at the quick sizes), cancels exactly, and the rounds it took go to the engine's
+    methods."""
     labels = list(calls)
     if len(labels) < 2 or not same_workloads or set(labels) != set(sides.trees):
         return ()
-    first = labels[0]
-    sides.activate(first)
-    return tuple(m for m in REFERENCES if all(m in c for c in calls.values())
-                 and not runs_code_from(calls[first][m], sides.trees[first] / "engine"))
+    shared = []
+    for method in REFERENCES:
+        if not all(method in c for c in calls.values()):
+            continue
+        runs = []
+        for label in labels:
+            sides.activate(label)
+            runs.append(files_run(calls[label][method], sides.trees[label]))
+        if any(r != runs[0] for r in runs[1:]):
+            continue
+        if all((sides.trees[label] / f).read_bytes() == (sides.trees[labels[0]] / f).read_bytes()
+               for f in runs[0] for label in labels[1:]):
+            shared.append(method)
+    return tuple(shared)
 
 
 def _empty_side() -> dict[str, Any]:
