@@ -172,6 +172,26 @@ def test_noise_floor_file_silences_a_noisy_signal(tmp_path):
     assert result.exit_code == 0 and {r.source for r in result.rows if r.gated} == {"calibrated"}
 
 
+def test_a_calibrated_floor_is_lifted_by_its_own_twin_and_an_unseen_machines_by_its_pools_largest(tmp_path):
+    # A side can run one method slower for a whole workload: on a machine without a file every
+    # signal of that method gets the pool's largest twin spread (x1.5); with a file, a signal's
+    # calibrated floor is lifted only by its own twin, so the calibrated floors stay the floors.
+    name = "bench_workloads.w{}.track_ratio_vs_torch_func('s', 'engine_eager', 'cpu')"
+    offset = {0: 1.2} | {i: 1.0 for i in range(1, 10)}
+    base = {"t": {name.format(i): [1.0, 1.01, 0.99, 1.0] for i in range(10)}}
+    twin = {"t": {name.format(i): [offset[i] * v for v in base["t"][name.format(i)]] for i in range(10)}}
+    head = {"t": {n: list(v) for n, v in base["t"].items()}}
+    lifted = math.expm1(gate.EVIDENCE_MARGIN * math.log(1.2))
+    unseen = {r.name: r for r in gate.compare(base, head, "fresh", tmp_path, twin)}
+    assert all(r.source == "evidence" and r.floor == pytest.approx(lifted) for r in unseen.values())
+    path = stats.noise_file("m", tmp_path)
+    path.parent.mkdir(parents=True)
+    path.write_text(json.dumps({"floors": {name.format(i): 0.05 for i in range(10)}}))
+    home = {r.name: r for r in gate.compare(base, head, "m", tmp_path, twin)}
+    assert home[name.format(0)].floor == pytest.approx(lifted) and home[name.format(3)].floor == pytest.approx(0.05)
+    assert {r.source for r in home.values()} == {"calibrated"}
+
+
 def test_markdown_summary_lists_called_changes_with_intervals(tmp_path):
     result = outcome_of(sides(0, engine_factor=1.3), tmp_path)
     text = gate.markdown(result.rows, result.failed, "Benchmarks gate: a -> b", ["valgrind is not installed"])
