@@ -21,15 +21,15 @@ COUNTS = {"chain|engine": 6.5e6, "chain|engine_traced": 4.0e6, "wl|mlp_hvp|hidde
 ROUNDS = 8
 
 
-def probe(seed: int, engine_factor: float = 1.0, errors: dict | None = None) -> dict:
+def probe(seed: int, engine_factor: float = 1.0, errors: dict | None = None, copy: int = 0) -> dict:
     """One side's output of a time process: every method's per-round times jittered by a load
     factor per process and per round (`seed` sets them: the sides of one process share them, which
     is what ratios taken round by round cancel) and by its own small noise; engine methods scaled
-    by engine_factor."""
+    by engine_factor. `copy` gives a second copy of the same commit its own small noise."""
     rng = np.random.default_rng(seed)
     load = float(np.exp(rng.normal(0, 0.3)))
     rounds = np.exp(rng.normal(0, 0.2, ROUNDS))
-    own = np.random.default_rng([seed, int(engine_factor * 1000), len(errors or {})])
+    own = np.random.default_rng([seed, int(engine_factor * 1000), len(errors or {}), copy])
 
     def jitter(t: float, engine: bool) -> list[float]:
         return [t * load * float(r) * float(np.exp(own.normal(0, 0.02))) * (engine_factor if engine else 1.0)
@@ -50,15 +50,16 @@ def count_probe(seed: int, engine_factor: float = 1.0) -> dict:
 
 def sides(seed: int, engine_factor: float = 1.0, counts_factor: float | None = None, errors: dict | None = None,
           twin: bool = True, processes: int = 1) -> dict[str, list[dict]]:
-    """What gate.measure returns: per side (base, head, twin) its outputs of `processes` time
-    processes (the sides of one process share its load and round factors) and of one count process
-    (base and head); head's engine methods scaled by engine_factor, its counts by counts_factor
-    (default engine_factor), errors at head."""
+    """What gate.measure returns: per side (base, head, twin: head's second copy) its outputs of
+    `processes` time processes (the sides of one process share its load and round factors) and of
+    one count process (base and head); head's (and twin's) engine methods scaled by engine_factor,
+    its counts by counts_factor (default engine_factor), errors at head."""
     out: dict[str, list[dict]] = {"base": [], "head": []} | ({"twin": []} if twin else {})
     for i in range(processes):
         for name in out:
-            at_head = name == "head"
-            p = probe(seed + i, engine_factor if at_head else 1.0, errors if at_head else None)
+            at_head = name in ("head", "twin")
+            p = probe(seed + i, engine_factor if at_head else 1.0, errors if name == "head" else None,
+                      copy=int(name == "twin"))
             out[name].append({**p, "process": f"time-{i}"})
     out["base"].append(count_probe(seed + 50))
     out["head"].append(count_probe(seed + 51, engine_factor if counts_factor is None else counts_factor))
@@ -172,24 +173,77 @@ def test_noise_floor_file_silences_a_noisy_signal(tmp_path):
     assert result.exit_code == 0 and {r.source for r in result.rows if r.gated} == {"calibrated"}
 
 
-def test_a_calibrated_floor_is_lifted_by_its_own_twin_and_an_unseen_machines_by_its_pools_largest(tmp_path):
-    # A side can run one method slower for a whole workload: on a machine without a file every
-    # signal of that method gets the pool's largest twin spread (x1.5); with a file, a signal's
-    # calibrated floor is lifted only by its own twin, so the calibrated floors stay the floors.
+def test_a_calibrated_floor_is_lifted_by_its_own_twin_only(tmp_path):
+    # With a file, a signal's calibrated floor is lifted only by the spread of its own two copies
+    # of head, so the calibrated floors are the floors in effect; on an unseen machine its pool's.
     name = "bench_workloads.w{}.track_ratio_vs_torch_func('s', 'engine_eager', 'cpu')"
     offset = {0: 1.2} | {i: 1.0 for i in range(1, 10)}
     base = {"t": {name.format(i): [1.0, 1.01, 0.99, 1.0] for i in range(10)}}
-    twin = {"t": {name.format(i): [offset[i] * v for v in base["t"][name.format(i)]] for i in range(10)}}
     head = {"t": {n: list(v) for n, v in base["t"].items()}}
+    twin = {"t": {name.format(i): [offset[i] * v for v in head["t"][name.format(i)]] for i in range(10)}}
     lifted = math.expm1(gate.EVIDENCE_MARGIN * math.log(1.2))
     unseen = {r.name: r for r in gate.compare(base, head, "fresh", tmp_path, twin)}
-    assert all(r.source == "evidence" and r.floor == pytest.approx(lifted) for r in unseen.values())
+    pooled = math.expm1(gate.EVIDENCE_MARGIN * float(np.quantile([math.log(1.2)] + [0.0] * 9, gate.EVIDENCE_QUANTILE)))
+    assert unseen[name.format(0)].floor == pytest.approx(lifted) and unseen[name.format(3)].floor == pytest.approx(pooled)
+    assert {r.source for r in unseen.values()} == {"evidence"}
     path = stats.noise_file("m", tmp_path)
     path.parent.mkdir(parents=True)
     path.write_text(json.dumps({"floors": {name.format(i): 0.05 for i in range(10)}}))
     home = {r.name: r for r in gate.compare(base, head, "m", tmp_path, twin)}
     assert home[name.format(0)].floor == pytest.approx(lifted) and home[name.format(3)].floor == pytest.approx(0.05)
     assert {r.source for r in home.values()} == {"calibrated"}
+
+
+def test_a_time_signal_is_slower_only_where_both_copies_of_head_are(tmp_path):
+    # One copy of a commit can run a method 10-25% slower for a whole workload in one process (a
+    # side's own slowness, seen on any side): one slowed copy of head is inconclusive, both slower.
+    name = "bench_workloads.w.track_ratio_vs_torch_func('s', 'engine', 'cpu')"
+    path = stats.noise_file("m", tmp_path)
+    path.parent.mkdir(parents=True)
+    path.write_text(json.dumps({"floors": {name: 0.05}}))
+    base = {"t": {name: [1.0, 1.01, 0.99, 1.0, 1.0, 1.01]}}
+
+    def times(factor: float) -> dict:
+        return {"t": {name: [factor * v for v in base["t"][name]]}}
+
+    # head 25% slower, its twin 10%: the copies' spread lifts the floor to 21%, which head alone
+    # passes; the verdicts disagree.
+    (one,) = gate.compare(base, times(1.25), "m", tmp_path, times(1.1))
+    assert one.floor == pytest.approx(math.expm1(gate.EVIDENCE_MARGIN * math.log(1.25 / 1.1)))
+    assert one.verdict == "inconclusive" and one.change.value == pytest.approx(1.1)
+    (both,) = gate.compare(base, times(1.25), "m", tmp_path, times(1.3))
+    assert both.verdict == "slower" and both.change.value == pytest.approx(1.25)
+    (faster,) = gate.compare(base, times(0.7), "m", tmp_path, times(0.75))
+    assert faster.verdict == "faster"
+
+
+def test_the_busy_core_spinner_ends_when_the_calibration_is_killed():
+    import signal
+    import time
+
+    child = subprocess.Popen([sys.executable, "-c", "import sys, time; sys.path.insert(0, sys.argv[1]); "
+                              "from vmapbench import gate\nwith gate.busy_core(True):\n    print('busy', flush=True); "
+                              "time.sleep(60)", str(ROOT)], stdout=subprocess.PIPE, text=True)
+    assert child.stdout.readline().strip() == "busy"
+    marker = f"os.getppid() == {child.pid}"
+
+    def spinners() -> list[str]:
+        found = []
+        for cmdline in Path("/proc").glob("[0-9]*/cmdline"):
+            try:
+                if marker in cmdline.read_bytes().decode(errors="replace"):
+                    found.append(cmdline.parent.name)
+            except OSError:
+                continue
+        return found
+
+    assert spinners()
+    child.send_signal(signal.SIGKILL)  # no finally runs in it
+    child.wait()
+    deadline = time.time() + 10
+    while spinners() and time.time() < deadline:
+        time.sleep(0.1)
+    assert not spinners()
 
 
 def test_markdown_summary_lists_called_changes_with_intervals(tmp_path):
