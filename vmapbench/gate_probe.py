@@ -1,7 +1,8 @@
 """One measuring process of the regression gate: every workload of several commits, in one process.
 
 The gate (vmapbench/gate.py) runs this file in a fresh interpreter with every side of a comparison
-(`--tree base=... --tree twin=... --tree head=...`: the commits' extracted trees) loaded side by
+(`--tree base=... --tree head=... --tree twin=...`: the commits' extracted trees, twin a second
+copy of head) loaded side by
 side (`Sides`: each side's `engine` and `workloads` are its own modules; one side is active at a
 time). Why one process: CPU times of one commit in two processes differ by 10-40% on a shared
 2-core box (load, memory layout), and that spread, not the change, set the floors when base and
@@ -20,9 +21,11 @@ Two kinds of process:
   intra-op thread), until every side's ratio to torch.func over the first side's is known to
   +-TARGET_HALFWIDTH or the workload's budget is spent (rounds chosen by each signal's own
   variance). The per-op overhead chain (suite/bench_overhead.py) is timed the same way against
-  native. Output: {"sides": {side: {"times": {workload: {size: {method: [seconds per call, one
-  per round]}}}, "overhead": {method: [...]}, "errors": {case: message}}}}, lists aligned by round
-  across sides.
+  native. A round's figure is the fastest unit of calls of its batch, per call; references that
+  run the same code on every side are timed on the first side only (`shared_references`). Output:
+  {"sides": {side: {"times": {workload: {size: {method: [seconds per call, one per round]}}},
+  "overhead": {method: [...]}, "errors": {case: message}, "shared": {workload: [methods whose
+  list is the first side's]}}}}, lists aligned by round across sides.
 - count (--count LIB, under valgrind, see vmapbench/counts.py): the per-op chain and the workloads
   named by --workloads, each engine method's steady-state call counted twice in instructions, for
   every side (the two counts of one region show that it is deterministic). Output: {"sides":
