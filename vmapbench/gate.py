@@ -508,8 +508,12 @@ def evidence_floors(spread: Mapping[str, float]) -> dict[str, float]:
         own = pools[stats.metric_of(name), _method(name)]
         return own if len(own) >= EVIDENCE_POOL_MIN else pools[stats.metric_of(name), "*"]
 
-    return {name: math.expm1(EVIDENCE_MARGIN * max(d, float(np.quantile(pool(name), EVIDENCE_QUANTILE))))
-            for name, d in gated.items()}
+    return {name: _margined(max(d, float(np.quantile(pool(name), EVIDENCE_QUANTILE)))) for name, d in gated.items()}
+
+
+def _margined(spread: float) -> float:
+    """A floor from an A/A |log ratio|: EVIDENCE_MARGIN times it, as a fraction."""
+    return math.expm1(EVIDENCE_MARGIN * spread)
 
 
 def count_change(base: Sequence[float], head: Sequence[float]) -> stats.Estimate:
@@ -548,15 +552,15 @@ def compare(base_runs: Runs, head_runs: Runs, machine: str | None, root: Path | 
         elif stats.is_count(name):
             floor, source = (calibrated, "calibrated") if calibrated is not None else (stats.COUNT_FLOOR, "count")
         elif calibrated is not None:  # the A/A runs' history, and this run's own twin of this signal
-            floor, source = max(calibrated, math.expm1(EVIDENCE_MARGIN * spread.get(name, 0.0))), "calibrated"
+            floor, source = max(calibrated, _margined(spread.get(name, 0.0))), "calibrated"
         elif name in evidence:
             floor, source = evidence[name], "evidence"
         else:
             floor, source = math.inf, "none"
         hib = stats.higher_is_better(name)
         decided = stats.gate_verdict(change, floor, hib) if gated else stats.verdict(change, floor, hib)
-        if gated and not stats.is_count(name) and twin_runs and any(name in run for run in twin_runs.values()):
-            try:
+        if gated and not stats.is_count(name) and twin_runs:
+            try:  # (ValueError: the twin has no round of this signal)
                 other = paired_change(base_runs, twin_runs, name)
             except (ValueError, ZeroDivisionError):
                 other = None
@@ -764,7 +768,7 @@ COUNT_MIN_FLOOR = 0.01
 def calibrated_floors(aa_runs: Sequence[Sequence[Row]], margin: float = 1.5) -> dict[str, float]:
     """Per gated signal: margin x the largest A/A point deviation (log scale), as a fraction; at
     least COUNT_MIN_FLOOR for a count. No blanket minimum for time signals: at gate time a time
-    signal's floor is the larger of this and 1.5x the run's own twin-vs-base |log ratio| of that signal.
+    signal's floor is the larger of this and 1.5x the run's own twin-vs-head |log ratio| of that signal.
 
     The interval guards against the noise within a comparison; the floor guards against what
     moves between comparisons (load phases, process layout), which only A/A runs can show.
@@ -871,7 +875,7 @@ def calibrate(root: Path, machine: str, n_aa: int, n_busy: int, n_planted: int, 
             "machine": machine, "floors": floors, "families": floors_by_family(floors),
             "method": "expm1(1.5 x largest |log(head/base)| over the A/A runs); counts at least "
                       f"{COUNT_MIN_FLOOR:.0%}; a time signal's floor at gate time is the larger of this and the "
-                      "run's own twin-vs-base |log ratio| of that signal x 1.5",
+                      "run's own twin-vs-head |log ratio| of that signal x 1.5",
             "aa_runs": len(aa_rows), "date": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
         }, indent=1, sort_keys=True) + "\n")
         log(f"calibrate: wrote {len(floors)} noise floors to {path}")

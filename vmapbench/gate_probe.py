@@ -191,12 +191,13 @@ def paired_samples(sides: Mapping[str, Mapping[str, Callable[[], Any]]], referen
 
     order = list(sides)
     first = order[0] if order else ""
+    # What each side times: a shared method on the first side only (the others read its list).
+    timed = {side: [n for n in calls if side == first or n not in shared] for side, calls in sides.items()}
     number: dict[tuple[str, str], tuple[int, int]] = {}  # (calls per batch, calls per unit)
     for side, calls in sides.items():
         activate(side)
-        for name, fn in calls.items():
-            if side != first and name in shared:
-                continue
+        for name in timed[side]:
+            fn = calls[name]
             if name in rewarm:
                 rewarmed(fn)
             least = REWARM_MIN_CALLS if name in rewarm else 1
@@ -205,18 +206,15 @@ def paired_samples(sides: Mapping[str, Mapping[str, Callable[[], Any]]], referen
             calls_n = max(least, min(10_000, math.ceil(MIN_BATCH_S / once)))
             number[side, name] = (unit * math.ceil(calls_n / unit), unit)
     samples = {side: {name: [] for name in calls} for side, calls in sides.items()}
-    for side in order[1:]:  # a shared method is timed on the first side only: the others read its list
-        for name in shared:
-            if name in samples[side] and name in samples[first]:
-                samples[side][name] = samples[first][name]
+    for side in order[1:]:
+        for name in set(sides[side]).difference(timed[side]).intersection(samples[first]):
+            samples[side][name] = samples[first][name]
 
     def one_round(r: int, keep: bool) -> None:
         for side in order if r % 2 == 0 else reversed(order):
             activate(side)
-            names = list(sides[side])
+            names = timed[side]
             for name in names if r % 2 == 0 else reversed(names):
-                if side != first and name in shared:
-                    continue
                 if name in rewarm:
                     rewarmed(sides[side][name])
                 seconds = batch(sides[side][name], *number[side, name])
