@@ -53,6 +53,7 @@ from __future__ import annotations
 
 import functools
 import threading
+from contextlib import nullcontext
 import types
 from collections import OrderedDict
 from typing import Any, Callable, Hashable
@@ -68,6 +69,7 @@ from engine.autoswitch import departures, running
 from engine.fused import OFF as fused_off
 from engine.fused import _local as fused_mode
 from engine.errors import ReplayMismatchError
+from engine.replay_contract import departures, logs
 from engine.guardstate import StateGuard, _Distribution, _NativeGuard, torch_globals
 from engine.trace import _PLAIN, TracedFunction, _GuardFailed, _fast_signature, _signature, exact_value
 
@@ -75,6 +77,7 @@ __all__ = ["AutoTraced", "auto_trace", "autotraced_state", "traced_transform", "
 
 _SEEN, _RECORD, _REPLAY, _EAGER = "seen", "record", "replay", "eager"
 shadow_checks = 0  # replays compared with their eager call by shadow verification, in this process
+rounding_only = 0  # of those, replays that ran the eager call's ops and differed from it in rounding alone
 _MAX_SIGNATURES = 256
 _MEMO_BUILDS = 4  # argument checks (AutoTraced._memo) built at once under a guard; then with backoff
 _ATOM_OUTPUTS = (int, float, bool, complex, str, type(None), torch.dtype, torch.device)
@@ -160,7 +163,7 @@ class AutoTraced:
                             _set_grad_enabled(True)
                     except _GuardFailed:
                         return traced._guard_failed(entry, args, kwargs)
-        fast = _fast_signature(args, kwargs, False)
+        fast = _fast_signature(args, kwargs, True)
         if fast is not None and not departures:
             traced = self.traced
             entry = traced._fast.get(fast[0])
@@ -393,18 +396,38 @@ class AutoTraced:
         generators += self._guard.generators if self._guard is not None else []
         states = [g.get_state() for g in generators]
         rng = torch.get_rng_state()
-        out = running(self.traced._call, args, kwargs, fast)
-        fused = entry.fused is not None and fused_mode.mode is not fused_off  # the program may have run
+        fused = entry.fused is not None and fused_mode.mode is not fused_off  # the program may run
+        # engine.replay_contract: a replay the passes left alone runs the eager call's rounding ops on
+        # the same data the same way, so it may differ from it only by what a kernel does
+        # differently from call to call (some BLAS builds on some CPUs): then within the dtype's
+        # tolerance. A rewritten graph or the fused program: within the tolerance alone.
+        contract = not fused and not entry.rewrites
+        replay_ops, eager_ops = logs() if contract else (nullcontext(), nullcontext())
+        stale = _stale_fold(entry) if contract else None
+        with replay_ops:
+            out = running(self.traced._call, args, kwargs, fast)
         torch.set_rng_state(rng)
         for g, state in zip(generators, states):
             g.set_state(state)
-        ref = running(self.fn, *args, **kwargs)
-        problem = _difference(out, ref, exact=not fused)
+        with eager_ops:
+            ref = running(self.fn, *args, **kwargs)
+        problem = stale or _difference(out, ref, exact=False)
+        if contract and problem is None:
+            extra = departures(replay_ops, eager_ops)
+            rounding = _difference(out, ref, exact=True)
+            if extra:
+                problem = (f"{rounding + '; ' if rounding else ''}it runs {replay_ops.describe(extra[0])}, which the "
+                           f"eager call does not run on that data that way ({len(extra)} such op(s)): it may round "
+                           f"differently on another CPU")
+            elif rounding is not None:
+                global rounding_only
+                rounding_only += 1
         global shadow_checks
         shadow_checks += 1
         if problem is not None:
+            what = "fused program" if fused else "replay" + (f" (rewritten by {', '.join(entry.rewrites)})" if entry.rewrites else "")
             raise ReplayMismatchError(
-                f"engine.auto_tracing(verify=True): the {'fused program' if fused else 'replay'} of "
+                f"engine.auto_tracing(verify=True): the {what} of "
                 f"{getattr(self.fn, '__qualname__', repr(self.fn))} differs from its eager call for the signature "
                 f"{_describe(key)}: {problem}. This is an engine bug (a replay must equal the eager call); "
                 f"run with engine.auto_tracing(False) (VMAPBENCH_AUTO_TRACE=0) to get eager results meanwhile."
@@ -422,6 +445,19 @@ class AutoTraced:
         else:
             entry = traced._cache.get(_signature(args, kwargs, traced._strides)[0])
         return entry if entry is not None and not entry.eager and entry.first is None else None
+
+
+def _stale_fold(entry: Any) -> str | None:
+    """Whether the values the entry's fold holds are those its captured tensors give now; then drop
+    them, so that the replay recomputes them where its op log sees it (engine.replay_contract)."""
+    fold = entry.fold
+    if fold is None:
+        return None
+    held = fold.values()
+    with torch.no_grad():
+        problem = _difference(list(held), list(fold.gm(*fold.sources)), exact=False)
+    fold._layout = None
+    return None if problem is None else f"the values folded from its captured tensors are stale: {problem}"
 
 
 def _describe(key: Any) -> str:
@@ -485,7 +521,7 @@ def _full_key(args: tuple, kwargs: dict) -> Any:
     subclass or functorch-wrapped tensor, or a non-tensor leaf other than an immutable atom (an
     object keys by identity, so a change of its attributes between calls would go unseen)."""
     try:
-        key, flat, _ = _signature(args, kwargs)
+        key, flat, _ = _signature(args, kwargs, True)
     except TypeError:
         return None
     for x in flat:

@@ -95,13 +95,14 @@ def _calls(graph: torch.fx.Graph, target: Any) -> list[torch.fx.Node]:
     return [n for n in graph.nodes if n.op == "call_function" and n.target is target]
 
 
-def _fold_broadcast_bmm(gm: torch.fx.GraphModule) -> None:
+def _fold_broadcast_bmm(gm: torch.fx.GraphModule) -> bool:
     """bmm(expand(A), b) -> one mm: the batching rules of mv/mm with an unbatched matrix broadcast
     it over the batch (B copies of the weight/data matrix), which is what makes the Hessian of a
     regression posterior cost B full passes over the data. One matmul against the matrix does the
-    same arithmetic without the copies."""
+    same sums without the copies, by another kernel (so rounded differently: ARITHMETIC_PASSES)."""
     graph = gm.graph
     call = _inserter(graph)
+    changed = False
     for node in _calls(graph, aten.bmm.default):
         a, b = node.args[:2]
         out_val = node.meta.get("val")
@@ -128,12 +129,16 @@ def _fold_broadcast_bmm(gm: torch.fx.GraphModule) -> None:
         new.meta.update(node.meta)
         node.replace_all_uses_with(new)
         graph.erase_node(node)
+        changed = True
+    return changed
 
 
-def _outer_bmm_to_mul(gm: torch.fx.GraphModule) -> None:
+def _outer_bmm_to_mul(gm: torch.fx.GraphModule) -> bool:
     """bmm(a [B,n,1], b [B,1,k]) -> a * b: per-example outer products (per-sample weight gradients)
-    are a broadcast multiply; as a matmul with an inner size of 1 they run several times slower."""
+    are a broadcast multiply; as a matmul with an inner size of 1 they run several times slower.
+    (A matmul kernel may add the product to a zero: -0.0 comes out +0.0 there, not here.)"""
     graph = gm.graph
+    changed = False
     for node in _calls(graph, aten.bmm.default):
         a, b = node.args[:2]
         va = a.meta.get("val") if isinstance(a, torch.fx.Node) else None
@@ -144,6 +149,8 @@ def _outer_bmm_to_mul(gm: torch.fx.GraphModule) -> None:
         new.meta.update(node.meta)
         node.replace_all_uses_with(new)
         graph.erase_node(node)
+        changed = True
+    return changed
 
 
 _SHAPE_ONLY = {
@@ -199,11 +206,13 @@ def _identities(graph: torch.fx.Graph) -> set[torch.fx.Node]:
     return ident
 
 
-def _fold_identity_mm(gm: torch.fx.GraphModule) -> None:
+def _fold_identity_mm(gm: torch.fx.GraphModule) -> bool:
     """mm(I, x) -> x and mm(x, I) -> x: the one-hot basis that reverse-mode Jacobians push through
-    the backward pass meets the first matmul as an identity, a full matmul of the data for nothing."""
+    the backward pass meets the first matmul as an identity, a full matmul of the data for nothing.
+    (The matmul adds products with zero: an inf or NaN of x spreads there, not here.)"""
     graph = gm.graph
     ident = _identities(graph)
+    changed = False
     for node in _calls(graph, aten.mm.default):
         a, b = node.args[:2]
         keep = b if a in ident else a if b in ident else None
@@ -214,6 +223,8 @@ def _fold_identity_mm(gm: torch.fx.GraphModule) -> None:
             continue
         node.replace_all_uses_with(keep)
         graph.erase_node(node)
+        changed = True
+    return changed
 
 
 def _views_as_reshapes(gm: torch.fx.GraphModule) -> None:
@@ -452,19 +463,28 @@ def _out_of_place_writes(gm: torch.fx.GraphModule) -> None:
         node.target = twin
 
 
-def clean_up(gm: torch.fx.GraphModule) -> list[torch.Tensor]:
-    """Run every pass on `gm` in place, in order; return the closed-over tensors that became its
-    trailing inputs (to be fed, live, at every replay)."""
+# The passes that change a graph's arithmetic on purpose: another kernel for the same sums, or a
+# product dropped whose only effect was on infinities, NaNs and the sign of zero. A graph one of
+# them rewrote does not round like its eager call (engine.replay_contract); the others keep every
+# rounding op of the graph on the operands it had.
+ARITHMETIC_PASSES: dict[str, Callable[[torch.fx.GraphModule], bool]] = {
+    "fold_broadcast_bmm": _fold_broadcast_bmm,
+    "outer_bmm_to_mul": _outer_bmm_to_mul,
+    "fold_identity_mm": _fold_identity_mm,
+}
+
+
+def clean_up(gm: torch.fx.GraphModule) -> tuple[list[torch.Tensor], tuple[str, ...]]:
+    """Run every pass on `gm` in place, in order. Return the closed-over tensors that became its
+    trailing inputs (to be fed, live, at every replay) and the ARITHMETIC_PASSES that rewrote it."""
     constants = _lift_constants(gm)
     _out_of_place_views(gm)
     _out_of_place_writes(gm)
-    _fold_broadcast_bmm(gm)
-    _outer_bmm_to_mul(gm)
-    _fold_identity_mm(gm)
+    rewrites = tuple(name for name, rewrite in ARITHMETIC_PASSES.items() if rewrite(gm))
     _views_as_reshapes(gm)
     _simplify(gm)
     _drop_no_ops(gm)
-    return constants
+    return constants, rewrites
 
 
 

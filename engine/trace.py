@@ -408,7 +408,7 @@ class _Entry:
     __slots__ = (
         "gm", "run", "constants", "tensor_pos", "select", "out_spec", "out_consts", "build", "eager", "compiled",
         "compile_seconds", "key", "fast_keys", "first", "guards", "tier", "fused", "promotion", "fold",
-        "inert", "live", "__weakref__",
+        "inert", "live", "rewrites", "__weakref__",
     )
 
     def __init__(self) -> None:
@@ -442,6 +442,9 @@ class _Entry:
         # captured tensors the fold does not read): what the fused program checks on every call
         # while the fold's values are unchanged (engine.fused.FusedProgram).
         self.live: tuple[int, ...] = ()
+        # The graph passes that changed its arithmetic (graph_passes.ARITHMETIC_PASSES): where any
+        # did, a replay rounds differently from the eager call (engine.replay_contract).
+        self.rewrites: tuple[str, ...] = ()
 
     def inputs(self, flat: list) -> list:
         return [flat[i] for i in self.tensor_pos] + list(self.feed())
@@ -571,7 +574,9 @@ class TracedFunction:
         self._cache: OrderedDict[Hashable, _Entry] = OrderedDict()
         self._fast: dict[Hashable, _Entry] = {}  # fast key -> a live, ready (traced, compiled) entry
         self._mru: _Entry | None = None  # the most recently used entry: the end of self._cache
-        self._strides = compile_kwargs is not None  # compiled code asserts input strides
+        # Strides are part of a signature: a graph replays the kernels its recording ran on those
+        # layouts (engine.replay_contract), and compiled code asserts them.
+        self._strides = True
         self._hits = self._misses = self._traces = self._evictions = 0
         # auto: for engine.autotrace, which has proven the result needs no grad and wants eager
         # semantics silently: no warnings, replays under no_grad, no replay of graphs that write
@@ -769,7 +774,8 @@ class TracedFunction:
             return self._refuse(entry, UntraceableError(
                 "the grad mode of its grad-mode-dependent kernels (" + ", ".join(sorted(op.name() for op in GRAD_MODE_KERNELS))
                 + ") could not be matched to the recorded graph"))
-        entry.constants = tuple(clean_up(gm))
+        constants, entry.rewrites = clean_up(gm)
+        entry.constants = tuple(constants)
         entry.fold = fold_constants(gm, len(entry.tensor_pos), list(entry.constants))
         read = () if entry.fold is None else {id(t) for t in entry.fold.sources}
         entry.live = (*range(len(entry.tensor_pos)),

@@ -193,10 +193,12 @@ def test_vmap_options_and_a_stored_vmap_of_a_vjp_fn() -> None:
     for _ in range(CALLS):
         _, fn = engine.vjp(engine.grad(loss), THETA)
         got = engine.vmap(fn, in_dims=1)(vectors_last)[0]
-        assert torch.equal(got, _eager(hvps, THETA, VECTORS))
+        # Another batch dim and layout than the eager reference's: the same sums, other kernels
+        # (docs/design/replay-contract.md), so equal within float32's tolerance, not bit for bit.
+        torch.testing.assert_close(got, _eager(hvps, THETA, VECTORS))
     _, fn = engine.vjp(engine.grad(loss), THETA)
     stored = engine.vmap(fn)
-    assert torch.equal(stored(VECTORS)[0], _eager(hvps, THETA, VECTORS))
+    torch.testing.assert_close(stored(VECTORS)[0], _eager(hvps, THETA, VECTORS))
 
 
 def test_a_function_made_anew_at_each_call_pays_no_pullback_run() -> None:

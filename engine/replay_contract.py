@@ -1,0 +1,264 @@
+"""The replay contract: a replay rounds like its eager call on any CPU.
+
+A replay equals its eager call bit for bit on every machine only if it calls the same kernels on
+the same operands: the same aten op on the same shapes, strides, storage offsets and dtypes. Two
+calls of one op on different layouts (a transposed operand, a batched matmul folded into one mm)
+may round differently on another CPU's kernels even where they agree on this one. So the contract
+is checked on the op sequence, not on the numbers of one machine: `OpLog` records every
+floating-point op a call runs on plain tensors, with what its operands hold and how they are laid
+out, and `departures` lists the replay's ops that the eager call never ran on that data that way. Ops that cannot round differently are not compared: views,
+copies, and ops whose results are boolean or integer.
+
+Graph passes that change the arithmetic on purpose (engine.graph_passes.ARITHMETIC_PASSES) name
+themselves on the recorded entry; shadow verification compares such a replay within the dtype's
+tolerance, like the fused tier, and every other replay bit for bit and by its op sequence.
+See docs/design/replay-contract.md.
+"""
+from __future__ import annotations
+
+import hashlib
+from collections import Counter
+from typing import Any, Hashable
+
+import torch
+from torch.utils._python_dispatch import TorchDispatchMode, _disable_current_modes
+from torch.utils._pytree import tree_flatten
+
+__all__ = ["Numbering", "OpLog", "departures", "logs"]
+
+aten = torch.ops.aten
+_PLAIN = (torch.Tensor, torch.nn.Parameter)
+# Ops whose results are their operands' values rearranged or converted exactly, whatever the layout.
+_EXACT = frozenset({
+    aten.clone.default, aten.copy_.default, aten.copy.default, aten._to_copy.default, aten.detach.default,
+    aten.alias.default, aten.lift_fresh.default, aten.lift_fresh_copy.default, aten.empty_like.default,
+    aten.zeros_like.default, aten.ones_like.default, aten.full_like.default, aten.empty.memory_format,
+    aten.zeros.default, aten.ones.default, aten.full.default, aten.scalar_tensor.default, aten.new_full.default,
+    aten.expand_copy.default, aten.cat.default, aten.stack.default, aten.index_select.default,
+    aten.gather.default, aten.index.Tensor, aten.slice_scatter.default, aten.select_scatter.default,
+    aten.constant_pad_nd.default, aten.new_empty_strided.default, aten.new_zeros.default,
+    aten.new_ones.default, aten.new_empty.default, aten.eye.default, aten.where.self,
+})
+# Ops that read only their tensor operand's metadata (what they write does not depend on its values).
+_SHAPE_ONLY = frozenset({
+    aten.empty_like.default, aten.zeros_like.default, aten.ones_like.default, aten.full_like.default,
+    aten.new_empty.default, aten.new_zeros.default, aten.new_ones.default, aten.new_full.default,
+    aten.new_empty_strided.default,
+})
+_ROUNDING = (torch.float16, torch.bfloat16, torch.float32, torch.float64, torch.complex64, torch.complex128)
+
+
+def _layout(t: torch.Tensor) -> tuple:
+    """What decides how a kernel walks a tensor: sizes, strides (a size-1 dim's is irrelevant),
+    storage offset, dtype, device, conjugate/negative bits."""
+    strides = tuple(s if n != 1 else 0 for n, s in zip(t.shape, t.stride()))
+    return (tuple(t.shape), strides, t.storage_offset(), t.dtype, t.device.type, t.is_conj(), t.is_neg())
+
+
+def _name(func: Any) -> str:
+    """In-place and out-of-place forms of an op round alike: both are keyed by the out-of-place name."""
+    schema = func._schema
+    base = schema.name.split("::")[-1]
+    if _writes(func):
+        base = base.rstrip("_")
+    return f"{base}.{schema.overload_name or 'default'}"
+
+
+def _writes(func: Any) -> bool:
+    args = func._schema.arguments
+    return bool(args) and args[0].alias_info is not None and args[0].alias_info.is_write
+
+
+def _rounds(func: Any, out: list[torch.Tensor]) -> bool:
+    """Whether the op computes floating-point values (not a copy, a rearrangement or a factory)."""
+    if func in _EXACT or torch.Tag.view_copy in func.tags:
+        return False
+    return any(t.dtype in _ROUNDING for t in out)
+
+
+_UNINITIALIZED = frozenset({
+    aten.empty.memory_format, aten.empty_like.default, aten.new_empty.default, aten.new_empty_strided.default,
+    aten.empty_strided.default,
+})
+_COPIES = frozenset({
+    aten.clone.default, aten._to_copy.default, aten.lift_fresh_copy.default, aten.alias_copy.default,
+    aten.detach_copy.default,
+})
+
+
+def _copied(func: Any, args: tuple, kwargs: dict) -> torch.Tensor | None:
+    """The tensor whose values the op writes unchanged (a copy, `x * 1`, `x / 1`), or None."""
+    if func in _COPIES and not any(k in kwargs and kwargs[k] is not None and kwargs[k] != args[0].dtype for k in ("dtype",)):
+        return args[0]
+    if func is aten.copy_.default or func is aten.copy.default:
+        src = args[1]
+        return src if isinstance(src, torch.Tensor) and src.dtype == args[0].dtype and src.shape == args[0].shape else None
+    if func in (aten.mul.Tensor, aten.mul.Scalar, aten.div.Tensor, aten.div.Scalar) and len(args) == 2:
+        x, y = args
+        if isinstance(x, torch.Tensor) and type(y) in (int, float) and y == 1 and x.is_floating_point():
+            return x
+    return None
+
+
+def _whole(t: torch.Tensor) -> bool:
+    """Whether `t` covers its whole storage, element for element (what was copied into it is all it holds)."""
+    if t.storage_offset() or t.numel() * t.element_size() != t.untyped_storage().nbytes():
+        return False
+    expected = 1
+    for size, stride in sorted(((n, st) for n, st in zip(t.shape, t.stride()) if n != 1), key=lambda p: p[1]):
+        if stride != expected:
+            return False
+        expected *= size
+    return True
+
+
+def _digest(t: torch.Tensor) -> bytes:
+    """What a storage holds, as a digest of its bytes (a scalar made afresh by each eager call and
+    the captured copy a replay reads hold the same data)."""
+    with _disable_current_modes():
+        storage = t.untyped_storage()
+        if storage.device.type != "cpu":
+            storage = storage.cpu()
+        raw = torch.empty(0, dtype=torch.uint8).set_(storage).numpy()
+        return hashlib.blake2b(raw.tobytes(), digest_size=16).digest()
+
+
+def _storage(t: torch.Tensor) -> int | None:
+    return t.untyped_storage().data_ptr() if t.layout == torch.strided and t.device.type != "meta" else None
+
+
+class Numbering:
+    """Value numbers shared by the logs of one comparison: equal numbers, equal data.
+
+    A tensor's number is its storage's contents' number and its layout. Contents that no rounding
+    op produced (the call's inputs, captured tensors, constants, and what views, copies and
+    factories make of them) are numbered by a digest of their bytes: the same data however it was
+    arranged. Contents a rounding op wrote, or an exact op made from such, are numbered by that op
+    and its operands' numbers. So two logs agree on a rounding op only where it reads the same
+    data the same way, whatever the machine's kernels round to."""
+
+    def __init__(self) -> None:
+        self._ids: dict[Hashable, int] = {}
+
+    def __call__(self, key: Hashable) -> int:
+        return self._ids.setdefault(key, len(self._ids))
+
+
+class OpLog(TorchDispatchMode):
+    """Records the rounding ops a call runs on plain tensors, each with its operands' numbers.
+
+    Tensor subclasses (the engine's batched tensor) are let through to their own dispatch, which
+    runs the plain ops this mode then sees, and composite ops are decomposed: the level make_fx
+    records a trace at."""
+
+    def __init__(self, numbering: Numbering) -> None:
+        super().__init__()
+        self.number = numbering
+        self.ops: Counter = Counter()
+        # storage address -> (the number of what it holds, whether no rounding op produced it, and
+        # for a copy the copied tensor's number and the layout that reads it back)
+        self._contents: dict[int, tuple[int, bool, tuple | None]] = {}
+        self._described: dict[int, str] = {}  # operand number -> its layout, for messages
+
+    def _data(self, t: torch.Tensor) -> tuple[int, bool, tuple | None]:
+        ptr = _storage(t)
+        if ptr is None:
+            return self.number(("other", t.layout, tuple(t.shape), t.dtype)), False, None
+        contents = self._contents.get(ptr)
+        if contents is None:  # memory no logged op wrote: an input, a captured or a fresh constant
+            contents = self._contents[ptr] = (self.number(("data", _digest(t))), True, None)
+        return contents
+
+    def _tensor(self, t: torch.Tensor) -> int:
+        contents, _, copied = self._data(t)
+        layout = _layout(t)
+        if copied is not None and copied[1] == layout:  # a copy read back as it was written: the original
+            return copied[0]
+        n = self.number(("tensor", contents, layout))
+        self._described.setdefault(n, _describe_layout(layout))
+        return n
+
+    def _operand(self, x: Any) -> Any:
+        if isinstance(x, torch.Tensor):
+            return ("t", self._tensor(x))
+        if isinstance(x, float):
+            return ("f", x.hex())
+        if isinstance(x, (list, tuple)):
+            return tuple(self._operand(y) for y in x)
+        if isinstance(x, (int, bool, str, type(None), torch.dtype, torch.device, torch.memory_format, torch.layout)):
+            return x
+        return type(x).__name__
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        kwargs = kwargs or {}
+        if any(t not in _PLAIN for t in types):
+            return NotImplemented
+        # A composite op is logged as the ops it decomposes into, as make_fx records it.
+        with self:
+            out = func.decompose(*args, **kwargs)
+        if out is not NotImplemented:
+            return out
+        tensors = [t for t in tree_flatten((args, kwargs))[0] if isinstance(t, torch.Tensor)]
+        operands = (_name(func), tuple(self._operand(a) for a in args),
+                    tuple((k, self._operand(v)) for k, v in sorted(kwargs.items())))
+        pure = func in _SHAPE_ONLY or all(self._data(t)[1] for t in tensors)
+        read = {_storage(t) for t in tensors}
+        source = _copied(func, args, kwargs)
+        copied = None if source is None else self._tensor(source)
+        out = func(*args, **kwargs)
+        results = [t for t in tree_flatten(out)[0] if isinstance(t, torch.Tensor)]
+        # An output over an input's memory is a view or alias of it (`view`, `_unsafe_view`): its
+        # contents keep their number, only its layout is new. Anything else the op wrote, in
+        # place or fresh, holds what the op computed.
+        if not _writes(func) and any(_storage(t) in read for t in results):
+            return out
+        rounds = source is None and _rounds(func, results)
+        if rounds:
+            self.ops[operands] += 1
+        key = self.number(operands)
+        for i, t in enumerate(results):
+            ptr = _storage(t)
+            if ptr is None:
+                continue
+            if func in _UNINITIALIZED:
+                self._contents[ptr] = (self.number(("uninitialized",)), True, None)
+            elif pure and not rounds:
+                self._contents[ptr] = (self.number(("data", _digest(t))), True, None)
+            elif copied is not None and _whole(t):
+                layout = _layout(t)
+                self._contents[ptr] = (self.number(("copy", copied, layout)), False, (copied, layout))
+            else:
+                self._contents[ptr] = (self.number((key, i)), False, None)
+        return out
+
+    def describe(self, key: tuple) -> str:
+        name, args, kwargs = key
+
+        def text(x: Any) -> str:
+            if isinstance(x, tuple) and len(x) == 2 and x[0] == "t":
+                return self._described.get(x[1], "a tensor")
+            if isinstance(x, tuple) and len(x) == 2 and x[0] == "f":
+                return repr(float.fromhex(x[1]))
+            if isinstance(x, tuple):
+                return "[" + ", ".join(text(y) for y in x) + "]"
+            return repr(x)
+
+        parts = [text(a) for a in args] + [f"{k}={text(v)}" for k, v in kwargs]
+        return f"aten.{name}({', '.join(parts)})"
+
+
+def _describe_layout(layout: tuple) -> str:
+    shape, strides, offset, dtype = layout[:4]
+    return f"{str(dtype).replace('torch.', '')}{list(shape)} strides {list(strides)}" + (f" offset {offset}" if offset else "")
+
+
+def logs() -> tuple[OpLog, OpLog]:
+    """A replay's log and its eager call's, numbered alike."""
+    numbering = Numbering()
+    return OpLog(numbering), OpLog(numbering)
+
+
+def departures(replay: OpLog, eager: OpLog) -> list[tuple]:
+    """The replay's rounding ops that its eager call never ran on the same data the same way (a
+    replay may run fewer: repeated ops computed once, captured values folded)."""
+    return [key for key in replay.ops if key not in eager.ops]
