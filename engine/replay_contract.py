@@ -21,6 +21,7 @@ from collections import Counter
 from typing import Any, Hashable
 
 import torch
+from torch.multiprocessing.reductions import StorageWeakRef
 from torch.utils._python_dispatch import TorchDispatchMode, _disable_current_modes
 from torch.utils._pytree import tree_flatten
 
@@ -86,6 +87,13 @@ _COPIES = frozenset({
 })
 
 
+# x * 1 and x / 1 (in place too) leave x's values as they are.
+_TIMES_ONE = frozenset({
+    aten.mul.Tensor, aten.mul.Scalar, aten.div.Tensor, aten.div.Scalar,
+    aten.mul_.Tensor, aten.mul_.Scalar, aten.div_.Tensor, aten.div_.Scalar,
+})
+
+
 def _copied(func: Any, args: tuple, kwargs: dict) -> torch.Tensor | None:
     """The tensor whose values the op writes unchanged (a copy, `x * 1`, `x / 1`), or None."""
     if func in _COPIES and not any(k in kwargs and kwargs[k] is not None and kwargs[k] != args[0].dtype for k in ("dtype",)):
@@ -93,7 +101,7 @@ def _copied(func: Any, args: tuple, kwargs: dict) -> torch.Tensor | None:
     if func is aten.copy_.default or func is aten.copy.default:
         src = args[1]
         return src if isinstance(src, torch.Tensor) and src.dtype == args[0].dtype and src.shape == args[0].shape else None
-    if func in (aten.mul.Tensor, aten.mul.Scalar, aten.div.Tensor, aten.div.Scalar) and len(args) == 2:
+    if func in _TIMES_ONE and len(args) == 2:
         x, y = args
         if isinstance(x, torch.Tensor) and type(y) in (int, float) and y == 1 and x.is_floating_point():
             return x
@@ -157,16 +165,23 @@ class OpLog(TorchDispatchMode):
         self.ops: Counter = Counter()
         # storage address -> (the number of what it holds, whether no rounding op produced it, and
         # for a copy the copied tensor's number and the layout that reads it back)
-        self._contents: dict[int, tuple[int, bool, tuple | None]] = {}
+        self._contents: dict[int, tuple[tuple[int, bool, tuple | None], StorageWeakRef]] = {}
         self._described: dict[int, str] = {}  # operand number -> its layout, for messages
 
     def _data(self, t: torch.Tensor) -> tuple[int, bool, tuple | None]:
         ptr = _storage(t)
         if ptr is None:
             return self.number(("other", t.layout, tuple(t.shape), t.dtype)), False, None
-        contents = self._contents.get(ptr)
-        if contents is None:  # memory no logged op wrote: an input, a captured or a fresh constant
-            contents = self._contents[ptr] = (self.number(("data", _digest(t))), True, None)
+        held = self._contents.get(ptr)
+        if held is None or held[1].expired():  # memory no logged op wrote: an input, a captured or a fresh constant
+            return self._hold(t, (self.number(("data", _digest(t))), True, None))
+        return held[0]
+
+    def _hold(self, t: torch.Tensor, contents: tuple[int, bool, tuple | None]) -> tuple[int, bool, tuple | None]:
+        # (with a weak reference to the storage: memory freed during the call may be reused by a
+        # tensor made without a logged op, which must not inherit what the freed one held)
+        storage = t.untyped_storage()
+        self._contents[storage.data_ptr()] = (contents, StorageWeakRef(storage))
         return contents
 
     def _tensor(self, t: torch.Tensor) -> int:
@@ -205,12 +220,15 @@ class OpLog(TorchDispatchMode):
         read = {_storage(t) for t in tensors}
         source = _copied(func, args, kwargs)
         copied = None if source is None else self._tensor(source)
+        image = None if source is None or not _whole(source) else (self._data(source), _layout(source))
         out = func(*args, **kwargs)
         results = [t for t in tree_flatten(out)[0] if isinstance(t, torch.Tensor)]
-        # An output over an input's memory is a view or alias of it (`view`, `_unsafe_view`): its
-        # contents keep their number, only its layout is new. Anything else the op wrote, in
+        # An output over an input's memory is a view or alias of it (`view`, `_unsafe_view`), and
+        # `squeeze_` changes a layout in place: the contents keep their number, only a layout is new. Anything else the op wrote, in
         # place or fresh, holds what the op computed.
-        if not _writes(func) and any(_storage(t) in read for t in results):
+        if torch.Tag.inplace_view in func.tags or (not _writes(func) and any(_storage(t) in read for t in results)):
+            return out
+        if source is not None and _writes(func) and source is args[0]:  # x *= 1: nothing changed
             return out
         rounds = source is None and _rounds(func, results)
         if rounds:
@@ -221,14 +239,16 @@ class OpLog(TorchDispatchMode):
             if ptr is None:
                 continue
             if func in _UNINITIALIZED:
-                self._contents[ptr] = (self.number(("uninitialized",)), True, None)
+                self._hold(t, (self.number(("uninitialized",)), True, None))
             elif pure and not rounds:
-                self._contents[ptr] = (self.number(("data", _digest(t))), True, None)
+                self._hold(t, (self.number(("data", _digest(t))), True, None))
+            elif image is not None and image[1] == _layout(t):  # byte for byte the source's storage
+                self._hold(t, image[0])
             elif copied is not None and _whole(t):
                 layout = _layout(t)
-                self._contents[ptr] = (self.number(("copy", copied, layout)), False, (copied, layout))
+                self._hold(t, (self.number(("copy", copied, layout)), False, (copied, layout)))
             else:
-                self._contents[ptr] = (self.number((key, i)), False, None)
+                self._hold(t, (self.number((key, i)), False, None))
         return out
 
     def describe(self, key: tuple) -> str:
