@@ -39,6 +39,11 @@ _EXACT = frozenset({
     aten.gather.default, aten.index.Tensor, aten.slice_scatter.default, aten.select_scatter.default,
     aten.constant_pad_nd.default, aten.new_empty_strided.default, aten.new_zeros.default,
     aten.new_ones.default, aten.new_empty.default, aten.eye.default, aten.where.self,
+    aten.fill.Scalar, aten.fill_.Scalar, aten.fill.Tensor, aten.fill_.Tensor, aten.zero_.default,
+    aten.masked_fill.Scalar, aten.masked_fill_.Scalar, aten.index_put.default, aten.index_put_.default,
+    aten.scatter.src, aten.scatter.value, aten.diag_embed.default, aten.diagonal_scatter.default,
+    aten.as_strided_scatter.default, aten.repeat.default, aten.flip.default, aten.roll.default,
+    aten.tril.default, aten.triu.default, aten.neg.default, aten.abs.default, aten.sign.default,
 })
 # Ops that read only their tensor operand's metadata (what they write does not depend on its values).
 _SHAPE_ONLY = frozenset({

@@ -1,0 +1,128 @@
+"""The replay contract (engine.replay_contract, docs/design/replay-contract.md): a replay runs its
+eager call's rounding ops on the same data laid out the same way, checked on the op logs rather
+than on one CPU's bits; shadow verification allows a difference in rounding alone and nothing else."""
+from __future__ import annotations
+
+import pytest
+import torch
+from torch.utils._python_dispatch import _disable_current_modes
+
+import engine
+from engine import autotrace
+from engine.autotrace import autotraced_state
+from engine.errors import ReplayMismatchError
+from engine.graph_passes import ARITHMETIC_PASSES
+from engine.replay_contract import departures, logs
+
+CALLS = 5  # first call, watched call, recording call, then replays
+
+
+def _departures(replay, eager) -> list[str]:
+    r, e = logs()
+    with r:
+        replay()
+    with e:
+        eager()
+    return [r.describe(k) for k in departures(r, e)]
+
+
+def test_the_same_data_however_it_was_made_is_no_departure():
+    a, w = torch.randn(8, 5), torch.randn(5, 3)
+    scale = torch.tensor(2.0)
+    assert _departures(lambda: (a * scale) @ w, lambda: (a * torch.tensor(2.0)) @ w) == []  # a fresh equal scalar
+    assert _departures(lambda: a.clone() @ w, lambda: a @ w) == []  # a copy read back as written
+    assert _departures(lambda: (a * 1) @ w, lambda: a @ w) == []  # x * 1
+    assert _departures(lambda: torch.eye(5) @ w, lambda: torch.zeros(5, 5).fill_diagonal_(1.0) @ w) == []
+    b = torch.randn(8, 5)
+    assert _departures(lambda: a.sin() + b, lambda: (a.sin() + b, a.cos())) == []  # the replay may run fewer ops
+
+
+def test_another_layout_kernel_or_order_of_the_same_sums_is_a_departure():
+    a, w = torch.randn(8, 5), torch.randn(5, 3)
+    found = _departures(lambda: a @ w.t().contiguous().t(), lambda: a @ w)
+    assert found and "mm" in found[0] and "strides [1, 5]" in found[0], found
+    x, y, z = torch.randn(4), torch.randn(4), torch.randn(4)
+    assert _departures(lambda: (x + y) + z, lambda: x + (y + z))  # re-associated
+    batch = torch.randn(6, 8, 5)
+    assert _departures(lambda: (batch.reshape(48, 5) @ w).reshape(6, 8, 3),
+                       lambda: torch.bmm(batch, w.expand(6, 5, 3)))  # the folded broadcast matmul
+
+
+def test_other_values_are_departures():
+    x = torch.randn(4, 3)
+    assert _departures(lambda: x * 3.0, lambda: x * 2.0)  # a stale Python scalar
+    old, new = torch.randn(3), torch.randn(3)
+    assert _departures(lambda: x * old, lambda: x * new)  # a stale captured tensor
+    same = old.clone()
+    assert _departures(lambda: x * old, lambda: x * same) == []  # equal contents are the same data
+
+
+def _replayed(f, *args):
+    with engine.auto_tracing(True):
+        for _ in range(CALLS):
+            f(*args)
+    return autotraced_state(f)
+
+
+def test_a_pass_that_changes_the_arithmetic_names_itself_on_the_entry():
+    X = torch.randn(20, 5)
+
+    def loss(t):
+        return torch.nn.functional.logsigmoid(X @ t).sum()
+
+    h = engine.hessian(loss)
+    state = _replayed(h, torch.randn(5))
+    (entry,) = state.traced._cache.values()
+    assert entry.rewrites == ("fold_identity_mm",)  # the one-hot basis's matmul, dropped
+    assert set(entry.rewrites) <= set(ARITHMETIC_PASSES)
+    t = torch.randn(5)
+    with engine.auto_tracing(verify=True):  # compared within tolerance: the dropped mm is named, not a departure
+        torch.testing.assert_close(h(t), torch.func.hessian(loss)(t))
+
+
+def test_strides_are_part_of_a_signature():
+    def f(x):
+        return (x @ x.t()).sum(0)
+
+    traced = engine.trace(f)
+    x = torch.randn(6, 6)
+    xt = x.t()
+    for _ in range(3):
+        traced(x)
+        traced(xt)
+    assert traced.cache_info().traces == 2
+    assert torch.equal(traced(xt), f(xt)) and torch.equal(traced(x), f(x))
+
+
+def _nudged(state, amount: float) -> None:
+    """Make the trace's replays differ from the eager call by `amount` at one element, outside the
+    op log: what a kernel rounding differently from call to call looks like to verification."""
+    real_call = state.traced._call
+
+    def call(*args, **kwargs):
+        out = real_call(*args, **kwargs)
+        with _disable_current_modes(), torch.no_grad():
+            out = out.clone()
+            out[0, 0] += amount
+        return out
+
+    state.traced._call = call
+
+
+@pytest.mark.parametrize("amount, raises", [(2e-7, False), (1e-2, True)])
+def test_verification_allows_rounding_alone(amount, raises):
+    def scaled(t):
+        return torch.sin(t) * 2
+
+    f = engine.vmap(scaled)
+    x = torch.randn(4, 3)
+    state = _replayed(f, x)
+    _nudged(state, amount)
+    before = autotrace.rounding_only
+    with engine.auto_tracing(verify=True):
+        if raises:
+            with pytest.raises(ReplayMismatchError, match=r"scaled.*index \(0, 0\)"):
+                f(x)
+        else:
+            f(x)
+            assert autotrace.rounding_only == before + 1
