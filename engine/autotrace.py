@@ -404,8 +404,11 @@ class AutoTraced:
         contract = not fused and not entry.rewrites
         replay_ops, eager_ops = logs() if contract else (nullcontext(), nullcontext())
         stale = _stale_fold(entry) if contract else None
+        failures = self.traced.guard_failures
         with replay_ops:
             out = running(self.traced._call, args, kwargs, fast)
+        # A replay whose branch checks failed ran the function eagerly after the graph: no replay to compare.
+        contract = contract and self.traced.guard_failures == failures
         torch.set_rng_state(rng)
         for g, state in zip(generators, states):
             g.set_state(state)

@@ -578,6 +578,7 @@ class TracedFunction:
         # layouts (engine.replay_contract), and compiled code asserts them.
         self._strides = True
         self._hits = self._misses = self._traces = self._evictions = 0
+        self.guard_failures = 0  # replays whose recorded branch checks failed (run eagerly instead)
         # auto: for engine.autotrace, which has proven the result needs no grad and wants eager
         # semantics silently: no warnings, replays under no_grad, no replay of graphs that write
         # into their inputs or captured tensors.
@@ -707,6 +708,7 @@ class TracedFunction:
         distribution's ValueError naming the invalid parameter). A function that instead takes the
         other branch of its control flow cannot be replayed from this graph: UntraceableError, or
         with fallback='eager' its eager result (warned once)."""
+        self.guard_failures += 1
         out = self._eager(args, kwargs)
         places = ", ".join(dict.fromkeys(entry.guards))
         message = (
