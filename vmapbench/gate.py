@@ -73,7 +73,7 @@ PROBE_BUDGET_S = 0.6
 # from a second folder. In one process a side can run one method 10-25% slower than the others for
 # a whole workload (a few signals a run, any side; seen on the eager and traced calls of mlp_hvp,
 # mlp_loss_hessian, logreg_hessian, nn_transformer): head alone slowed so gave false alarms on an
-# unseen machine (2 idle A/A runs of 9, 2026-11-27, with base's twin as the evidence). A time
+# unseen machine (idle A/A runs with base's twin as the evidence; docs/lab/2026-11-27-gate-calibration.md). A time
 # signal is "slower" only where both copies of head are (`compare`): one copy's slowness is no
 # regression, and the copies' spread is the evidence that sets the floors of a machine without a
 # calibration file. (base slowed so makes head look faster: no failure.)

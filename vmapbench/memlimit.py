@@ -236,10 +236,10 @@ def _is_out_of_memory(exc: BaseException) -> bool:
 def _release_memory() -> None:
     import gc
 
-    from workloads.measure import _release_free_heap
+    from workloads.measure import release_free_heap
 
     gc.collect()
-    _release_free_heap()
+    release_free_heap()
 
 
 def _cap_jax_on_cuda(budget: int) -> None:
