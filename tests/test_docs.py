@@ -101,3 +101,12 @@ def test_every_vmapbench_variable_is_documented() -> None:
     documented = (ROOT / "docs" / "guide" / "environment.md").read_text()
     missing = sorted(v for v in used if f"`{v}`" not in documented)
     assert not missing, f"docs/guide/environment.md lacks {missing}"
+
+
+def test_docs_pages_the_code_points_to_exist() -> None:
+    code = [p for d in ("engine", "workloads", "suite", "vmapbench", "dashboards")
+            for p in (ROOT / d).rglob("*.py")] + [ROOT / "Makefile", ROOT / ".ci" / "run"]
+    cited = {(p.relative_to(ROOT), m) for p in code for m in re.findall(r"\bdocs/[\w/.-]+\.md", p.read_text())}
+    assert any(str(path) == "engine/fused.py" for path, _ in cited), "engine/fused.py points to its design page"
+    missing = sorted(f"{path}: {m}" for path, m in cited if not (ROOT / m).is_file())
+    assert not missing, "code points to docs pages that do not exist:\n" + "\n".join(missing)

@@ -3,7 +3,7 @@
     python -m vmapbench.gate BASE HEAD          # compare two commits (what `make continuous` runs)
     vmapbench gate --calibrate                  # A/A runs and planted slowdowns (PLANTS)
 
-How it measures (see README "The regression gate"): on a shared 2-core box wall-clock times of two
+How it measures (docs/design/gate.md): on a shared 2-core box wall-clock times of two
 processes of one commit differ by up to 40x; CPU time of the measuring process (one intra-op
 thread) and ratios of methods timed interleaved in one process move 10-40% between processes;
 instructions executed in a region under callgrind move < 0.3%. So:
@@ -783,7 +783,7 @@ def calibrated_floors(aa_runs: Sequence[Sequence[Row]], margin: float = 1.5) -> 
 
 
 def signal_family(name: str) -> str:
-    """The README's families of gated signals: counts of the per-op chain, of the eager and of the
+    """The families of gated signals (docs/results/index.md#noise-floors): counts of the per-op chain, of the eager and of the
     replayed (automatic or traced) engine calls; time ratios vs torch.func, vs the loop; per-op time."""
     metric = stats.metric_of(name)
     method = _method(name)

@@ -28,7 +28,7 @@ the budget and the probe time limit and aims its next probes just under and just
 probes decide a row. A probe slower than `--probe-timeout` is killed and counts as a failure whose
 cause is time, not memory, and the row says so. A rerun at the same commit resumes.
 
-Results: results/memlimit/<machine>/<commit8>.json (schema in the README's Memory-limit section).
+Results: results/memlimit/<machine>/<commit8>.json (schema in docs/guide/memlimit.md).
 """
 from __future__ import annotations
 

@@ -305,7 +305,7 @@ def _x_spread(row: Row, method: str | None, over: str | None) -> str:
 
 
 def markdown(rows: Sequence[Row]) -> str:
-    """The rows as a Markdown table (what the README's peers section and the closing note show).
+    """The rows as a Markdown table (docs/results/peers.md renders it from a stored run).
     Ratios are medians over the rounds of the per-round ratio; against the peers, with their
     interquartile range in parentheses."""
     lines = [
