@@ -64,7 +64,7 @@ def test_every_results_table_is_generated() -> None:
     for page in docs_tables.pages():
         if "lab" in page.relative_to(ROOT).parts:
             continue
-        outside = docs_tables.MARKER.sub("", page.read_text())
+        outside = docs_tables.MARKER.sub("", docs_tables.FENCE.sub("", page.read_text()))
         headers = [line for line in outside.splitlines() if re.match(r"\|.*\b(ms|ratio|/ torch\.func|/ jax)\b.*\|", line)]
         assert not headers, f"{page.relative_to(ROOT)} has a pasted results table: {headers[0]}"
 
@@ -83,6 +83,12 @@ def test_a_changed_results_file_makes_its_table_stale(tmp_path: Path) -> None:
     data = (tmp_path / source).read_text().replace('"median": 0.01', '"median": 0.02', 1)
     (tmp_path / source).write_text(data)
     assert docs_tables.stale(tmp_path) == [f"README.md: noise {source}"]
+
+
+def test_a_marker_in_a_code_block_is_an_example(tmp_path: Path) -> None:
+    text = "```\n<!-- table: KIND results/x.json -->\n<!-- /table -->\n```\n"
+    assert docs_tables.render(text, tmp_path) == text
+    assert docs_tables.tables(text) == []
 
 
 def test_an_unknown_kind_or_missing_source_is_an_error(tmp_path: Path) -> None:

@@ -21,6 +21,8 @@ from typing import Any, Callable
 
 ROOT = Path(__file__).resolve().parents[1]
 MARKER = re.compile(r"(<!-- table: (?P<kind>[\w-]+) (?P<source>\S+) -->\n)(?P<body>.*?)(<!-- /table -->)", re.S)
+# Fenced code blocks are left alone: a marker shown as an example is not a table.
+FENCE = re.compile(r"^```.*?^```[^\n]*$", re.S | re.M)
 
 
 def _peer_rows(source: Path) -> list[Any]:
@@ -141,7 +143,16 @@ def render(text: str, root: Path = ROOT) -> str:
             raise FileNotFoundError(f"table {kind!r}: its source {m['source']} does not exist")
         return m[1] + KINDS[kind](source).strip() + "\n" + m[5]
 
-    return MARKER.sub(one, text)
+    out, at = [], 0
+    for fence in FENCE.finditer(text):
+        out += [MARKER.sub(one, text[at:fence.start()]), fence[0]]
+        at = fence.end()
+    return "".join(out + [MARKER.sub(one, text[at:])])
+
+
+def tables(text: str) -> list[re.Match[str]]:
+    """The marked tables of a page, outside its code blocks."""
+    return list(MARKER.finditer(FENCE.sub(lambda m: " " * len(m[0]), text)))
 
 
 def stale(root: Path = ROOT) -> list[str]:
@@ -151,7 +162,7 @@ def stale(root: Path = ROOT) -> list[str]:
         text = page.read_text()
         fresh = render(text, root)
         if fresh != text:
-            for old, new in zip(MARKER.finditer(text), MARKER.finditer(fresh)):
+            for old, new in zip(tables(text), tables(fresh)):
                 if old[0] != new[0]:
                     out.append(f"{page.relative_to(root)}: {old['kind']} {old['source']}")
     return out
