@@ -11,6 +11,7 @@ from pathlib import Path
 
 import pytest
 
+from test_code_hygiene import COMMIT, DATE
 from vmapbench import docs_tables
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -116,3 +117,15 @@ def test_docs_pages_the_code_points_to_exist() -> None:
     assert any(str(path) == "engine/fused.py" for path, _ in cited), "engine/fused.py points to its design page"
     missing = sorted(f"{path}: {m}" for path, m in cited if not (ROOT / m).is_file())
     assert not missing, "code points to docs pages that do not exist:\n" + "\n".join(missing)
+
+
+def test_user_and_design_pages_carry_no_dates_or_commits() -> None:
+    """Dated measurements live in docs/lab/ and results/; the guide, engine and design pages describe
+    the code as it is (a generated table names its results file, which may carry a commit)."""
+    pages = [ROOT / "README.md", ROOT / "docs" / "index.md"]
+    pages += [p for d in ("guide", "engine", "design") for p in sorted((ROOT / "docs" / d).rglob("*.md"))]
+    found = []
+    for page in pages:
+        text = docs_tables.MARKER.sub("", page.read_text())
+        found += [f"{page.relative_to(ROOT)}: {m[0]}" for pattern in (COMMIT, DATE) for m in pattern.finditer(text)]
+    assert not found, "move dated figures into a note under docs/lab/ and link it:\n" + "\n".join(found)
