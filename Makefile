@@ -1,4 +1,4 @@
-# vmapbench: the two commands are `make bench` and `make test`; the rest is documented in README.md.
+# vmapbench: the two commands are `make bench` and `make test`; the rest is documented in docs/ (`make docs`).
 PYTHON ?= python3
 VENV   := .venv
 PY     := $(VENV)/bin/python
@@ -12,7 +12,7 @@ BACKPACK := backpack-for-pytorch==1.7.1
 export OMP_NUM_THREADS ?= 2
 export TORCHINDUCTOR_CACHE_DIR ?= $(CURDIR)/.inductor-cache
 
-.PHONY: bench peers test dashboard profile continuous gate-calibrate coverage list clean venv
+.PHONY: bench peers test dashboard docs profile continuous gate-calibrate coverage list clean venv
 
 # (Re)install only when the project metadata changed: a second run does not touch torch.
 define venv_base
@@ -53,6 +53,12 @@ test: $(PEERS_STAMP)
 dashboard: $(STAMP)
 	$(PY) -m vmapbench dashboard
 
+# The documentation site, offline, into site/: the results tables are rendered from results/ first
+# (commit what changed), then MkDocs builds in strict mode (a broken link or an orphan page fails).
+docs: $(STAMP)
+	$(PY) -m vmapbench.docs_tables
+	$(PY) -m mkdocs build --strict
+
 # make profile W=<workload> M=<method> [ARGS="--device cpu --seconds 5"]
 profile: $(STAMP)
 	$(PY) -m vmapbench profile $(W) --method $(M) $(ARGS)
@@ -92,5 +98,5 @@ list: $(STAMP)
 	$(PY) -m vmapbench list
 
 clean:
-	rm -rf .asv dashboards/out results/html results/profiles .pytest_cache .inductor-cache
+	rm -rf .asv dashboards/out site results/html results/profiles .pytest_cache .inductor-cache
 	find . -name __pycache__ -type d -prune -exec rm -rf {} +

@@ -136,7 +136,7 @@ def wrap(elem: torch.Tensor, level: int) -> BatchedTensor:
     """`elem` (batch at dim 0) as a BatchedTensor of `level`: the hot constructor, every argument of
     the wrapper positional (size, strides, storage offset, memory format, dtype, layout, device,
     pin_memory, requires_grad). A contiguous `elem` passes no strides: the wrapper's default
-    (contiguous) strides are then its logical strides, and building them in C++ is ~1 us cheaper
+    (contiguous) strides are then its logical strides, and building them in C++ is cheaper
     than parsing a strides tuple (issue #18)."""
     r = _make_wrapper(BatchedTensor, elem.shape[1:], None if elem.is_contiguous() else elem.stride()[1:], None, None, elem.dtype, elem.layout, elem.device, False, False)
     r._elem = elem

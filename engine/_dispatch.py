@@ -306,7 +306,7 @@ def _unary_plan(general: Callable[[tuple, dict], Any], call: Any, returns_self: 
 
 # Python numbers as the second operand of a Tensor-Tensor op (`x * 1.5` reaches the engine as
 # mul.Tensor(x, 1.5): torch wrapped the number in a tensor and unwrapped it for Python). Handing the
-# number back to the op's binding makes torch wrap it again, ~2.5 us per op (issue #18); a cached
+# number back to the op's binding makes torch wrap it again on every op (issue #18); a cached
 # 0-dim tensor of the other operand's dtype computes the same thing, bit for bit, where:
 # - that dtype is float32 or float64: the result dtype is that dtype either way, and the kernel reads
 #   the wrapped number cast to it, which is the cached tensor's value (half and bfloat16 read a

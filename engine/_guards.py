@@ -5,9 +5,8 @@ torch.func checks these in C++ while its transform stack is non-empty: `Tensor.r
 and `autograd.Function.apply` of a Function without functorch support. The engine has no C++ hook,
 so it puts checking wrappers around those three entry points, once per process (the first transform
 installs them), and the wrappers are inert while no transformed function runs: they check a depth
-counter and call the original. Installing and removing them around every transform call cost ~66 us
-per patch, four patches per call (issue #18); an inert wrapper costs one Python call outside
-transforms. Engine code that must mark its own leaves calls `requires_grad(t)`, which bypasses the
+counter and call the original. Installing and removing them around every transform call cost more than
+the calls they guard (issue #18); an inert wrapper costs one Python call outside transforms. Engine code that must mark its own leaves calls `requires_grad(t)`, which bypasses the
 check.
 
 Under `vmap` alone (no grad transform running) they raise too, as in torch.func, although

@@ -187,8 +187,8 @@ class AutoTraced:
                             # Same signature, its guard's native check rebuilt (a tag moved and the
                             # contents held): the memo follows at once, uncounted. The backoff is for
                             # signatures that alternate; the guard's own credit bounds these rebuilds
-                            # (a build costs about what the native one did; under the backoff it came
-                            # at doubling intervals, a millisecond inside whichever call reached it).
+                            # (a backoff here would put each build, as costly as the native one's,
+                            # inside whichever call its count ran out in; tests/test_autotrace_quick.py).
                             self._remember(entry, native, args, counted=False)
                         elif self._memo_wait:
                             self._memo_wait -= 1
@@ -207,8 +207,8 @@ class AutoTraced:
         between signatures (or with arguments other than plain tensors, which get no memo) build
         O(log calls) of them (each costs what the guard's native check took to build). A rebuild
         for the memo's own signature after its guard's native check was rebuilt is not counted
-        (`counted=False`): once a tag moved, waiting out a backoff there left every call on the
-        slower path for 2^k calls, and the rebuild then landed wherever the count ran out."""
+        (`counted=False`): a backoff there would leave every call on the slower path for 2^k calls
+        and land the rebuild wherever the count ran out."""
         if counted:
             self._memo_builds += 1
             if self._memo_builds >= _MEMO_BUILDS:

@@ -3,8 +3,8 @@
 A Hessian-vector product as users write it, `_, vjp_fn = engine.vjp(engine.grad(f), x)` then
 `engine.vmap(vjp_fn)(vectors)`, makes a new `vjp_fn` at every call: a closure over that call's
 autograd graph. Automatic tracing keys what it records by what a callable is (engine.autotrace),
-and a closure over an autograd graph is a new thing each time, so the whole product ran eagerly
-(5.3x jax.jit's time on mlp_hvp). What a vjp_fn *is* does not change from call to call: the
+and a closure over an autograd graph is a new thing each time, so the whole product ran eagerly.
+What a vjp_fn *is* does not change from call to call: the
 vector-Jacobian product of `func` at `primals`. So, at the outermost level with automatic tracing
 on, `vmap(vjp_fn)` is traced as the function `(primals, cotangents) -> vmap(lambda c:
 vjp(func, *primals)[1](c))(cotangents)` (`_Pullback`, one AutoTraced per (func, vmap options),

@@ -1,33 +1,11 @@
-"""The fused tier: a replayed graph that pays becomes one inductor program, compiled without
-blocking anyone.
+"""The fused tier: a replayed graph that pays for its compile becomes one inductor program.
 
-Tiers, per signature of an `engine.trace`d (or automatically traced) function:
-eager (the first call, which records the graph) -> replay (the graph's aten ops one by one from
-Python, engine.trace) -> fused (one inductor program for the whole graph). A signature moves up to
-fused when its own counters say it pays: `pays(replays, replay_seconds, compile_seconds)`, that is
-the time the fused program is expected to save over the calls seen so far (as many calls again are
-expected) reaches the compile's cost; a graph whose program is already on disk (a compile of an
-earlier process, see `GraphIndex`) costs only its load and moves up after `MIN_REPLAYS` replays.
-
-The compile runs in a worker process (engine.fused_worker: a compile thread would hold the GIL and
-stall every op of the replays it is meant not to block); a thread of this process talks to it and
-loads the result. Calls keep replaying until the program is ready, then switch at their next call.
-`settle()` waits for the pending compiles (benchmarks call it so no timing mixes tiers).
-
-The program is inductor's generated `call` for the graph, decomposed with inductor's
-decompositions and compiled by `compile_fx_inner` directly (no AOTAutograd runtime wrapper, no
-dynamo guards): the engine's signature is the guard, plus a check of the input strides and data
-alignment the program was specialised to (a mismatch replays). Random ops run as aten calls
-(`fallback_random`), so the fused program draws what the replay would. Before inductor, the worker
-lowers what inductor would leave to the program's Python (engine.fused_worker.LOWERING, part of
-the on-disk key): torch.distributions' checks (`_is_all_true`) become reductions fused with the
-comparison they reduce, and the replay guard's `all(stack(conditions))` one boolean expression.
-
-Switch: `fused_tier(False)` (a context manager, this thread) or VMAPBENCH_FUSED=0 keep every call
-on the replay path, exactly as without this tier; `fused_tier("force")` / VMAPBENCH_FUSED=force
-compile at the first replay of every signature and wait for it (a test mode: every replay runs
-fused). Only graphs without in-place writes are fused, and only calls that need no autograd graph
-(grad mode off, or no input or captured tensor requiring grad).
+Per signature of a traced function, calls climb eager -> replay -> fused once `pays` says the
+saving expected reaches the compile's cost. The compile runs in a worker process
+(engine.fused_worker) so the replays it should not block keep running; `settle()` waits for it.
+The engine's signature is the program's guard, plus the strides and alignment it was specialised
+to. Switch: `fused_tier(False | "force")` or VMAPBENCH_FUSED=0|force. Design and reasons:
+docs/design/fused.md.
 """
 from __future__ import annotations
 
@@ -57,8 +35,8 @@ __all__ = ["FusedProgram", "Tier", "compile_now", "fused_mode", "fused_tier", "p
 OFF, ON, FORCE = "off", "on", "force"
 
 # The policy's constants. A compile nobody has timed on this machine is assumed to cost
-# COLD_COMPILE_S (inductor on a 2-core CPU: 10-40 s); a fused program is assumed to save
-# EXPECTED_SAVING of a replay's time (measured: 0.3-0.9 on the workloads); a signature needs
+# COLD_COMPILE_S (inductor's C++ builds on a small CPU); a fused program is assumed to save
+# EXPECTED_SAVING of a replay's time; a signature needs
 # MIN_REPLAYS replays before anything is spent on it (a function called a few times never compiles).
 COLD_COMPILE_S = 20.0
 EXPECTED_SAVING = 0.5
@@ -241,7 +219,7 @@ class FusedProgram:
     its sources keeps the data pointer, sizes and strides it had when the values were computed,
     and the values themselves are the fold's own tensors (nobody else holds them to change their
     layout). So once every input passed the stride and alignment checks beside one values tuple,
-    a call with that same tuple checks only the `live` inputs: on bayes_hmc 2 of 13."""
+    a call with that same tuple checks only the `live` inputs (the call's arguments, typically a few of them)."""
 
     __slots__ = ("call", "strides", "layout", "key", "seconds", "source", "copies_ok", "proof", "live", "gather",
                  "live_check")
@@ -625,8 +603,7 @@ class _CudaCapture:
 
 class CudaGraphed:
     """A CUDA program replayed as one CUDA graph: one launch instead of one per kernel, where these
-    small programs spend their time launching (bayes_hmc on an H100: the GPU busy 1.5% of the
-    time). Captured at its first call on buffers of its own (`static`), each later call copies its
+    small programs spend their time launching (the GPU idles between host-bound launches). Captured at its first call on buffers of its own (`static`), each later call copies its
     inputs into them, replays, and returns copies of the outputs (the next replay overwrites the
     buffers), under a lock (the buffers are shared). A call whose inputs have other strides, or
     that needs autograd, goes to the program itself, whose checks decide. A capture that fails, or
@@ -681,8 +658,7 @@ class CudaGraphed:
 class Trial:
     """A CPU program's first calls, alternated with the replay's and timed (`TRIAL_CALLS` each, after
     one untimed call each): a program inductor made slower than the replay it replaces (large
-    convolutions, where its layout choices cost more than fusing saves: nn_cifar_cnn, 41.8 against
-    34.7 ms) is dropped, and the signature keeps replaying (`Tier.slower`, shown by tiers()); else
+    convolutions, where its layout choices cost more than fusing saves) is dropped, and the signature keeps replaying (`Tier.slower`, shown by tiers()); else
     the entry gets the program itself. Either side's result is the call's (the replay's is exact, the
     program's within the tier's tolerance). On CUDA, host time says little of a program's cost, so
     CUDA programs start without a trial. It stands in for the program meanwhile (its attributes)."""

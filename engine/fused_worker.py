@@ -3,7 +3,7 @@ inductor programs (engine.fused starts it; run as a script, it imports torch onl
 
 Why a process and not a thread: inductor's compile is seconds of Python, and a replay in the
 calling process releases the GIL at every op; with a compile thread holding it, each op would wait
-up to the interpreter's switch interval (5 ms) to get it back, so "keep replaying while it compiles"
+up to the interpreter's switch interval (`sys.getswitchinterval()`) to get it back, so "keep replaying while it compiles"
 would stall as badly as blocking. In a process the compile costs the caller nothing but a core.
 
 Protocol (stdin/stdout, each message a 4-byte big-endian length then a pickle):

@@ -1,74 +1,13 @@
 """The Python state a recorded graph was made under, and a cheap check that it is unchanged.
 
-A graph recorded from a run of `fn` bakes in every Python value the run read: closure variables,
-globals, attributes of the objects it reached (a Module's `training` flag, its hooks, which
-Parameter objects it holds, a float attribute used as a scale), the contents of captured lists
-and dicts. `StateGuard(roots)` walks what is reachable from the roots (the function, and the
-nn.Modules and global names engine.purity saw the run use) and records, for every container on
-the way, the identity of what it holds: closure cells, global names, `__dict__` values, list and
-dict entries, a Module's parameters, buffers, submodules and hook tables; for tensors reached, the
-metadata a graph depends on (shape, strides, dtype, device, requires_grad: a tensor's *values* are
-read live by the replay). `holds()` compares the current state with the recorded one by identity
-(container sizes and tensor metadata by equality). User classes (not torch's or the engine's)
-are walked too: their attributes and methods.
-
-The rules, by class of state rather than by case:
-- **Scalars** are compared by identity here, and keyed by their exact bits where they are
-  arguments (engine.trace.exact_value): 0.0 and -0.0, NaN payloads, 1 and True never match.
-- **Memory other than tensors** (numpy arrays, bytearray, array.array, memoryview, anything with
-  the buffer protocol or `__array_interface__`) reached from the function is guarded by its
-  contents: a copy of its bytes, compared on every check, up to `MAX_BUFFER_BYTES`; a larger one,
-  or one whose bytes cannot be read (`__cuda_array_interface__`, object arrays), is unprovable.
-- **Attribute reads** through any object the function reaches are guarded: `__dict__` entries,
-  `__slots__` values, class attributes (properties, staticmethods and classmethods are followed
-  to their functions), functools.partial's arguments, and the attributes of Python modules
-  however reached (a global, a closure cell, a default, an attribute): every name the walked
-  user code reads (its co_names) that a reached module holds is guarded like a global. A
-  function's own globals are the names its instructions read as globals (engine.purity's
-  global_names), not every co_name: an attribute read is not a global read.
-- **Tensors** reached are guarded by metadata (their values are read live by the replay).
-- **The engine's own closures** (a transform's options and the function it wraps) are walked, and
-  what they hold is guarded, but their cells are not: no code rebinds them (see `_function`).
-  nn.Module's global hook tables are guarded where a Module is reached: they run in
-  Module.__call__ alone, and a Module the function makes and calls is one the watched run saw.
-- **Code that ran.** Given `ran` (the user code objects the watched runs executed), a user
-  function reached whose code never ran is guarded where it is held (the dict, list or cell
-  holding it, by identity) but not walked: its closure, defaults and globals are read by no
-  run (code compiled from a string is walked whenever reached: each trace makes new such code,
-  torch's own, so which of it ran is not tracked). A run that would reach it needs a different path through the Python that ran, which
-  reads only guarded state (tensor-valued branches are guards of the recorded graph), so it
-  fails a guard first. A dataclass holding the model's torch log joint and its JAX twin is
-  walked as far as the torch function, not into the twin's lazy `jax` proxy and `sys.modules`.
-  A function another callable wraps (`__wrapped__`: an lru_cache, whose result may come from a
-  run before the watched one, out of sight) is walked whether or not it ran.
-
-What it cannot see is refused rather than trusted: an iterator or generator reachable from the
-function (a replay would not advance it), a buffer it cannot read or larger than the bound, or
-more reachable state than `MAX_ITEMS` (guarding it would cost more than the replay saves):
-`unprovable` names it, and the caller keeps eager.
-
-The check is made cheap by doing in C what can be. Per call, `holds()` runs one tree of torch's
-C++ guards (`_NativeGuard`: the guard manager torch.compile's own guards run on) that checks every
-guarded dict by its version tag (a dict's tag moves on every write into it, so an unchanged tag
-proves unchanged contents without reading them), every tensor by torch's tensor-match guard, and
-cells, names, slots, list items and classes by identity, in one call with no Python frame per
-item. The tree also checks torch's ambient state as it was when built (its global-state guard:
-grad mode, autocast, the default dtype; the torch-function mode stack; a probe tensor whose
-dispatch-key check sees inference mode), so it is built once per grad mode, and the replay path
-of engine.autotrace (which runs `_NativeGuard.holds` inline) needs no other check of those. Then
-the float32 precision (`float32_precision`: torch's matmul precision, or every backend's and op's
-setting where the per-backend API makes that getter raise), torch.distributions' validate_args
-default and the few things the tree cannot express, in Python. Built with a call's arguments
-(plain strided tensors: `_NativeGuard.build(guard, args)`), the same tree also proves their
-number and metadata, all that engine.trace's signature key of such arguments holds but the grad
-mode, which its global-state guard checks: engine.autotrace's replay path then builds no key in
-Python for a call like the last replayed one (`AutoTraced._memo`). Where
-the tree fails, the Python comparison decides (identities read with map/chain over the guarded
-containers; tuples and frozensets are not re-read, being immutable): a write that restored what
-was there holds, and the tags are taken anew. The check stays linear in the number of guarded
-containers (about 16 per Module), at a few tens of nanoseconds each: without dict watchers
-(Python 3.12's PyDict_AddWatcher) a write into a dict cannot announce itself, so a constant-time
-check would have to trust that nothing wrote, which is not proven.
+A replayed graph bakes in every Python value its recording read (closure cells, globals, the
+attributes, hooks, parameters and flags of reached objects and Modules, captured containers).
+`StateGuard(roots)` walks what is reachable from the function and records it by identity
+(container sizes and tensor metadata by equality; tensor values are read live by the replay);
+`holds()` says whether it is unchanged, mostly in one call of torch's C++ guard tree
+(`_NativeGuard`). What the walk cannot prove (iterators, unreadable or large buffers, more than
+`MAX_ITEMS` objects) is named by `unprovable`, and the caller stays eager. The rules by class of
+state and why: docs/design/replay-contract.md and docs/design/tracing.md.
 """
 from __future__ import annotations
 
@@ -312,7 +251,7 @@ class StateGuard:
         library reading them directly, however it was reached). Otherwise a Field's attributes
         are read by no run, like the code of a function that never ran: the Field objects stay
         guarded where they are held (the fields dict, by identity), but what they hold is not
-        walked. On bayes_hmc they were 88 of the guard's 127 slotted attributes."""
+        walked. In a frozen dataclass the Fields are most of the slotted attributes reached."""
         if self._attr_names & _DATACLASS_META_NAMES:
             return True
         return any(code.co_filename == _DATACLASSES_FILE or not _DATACLASS_META_NAMES.isdisjoint(_code_names(code))

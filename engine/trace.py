@@ -59,7 +59,7 @@ aten = torch.ops.aten
 _fused_switch = fused._local
 _FUSED_OFF = fused.OFF
 
-__all__ = ["CacheInfo", "TracedFunction", "UntraceableError", "compile", "trace"]
+__all__ = ["CacheInfo", "TracedFunction", "UntraceableError", "compile", "compile_with_inductor", "trace"]
 
 
 class UntraceableError(DataDependentError):
@@ -536,7 +536,7 @@ def distribution_validation_kept() -> Iterator[None]:
         Distribution.set_default_validate_args(default)
 
 
-def _compile_with_inductor(gm: torch.fx.GraphModule, inputs: list, kwargs: dict) -> Callable:
+def compile_with_inductor(gm: torch.fx.GraphModule, inputs: list, kwargs: dict) -> Callable:
     """Compile an already-recorded aten graph with inductor, without dynamo.
 
     torch.compile(gm) would have dynamo trace the graph's Python code again (redundant: it is
@@ -829,7 +829,7 @@ class TracedFunction:
             elif _direct_inductor(kwargs) and fused.candidate(entry.gm) and not _needs_grad(inputs):
                 compiled = _direct_program(entry.gm, inputs, kwargs)
             elif _direct_inductor(kwargs):
-                compiled = _compile_with_inductor(entry.gm, inputs, kwargs)
+                compiled = compile_with_inductor(entry.gm, inputs, kwargs)
             else:
                 compiled = torch.compile(entry.gm, **kwargs)
             compiled(*inputs)  # the first call: lazy initialisation (and, through torch.compile, the compile)
@@ -849,7 +849,7 @@ def _direct_program(gm: torch.fx.GraphModule, inputs: list, kwargs: dict) -> Cal
     try:
         program = fused.compile_now(gm, inputs, _inductor_patches(kwargs))
     except (RuntimeError, ValueError):
-        return _compile_with_inductor(gm, inputs, kwargs)
+        return compile_with_inductor(gm, inputs, kwargs)
     replay = gm.forward
 
     def run(*args: torch.Tensor) -> Any:

@@ -460,7 +460,7 @@ class _WritableAlias(torch.autograd.Function):
     taken with respect to the prepared input, whose value is the one before the write.
 
     The old-style Function (forward takes ctx): the functorch-compatible form (setup_context) binds
-    its arguments through inspect.signature on every call, ~50 us. torch.func refuses the old
+    its arguments through inspect.signature on every call, which is slow. torch.func refuses the old
     style under its own transforms, so there (`_writable`) the input is passed as it was before."""
 
     @staticmethod

@@ -1864,7 +1864,7 @@ def _make_scaler(box):
 
 
 def test_a_user_closure_set_on_a_library_module_reads_a_changed_list(monkeypatch):
-    """Found 2026-11-26: the guard did not walk a library module's values, so a user closure
+    """The guard once did not walk a library module's values, so a user closure
     reached only as `functools.<name>` kept its captured list unguarded and replays returned the
     list's old contents."""
     box = [2.0]

@@ -1,5 +1,5 @@
 """The project's import graph has no circle: each module imports only from layers below it
-(README, "Architecture"). Every import counts, at module level or inside a function, so a circle
+(docs/design/architecture.md). Every import counts, at module level or inside a function, so a circle
 cannot hide behind a function-level import; a package's modules importing the package's own
 `__init__` (e.g. `workloads.peers.opacus` -> `workloads.peers`) is no circle, as Python runs the
 `__init__` first."""

@@ -3,7 +3,7 @@
     python -m vmapbench.gate BASE HEAD          # compare two commits (what `make continuous` runs)
     vmapbench gate --calibrate                  # A/A runs and planted slowdowns (PLANTS)
 
-How it measures (see README "The regression gate"): on a shared 2-core box wall-clock times of two
+How it measures (docs/design/gate.md): on a shared 2-core box wall-clock times of two
 processes of one commit differ by up to 40x; CPU time of the measuring process (one intra-op
 thread) and ratios of methods timed interleaved in one process move 10-40% between processes;
 instructions executed in a region under callgrind move < 0.3%. So:
@@ -73,7 +73,7 @@ PROBE_BUDGET_S = 0.6
 # from a second folder. In one process a side can run one method 10-25% slower than the others for
 # a whole workload (a few signals a run, any side; seen on the eager and traced calls of mlp_hvp,
 # mlp_loss_hessian, logreg_hessian, nn_transformer): head alone slowed so gave false alarms on an
-# unseen machine (2 idle A/A runs of 9, 2026-11-27, with base's twin as the evidence). A time
+# unseen machine (idle A/A runs with base's twin as the evidence; docs/lab/2026-11-27-gate-calibration.md). A time
 # signal is "slower" only where both copies of head are (`compare`): one copy's slowness is no
 # regression, and the copies' spread is the evidence that sets the floors of a machine without a
 # calibration file. (base slowed so makes head look faster: no failure.)
@@ -783,7 +783,7 @@ def calibrated_floors(aa_runs: Sequence[Sequence[Row]], margin: float = 1.5) -> 
 
 
 def signal_family(name: str) -> str:
-    """The README's families of gated signals: counts of the per-op chain, of the eager and of the
+    """The families of gated signals (docs/results/index.md#noise-floors): counts of the per-op chain, of the eager and of the
     replayed (automatic or traced) engine calls; time ratios vs torch.func, vs the loop; per-op time."""
     metric = stats.metric_of(name)
     method = _method(name)

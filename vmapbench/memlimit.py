@@ -28,7 +28,7 @@ the budget and the probe time limit and aims its next probes just under and just
 probes decide a row. A probe slower than `--probe-timeout` is killed and counts as a failure whose
 cause is time, not memory, and the row says so. A rerun at the same commit resumes.
 
-Results: results/memlimit/<machine>/<commit8>.json (schema in the README's Memory-limit section).
+Results: results/memlimit/<machine>/<commit8>.json (schema in docs/guide/memlimit.md).
 """
 from __future__ import annotations
 
@@ -236,10 +236,10 @@ def _is_out_of_memory(exc: BaseException) -> bool:
 def _release_memory() -> None:
     import gc
 
-    from workloads.measure import _release_free_heap
+    from workloads.measure import release_free_heap
 
     gc.collect()
-    _release_free_heap()
+    release_free_heap()
 
 
 def _cap_jax_on_cuda(budget: int) -> None:

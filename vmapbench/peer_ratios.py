@@ -305,7 +305,7 @@ def _x_spread(row: Row, method: str | None, over: str | None) -> str:
 
 
 def markdown(rows: Sequence[Row]) -> str:
-    """The rows as a Markdown table (what the README's peers section and the closing note show).
+    """The rows as a Markdown table (docs/results/peers.md renders it from a stored run).
     Ratios are medians over the rounds of the per-round ratio; against the peers, with their
     interquartile range in parentheses."""
     lines = [
@@ -382,7 +382,7 @@ def overhead(rounds: int, budget_s: float) -> dict[str, list[float]]:
     TracedFunction (signature, checks); program is inductor's generated `call` alone; artifact is
     standalone_compile's (AOTAutograd's runtime wrapper); jax.jit is XLA's, result ready."""
     import engine
-    from engine.trace import _compile_with_inductor
+    from engine.trace import compile_with_inductor
     from suite import probes
 
     x = torch.randn(8)
@@ -395,7 +395,7 @@ def overhead(rounds: int, budget_s: float) -> dict[str, list[float]]:
     if entry.fused is None:
         raise RuntimeError(f"the fused tier did not compile the empty-ish graph: {fused_fn.tiers()}")
     program = entry.fused.call
-    artifact = _compile_with_inductor(entry.gm, [x], {})
+    artifact = compile_with_inductor(entry.gm, [x], {})
     calls: dict[str, Callable[[], Any]] = {
         "torch eager": lambda: x + 1,
         "replay": lambda: _replay_off(replay, x),

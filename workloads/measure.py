@@ -105,7 +105,7 @@ def _reset_peak_rss() -> bool:
         return False
 
 
-def _release_free_heap() -> None:
+def release_free_heap() -> None:
     """Hand memory that glibc keeps in its free lists back to the OS (no-op off glibc).
 
     Without this, a call that reuses blocks freed by an earlier call shows no RSS growth at all.
@@ -133,7 +133,7 @@ def rss_delta_bytes(fn: Callable[[], Any]) -> int:
     """
     if not _STATUS.exists():
         raise RuntimeError("rss_delta_bytes needs /proc/self/status (Linux); it is not available here")
-    _release_free_heap()
+    release_free_heap()
     if _reset_peak_rss():
         before = _status_kib("VmRSS")
     else:

@@ -106,7 +106,7 @@ def python_binding(func: Any) -> Any:
     with the op's positional arguments and no keyword arguments, or None.
 
     Inside `__torch_dispatch__`, `OpOverload.__call__` (even its `_op`) parses the arguments against
-    the schema in a slower boxed path; the binding's argument parser is ~2-3 us faster per call (issue
+    the schema in a slower boxed path; the binding's argument parser is faster per call (issue
     #18). It is the same op only when a call passes exactly the schema's positional arguments, so it
     is given only for ops none of whose positional arguments has a default (every call from the
     dispatcher then passes all of them, and the binding resolves them to an overload of the same name:
@@ -144,7 +144,7 @@ def dim_binding(func: Any) -> Any:
     the dispatcher then leaves a trailing default out, and the binding fills in the same one. That
     the binding resolves to `func` itself and not a sibling overload is checked for every op that
     gets one by tests/test_hot_path.py, which records the op the binding dispatches. Inside
-    `__torch_dispatch__` the binding is ~2 us cheaper than `OpOverload._op` (issue #18).
+    `__torch_dispatch__` the binding is cheaper than `OpOverload._op` (issue #18).
     """
     binding = None
     schema = func._schema

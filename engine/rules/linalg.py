@@ -38,9 +38,8 @@ def _column_major_rows(a: torch.Tensor) -> bool:
 
 def _rows_product(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
     """a @ b for a column-major a [M, k]: as (b^T @ a^T)^T where the output is narrow. The CPU's
-    GEMM (MKL) multiplies a transposed left operand into a narrow output on a slow path: [1024, 64]
-    @ [64, 8] took 201 us against 26.5 us the other way round (mlp_hvp's batched weight gradient,
-    the bulk of its program); at 64 columns the two are within 1.3x, at one it is a matrix-vector
+    GEMM (MKL) multiplies a transposed left operand into a narrow output on a slow path (a batched
+    weight gradient of a narrow layer is such a product); at 64 columns the two are within 1.3x, at one it is a matrix-vector
     product either way. Same values up to the summation order of one GEMM against another."""
     if b.shape[1] in _NARROW and b.stride(1) == 1:
         return (b.t() @ a.t()).t()

@@ -128,8 +128,8 @@ def _backward_of_a_shared_weight(B, no_n, go, xm, weight, bsz, stride, padding, 
     gradient is one plain convolution backward with the batch folded into N (the weight is the same
     for every element); only the weight's and bias's gradients need the groups trick, for which the
     kernel reads no weight values (its shape only: an expanded one-element tensor stands for the
-    B copies). The groups form of the input gradient cost up to twice the plain one (nn_cifar_cnn),
-    and so did materializing B copies of the weight."""
+    B copies). The groups form of the input gradient is slower than the plain one on large convolutions,
+    and so is materializing B copies of the weight."""
     gi = gw = gb = None
     if output_mask[0]:
         gi = aten.convolution_backward.default(go.flatten(0, 1), xm.flatten(0, 1), weight, None, stride, padding,

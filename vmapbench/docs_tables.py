@@ -1,0 +1,190 @@
+"""Renders every results table of README.md and docs/ from the committed files under results/.
+
+    python -m vmapbench.docs_tables           # rewrite the tables whose data changed
+    python -m vmapbench.docs_tables --check   # exit 1 naming each stale table (tests/test_docs.py)
+
+A table sits between `<!-- table: KIND SOURCE -->` and `<!-- /table -->`; SOURCE is a results
+file relative to the repository root, so the page says which run it shows. KINDS lists the
+renderers. Text around a table is prose and is never touched.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import re
+import statistics
+import sys
+from collections import defaultdict
+from pathlib import Path
+from typing import Any, Callable
+
+ROOT = Path(__file__).resolve().parents[1]
+MARKER = re.compile(r"(<!-- table: (?P<kind>[\w-]+) (?P<source>\S+) -->\n)(?P<body>.*?)(<!-- /table -->)", re.S)
+# Fenced code blocks are left alone: a marker shown as an example is not a table.
+FENCE = re.compile(r"^```.*?^```[^\n]*$", re.S | re.M)
+
+
+def _peer_rows(source: Path) -> list[Any]:
+    from vmapbench.peer_ratios import Row
+
+    fields = set(Row.__dataclass_fields__)
+    return [Row(**{k: v for k, v in r.items() if k in fields}) for r in json.loads(source.read_text())["rows"]]
+
+
+def peers(source: Path) -> str:
+    """peer_ratios' own Markdown table of a stored run."""
+    from vmapbench.peer_ratios import markdown
+
+    return markdown(_peer_rows(source))
+
+
+def peers_compile(source: Path) -> str:
+    """peer_ratios' compile-cost table of a stored run."""
+    from vmapbench.peer_ratios import compile_markdown
+
+    return compile_markdown(_peer_rows(source))
+
+
+def _geomean(values: list[float]) -> float:
+    values = [v for v in values if not math.isnan(v)]
+    return math.exp(statistics.fmean(math.log(v) for v in values)) if values else math.nan
+
+
+def peers_headline(source: Path) -> str:
+    """Per workload family of the registry: geometric means of a stored run's per-workload ratios."""
+    from vmapbench.peer_ratios import REFERENCE
+    from workloads.base import get
+
+    by_family: dict[str, list[Any]] = defaultdict(list)
+    rows = _peer_rows(source)
+    for row in rows:
+        try:
+            family = get(row.workload).family
+        except KeyError:
+            family = "(no longer in the registry)"
+        by_family[family].append(row)
+
+    def line(name: str, group: list[Any]) -> str:
+        cells = [_geomean([r.ratio(r.ours, over) for r in group]) for over in (REFERENCE, "jax")]
+        cells.append(_geomean([r.ratio(r.ours, r.best_peer) for r in group]))
+        return f"| {name} | {len(group)} | " + " | ".join("-" if math.isnan(c) else f"{c:.2f}" for c in cells) + " |"
+
+    lines = ["| family | workloads | ours / torch.func | ours / jax.jit | ours / best peer |",
+             "| --- | --- | --- | --- | --- |"]
+    lines += [line(f, g) for f, g in sorted(by_family.items())]
+    lines.append(line("**all**", rows))
+    return "\n".join(lines)
+
+
+def noise(source: Path) -> str:
+    """The gate's calibrated noise floors of one machine, per signal family."""
+    doc = json.loads(source.read_text())
+    lines = ["| signal family | signals | median floor | largest floor |", "| --- | --- | --- | --- |"]
+    for family, f in sorted(doc["families"].items()):
+        lines.append(f"| {family} | {f['signals']} | {f['median']:.1%} | {f['max']:.1%} |")
+    return "\n".join(lines)
+
+
+def coverage(source: Path) -> str:
+    """The OpInfo coverage report's summary: the engine against torch.func over the same cases."""
+    summary = json.loads(source.read_text())["summary"]
+    statuses = ("native", "fallback", "mismatch", "error", "skip")
+    lines = ["| vmap of | " + " | ".join(statuses) + " |", "| --- |" + " --- |" * len(statuses)]
+    for side, label in (("engine", "engine"), ("torch_func", "torch.func")):
+        lines.append(f"| {label} | " + " | ".join(str(summary[side][s]) for s in statuses) + " |")
+    return "\n".join(lines)
+
+
+def memlimit(source: Path) -> str:
+    """The memory-limit experiment: the largest batch per workload and method within the budget."""
+    doc = json.loads(source.read_text())
+    methods: list[str] = []
+    cells: dict[tuple[str, str], str] = {}
+    order: list[tuple[str, str]] = []
+    mark = {"memory": "", "time": " (t)", "cap": " (cap)"}
+    for r in doc["rows"]:
+        key = (r["workload"], r["size"])
+        if key not in order:
+            order.append(key)
+        if r["method"] not in methods:
+            methods.append(r["method"])
+        cells[key + (r["method"],)] = (
+            f"{r['max_batch']}{mark.get(r.get('limited_by'), '')}" if r["status"] == "ok" else r["status"])
+    lines = ["| workload | size | " + " | ".join(methods) + " |", "| --- | --- |" + " --- |" * len(methods)]
+    for key in order:
+        lines.append(f"| {key[0]} | {key[1]} | " + " | ".join(cells.get(key + (m,), "-") for m in methods) + " |")
+    return "\n".join(lines)
+
+
+KINDS: dict[str, Callable[[Path], str]] = {
+    "peers": peers,
+    "peers-compile": peers_compile,
+    "peers-headline": peers_headline,
+    "noise": noise,
+    "coverage": coverage,
+    "memlimit": memlimit,
+}
+
+
+def pages(root: Path = ROOT) -> list[Path]:
+    """README.md and every Markdown page under docs/."""
+    return [root / "README.md", *sorted((root / "docs").rglob("*.md"))]
+
+
+def render(text: str, root: Path = ROOT) -> str:
+    """`text` with every marked table rendered afresh from its source."""
+
+    def one(m: re.Match[str]) -> str:
+        kind, source = m["kind"], root / m["source"]
+        if kind not in KINDS:
+            raise ValueError(f"unknown table kind {kind!r} (known: {', '.join(KINDS)})")
+        if not source.is_file():
+            raise FileNotFoundError(f"table {kind!r}: its source {m['source']} does not exist")
+        return m[1] + KINDS[kind](source).strip() + "\n" + m[5]
+
+    out, at = [], 0
+    for fence in FENCE.finditer(text):
+        out += [MARKER.sub(one, text[at:fence.start()]), fence[0]]
+        at = fence.end()
+    return "".join(out + [MARKER.sub(one, text[at:])])
+
+
+def tables(text: str) -> list[re.Match[str]]:
+    """The marked tables of a page, outside its code blocks."""
+    return list(MARKER.finditer(FENCE.sub(lambda m: " " * len(m[0]), text)))
+
+
+def stale(root: Path = ROOT) -> list[str]:
+    """'page: kind source' for each table whose committed text differs from its data."""
+    out = []
+    for page in pages(root):
+        text = page.read_text()
+        fresh = render(text, root)
+        if fresh != text:
+            for old, new in zip(tables(text), tables(fresh)):
+                if old[0] != new[0]:
+                    out.append(f"{page.relative_to(root)}: {old['kind']} {old['source']}")
+    return out
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m vmapbench.docs_tables", description=__doc__.splitlines()[0])
+    parser.add_argument("--check", action="store_true", help="only report stale tables (exit 1 if any)")
+    args = parser.parse_args(argv)
+    if args.check:
+        found = stale()
+        for item in found:
+            print(f"stale table: {item} (run `python -m vmapbench.docs_tables`)")
+        return 1 if found else 0
+    for page in pages():
+        text = page.read_text()
+        fresh = render(text)
+        if fresh != text:
+            page.write_text(fresh)
+            print(f"updated {page.relative_to(ROOT)}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
