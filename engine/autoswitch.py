@@ -8,7 +8,8 @@ part of that run, never start an automatic trace of their own.
 `auto_tracing(enabled)` turns automatic tracing on or off inside its block (this thread); the
 process-wide default is on, off with the environment variable VMAPBENCH_AUTO_TRACE=0.
 `auto_tracing(verify=True)` (or VMAPBENCH_AUTO_TRACE=verify) turns on shadow verification: every
-replay also runs the eager call and raises engine.errors.ReplayMismatchError where they differ.
+replay also runs the eager call and raises engine.errors.ReplayMismatchError where the replay breaks
+its contract (engine.replay_contract).
 """
 from __future__ import annotations
 

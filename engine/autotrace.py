@@ -387,8 +387,8 @@ class AutoTraced:
 
     def _shadow(self, args: tuple, kwargs: dict, fast: Any, key: Any) -> Any:
         """Shadow verification: the replay, then the eager call from the same random state, compared
-        (exactly; within the dtype's default tolerance where the result came from a fused program).
-        The replay's result is returned; the eager call is not counted in `eager_calls`."""
+        by the replay contract (engine.replay_contract: their op logs, then their values within the
+        dtype's tolerance). The replay's result is returned; the eager call is not counted in `eager_calls`."""
         entry = self._replay_entry(args, kwargs, fast)
         if entry is None:  # the recording run or an eager run: nothing to compare
             return self._traced_call(args, kwargs, fast, key)

@@ -35,7 +35,8 @@ class DataDependentError(RuntimeError):
 
 class ReplayMismatchError(AssertionError):
     """Shadow verification (`engine.auto_tracing(verify=True)`, VMAPBENCH_AUTO_TRACE=verify): a
-    replayed call's result differs from the eager call of the same function on the same inputs."""
+    replayed call breaks the replay contract (engine.replay_contract): it ran a rounding op its eager
+    call did not run on that data that way, or its result differs beyond the dtype's tolerance."""
 
 
 class RandomnessError(RuntimeError):
