@@ -38,6 +38,7 @@ from types import ModuleType
 from typing import Iterable, Iterator, Sequence
 
 MACHINE_ENV = "VMAPBENCH_MACHINE"
+RESULTS_ENV = "VMAPBENCH_RESULTS_DIR"
 DEFAULT_THREADS = "2"
 
 
@@ -47,6 +48,26 @@ def repo_root() -> Path:
         if (folder / "asv.conf.json").is_file():
             return folder
     return Path(__file__).resolve().parents[1]
+
+
+def results_dir(root: Path | None = None) -> Path:
+    """Where results go: VMAPBENCH_RESULTS_DIR (a dry run's temporary folder), else <root>/results."""
+    explicit = os.environ.get(RESULTS_ENV, "").strip()
+    return Path(explicit).resolve() if explicit else (repo_root() if root is None else root) / "results"
+
+
+def asv_config(root: Path, results: Path) -> list[str]:
+    """`--config FILE` for asv when results go elsewhere than asv.conf.json's results_dir: a copy
+    of the configuration with absolute paths and `results` as its results_dir (kept under .asv/)."""
+    if results == root / "results":
+        return []
+    conf = json.loads((root / "asv.conf.json").read_text())
+    conf.update(repo=str(root), benchmark_dir=str(root / conf["benchmark_dir"]), env_dir=str(root / conf["env_dir"]),
+                html_dir=str(root / conf["html_dir"]), results_dir=str(results))
+    path = root / ".asv" / f"asv.conf.{os.getpid()}.json"
+    path.parent.mkdir(exist_ok=True)
+    path.write_text(json.dumps(conf, indent=1))
+    return ["--config", str(path)]
 
 
 def suite_module(name: str, root: Path | None = None) -> ModuleType:
@@ -92,13 +113,22 @@ def machine_name() -> str:
 
     Derived from the hardware rather than the hostname, which containers and CI runners randomize:
     the name must stay the same from run to run for results to form a history.
+    Under the CUDA stand-in (a dry run of `.ci/gpu-check`) the name ends in 'cuda-standin-dry-run',
+    and an explicit name must say 'dry-run': its figures are CPU figures and must never pass for CUDA.
     """
+    from workloads import cuda_standin
+
     explicit = os.environ.get(MACHINE_ENV, "").strip()
     if explicit:
         if not re.fullmatch(r"[\w.-]+", explicit):
             raise SystemExit(f"bench: {MACHINE_ENV}={explicit!r} may only hold letters, digits, '.', '_' and '-'")
+        if cuda_standin.active() and "dry-run" not in explicit:
+            raise SystemExit(f"bench: {MACHINE_ENV}={explicit!r} under the CUDA stand-in ({cuda_standin.ENV}=1): "
+                             "the name must contain 'dry-run' (its figures are not CUDA figures)")
         return explicit
     name = f"{_slug(cpu_model()) or 'cpu'}-{os.cpu_count() or 1}cpu"
+    if cuda_standin.active():
+        return f"{name}-{cuda_standin.MACHINE_SUFFIX}"
     gpu = gpu_model()
     return f"{name}-{_slug(gpu.replace('NVIDIA', ''))}" if gpu else name
 
@@ -131,9 +161,56 @@ def register_machine(name: str, env: dict[str, str]) -> dict[str, str]:
         "cpu": cpu + (f"; GPU {gpu}" if gpu else ""),
         "num_cpu": str(os.cpu_count()),
         "ram": _ram(),
+        **software_facts(),
     }
     MachineCollection.save(name, info)
     return info
+
+
+def software_facts(root: Path | None = None) -> dict[str, str]:
+    """What a result depends on beyond the hardware: Python, torch (with its CUDA), the GPU's driver,
+    and, where they differ from asv.conf.json's pins, a 'pins' line saying so (a GPU machine runs
+    the Python and torch it has); 'dry_run' under the CUDA stand-in."""
+    import torch
+
+    from workloads import cuda_standin
+
+    python = platform.python_version()
+    facts = {"python": python, "torch": torch.__version__ + (f" (CUDA {torch.version.cuda})" if torch.version.cuda else "")}
+    driver = _nvml_driver()
+    if driver:
+        facts["driver"] = driver
+    conf = json.loads(((root or repo_root()) / "asv.conf.json").read_text())
+    pinned_python = conf.get("pythons", [""])[0]
+    pinned_torch = conf.get("matrix", {}).get("req", {}).get("torch", [""])[0]
+    differ = []
+    if pinned_python and not python.startswith(pinned_python + "."):
+        differ.append(f"Python {python} (pinned {pinned_python})")
+    if pinned_torch and torch.__version__.split("+")[0] != pinned_torch:
+        differ.append(f"torch {torch.__version__} (pinned {pinned_torch})")
+    if differ:
+        facts["pins"] = "differs from the pins: " + ", ".join(differ)
+    if cuda_standin.active():
+        facts["dry_run"] = (f"CUDA stood in by the CPU ({cuda_standin.ENV}=1): every figure is a CPU figure, "
+                            "measured to check the GPU command, not a CUDA result")
+    return facts
+
+
+def _nvml_driver() -> str | None:
+    """The NVIDIA driver's version through NVML, or None where there is none."""
+    try:
+        import pynvml
+
+        pynvml.nvmlInit()
+    except Exception:  # noqa: BLE001 - no NVML, no driver to name
+        return None
+    try:
+        version = pynvml.nvmlSystemGetDriverVersion()
+        return version.decode() if isinstance(version, bytes) else str(version)
+    except Exception:  # noqa: BLE001
+        return None
+    finally:
+        pynvml.nvmlShutdown()
 
 
 # --- running asv -------------------------------------------------------------------------------
@@ -296,17 +373,18 @@ def _product(params: list[list[str]]) -> list[tuple[str, ...]]:
 
 # --- dashboard, merge --------------------------------------------------------------------------
 
-def build_dashboard(root: Path, env: dict[str, str]) -> Path | None:
+def build_dashboard(root: Path, env: dict[str, str], results: Path | None = None) -> Path | None:
     """`python -m vmapbench dashboard`; the path of its index.html, or None when it cannot run."""
     if importlib.util.find_spec("dashboards.cli") is None:
         print("bench: the dashboard (dashboards/cli.py) is not in this checkout yet; skipping it", file=sys.stderr)
         return None
-    proc = subprocess.run([sys.executable, "-m", "vmapbench", "dashboard", "--results", str(root / "results")],
+    results = root / "results" if results is None else results
+    proc = subprocess.run([sys.executable, "-m", "vmapbench", "dashboard", "--results", str(results)],
                           cwd=root, env=env, stdout=subprocess.PIPE, text=True)
     lines = proc.stdout.strip().splitlines()
     if proc.returncode != 0 or not lines:
         print(f"bench: building the dashboard failed (exit {proc.returncode}); the results are kept in "
-              f"{root / 'results'}", file=sys.stderr)
+              f"{results}", file=sys.stderr)
         return None
     return Path(lines[-1])
 
@@ -434,8 +512,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(json.dumps(selection.families()))
         return 0
     if args.merge:
-        n = merge_results(args.merge, root / "results")
-        print(f"bench: merged {n} result files into {root / 'results'}")
+        n = merge_results(args.merge, results_dir(root))
+        print(f"bench: merged {n} result files into {results_dir(root)}")
         return 0
 
     devices = args.device or None
@@ -461,7 +539,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     started = time.time()
     # --record-samples: every timing's samples are kept, so the dashboard's intervals come from
     # the same numbers as the gate's (vmapbench.stats.row_estimate).
-    common = ["--machine", machine, "--durations", "10", "--record-samples", *[f"--bench={r}" for r in regexes],
+    results = results_dir(root)
+    common = [*asv_config(root, results), "--machine", machine, "--durations", "10", "--record-samples", *[f"--bench={r}" for r in regexes],
               *launch_args(devices or selection.PROFILE_DEVICES[args.profile]), *args.asv_args]
     if args.commits:
         hashfile = root / ".asv" / "bench-commits.txt"
@@ -476,12 +555,12 @@ def main(argv: Sequence[str] | None = None) -> int:
 
     measured, failed = 0, []
     for commit in commits:
-        m, f = run_outcome(root / "results", machine, commit, started * 1000 - 1000, regexes, env_prefix)
+        m, f = run_outcome(results, machine, commit, started * 1000 - 1000, regexes, env_prefix)
         measured, failed = measured + m, failed + [f"{p} @{commit[:8]}" if args.commits else p for p in f]
-    for old, new in clean_result_names(root / "results"):
+    for old, new in clean_result_names(results):
         print(f"bench: {old.name} -> {new.name} (no local path in result names)")
     print(f"\nbench: asv exited {rc} after {elapsed / 60:.1f} min; {measured} values measured, "
-          f"{len(failed)} failed; results in {root / 'results' / machine}")
+          f"{len(failed)} failed; results in {results / machine}")
     if failed:
         print("bench: failed benchmarks (asv printed the errors of parameterized ones above):")
         for point in failed:
@@ -491,7 +570,7 @@ def main(argv: Sequence[str] | None = None) -> int:
               f"--bench {shell_regex(failed[0].split(' @')[0])}")
 
     dashboard_started = time.time()
-    index = None if args.no_dashboard else build_dashboard(root, env)
+    index = None if args.no_dashboard else build_dashboard(root, env, results)
     if index is not None:
         print(f"bench: dashboard: {index}")
     print(timing_line(args.started_at, run_started, started, dashboard_started, time.time()))
