@@ -35,7 +35,7 @@ import tempfile
 import time
 from pathlib import Path
 from types import ModuleType
-from typing import Iterable, Iterator, Sequence
+from typing import Iterable, Iterator, Mapping, Sequence
 
 MACHINE_ENV = "VMAPBENCH_MACHINE"
 RESULTS_ENV = "VMAPBENCH_RESULTS_DIR"
@@ -219,12 +219,19 @@ def asv(*args: str) -> list[str]:
     return [sys.executable, "-m", "asv", *args]
 
 
+NVML_CHECK_ENV = "PYTORCH_NVML_BASED_CUDA_CHECK"
+LAUNCH_ENV = "VMAPBENCH_LAUNCH"
+
+
 def bench_env(profile: str, devices: Sequence[str] | None, root: Path) -> dict[str, str]:
-    """The environment every benchmark process inherits: profile, devices, pinned threads, caches."""
+    """The environment every benchmark process inherits: profile, devices, pinned threads, caches;
+    for CUDA, torch.cuda.is_available() asking NVML (see launch_args)."""
     env = dict(os.environ)
     env["VMAPBENCH_PROFILE"] = profile
     if devices:
         env["VMAPBENCH_DEVICES"] = ",".join(devices)
+    if "cuda" in (devices or ()):
+        env.setdefault(NVML_CHECK_ENV, "1")
     threads = env.setdefault("OMP_NUM_THREADS", DEFAULT_THREADS)
     env.setdefault("MKL_NUM_THREADS", threads)
     env.setdefault("TORCHINDUCTOR_CACHE_DIR", str(root / ".inductor-cache"))
@@ -232,16 +239,21 @@ def bench_env(profile: str, devices: Sequence[str] | None, root: Path) -> dict[s
     return env
 
 
-def launch_args(devices: Sequence[str]) -> list[str]:
-    """asv's launch method for a run on `devices`.
+def launch_args(env: Mapping[str, str] | None = None) -> list[str]:
+    """asv's launch method: asv.conf.json's forkserver, for CUDA runs too, unless VMAPBENCH_LAUNCH
+    (in `env`, default os.environ) names another.
 
-    asv.conf.json's forkserver imports the suite once and forks a process per benchmark, which
-    keeps a CPU run short. A forked child cannot initialize CUDA once its parent has: on the first
-    GPU run (an H100, .ci/gpu-check) every CUDA point failed in setup with "Cannot re-initialize
-    CUDA in forked subprocess", although importing the suite and its warm-up leave CUDA
-    uninitialized. A run with CUDA points therefore spawns each benchmark process (each pays the
-    imports; the CPU-only quick profile keeps the fork server)."""
-    return ["--launch-method", "spawn"] if "cuda" in devices else []
+    The fork server imports the suite once and forks a process per benchmark point. A child cannot
+    use CUDA once its parent touched it, and `torch.cuda.is_available()` does (cudaGetDeviceCount;
+    the engine's warm-up calls it): on the first GPU run every CUDA point failed in setup with
+    "Cannot re-initialize CUDA in forked subprocess". With PYTORCH_NVML_BASED_CUDA_CHECK=1
+    (bench_env sets it for CUDA runs) that check asks NVML and leaves CUDA alone. Spawning a fresh
+    process per point also works, but pays the imports ~680 times for the quick profile on CUDA
+    (14 s each on a loaded 2-core box): far past the GPU command's 10 minutes."""
+    method = (env if env is not None else os.environ).get(LAUNCH_ENV, "").strip()
+    if method and method not in ("spawn", "forkserver"):
+        raise SystemExit(f"bench: {LAUNCH_ENV}={method!r}: use spawn or forkserver")
+    return ["--launch-method", method] if method else []
 
 
 class NaRowFilter:
@@ -478,6 +490,19 @@ def clean_result_names(results_dir: Path, env_name: str | None = None) -> list[t
 
 # --- command line ------------------------------------------------------------------------------
 
+def only_workloads(regexes: list[str], names: Sequence[str], selection: ModuleType) -> list[str]:
+    """Those of `regexes` that select the named workloads' classes; ValueError for an unknown name."""
+    import workloads
+
+    wanted = set()
+    for name in names:
+        try:
+            wanted.add(selection.class_name(workloads.get(name)))
+        except KeyError:
+            raise ValueError(f"unknown workload {name!r}; see `python -m vmapbench list`") from None
+    return [r for r in regexes if any(rf"\.{cls}\." in r for cls in wanted)]
+
+
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="python -m vmapbench.bench", description=__doc__.splitlines()[0])
     p.add_argument("--profile", choices=("quick", "full"),
@@ -486,6 +511,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--family", action="append", default=[],
                    help="only this workload family (repeatable; 'suite' = the suite's own benchmarks); "
                         "see --list-families")
+    p.add_argument("--workload", action="append", default=[],
+                   help="only this workload (repeatable; with --family, the workloads of both)")
     p.add_argument("--device", action="append", choices=("cpu", "cuda"), default=[],
                    help="devices to measure (repeatable; default: the profile's)")
     p.add_argument("--machine", default=None, help=f"machine name (default: ${MACHINE_ENV} or derived from the hardware)")
@@ -520,6 +547,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     env = bench_env(args.profile, devices, root)
     try:
         regexes = selection.bench_regexes(args.profile, args.family or None, devices)
+        if args.workload:  # the named workloads, with the --family ones if any are given
+            named = only_workloads(selection.bench_regexes(args.profile, None, devices), args.workload, selection)
+            regexes = [*(regexes if args.family else []), *named]
     except ValueError as exc:
         raise SystemExit(f"bench: {exc}") from None
     machine = args.machine or machine_name()
@@ -541,7 +571,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     # the same numbers as the gate's (vmapbench.stats.row_estimate).
     results = results_dir(root)
     common = [*asv_config(root, results), "--machine", machine, "--durations", "10", "--record-samples", *[f"--bench={r}" for r in regexes],
-              *launch_args(devices or selection.PROFILE_DEVICES[args.profile]), *args.asv_args]
+              *launch_args(env), *args.asv_args]
     if args.commits:
         hashfile = root / ".asv" / "bench-commits.txt"
         hashfile.parent.mkdir(exist_ok=True)

@@ -5,7 +5,9 @@ measuring code makes (synchronize, the caching allocator's peak statistics, the 
 properties) and NVML (`pynvml`) answer from this CPU process. Every CUDA path of the suite, the CLI
 and the GPU command then runs end to end, and each call is counted (`CALLS`) so tests can check
 that every timed call is synchronised and every peak reset per call. Like torch, the stand-in
-refuses CUDA in a process forked after its parent used CUDA, so a fork regression fails here too.
+refuses CUDA in a process forked after its parent used CUDA, `torch.cuda.is_available()` included
+unless PYTORCH_NVML_BASED_CUDA_CHECK=1 (torch's check then asks NVML and leaves CUDA alone): asv's
+fork server failing every CUDA point on a GPU fails the dry run too.
 
 Nothing it measures is a CUDA figure: the machine name it gives says 'dry-run'
 (vmapbench.bench.machine_name) and the GPU command writes its results to a temporary folder.
@@ -25,8 +27,10 @@ import torch
 ENV = "VMAPBENCH_CUDA_STANDIN"
 DEVICE_NAME = "CUDA stand-in (CPU dry run)"
 MACHINE_SUFFIX = "cuda-standin-dry-run"
+NVML_CHECK_ENV = "PYTORCH_NVML_BASED_CUDA_CHECK"
 FORK_ERROR = ("Cannot re-initialize CUDA in forked subprocess. To use CUDA with multiprocessing, you must use "
-              "the 'spawn' start method (the CUDA stand-in: this process was forked after its parent used CUDA)")
+              "the 'spawn' start method (the CUDA stand-in: this process was forked after its parent used CUDA, "
+              "first through {where})")
 
 CALLS: Counter[str] = Counter()
 """How many times each stand-in call ran in this process (synchronize, reset_peak_memory_stats, ...)."""
@@ -34,6 +38,7 @@ CALLS: Counter[str] = Counter()
 _lock = threading.Lock()
 _installed = False
 _used_in: int | None = None  # the pid of the process that used the stand-in first
+_first_use = ""  # the call and the line that used it first (what a forked child's error names)
 _bad_fork = False
 _peak_base = 0  # the allocator's 'allocated' figure when its peak was last reset
 
@@ -55,15 +60,34 @@ def _rss_bytes(field: str) -> int:
     raise RuntimeError(f"/proc/self/status has no {field} line; the CUDA stand-in needs Linux procfs")
 
 
-def _use(what: str) -> None:
-    """Count a call; refuse it in a process forked after its parent used the stand-in."""
-    global _used_in
+def _use(what: str, poisons: bool = True) -> None:
+    """Count a call; refuse it in a process forked after its parent used the stand-in (`poisons`:
+    the call initializes CUDA, so a child forked after it cannot use CUDA)."""
     if _bad_fork:
-        raise RuntimeError(FORK_ERROR)
+        raise RuntimeError(FORK_ERROR.format(where=_first_use))
     with _lock:
         CALLS[what] += 1
-        if _used_in is None:
-            _used_in = os.getpid()
+        if poisons:
+            _poison(what)
+
+
+def _poison(what: str) -> None:
+    global _used_in, _first_use
+    if _used_in is None:
+        import traceback
+
+        _used_in = os.getpid()
+        caller = next((f for f in reversed(traceback.extract_stack()[:-3]) if "cuda_standin" not in f.filename), None)
+        _first_use = f"torch.cuda.{what}()" + (f" at {caller.filename}:{caller.lineno}" if caller else "")
+
+
+def is_available() -> bool:
+    """True; it poisons forks as torch's does (cudaGetDeviceCount) unless NVML answers instead."""
+    with _lock:
+        CALLS["is_available"] += 1
+        if os.environ.get(NVML_CHECK_ENV) != "1":
+            _poison("is_available")
+    return True
 
 
 def _after_fork_in_child() -> None:
@@ -114,7 +138,7 @@ def get_device_properties(device: Any = None) -> Any:
 
 
 _TORCH_CUDA = {
-    "is_available": lambda: True,
+    "is_available": is_available,
     "device_count": lambda: 1,
     "current_device": lambda: 0,
     "synchronize": synchronize,
