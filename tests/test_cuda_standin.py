@@ -204,3 +204,38 @@ def test_software_facts_say_where_python_and_torch_differ_from_the_pins(tmp_path
     facts = bench.software_facts(tmp_path)
     assert "Python" in facts["pins"] and "(pinned 3.9)" in facts["pins"] and "(pinned 0.1.0)" in facts["pins"]
     assert "pins" not in bench.software_facts(ROOT)  # this venv is the pinned one
+
+
+def test_steady_tier_names_the_tier_that_served_the_call() -> None:
+    """peer_ratios' tier column: eager (no recorded graph ran), replay, fused, and cuda graph (a
+    fused program replayed as a CUDA graph, captured here by the stand-in of
+    tests/test_cuda_paths_on_cpu.py, which replays by calling the program again)."""
+    import engine
+    from engine import fused
+    from test_cuda_paths_on_cpu import _ReplayByCalling
+
+    from vmapbench.peer_ratios import steady_tier
+
+    x = torch.randn(6, 3)
+    f = engine.trace(lambda a: (a.sin() * 2).sum(0))
+    assert steady_tier(lambda: x.sin()) == "eager"
+    f(x)
+    with engine.fused_tier(False):
+        assert steady_tier(lambda: f(x)) == "replay"
+    with engine.fused_tier("force"):
+        f(x)
+        f(x)
+    engine.settle()
+    (entry,) = f._cache.values()
+    program = getattr(entry.fused, "program", entry.fused)
+    assert isinstance(program, fused.FusedProgram), f.tiers()
+    entry.fused = program
+    with engine.fused_tier(True):  # (the tests' default is off: tests/conftest.py)
+        assert steady_tier(lambda: f(x)) == "fused"
+        graphed = fused.CudaGraphed(program)
+        graphed.capturer = _ReplayByCalling
+        entry.fused = graphed
+        assert steady_tier(lambda: f(x)) == "cuda graph"
+        torch.testing.assert_close(f(x), (x.sin() * 2).sum(0))
+    with engine.fused_tier(False):
+        assert steady_tier(lambda: f(x)) == "replay"

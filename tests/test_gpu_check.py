@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 import sys
 import xml.etree.ElementTree as ET
@@ -19,7 +20,7 @@ import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
 STEPS = ("facts", "engine-smoke", "pytest-cuda", "bench rosenbrock_hessian", "peers rosenbrock_hessian", "profile",
-         "dashboard")
+         "dashboard", "report")
 
 
 @pytest.mark.slow
@@ -58,4 +59,7 @@ def test_the_gpu_command_runs_every_step_on_a_cpu(tmp_path: Path) -> None:
     suite = junit if junit.tag == "testsuite" else junit[0]
     assert int(suite.get("tests")) > 5 and suite.get("failures") == "0" and suite.get("errors") == "0"
     assert (results / "out" / "dashboard" / "devices.html").is_file()
+    page = (machine_dir / "gpu-run.md").read_text()
+    assert "**DRY RUN" in page and "| rosenbrock_hessian |" in page
+    assert re.search(r"\| existing-py[\d.]+-torch[^|]+ \| [1-9]\d* \| 0 \|", page), page  # values, 0 failed
     assert sorted(p.name for p in (ROOT / "results").iterdir()) == before  # nothing went to results/

@@ -392,7 +392,7 @@ def _tier_cell(row: Row) -> str:
     """The tier ours' settled call ran, with the fused tier's state (compiled, from disk, why eager)."""
     if row.tier is None or row.tier == "eager" and (row.fused_state or "").startswith("eager"):
         return row.fused_state or row.tier or "-"
-    return f"{row.tier} ({row.fused_state})" if row.fused_state else row.tier
+    return f"{row.tier} ({row.fused_state})" if row.fused_state and row.fused_state != row.tier else row.tier
 
 
 def notes(rows: Sequence[Row]) -> list[str]:

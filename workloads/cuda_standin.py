@@ -191,11 +191,20 @@ def install() -> None:
     if _installed:
         return
     os.environ[ENV] = "1"
-    for name, fn in _TORCH_CUDA.items():
-        setattr(torch.cuda, name, fn)
-    sys.modules["pynvml"] = _nvml_module()
+    for target, name, value in patches():
+        if isinstance(target, dict):
+            target[name] = value
+        else:
+            setattr(target, name, value)
     os.register_at_fork(after_in_child=_after_fork_in_child)
     _installed = True
+
+
+def patches() -> list[tuple[Any, str, Any]]:
+    """(object or dict, name, stand-in) for everything `install` replaces: a test applies them with
+    pytest's monkeypatch, which undoes them after it."""
+    return [*((torch.cuda, name, fn) for name, fn in _TORCH_CUDA.items()), (sys.modules, "pynvml", _nvml_module()),
+            (sys.modules[__name__], "_installed", True)]
 
 
 def install_if_requested() -> bool:
