@@ -180,7 +180,8 @@ def software_facts(root: Path | None = None) -> dict[str, str]:
     driver = _nvml_driver()
     if driver:
         facts["driver"] = driver
-    conf = json.loads(((root or repo_root()) / "asv.conf.json").read_text())
+    conf_file = (root or repo_root()) / "asv.conf.json"
+    conf = json.loads(conf_file.read_text()) if conf_file.is_file() else {}
     pinned_python = conf.get("pythons", [""])[0]
     pinned_torch = conf.get("matrix", {}).get("req", {}).get("torch", [""])[0]
     differ = []

@@ -86,6 +86,25 @@ def peers_section(results: Path, machine: str) -> list[str]:
     return lines + ([""] + notes if notes else []) + [""]
 
 
+def skipped_section(device: str) -> list[str]:
+    """The peer methods this environment cannot run on `device`, with the reason each names (asv
+    records a skipped point as n/a, without its reason): what the run's skips were."""
+    from vmapbench.peer_ratios import jax_unavailable
+    from workloads.base import PEER_METHODS
+    from workloads.peers import PeerUnavailable, check_available
+
+    lines = [f"## Methods skipped on {device} in this environment", ""]
+    for method in sorted(PEER_METHODS):
+        try:
+            check_available(method)
+        except PeerUnavailable as exc:
+            lines.append(f"- {method}: {exc}")
+    reason = jax_unavailable(device)
+    if reason is not None:
+        lines.append(f"- jax: {reason}")
+    return lines + (["None: every peer method could run."] if len(lines) == 2 else []) + [""]
+
+
 def profiles_section(results: Path, machine: str) -> list[str]:
     lines = ["## Profiles", ""]
     found = sorted((results / "profiles").glob(f"{machine}-*"))
@@ -102,8 +121,9 @@ def profiles_section(results: Path, machine: str) -> list[str]:
     return lines + (["No profile."] if not found else []) + [""]
 
 
-def report(results: Path, machine: str) -> str:
-    """The page's Markdown."""
+def report(results: Path, machine: str, env_check: bool = True) -> str:
+    """The page's Markdown; `env_check` adds the peer methods this environment cannot run on cuda
+    (run it where the results were measured)."""
     facts_path = results / machine / "machine.json"
     if not facts_path.is_file():
         raise SystemExit(f"gpu_report: {facts_path} does not exist: run `.ci/gpu-check all` (or `make bench`) "
@@ -123,6 +143,8 @@ def report(results: Path, machine: str) -> str:
               f"| pins | {facts.get('pins', 'as pinned (asv.conf.json)')} |",
               f"| host | {cpu.split('; GPU ', 1)[0]}, {facts.get('ram', '?')} RAM, {facts.get('os', '?')} |", ""]
     lines += asv_section(results, machine) + peers_section(results, machine) + profiles_section(results, machine)
+    if env_check:
+        lines += skipped_section(device="cuda")
     return "\n".join(lines)
 
 
@@ -133,10 +155,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("machine", help="the machine name (a folder of the results)")
     parser.add_argument("--results", type=Path, default=None, help="results folder (default: results/ or $VMAPBENCH_RESULTS_DIR)")
     parser.add_argument("--out", type=Path, default=None, help="where to write (default RESULTS/<machine>/gpu-run.md)")
+    parser.add_argument("--no-env-check", action="store_true",
+                        help="leave out which peer methods this environment cannot run (not the machine measured)")
     args = parser.parse_args(argv)
     results = args.results or results_dir()
     out = args.out or results / args.machine / "gpu-run.md"
-    out.write_text(report(results, args.machine) + "\n")
+    out.write_text(report(results, args.machine, env_check=not args.no_env_check) + "\n")
     print(out)
     return 0
 
