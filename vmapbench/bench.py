@@ -58,7 +58,8 @@ def results_dir(root: Path | None = None) -> Path:
 
 def asv_config(root: Path, results: Path) -> list[str]:
     """`--config FILE` for asv when results go elsewhere than asv.conf.json's results_dir: a copy
-    of the configuration with absolute paths and `results` as its results_dir (kept under .asv/)."""
+    of the configuration with absolute paths and `results` as its results_dir (under .asv/; the
+    run removes it)."""
     if results == root / "results":
         return []
     conf = json.loads((root / "asv.conf.json").read_text())
@@ -571,7 +572,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     # --record-samples: every timing's samples are kept, so the dashboard's intervals come from
     # the same numbers as the gate's (vmapbench.stats.row_estimate).
     results = results_dir(root)
-    common = [*asv_config(root, results), "--machine", machine, "--durations", "10", "--record-samples", *[f"--bench={r}" for r in regexes],
+    config = asv_config(root, results)
+    common = [*config, "--machine", machine, "--durations", "10", "--record-samples", *[f"--bench={r}" for r in regexes],
               *launch_args(env), *args.asv_args]
     if args.commits:
         hashfile = root / ".asv" / "bench-commits.txt"
@@ -582,6 +584,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         cmd = asv("run", "--environment", f"existing:{sys.executable}", "--set-commit-hash", commits[0], *common)
     with pass_folder(env, keep=not args.commits):
         rc, _ = stream(cmd, env, root, NaRowFilter(param_values(selection)))
+    if config:
+        Path(config[1]).unlink(missing_ok=True)
     elapsed = time.time() - started
 
     measured, failed = 0, []
