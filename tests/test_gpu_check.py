@@ -4,7 +4,7 @@ A GPU is lent for minutes now and then; this run keeps its script from rotting i
 step (the CUDA tests, the engine smoke, the ASV bench on cuda, peer_ratios on cuda, a profile with
 its NVML timeline, the dashboard) must run and write what it writes, and nothing it writes may
 pass for a CUDA result (a temporary folder, a machine name and a field saying dry run).
-About 3 minutes on 2 cores.
+About 4 minutes on 2 cores.
 """
 from __future__ import annotations
 
@@ -58,7 +58,8 @@ def test_the_gpu_command_runs_every_step_on_a_cpu(tmp_path: Path) -> None:
     junit = ET.parse(results / "out" / "pytest-cuda.xml").getroot()
     suite = junit if junit.tag == "testsuite" else junit[0]
     assert int(suite.get("tests")) > 5 and suite.get("failures") == "0" and suite.get("errors") == "0"
-    assert (results / "out" / "dashboard" / "devices.html").is_file()
+    devices = (results / "out" / "dashboard" / "devices.html").read_text()
+    assert f"rosenbrock_hessian [d=128] · cpu: {machine_dir.name} · cuda: {machine_dir.name}" in devices
     page = (machine_dir / "gpu-run.md").read_text()
     assert "**DRY RUN" in page and "| rosenbrock_hessian |" in page
     assert re.search(r"\| existing-py[\d.]+-torch[^|]+ \| [1-9]\d* \| 0 \|", page), page  # values, 0 failed
