@@ -210,6 +210,9 @@ class Context:
                 "python": run.get("python") or params.get("python"),
                 "torch": torch,
                 "threads": threads or "not recorded in the results",
+                # a GPU run's driver, Python or torch unlike the pins, a dry run (vmapbench.bench.software_facts)
+                **{k: machine.get(k) or params.get(k) for k in ("driver", "pins", "dry_run")
+                   if machine.get(k) or params.get(k)},
             }
         return facts
 

@@ -37,6 +37,7 @@ PAGES: tuple[tuple[str, str], ...] = (
     ("peers.html", "Peers & limits"),
     ("scaling.html", "Scaling"),
     ("memory.html", "Memory"),
+    ("devices.html", "Devices"),
     ("history.html", "History"),
     ("compare.html", "Compare"),
     ("coverage.html", "Engine coverage"),

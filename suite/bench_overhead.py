@@ -77,7 +77,16 @@ def _native_grad(x: torch.Tensor) -> torch.Tensor:
 def make_input(size: str, device: str = "cpu") -> torch.Tensor:
     if size not in SIZES:
         raise ValueError(f"unknown size {size!r}; valid: {', '.join(SIZES)}")
-    return torch.randn(SIZES[size], generator=torch.Generator().manual_seed(0)).to(device)
+    return torch.randn(SIZES[size], generator=torch.Generator().manual_seed(0)).to(_tensor_device(device))
+
+
+def _tensor_device(device: str) -> str:
+    """`device`, or the CPU for 'cuda' under the CUDA stand-in (a dry run; absent at older commits)."""
+    try:
+        from workloads.cuda_standin import tensor_device
+    except ImportError:
+        return device
+    return str(tensor_device(device))
 
 
 def _eager(batched: Callable[[torch.Tensor], Any], x: torch.Tensor) -> Any:

@@ -324,3 +324,40 @@ def test_legend_entries_stay_when_filtered(driver, site) -> None:
     panels = wait_for(lambda: [p for p in driver.execute_script(check) if p[0]], what="visible traces")
     for groups, shown, drawn in panels:
         assert groups == shown == drawn
+
+
+DEVICE_TRACES = ("return Array.from(document.querySelectorAll('.js-plotly-plot')).flatMap(g => g.data"
+                 ".filter(t => t.visible === undefined || t.visible === true)"
+                 ".map(t => ({name: t.name, device: t.meta.device, x: t.x, y: t.y})))")
+
+
+def test_devices_page_compares_each_method_on_cpu_and_cuda(driver, site, shots: Path) -> None:
+    """The device filter offers cpu and cuda; the Devices page draws, per workload, each method's
+    time on both devices, the GPU-over-CPU speed-up (cpu time / cuda time, the bars' own figures)
+    and the peak memory on both; the device filter hides the other device's bars."""
+    from selenium.webdriver.support.ui import Select
+
+    result, out = site
+    assert result.pages["devices.html"] >= 3
+    open_page(driver, out, "devices.html", result.pages["devices.html"])
+    options = driver.execute_script("return Array.from(document.querySelectorAll('select[data-vb-filter=device] option'))"
+                                    ".map(o => o.value)")
+    assert {"cpu", "cuda"} <= set(options)
+    screenshot(driver, shots / "devices-cpu-and-cuda.png")
+    traces = driver.execute_script(DEVICE_TRACES)
+    cpu = [t for t in traces if t["name"].startswith("cpu · ")]
+    cuda = [t for t in traces if t["name"].startswith("cuda · ")]
+    speedups = [t for t in traces if t["name"] == "GPU over CPU"]
+    assert cpu and len(cpu) == len(cuda) == len(speedups)
+    for c, g, s in zip(cpu, cuda, speedups):
+        assert c["x"] == g["x"] == s["x"] and len(c["x"]) >= 3
+        for tc, tg, ratio in zip(c["y"], g["y"], s["y"]):
+            if tc is not None and tg is not None:
+                assert abs(ratio - tc / tg) <= 1e-9 * ratio
+    assert any(t["name"] == "cuda: cuda_peak_bytes" for t in traces)
+    assert any(t["name"] == "cpu: rss_delta_bytes" for t in traces)
+
+    Select(driver.find_element("css selector", 'select[data-vb-filter="device"]')).select_by_value("cuda")
+    wait_for(lambda: {t["device"] for t in driver.execute_script(DEVICE_TRACES)} == {"cuda"},
+             what="only cuda bars for device=cuda")
+    Select(driver.find_element("css selector", 'select[data-vb-filter="device"]')).select_by_value("")

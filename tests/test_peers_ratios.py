@@ -36,7 +36,7 @@ def test_measures_checked_methods_side_by_side() -> None:
     row = peer_ratios.measure_workload(w, "d=8", rounds=3, budget_s=0.2, fused=False)
     assert row.ours == "engine_traced"
     assert set(row.first_call) == {"engine_traced", "jax"} and all(v["cold"] > 0 for v in row.first_call.values())
-    assert row.fused_state == "replay"  # the fused tier was off: nothing compiled
+    assert row.fused_state == "replay" == row.tier  # the fused tier was off: nothing compiled, the replay ran
     assert "| rosenbrock_hessian |" in peer_ratios.compile_markdown([row])
     assert set(row.samples) == {"engine_traced", "torch_func", "jax"} and not row.failed and not row.skipped
     assert len({len(s) for s in row.samples.values()}) == 1 and len(row.samples["jax"]) >= 3  # one per round
@@ -60,10 +60,11 @@ def test_a_default_path_that_runs_eagerly_is_reported_eager_with_the_reason(monk
 
     w = workloads.get("logreg_hessian")  # its method's function is a new closure per set-up: verified anew
     replaying = peer_ratios.measure_workload(w, "n=100,d=16", rounds=3, budget_s=0.2, fused=False, default_path=True)
-    assert replaying.fused_state == "replay"
+    assert replaying.fused_state == "replay" == replaying.tier
     monkeypatch.setattr(purity, "code_effect", lambda code: f"{code.co_name} does a planted store")
     eager = peer_ratios.measure_workload(w, "n=100,d=16", rounds=3, budget_s=0.2, fused=False, default_path=True)
     assert eager.fused_state.startswith("eager: it has an effect besides its result") and "planted" in eager.fused_state
+    assert eager.tier == "eager"
     assert "| eager: it has an effect" in peer_ratios.compile_markdown([eager])
 
 

@@ -2,7 +2,10 @@
 from __future__ import annotations
 
 import json
+import os
 from pathlib import Path
+
+import pytest
 
 from vmapbench import bench
 
@@ -52,13 +55,18 @@ def test_committed_results_have_no_local_paths_in_names_or_env():
 def test_make_bench_records_samples():
     source = (ROOT / "vmapbench" / "bench.py").read_text()
     assert '"--record-samples"' in source
-    assert "clean_result_names(root / \"results\")" in source
+    assert "clean_result_names(results)" in source
 
 
-def test_runs_with_cuda_spawn_each_benchmark_process():
-    """A forked child cannot initialize CUDA after its parent has (every CUDA point of the first
-    GPU run failed so); CPU-only runs keep asv.conf.json's fork server."""
-    from vmapbench.bench import launch_args
+def test_cuda_runs_ask_nvml_whether_cuda_is_there_and_keep_the_fork_server(tmp_path):
+    """torch.cuda.is_available() initializes CUDA unless PYTORCH_NVML_BASED_CUDA_CHECK=1, and a
+    child forked after that cannot use CUDA (every CUDA point of the first GPU run failed so): a
+    CUDA run sets it for every benchmark process; VMAPBENCH_LAUNCH picks another launch method."""
+    from vmapbench.bench import NVML_CHECK_ENV, bench_env, launch_args
 
-    assert launch_args(["cpu", "cuda"]) == ["--launch-method", "spawn"] == launch_args(("cuda",))
-    assert launch_args(["cpu"]) == []
+    assert bench_env("quick", ["cuda"], tmp_path)[NVML_CHECK_ENV] == "1"
+    assert NVML_CHECK_ENV not in bench_env("quick", ["cpu"], tmp_path) or os.environ.get(NVML_CHECK_ENV)
+    assert launch_args({}) == []
+    assert launch_args({"VMAPBENCH_LAUNCH": "spawn"}) == ["--launch-method", "spawn"]
+    with pytest.raises(SystemExit, match="VMAPBENCH_LAUNCH"):
+        launch_args({"VMAPBENCH_LAUNCH": "fork"})

@@ -1,7 +1,8 @@
 """The workloads on a CUDA device: the same code as on CPU with device="cuda".
 
 Skipped, with the reason, on machines without CUDA. Compiled methods stay out (their CPU tests
-cover the code path; a CUDA compile costs minutes).
+cover the code path; a CUDA compile costs minutes). Under the CUDA stand-in (the dry run of
+`.ci/gpu-check`, workloads.cuda_standin) they run on the CPU, the CUDA graph's test excepted.
 """
 from __future__ import annotations
 
@@ -13,13 +14,14 @@ from torch.utils._pytree import tree_leaves
 import workloads
 from vmapbench import cli
 from workloads import peers
-from workloads import COMPILED_METHODS, ENGINE_METHODS, measure
+from workloads import COMPILED_METHODS, ENGINE_METHODS, cuda_standin, measure
 
 pytestmark = [
     pytest.mark.cuda,
     pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device; torch.cuda.is_available() is False"),
 ]
 
+DEVICE = cuda_standin.tensor_device("cuda")  # where 'cuda' tensors live (the CPU under the stand-in)
 ALL = [w for w in workloads.all_workloads() if "cuda" in w.devices]
 CASES = [(w.name, m) for w in ALL for m in w.methods if m not in COMPILED_METHODS]
 ENGINE_CASES = [(n, m) for n, m in CASES if m in ENGINE_METHODS]
@@ -51,7 +53,7 @@ def test_method_matches_float64_loop_on_cuda(name: str, method: str) -> None:
     w, state = _setup(name, method)
     out = w.run(method, state)
     leaves = [t for t in tree_leaves(out) if isinstance(t, torch.Tensor)]
-    assert leaves and all(t.device.type == "cuda" for t in leaves)
+    assert leaves and all(t.device.type == DEVICE.type for t in leaves)
     w.check(state, [method])
 
 
@@ -66,14 +68,15 @@ def test_engine_method_has_no_fallback_on_cuda(name: str, method: str) -> None:
 
 def test_cuda_peak_bytes_sees_a_temporary_allocation() -> None:
     def allocate() -> None:
-        t = torch.ones(64 * 2**20 // 4, device="cuda")
+        t = torch.ones(64 * 2**20 // 4, device=DEVICE)
         del t
 
-    assert measure.cuda_peak_bytes(allocate, "cuda") >= 64 * 2**20
+    # (the stand-in's figure is the resident set's, whose freed pages a new allocation may reuse)
+    assert measure.cuda_peak_bytes(allocate, "cuda") >= (48 if cuda_standin.active() else 64) * 2**20
 
 
 def test_time_call_synchronizes_on_cuda() -> None:
-    a = torch.randn(2048, 2048, device="cuda")
+    a = torch.randn(2048, 2048, device=DEVICE)
     times = measure.time_call(lambda: a @ a, repeat=3, warmup=1, device="cuda")
     assert len(times) == 3 and all(t > 0 for t in times)
 
@@ -85,6 +88,7 @@ def test_cli_run_on_cuda(capsys: pytest.CaptureFixture[str]) -> None:
     assert "on cuda" in capsys.readouterr().out
 
 
+@pytest.mark.skipif(cuda_standin.active(), reason="a CUDA graph needs a real GPU (the CUDA stand-in runs on the CPU)")
 def test_a_fused_cuda_program_replays_as_a_cuda_graph_with_the_replays_results():
     """engine.fused.CudaGraphed on a real GPU (its logic is tested on CPU in
     tests/test_cuda_paths_on_cpu.py): the program is captured at its first call, and every later

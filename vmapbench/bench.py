@@ -35,9 +35,10 @@ import tempfile
 import time
 from pathlib import Path
 from types import ModuleType
-from typing import Iterable, Iterator, Sequence
+from typing import Iterable, Iterator, Mapping, Sequence
 
 MACHINE_ENV = "VMAPBENCH_MACHINE"
+RESULTS_ENV = "VMAPBENCH_RESULTS_DIR"
 DEFAULT_THREADS = "2"
 
 
@@ -47,6 +48,27 @@ def repo_root() -> Path:
         if (folder / "asv.conf.json").is_file():
             return folder
     return Path(__file__).resolve().parents[1]
+
+
+def results_dir(root: Path | None = None) -> Path:
+    """Where results go: VMAPBENCH_RESULTS_DIR (a dry run's temporary folder), else <root>/results."""
+    explicit = os.environ.get(RESULTS_ENV, "").strip()
+    return Path(explicit).resolve() if explicit else (repo_root() if root is None else root) / "results"
+
+
+def asv_config(root: Path, results: Path) -> list[str]:
+    """`--config FILE` for asv when results go elsewhere than asv.conf.json's results_dir: a copy
+    of the configuration with absolute paths and `results` as its results_dir (under .asv/; the
+    run removes it)."""
+    if results == root / "results":
+        return []
+    conf = json.loads((root / "asv.conf.json").read_text())
+    conf.update(repo=str(root), benchmark_dir=str(root / conf["benchmark_dir"]), env_dir=str(root / conf["env_dir"]),
+                html_dir=str(root / conf["html_dir"]), results_dir=str(results))
+    path = root / ".asv" / f"asv.conf.{os.getpid()}.json"
+    path.parent.mkdir(exist_ok=True)
+    path.write_text(json.dumps(conf, indent=1))
+    return ["--config", str(path)]
 
 
 def suite_module(name: str, root: Path | None = None) -> ModuleType:
@@ -92,13 +114,22 @@ def machine_name() -> str:
 
     Derived from the hardware rather than the hostname, which containers and CI runners randomize:
     the name must stay the same from run to run for results to form a history.
+    Under the CUDA stand-in (a dry run of `.ci/gpu-check`) the name ends in 'cuda-standin-dry-run',
+    and an explicit name must say 'dry-run': its figures are CPU figures and must never pass for CUDA.
     """
+    from workloads import cuda_standin
+
     explicit = os.environ.get(MACHINE_ENV, "").strip()
     if explicit:
         if not re.fullmatch(r"[\w.-]+", explicit):
             raise SystemExit(f"bench: {MACHINE_ENV}={explicit!r} may only hold letters, digits, '.', '_' and '-'")
+        if cuda_standin.active() and "dry-run" not in explicit:
+            raise SystemExit(f"bench: {MACHINE_ENV}={explicit!r} under the CUDA stand-in ({cuda_standin.ENV}=1): "
+                             "the name must contain 'dry-run' (its figures are not CUDA figures)")
         return explicit
     name = f"{_slug(cpu_model()) or 'cpu'}-{os.cpu_count() or 1}cpu"
+    if cuda_standin.active():
+        return f"{name}-{cuda_standin.MACHINE_SUFFIX}"
     gpu = gpu_model()
     return f"{name}-{_slug(gpu.replace('NVIDIA', ''))}" if gpu else name
 
@@ -131,9 +162,57 @@ def register_machine(name: str, env: dict[str, str]) -> dict[str, str]:
         "cpu": cpu + (f"; GPU {gpu}" if gpu else ""),
         "num_cpu": str(os.cpu_count()),
         "ram": _ram(),
+        **software_facts(),
     }
     MachineCollection.save(name, info)
     return info
+
+
+def software_facts(root: Path | None = None) -> dict[str, str]:
+    """What a result depends on beyond the hardware: Python, torch (with its CUDA), the GPU's driver,
+    and, where they differ from asv.conf.json's pins, a 'pins' line saying so (a GPU machine runs
+    the Python and torch it has); 'dry_run' under the CUDA stand-in."""
+    import torch
+
+    from workloads import cuda_standin
+
+    python = platform.python_version()
+    facts = {"python": python, "torch": torch.__version__ + (f" (CUDA {torch.version.cuda})" if torch.version.cuda else "")}
+    driver = _nvml_driver()
+    if driver:
+        facts["driver"] = driver
+    conf_file = (root or repo_root()) / "asv.conf.json"
+    conf = json.loads(conf_file.read_text()) if conf_file.is_file() else {}
+    pinned_python = conf.get("pythons", [""])[0]
+    pinned_torch = conf.get("matrix", {}).get("req", {}).get("torch", [""])[0]
+    differ = []
+    if pinned_python and not python.startswith(pinned_python + "."):
+        differ.append(f"Python {python} (pinned {pinned_python})")
+    if pinned_torch and torch.__version__.split("+")[0] != pinned_torch:
+        differ.append(f"torch {torch.__version__} (pinned {pinned_torch})")
+    if differ:
+        facts["pins"] = "differs from the pins: " + ", ".join(differ)
+    if cuda_standin.active():
+        facts["dry_run"] = (f"CUDA stood in by the CPU ({cuda_standin.ENV}=1): every figure is a CPU figure, "
+                            "measured to check the GPU command, not a CUDA result")
+    return facts
+
+
+def _nvml_driver() -> str | None:
+    """The NVIDIA driver's version through NVML, or None where there is none."""
+    try:
+        import pynvml
+
+        pynvml.nvmlInit()
+    except Exception:  # noqa: BLE001 - no NVML, no driver to name
+        return None
+    try:
+        version = pynvml.nvmlSystemGetDriverVersion()
+        return version.decode() if isinstance(version, bytes) else str(version)
+    except Exception:  # noqa: BLE001
+        return None
+    finally:
+        pynvml.nvmlShutdown()
 
 
 # --- running asv -------------------------------------------------------------------------------
@@ -142,12 +221,19 @@ def asv(*args: str) -> list[str]:
     return [sys.executable, "-m", "asv", *args]
 
 
+NVML_CHECK_ENV = "PYTORCH_NVML_BASED_CUDA_CHECK"
+LAUNCH_ENV = "VMAPBENCH_LAUNCH"
+
+
 def bench_env(profile: str, devices: Sequence[str] | None, root: Path) -> dict[str, str]:
-    """The environment every benchmark process inherits: profile, devices, pinned threads, caches."""
+    """The environment every benchmark process inherits: profile, devices, pinned threads, caches;
+    for CUDA, torch.cuda.is_available() asking NVML (see launch_args)."""
     env = dict(os.environ)
     env["VMAPBENCH_PROFILE"] = profile
     if devices:
         env["VMAPBENCH_DEVICES"] = ",".join(devices)
+    if "cuda" in (devices or ()):
+        env.setdefault(NVML_CHECK_ENV, "1")
     threads = env.setdefault("OMP_NUM_THREADS", DEFAULT_THREADS)
     env.setdefault("MKL_NUM_THREADS", threads)
     env.setdefault("TORCHINDUCTOR_CACHE_DIR", str(root / ".inductor-cache"))
@@ -155,16 +241,21 @@ def bench_env(profile: str, devices: Sequence[str] | None, root: Path) -> dict[s
     return env
 
 
-def launch_args(devices: Sequence[str]) -> list[str]:
-    """asv's launch method for a run on `devices`.
+def launch_args(env: Mapping[str, str] | None = None) -> list[str]:
+    """asv's launch method: asv.conf.json's forkserver, for CUDA runs too, unless VMAPBENCH_LAUNCH
+    (in `env`, default os.environ) names another.
 
-    asv.conf.json's forkserver imports the suite once and forks a process per benchmark, which
-    keeps a CPU run short. A forked child cannot initialize CUDA once its parent has: on the first
-    GPU run (an H100, .ci/gpu-check) every CUDA point failed in setup with "Cannot re-initialize
-    CUDA in forked subprocess", although importing the suite and its warm-up leave CUDA
-    uninitialized. A run with CUDA points therefore spawns each benchmark process (each pays the
-    imports; the CPU-only quick profile keeps the fork server)."""
-    return ["--launch-method", "spawn"] if "cuda" in devices else []
+    The fork server imports the suite once and forks a process per benchmark point. A child cannot
+    use CUDA once its parent touched it, and `torch.cuda.is_available()` does (cudaGetDeviceCount;
+    the engine's warm-up calls it): on the first GPU run every CUDA point failed in setup with
+    "Cannot re-initialize CUDA in forked subprocess". With PYTORCH_NVML_BASED_CUDA_CHECK=1
+    (bench_env sets it for CUDA runs) that check asks NVML and leaves CUDA alone. Spawning a fresh
+    process per point also works, but pays the imports ~680 times for the quick profile on CUDA
+    (14 s each on a loaded 2-core box): far past the GPU command's 10 minutes."""
+    method = (env if env is not None else os.environ).get(LAUNCH_ENV, "").strip()
+    if method and method not in ("spawn", "forkserver"):
+        raise SystemExit(f"bench: {LAUNCH_ENV}={method!r}: use spawn or forkserver")
+    return ["--launch-method", method] if method else []
 
 
 class NaRowFilter:
@@ -296,17 +387,18 @@ def _product(params: list[list[str]]) -> list[tuple[str, ...]]:
 
 # --- dashboard, merge --------------------------------------------------------------------------
 
-def build_dashboard(root: Path, env: dict[str, str]) -> Path | None:
+def build_dashboard(root: Path, env: dict[str, str], results: Path | None = None) -> Path | None:
     """`python -m vmapbench dashboard`; the path of its index.html, or None when it cannot run."""
     if importlib.util.find_spec("dashboards.cli") is None:
         print("bench: the dashboard (dashboards/cli.py) is not in this checkout yet; skipping it", file=sys.stderr)
         return None
-    proc = subprocess.run([sys.executable, "-m", "vmapbench", "dashboard", "--results", str(root / "results")],
+    results = root / "results" if results is None else results
+    proc = subprocess.run([sys.executable, "-m", "vmapbench", "dashboard", "--results", str(results)],
                           cwd=root, env=env, stdout=subprocess.PIPE, text=True)
     lines = proc.stdout.strip().splitlines()
     if proc.returncode != 0 or not lines:
         print(f"bench: building the dashboard failed (exit {proc.returncode}); the results are kept in "
-              f"{root / 'results'}", file=sys.stderr)
+              f"{results}", file=sys.stderr)
         return None
     return Path(lines[-1])
 
@@ -400,6 +492,19 @@ def clean_result_names(results_dir: Path, env_name: str | None = None) -> list[t
 
 # --- command line ------------------------------------------------------------------------------
 
+def only_workloads(regexes: list[str], names: Sequence[str], selection: ModuleType) -> list[str]:
+    """Those of `regexes` that select the named workloads' classes; ValueError for an unknown name."""
+    import workloads
+
+    wanted = set()
+    for name in names:
+        try:
+            wanted.add(selection.class_name(workloads.get(name)))
+        except KeyError:
+            raise ValueError(f"unknown workload {name!r}; see `python -m vmapbench list`") from None
+    return [r for r in regexes if any(rf"\.{cls}\." in r for cls in wanted)]
+
+
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="python -m vmapbench.bench", description=__doc__.splitlines()[0])
     p.add_argument("--profile", choices=("quick", "full"),
@@ -408,6 +513,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--family", action="append", default=[],
                    help="only this workload family (repeatable; 'suite' = the suite's own benchmarks); "
                         "see --list-families")
+    p.add_argument("--workload", action="append", default=[],
+                   help="only this workload (repeatable; with --family, the workloads of both)")
     p.add_argument("--device", action="append", choices=("cpu", "cuda"), default=[],
                    help="devices to measure (repeatable; default: the profile's)")
     p.add_argument("--machine", default=None, help=f"machine name (default: ${MACHINE_ENV} or derived from the hardware)")
@@ -434,14 +541,17 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(json.dumps(selection.families()))
         return 0
     if args.merge:
-        n = merge_results(args.merge, root / "results")
-        print(f"bench: merged {n} result files into {root / 'results'}")
+        n = merge_results(args.merge, results_dir(root))
+        print(f"bench: merged {n} result files into {results_dir(root)}")
         return 0
 
     devices = args.device or None
     env = bench_env(args.profile, devices, root)
     try:
         regexes = selection.bench_regexes(args.profile, args.family or None, devices)
+        if args.workload:  # the named workloads, with the --family ones if any are given
+            named = only_workloads(selection.bench_regexes(args.profile, None, devices), args.workload, selection)
+            regexes = [*(regexes if args.family else []), *named]
     except ValueError as exc:
         raise SystemExit(f"bench: {exc}") from None
     machine = args.machine or machine_name()
@@ -461,8 +571,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     started = time.time()
     # --record-samples: every timing's samples are kept, so the dashboard's intervals come from
     # the same numbers as the gate's (vmapbench.stats.row_estimate).
-    common = ["--machine", machine, "--durations", "10", "--record-samples", *[f"--bench={r}" for r in regexes],
-              *launch_args(devices or selection.PROFILE_DEVICES[args.profile]), *args.asv_args]
+    results = results_dir(root)
+    config = asv_config(root, results)
+    common = [*config, "--machine", machine, "--durations", "10", "--record-samples", *[f"--bench={r}" for r in regexes],
+              *launch_args(env), *args.asv_args]
     if args.commits:
         hashfile = root / ".asv" / "bench-commits.txt"
         hashfile.parent.mkdir(exist_ok=True)
@@ -472,16 +584,18 @@ def main(argv: Sequence[str] | None = None) -> int:
         cmd = asv("run", "--environment", f"existing:{sys.executable}", "--set-commit-hash", commits[0], *common)
     with pass_folder(env, keep=not args.commits):
         rc, _ = stream(cmd, env, root, NaRowFilter(param_values(selection)))
+    if config:
+        Path(config[1]).unlink(missing_ok=True)
     elapsed = time.time() - started
 
     measured, failed = 0, []
     for commit in commits:
-        m, f = run_outcome(root / "results", machine, commit, started * 1000 - 1000, regexes, env_prefix)
+        m, f = run_outcome(results, machine, commit, started * 1000 - 1000, regexes, env_prefix)
         measured, failed = measured + m, failed + [f"{p} @{commit[:8]}" if args.commits else p for p in f]
-    for old, new in clean_result_names(root / "results"):
+    for old, new in clean_result_names(results):
         print(f"bench: {old.name} -> {new.name} (no local path in result names)")
     print(f"\nbench: asv exited {rc} after {elapsed / 60:.1f} min; {measured} values measured, "
-          f"{len(failed)} failed; results in {root / 'results' / machine}")
+          f"{len(failed)} failed; results in {results / machine}")
     if failed:
         print("bench: failed benchmarks (asv printed the errors of parameterized ones above):")
         for point in failed:
@@ -491,7 +605,7 @@ def main(argv: Sequence[str] | None = None) -> int:
               f"--bench {shell_regex(failed[0].split(' @')[0])}")
 
     dashboard_started = time.time()
-    index = None if args.no_dashboard else build_dashboard(root, env)
+    index = None if args.no_dashboard else build_dashboard(root, env, results)
     if index is not None:
         print(f"bench: dashboard: {index}")
     print(timing_line(args.started_at, run_started, started, dashboard_started, time.time()))

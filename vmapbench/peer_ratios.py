@@ -24,7 +24,9 @@ A peer whose package is missing is reported as skipped with the reason; a method
 check or raises is reported as failed and left out of the ratios, never timed.
 `--device cuda` runs every method on the GPU (jax needs a CUDA jaxlib there); a batch of calls is
 timed up to the device's last result (torch.cuda.synchronize; jax blocks until ready).
-`--write` stores the rows as results/peer_ratios/<machine>/<commit8>.json.
+`--write` stores the rows as results/peer_ratios/<machine>/<commit8>.json (VMAPBENCH_RESULTS_DIR
+in place of results/). The tier column says what ours' settled call ran (`steady_tier`): eager,
+replay, fused, or cuda graph.
 It runs with glibc's malloc keeping its pages (vmapbench/malloc.py: it runs itself again with
 GLIBC_TUNABLES set where the environment does not set it; set it empty to keep glibc's defaults):
 page faults served by the VM's host made rounds bimodal, the method timed before deciding.
@@ -76,6 +78,7 @@ class Row:
     # process: ours loads the program from the on-disk index, jax finds what its caches hold).
     first_call: dict[str, dict[str, float]] = field(default_factory=dict)
     fused_state: str | None = None  # the fused tier's state of ours after settling (fused, failed: why, ...)
+    tier: str | None = None  # what ours' settled call ran: eager, replay, fused, cuda graph (steady_tier)
     device: str = "cpu"
 
     def break_even(self, method: str) -> float:
@@ -226,6 +229,8 @@ def measure_workload(workload: Any, size: str, rounds: int, budget_s: float,
         eager = _eager_reason(list(autotrace._shared_autos.values()), calls[ours])
         if eager is not None:
             row.fused_state = eager
+    if ours in calls:
+        row.tier = steady_tier(calls[ours])
     if calls:
         row.samples = probes.interleaved_samples(calls, device, rounds=rounds, budget_s=budget_s)
     return row
@@ -266,6 +271,39 @@ def _eager_reason(autos: list[Any], call: Callable[[], Any]) -> str | None:
         return None
     reasons = [a.impure for a, (_, eager) in zip(autos, before) if a.eager_calls > eager and a.impure is not None]
     return f"eager: {reasons[0][:200]}" if reasons else "eager: no replay (automatic tracing recorded nothing it could replay)"
+
+
+def steady_tier(call: Callable[[], Any]) -> str:
+    """Which tier served one call of `call`: 'cuda graph' (a fused program replayed as one CUDA
+    graph), 'fused' (a fused program), 'replay' (the recorded graph op by op), or 'eager' (no
+    recorded graph ran); several, joined by '+', when its traced functions ran on different tiers."""
+    from engine import fused
+    from engine.trace import _Entry
+
+    ran: list[Any] = []
+    plain_call = _Entry.call
+
+    def recording(entry: Any, flat: Any) -> Any:
+        ran.append(entry)
+        return plain_call(entry, flat)
+
+    _Entry.call = recording  # type: ignore[method-assign]
+    try:
+        call()
+    finally:
+        _Entry.call = plain_call  # type: ignore[method-assign]
+    tiers: list[str] = []
+    for entry in ran:
+        program = entry.fused if fused.fused_mode() != "off" else None
+        if program is None:
+            tier = "replay"
+        elif isinstance(program, fused.CudaGraphed) and not program.plain and program.graph is not None:
+            tier = "cuda graph"
+        else:
+            tier = "fused"
+        if tier not in tiers:
+            tiers.append(tier)
+    return "+".join(tiers) if tiers else "eager"
 
 
 def _replayed(workload: Any, method: str, state: Any) -> Any:
@@ -342,12 +380,19 @@ def compile_markdown(rows: Sequence[Row]) -> str:
     for r in rows:
         sec = r.seconds
         lines.append(
-            f"| {r.workload} | {_ms(sec.get(REPLAY))} | {_ms(sec.get(r.ours))} | {r.fused_state or '-'} "
+            f"| {r.workload} | {_ms(sec.get(REPLAY))} | {_ms(sec.get(r.ours))} | {_tier_cell(r)} "
             f"| {first(r, r.ours, 'cold')} | {first(r, r.ours, 'warm')} | {calls(r.break_even(r.ours))} "
             f"| {_ms(sec.get('jax'))} | {first(r, 'jax', 'cold')} | {first(r, 'jax', 'warm')} "
             f"| {calls(r.break_even('jax'))} |"
         )
     return "\n".join(lines)
+
+
+def _tier_cell(row: Row) -> str:
+    """The tier ours' settled call ran, with the fused tier's state (compiled, from disk, why eager)."""
+    if row.tier is None or row.tier == "eager" and (row.fused_state or "").startswith("eager"):
+        return row.fused_state or row.tier or "-"
+    return f"{row.tier} ({row.fused_state})" if row.fused_state and row.fused_state != row.tier else row.tier
 
 
 def notes(rows: Sequence[Row]) -> list[str]:
@@ -361,13 +406,14 @@ def notes(rows: Sequence[Row]) -> list[str]:
 
 def write(rows: Sequence[Row], threads: int, device: str = "cpu") -> Path:
     """results/peer_ratios/<machine>/<commit8>.json under the repository root."""
-    from vmapbench.bench import git, machine_name, repo_root
+    from vmapbench.bench import git, machine_name, repo_root, results_dir, software_facts
 
     root = repo_root()
     machine, commit = machine_name(), git(root, "rev-parse", "HEAD")
-    path = root / "results" / "peer_ratios" / machine / f"{commit[:8]}.json"
+    path = results_dir(root) / "peer_ratios" / machine / f"{commit[:8]}.json"
     path.parent.mkdir(parents=True, exist_ok=True)
     document = {"machine": machine, "commit": commit, "torch": torch.__version__, "threads": threads, "device": device,
+                "software": software_facts(root),
                 "glibc_tunables": os.environ.get(malloc.VARIABLE),
                 "rows": [{**asdict(r), "seconds": r.seconds, "best_peer": r.best_peer,
                           "break_even": {m: r.break_even(m) for m in r.first_call}} for r in rows]}
@@ -460,6 +506,8 @@ def configure(parser: argparse.ArgumentParser) -> None:
 def main(args: argparse.Namespace) -> int:
     if args.size is not None and len(args.workloads or ()) != 1:
         raise SystemExit("peer_ratios: --size needs exactly one -w WORKLOAD")
+    import workloads  # noqa: F401 - installs the CUDA stand-in where VMAPBENCH_CUDA_STANDIN asks for it
+
     if args.device == "cuda" and not torch.cuda.is_available():
         raise SystemExit("peer_ratios: --device cuda, but torch sees no CUDA device here")
     torch.set_num_threads(args.threads)  # before jax is imported: load_jax matches XLA's threads to it

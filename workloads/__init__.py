@@ -1,8 +1,12 @@
 """Workload registry: importing this package registers every workload module.
 
 Use `workloads.get(name)`, `workloads.all_workloads()`, `workloads.iter_cases(quick=True)`.
+With VMAPBENCH_CUDA_STANDIN=1 importing it installs the CUDA stand-in (workloads.cuda_standin).
 """
-from workloads.base import (  # noqa: F401
+from workloads import cuda_standin as _cuda_standin
+
+_cuda_standin.install_if_requested()
+from workloads.base import (  # noqa: F401,E402
     BASELINE,
     COMPILED_METHODS,
     ENGINE_METHODS,

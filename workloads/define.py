@@ -15,6 +15,7 @@ from typing import Any, Callable, Iterable, Mapping, Sequence
 
 import torch
 
+from workloads import cuda_standin
 from workloads.base import BASELINE, COMPILED_METHODS, Workload, register, size_label
 
 SEED = 0
@@ -26,8 +27,11 @@ MakeMethod = Callable[[str, dict[str, Any]], Callable[[], Any]]
 
 
 def resolve_device(device: str) -> torch.device:
-    """The torch device for `device`; NotImplementedError (ASV: skipped) when it is unavailable."""
+    """The torch device for `device`; NotImplementedError (ASV: skipped) when it is unavailable.
+    Under the CUDA stand-in (workloads.cuda_standin) 'cuda' resolves to the CPU."""
     dev = torch.device(device)
+    if cuda_standin.active() and dev.type == "cuda":
+        return cuda_standin.tensor_device(dev)
     if dev.type == "cuda" and not torch.cuda.is_available():
         raise NotImplementedError(
             f"device {device!r} needs CUDA, but torch.cuda.is_available() is False on this machine "
@@ -138,7 +142,9 @@ def define(
     def setup(params: dict[str, Any], device: str, dtype: torch.dtype = torch.float32) -> CaseState:
         dev = resolve_device(device)
         inputs = make_inputs(dict(params), torch.Generator().manual_seed(SEED))
-        return CaseState(name, dict(params), str(dev), dtype, cast(inputs, dev, dtype), make_method)
+        # the device asked for names the case (a stand-in's 'cuda' is measured as cuda: synchronised)
+        label = str(torch.device(device)) if cuda_standin.active() else str(dev)
+        return CaseState(name, dict(params), label, dtype, cast(inputs, dev, dtype), make_method)
 
     def run(method: str, state: CaseState) -> Any:
         return state.fn(method)()

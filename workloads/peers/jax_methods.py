@@ -116,7 +116,9 @@ def load_jax(device: str | torch.device = "cpu") -> ModuleType:
             f"the jax method needs the jax package, which does not import here ({exc}); "
             "install it with `pip install 'jax[cpu]'` or the project's [peers] extra"
         ) from None
-    dev = torch.device(device)
+    from workloads.cuda_standin import tensor_device
+
+    dev = tensor_device(device)  # the CUDA stand-in's 'cuda' is the CPU, for jax too
     if dev.type == "cuda":
         try:
             jax.devices("cuda")

@@ -1,0 +1,241 @@
+"""CUDA measured right, checked on a CPU through the CUDA stand-in (workloads.cuda_standin).
+
+The stand-in answers torch.cuda's measuring calls and NVML from the CPU and counts them, so the
+order of clock reads, calls and synchronisations of every timing path can be checked here: each
+timed call synchronised before its clock stops, the allocator's peak reset before each measured
+call, NVML sampled around a synchronised call, and no CUDA use in the process asv's fork server
+forks from (a child then cannot use CUDA; every CUDA point of the first GPU run failed so).
+"""
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import textwrap
+import types
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+
+from workloads import cuda_standin
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+@pytest.fixture
+def standin(monkeypatch: pytest.MonkeyPatch) -> list[str]:
+    """The stand-in installed for one test; returns the events log: 'sync' at every synchronize,
+    'reset' at every peak reset (tests add 'clock' and 'call')."""
+    for target, name, value in cuda_standin.patches():
+        if isinstance(target, dict):
+            monkeypatch.setitem(target, name, value)
+        else:
+            monkeypatch.setattr(target, name, value)
+    events: list[str] = []
+
+    def sync(device: Any = None) -> None:
+        cuda_standin.synchronize(device)
+        events.append("sync")
+
+    def reset(device: Any = None) -> None:
+        cuda_standin.reset_peak_memory_stats(device)
+        events.append("reset")
+
+    monkeypatch.setattr(torch.cuda, "synchronize", sync)
+    monkeypatch.setattr(torch.cuda, "reset_peak_memory_stats", reset)
+    return events
+
+
+def _clock(events: list[str]) -> Any:
+    t = [0.0]
+
+    def clock() -> float:
+        events.append("clock")
+        t[0] += 1.0
+        return t[0]
+    return clock
+
+
+def _call(events: list[str]) -> Any:
+    return lambda: events.append("call")
+
+
+def test_time_call_stops_each_clock_after_a_synchronisation(standin, monkeypatch) -> None:
+    from workloads import measure
+
+    monkeypatch.setattr(measure, "time", types.SimpleNamespace(perf_counter=_clock(standin)))
+    times = measure.time_call(_call(standin), repeat=3, warmup=1, device="cuda")
+    assert times == [1.0, 1.0, 1.0]
+    assert standin == ["call", "sync"] + ["clock", "call", "sync", "clock"] * 3
+
+
+def test_interleaved_times_synchronise_each_call(standin, monkeypatch) -> None:
+    from workloads import measure
+
+    monkeypatch.setattr(measure, "time", types.SimpleNamespace(perf_counter=_clock(standin)))
+    measure.interleaved_times({"a": _call(standin), "b": _call(standin)}, repeat=2, device="cuda")
+    assert standin == ["sync"] + ["clock", "call", "sync", "clock"] * 4
+
+
+def test_interleaved_samples_synchronise_before_and_after_each_batch(standin) -> None:
+    from suite import probes
+
+    probes.interleaved_samples({"a": _call(standin)}, "cuda", rounds=3, min_batch_s=2.5, clock=_clock(standin))
+    # the estimate (one call), then 3 rounds of batches of ceil(2.5 / 1) = 3 calls
+    batch = lambda n: ["sync", "clock", *["call"] * n, "sync", "clock"]  # noqa: E731
+    assert standin == batch(1) + batch(3) * 3
+
+
+def test_the_suites_timed_call_and_the_peak_reset_per_call(standin) -> None:
+    """suite.workload_pass.synchronized (what time_run and the passes time) ends every call with a
+    synchronisation; measure.cuda_peak_bytes resets the peak before each call and reads it after a
+    synchronisation."""
+    from suite.workload_pass import synchronized
+    from workloads import measure
+
+    synchronized(_call(standin), "cuda")()
+    synchronized(_call(standin), "cpu")()
+    assert standin == ["call", "sync", "call"]
+    standin.clear()
+    for _ in range(2):
+        measure.cuda_peak_bytes(_call(standin), "cuda")
+    assert standin == ["sync", "reset", "call", "sync"] * 2
+
+
+def test_cuda_peak_bytes_sees_a_temporary_allocation_under_the_standin(standin) -> None:
+    from workloads import measure
+
+    def allocate() -> None:
+        t = torch.ones(64 * 2**20 // 4)
+        del t
+
+    assert measure.cuda_peak_bytes(allocate, "cuda") >= 48 * 2**20
+    assert measure.cuda_peak_bytes(lambda: None, "cuda") < 16 * 2**20  # reset: the earlier peak is gone
+
+
+def test_nvml_peak_is_sampled_around_a_synchronised_call(standin) -> None:
+    from suite import probes
+
+    before = cuda_standin.CALLS["nvml_memory_info"]
+    peak = probes.nvml_peak_bytes(_call(standin), "cuda")
+    assert standin == ["sync", "call", "sync"]
+    assert peak > 0 and cuda_standin.CALLS["nvml_memory_info"] >= before + 2
+
+
+def test_a_standin_case_is_labelled_cuda_and_measured_as_cuda(standin) -> None:
+    import workloads
+    from workloads import measure
+
+    w = workloads.get("rosenbrock_hessian")
+    state = w.setup(w.params(w.quick[0]), "cuda")
+    assert state.device == "cuda"
+    standin.clear()
+    m = measure.measure(w, "torch_func", w.quick[0], state, repeat=2, warmup=0)
+    assert m.device == "cuda" and standin.count("sync") >= 3 and "reset" in standin
+
+
+def _python(code: str, **env: str) -> subprocess.CompletedProcess:
+    environ = {k: v for k, v in os.environ.items() if k != cuda_standin.NVML_CHECK_ENV}
+    environ.update({"PYTHONPATH": str(ROOT), cuda_standin.ENV: "1", **env})
+    return subprocess.run([sys.executable, "-c", textwrap.dedent(code)], cwd=ROOT, env=environ,
+                          capture_output=True, text=True, timeout=600)
+
+
+FORK = """
+    import os, sys, torch, workloads
+    torch.cuda.is_available()
+    pid = os.fork()
+    if pid == 0:
+        try:
+            torch.cuda.synchronize()
+        except RuntimeError as exc:
+            print("child:", exc, flush=True)
+            os._exit(3)
+        os._exit(0)
+    _, status = os.waitpid(pid, 0)
+    print("child exit", os.waitstatus_to_exitcode(status))
+"""
+
+
+def test_a_child_forked_after_cuda_was_touched_cannot_use_it() -> None:
+    """As torch does: torch.cuda.is_available() initializes CUDA (cudaGetDeviceCount) unless NVML
+    answers it (PYTORCH_NVML_BASED_CUDA_CHECK=1, what vmapbench.bench sets for CUDA runs)."""
+    poisoned = _python(FORK)
+    assert "child exit 3" in poisoned.stdout, poisoned.stdout + poisoned.stderr
+    assert "Cannot re-initialize CUDA in forked subprocess" in poisoned.stdout
+    assert "torch.cuda.is_available()" in poisoned.stdout  # the error names the call that did it
+    clean = _python(FORK, **{cuda_standin.NVML_CHECK_ENV: "1"})
+    assert "child exit 0" in clean.stdout, clean.stdout + clean.stderr
+
+
+def test_the_suite_leaves_cuda_alone_in_the_process_asv_forks_from() -> None:
+    """asv's fork server imports the suite (its warm-up included) and forks every benchmark from
+    that process: nothing there may touch CUDA, or no CUDA point can run."""
+    out = _python("""
+        import suite.bench_workloads, suite.bench_first_call, suite.bench_overhead, suite.bench_runtime
+        from workloads import cuda_standin
+        assert cuda_standin.active()
+        print("used:", cuda_standin._first_use or None, dict(cuda_standin.CALLS))
+    """, VMAPBENCH_PROFILE="quick", VMAPBENCH_DEVICES="cuda")
+    assert out.returncode == 0, out.stderr
+    assert "used: None" in out.stdout, out.stdout
+
+
+def test_standin_results_cannot_pass_for_cuda_results(standin, monkeypatch) -> None:
+    from vmapbench import bench
+
+    monkeypatch.delenv(bench.MACHINE_ENV, raising=False)
+    assert bench.machine_name().endswith("-cuda-standin-dry-run")
+    monkeypatch.setenv(bench.MACHINE_ENV, "h100-box")
+    with pytest.raises(SystemExit, match="dry-run"):
+        bench.machine_name()
+    monkeypatch.setenv(bench.MACHINE_ENV, "ci-dry-run")
+    assert bench.machine_name() == "ci-dry-run"
+    facts = bench.software_facts()
+    assert "not a CUDA result" in facts["dry_run"] and facts["python"] and facts["torch"].startswith(torch.__version__)
+
+
+def test_software_facts_say_where_python_and_torch_differ_from_the_pins(tmp_path, monkeypatch) -> None:
+    from vmapbench import bench
+
+    (tmp_path / "asv.conf.json").write_text('{"pythons": ["3.9"], "matrix": {"req": {"torch": ["0.1.0"]}}}')
+    facts = bench.software_facts(tmp_path)
+    assert "Python" in facts["pins"] and "(pinned 3.9)" in facts["pins"] and "(pinned 0.1.0)" in facts["pins"]
+    assert "pins" not in bench.software_facts(ROOT)  # this venv is the pinned one
+
+
+def test_steady_tier_names_the_tier_that_served_the_call() -> None:
+    """peer_ratios' tier column: eager (no recorded graph ran), replay, fused, and cuda graph (a
+    fused program replayed as a CUDA graph, captured here by the stand-in of
+    tests/test_cuda_paths_on_cpu.py, which replays by calling the program again)."""
+    import engine
+    from engine import fused
+    from test_cuda_paths_on_cpu import _ReplayByCalling
+
+    from vmapbench.peer_ratios import steady_tier
+
+    x = torch.randn(6, 3)
+    f = engine.trace(lambda a: (a.sin() * 2).sum(0))
+    assert steady_tier(lambda: x.sin()) == "eager"
+    f(x)
+    with engine.fused_tier(False):
+        assert steady_tier(lambda: f(x)) == "replay"
+    with engine.fused_tier("force"):
+        f(x)
+        f(x)
+    engine.settle()
+    (entry,) = f._cache.values()
+    program = getattr(entry.fused, "program", entry.fused)
+    assert isinstance(program, fused.FusedProgram), f.tiers()
+    entry.fused = program
+    with engine.fused_tier(True):  # (the tests' default is off: tests/conftest.py)
+        assert steady_tier(lambda: f(x)) == "fused"
+        graphed = fused.CudaGraphed(program)
+        graphed.capturer = _ReplayByCalling
+        entry.fused = graphed
+        assert steady_tier(lambda: f(x)) == "cuda graph"
+        torch.testing.assert_close(f(x), (x.sin() * 2).sum(0))
+    with engine.fused_tier(False):
+        assert steady_tier(lambda: f(x)) == "replay"
