@@ -59,7 +59,7 @@ aten = torch.ops.aten
 _fused_switch = fused._local
 _FUSED_OFF = fused.OFF
 
-__all__ = ["CacheInfo", "TracedFunction", "UntraceableError", "compile", "compile_with_inductor", "trace"]
+__all__ = ["CacheInfo", "Entry", "TracedFunction", "UntraceableError", "compile", "compile_with_inductor", "trace"]
 
 
 class UntraceableError(DataDependentError):
@@ -216,7 +216,7 @@ class _DataGuard(TorchDispatchMode):
 
     A Python bool read off a tensor (`if torch._is_all_true(valid):` in torch.distributions'
     argument checks, `if (x > 0).all():`) becomes a guard: the condition the trace saw is recorded
-    as a graph op and every replay checks it (see `_Entry.call`). An int or float read (`.item()`,
+    as a graph op and every replay checks it (see `Entry.call`). An int or float read (`.item()`,
     `float(t)`) would freeze a value into the graph and is refused, as are ops whose output shape
     depends on values (nonzero, boolean masks); `index.Tensor` with integer indices, `one_hot`
     with `num_classes` and `repeat_interleave` with `output_size` have value-independent shapes
@@ -402,7 +402,7 @@ def _output_builder(spec: Any, consts: list[tuple[int, Any]]) -> Callable[[Any],
     return build
 
 
-class _Entry:
+class Entry:
     """One signature's recorded graph, the live tensors it reads, and the output structure."""
 
     __slots__ = (
@@ -571,9 +571,9 @@ class TracedFunction:
         self.compile_kwargs = compile_kwargs
         self.trace_seconds: float | None = None
         self.compile_seconds: float | None = None
-        self._cache: OrderedDict[Hashable, _Entry] = OrderedDict()
-        self._fast: dict[Hashable, _Entry] = {}  # fast key -> a live, ready (traced, compiled) entry
-        self._mru: _Entry | None = None  # the most recently used entry: the end of self._cache
+        self._cache: OrderedDict[Hashable, Entry] = OrderedDict()
+        self._fast: dict[Hashable, Entry] = {}  # fast key -> a live, ready (traced, compiled) entry
+        self._mru: Entry | None = None  # the most recently used entry: the end of self._cache
         # Strides are part of a signature: a graph replays the kernels its recording ran on those
         # layouts (engine.replay_contract), and compiled code asserts them.
         self._strides = True
@@ -608,7 +608,7 @@ class TracedFunction:
                     return self._guard_failed(entry, args, kwargs)
         return self._call_slow(args, kwargs, fast)
 
-    def _replay_hit(self, entry: _Entry, args: tuple, kwargs: dict, flat: list) -> Any:
+    def _replay_hit(self, entry: Entry, args: tuple, kwargs: dict, flat: list) -> Any:
         """`_call`'s hit path, for engine.autotrace, which found `entry` in `_fast` itself."""
         self._hits += 1
         if entry is not self._mru:
@@ -619,7 +619,7 @@ class TracedFunction:
         except _GuardFailed:
             return self._guard_failed(entry, args, kwargs)
 
-    def _replay(self, entry: _Entry, flat: list) -> Any:
+    def _replay(self, entry: Entry, flat: list) -> Any:
         if not self._auto or entry.inert:
             return entry.call(flat)
         grad_mode = torch.is_grad_enabled()
@@ -702,7 +702,7 @@ class TracedFunction:
         except _GuardFailed:
             return self._guard_failed(entry, args, kwargs)
 
-    def _guard_failed(self, entry: _Entry, args: tuple, kwargs: dict) -> Any:
+    def _guard_failed(self, entry: Entry, args: tuple, kwargs: dict) -> Any:
         """A check the trace saw pass (or a branch it saw taken) comes out differently for these
         inputs. The function runs eagerly: an argument check then raises its own error (say, a
         distribution's ValueError naming the invalid parameter). A function that instead takes the
@@ -722,7 +722,7 @@ class TracedFunction:
             warnings.warn(message + " Running it eagerly for such inputs.", TraceFallbackWarning, stacklevel=3)
         return out
 
-    def _refuse(self, entry: _Entry, err: DataDependentError, hint: str = "") -> _Entry:
+    def _refuse(self, entry: Entry, err: DataDependentError, hint: str = "") -> Entry:
         """`fn` cannot be replayed for this signature: UntraceableError, or with fallback='eager' the
         entry runs eagerly from now on (warned once)."""
         if self.fallback == "error":
@@ -737,12 +737,12 @@ class TracedFunction:
         entry.eager = True
         return entry
 
-    def _trace(self, flat: list, spec: Any, args: tuple, kwargs: dict) -> _Entry:
+    def _trace(self, flat: list, spec: Any, args: tuple, kwargs: dict) -> Entry:
         with _RECORDING:  # make_fx patches process-wide state: one recording at a time
             return self._record(flat, spec, args, kwargs)
 
-    def _record(self, flat: list, spec: Any, args: tuple, kwargs: dict) -> _Entry:
-        entry = _Entry()
+    def _record(self, flat: list, spec: Any, args: tuple, kwargs: dict) -> Entry:
+        entry = Entry()
         entry.tensor_pos = [i for i, x in enumerate(flat) if isinstance(x, torch.Tensor)]
         entry.select = None if len(entry.tensor_pos) == len(flat) else entry.tensor_pos
         fn = self.fn
@@ -817,7 +817,7 @@ class TracedFunction:
             entry.tier = entry.promotion = fused.Tier(entry)
         return entry
 
-    def _compile(self, entry: _Entry, flat: list) -> None:
+    def _compile(self, entry: Entry, flat: list) -> None:
         kwargs = self.compile_kwargs or {}
         start = time.perf_counter()
         inputs = entry.inputs(flat)

@@ -278,20 +278,20 @@ def steady_tier(call: Callable[[], Any]) -> str:
     graph), 'fused' (a fused program), 'replay' (the recorded graph op by op), or 'eager' (no
     recorded graph ran); several, joined by '+', when its traced functions ran on different tiers."""
     from engine import fused
-    from engine.trace import _Entry
+    from engine.trace import Entry
 
     ran: list[Any] = []
-    plain_call = _Entry.call
+    plain_call = Entry.call
 
     def recording(entry: Any, flat: Any) -> Any:
         ran.append(entry)
         return plain_call(entry, flat)
 
-    _Entry.call = recording  # type: ignore[method-assign]
+    Entry.call = recording  # type: ignore[method-assign]
     try:
         call()
     finally:
-        _Entry.call = plain_call  # type: ignore[method-assign]
+        Entry.call = plain_call  # type: ignore[method-assign]
     tiers: list[str] = []
     for entry in ran:
         program = entry.fused if fused.fused_mode() != "off" else None
