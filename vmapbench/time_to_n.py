@@ -128,12 +128,11 @@ def measure_curve(spec: dict[str, Any], cache_dir: str, timeout_s: float,
                                   env=child_env, capture_output=True, text=True, timeout=timeout_s)
             crashed = proc.returncode != 0
             stderr = proc.stderr
-        except subprocess.TimeoutExpired as exc:
+        except subprocess.TimeoutExpired:
             crashed, stderr = False, None
             curve.status = "killed"
-            curve.note = (f"killed after {timeout_s:.0f} s (budget plus --grace-s); "
-                          f"{(exc.stderr or b'')[-200:]!r}" if exc.stderr else f"killed after {timeout_s:.0f} s "
-                          "(the budget plus --grace-s): a call or the start-up ran that long")
+            curve.note = (f"killed after {timeout_s:.0f} s (--max-seconds plus --grace-s): a call or the "
+                          "start-up ran that long")
         events = [json.loads(line) for line in out.read_text().splitlines()] if out.exists() else []
     grid_points = []
     for event in events:
@@ -160,10 +159,11 @@ def measure_curve(spec: dict[str, Any], cache_dir: str, timeout_s: float,
 def measure(workload: str | None, size: str | None, methods: Sequence[tuple[str, str]], *,
             factory: str | None = None, ns: Sequence[int] = DEFAULT_NS, max_seconds: float = DEFAULT_MAX_SECONDS,
             threads: int = 1, device: str = "cpu", grace_s: float = DEFAULT_GRACE_S, check: bool = True,
-            progress: Any = None) -> list[Curve]:
+            progress: Any = None, env: dict[str, str] | None = None) -> list[Curve]:
     """Every (method, cache) curve of one workload at `size` (or of the `factory`'s methods), one
-    fresh process each. A cold curve gets a new empty cache folder; the warm curve of the same
-    method runs next, on the folder its cold curve left. The folders are removed afterwards."""
+    fresh process each (`env` added to its environment). A cold curve gets a new empty cache folder;
+    the warm curve of the same method runs next, on the folder its cold curve left. The folders are
+    removed afterwards."""
     ns = sorted(set(int(n) for n in ns))
     if not ns or ns[0] < 1:
         raise ValueError(f"N must be positive integers, got {list(ns)}")
@@ -180,7 +180,7 @@ def measure(workload: str | None, size: str | None, methods: Sequence[tuple[str,
             if progress is not None:
                 progress(f"{workload or factory} [{size or '-'}] {curve_label(method, cache)} ...")
             curves.append(measure_curve({**base, "method": method, "cache": cache}, folders[method],
-                                        timeout_s=max_seconds + grace_s))
+                                        timeout_s=max_seconds + grace_s, env=env))
     finally:
         for folder in folders.values():
             shutil.rmtree(folder, ignore_errors=True)
