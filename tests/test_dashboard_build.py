@@ -133,7 +133,7 @@ def test_cli_prints_the_index_path(tmp_path: Path) -> None:
                            "--out", str(out)], capture_output=True, text=True, cwd=REPO, timeout=300)
     assert proc.returncode == 0, proc.stderr
     assert proc.stdout.strip() == str((out / "index.html").resolve())
-    assert "figures on 8 pages" in proc.stderr
+    assert f"figures on {len(PAGE_FILES)} pages" in proc.stderr
 
 
 def test_rebuild_refreshes_pages_and_keeps_one_plotly_copy(tmp_path: Path) -> None:
