@@ -1,22 +1,32 @@
 """Time to N calls from a fresh process (vmapbench.time_to_n), as asv track metrics at a few N.
 
-TimeToN's grid is every registry workload x every curve id x device; a workload that lacks a
-curve's method, or a case outside the profile, is skipped. `setup_cache` runs once per class: it
-measures every selected (workload, curve) in its own fresh process, one process per curve as
-`vmapbench time-to-n` does, at the workload's first quick size (else its smallest), one thread.
+TimeToN's grid is every registry workload x every curve id x device. A point runs its curve in a
+fresh process (for a warm curve: its cold curve first, on the same cache folder), as `vmapbench
+time-to-n` does, at the workload's first quick size (else its smallest), one thread.
 
 - track_seconds_to_1 / _30 / _300 / _3000: seconds from the first call's start to the N-th call's
-  return (imports and setup apart; they are in the results files `vmapbench time-to-n --write` keeps).
+  return (imports and setup apart; the results files of `vmapbench time-to-n --write` keep them).
+
+A point's curve is measured once per run where the run keeps passes (VMAPBENCH_PASS_DIR, set by
+`make bench`): the first of its metrics measures it, the others read it back. Without that
+folder (a plain `asv run`) each metric measures it again.
 
 The quick profile keeps this cheap: the first workload with a quick size of the Bayesian and of the
-Hessian family (where the default path is furthest behind jax.jit), the jax.jit, torch.func and cold default-path curves, N up to 300 and 5 s of calls per curve. The
-full profile measures every workload and curve to N = 3000 with 20 s of calls per curve.
+Hessian family (where the default path is furthest behind jax.jit), the jax.jit, torch.func and
+cold default-path curves, N up to 300 and 5 s of calls per curve. The full profile measures every
+workload and curve to N = 3000 with 20 s of calls per curve. `profile_regexes` (which
+selection.bench_regexes calls) selects exactly those points, by family, so asv starts no process
+for the others.
 """
 from __future__ import annotations
 
-from typing import Any
+import json
+import os
+import re
+from pathlib import Path
+from typing import Any, Sequence
 
-from workloads.base import all_workloads
+from workloads.base import Workload, all_workloads
 
 from . import probes, selection
 
@@ -33,19 +43,21 @@ QUICK_FAMILIES = ("bayes_models", "hessians")
 QUICK_CURVES = ("jax", "torch_func", "ours_cold")
 PROFILE_NS: dict[str, tuple[int, ...]] = {"quick": (1, 30, 300), "full": (1, 2, 5, 30, 300, 3000)}
 PROFILE_MAX_SECONDS: dict[str, float] = {"quick": 5.0, "full": 20.0}
+METRIC_NS: dict[str, int] = {"track_seconds_to_1": 1, "track_seconds_to_30": 30, "track_seconds_to_300": 300,
+                             "track_seconds_to_3000": 3000}
 
 
-def method_of(workload: Any, curve: str) -> str | None:
+def method_of(workload: Workload, curve: str) -> str | None:
     group, _ = CURVES[curve]
     return next((m for m in group if m in workload.methods), None)
 
 
-def selected(profile: str, devices: tuple[str, ...]) -> list[tuple[Any, str, str]]:
+def selected(profile: str, devices: Sequence[str]) -> list[tuple[Workload, str, str]]:
     """(workload, curve, device) the profile measures."""
-    out = []
-    chosen = all_workloads()
+    chosen: list[Workload | None] = list(all_workloads())
     if profile == "quick":
         chosen = [next((w for w in all_workloads(f) if w.quick), None) for f in QUICK_FAMILIES]
+    out = []
     for w in chosen:
         if w is None:
             continue
@@ -58,71 +70,94 @@ def selected(profile: str, devices: tuple[str, ...]) -> list[tuple[Any, str, str
     return out
 
 
-def measure_all(profile: str, devices: tuple[str, ...]) -> dict[tuple[str, str, str], dict[int, float]]:
-    """(workload, curve, device) -> {N: seconds} for every selected case (N it did not reach: absent)."""
+def profile_regexes(profile: str, families: Sequence[str], devices: Sequence[str],
+                    exclude_metrics: Sequence[str] = ()) -> list[str]:
+    """asv --bench regexes of exactly the points `profile` measures, of the workloads of `families`."""
+    metrics = [m for m, n in METRIC_NS.items() if n <= max(PROFILE_NS[profile]) and m not in exclude_metrics]
+    by_workload: dict[str, list[tuple[str, str]]] = {}
+    for w, curve, device in selected(profile, devices):
+        if w.family in families:
+            by_workload.setdefault(w.name, []).append((curve, device))
+    out = []
+    for name, points in by_workload.items():
+        for device in dict.fromkeys(d for _, d in points):
+            curves = "|".join(re.escape(repr(c)) for c, d in points if d == device)
+            out.append(rf"^bench_time_to_n\.TimeToN\.({'|'.join(metrics)})\({re.escape(repr(name))}, "
+                       rf"({curves}), {re.escape(repr(device))}\)$")
+    return out
+
+
+def _pass_file(workload: str, curve: str, device: str) -> Path | None:
+    folder = os.environ.get("VMAPBENCH_PASS_DIR", "").strip()  # suite.workload_pass.PASS_DIR_ENV
+    return Path(folder) / f"time-to-n-{workload}-{curve}-{device}.json" if folder else None
+
+
+def measure_point(workload: Workload, curve: str, device: str, profile: str) -> dict[str, Any]:
+    """{'seconds': {N: s}, 'status', 'note'} of one point's curve, from the run's pass folder when
+    an earlier metric of the point measured it, else measured now (and kept there)."""
+    path = _pass_file(workload.name, curve, device)
+    if path is not None and path.is_file():
+        got = json.loads(path.read_text())
+        return {**got, "seconds": {int(n): s for n, s in got["seconds"].items()}}
     from vmapbench import time_to_n
     from vmapbench.peer_ratios import default_size
 
-    cases = selected(profile, devices)
-    out: dict[tuple[str, str, str], dict[int, float]] = {}
-    for w in {c[0].name: c[0] for c in cases}.values():
-        for device in devices:
-            curves = [c for ww, c, d in cases if ww is w and d == device]
-            if not curves:
-                continue
-            # Warm curves run after their cold curve, on its cache folder: order by the CURVES table.
-            pairs = [(method_of(w, c), CURVES[c][1]) for c in CURVES if c in curves]
-            measured = time_to_n.measure(w.name, default_size(w), pairs, ns=PROFILE_NS[profile],
-                                         max_seconds=PROFILE_MAX_SECONDS[profile], threads=1, device=device,
-                                         check=False)
-            for curve, got in zip([c for c in CURVES if c in curves], measured):
-                out[(w.name, curve, device)] = dict(zip(got.ns, got.seconds))
-    return out
+    method, cache = method_of(workload, curve), CURVES[curve][1]
+    pairs = [(method, "cold")] + ([(method, "warm")] if cache == "warm" else [])
+    measured = time_to_n.measure(workload.name, default_size(workload), pairs, ns=PROFILE_NS[profile],
+                                 max_seconds=PROFILE_MAX_SECONDS[profile], threads=1, device=device,
+                                 check=False)[-1]
+    got = {"seconds": dict(zip(measured.ns, measured.seconds)), "status": measured.status, "note": measured.note}
+    if path is not None:
+        tmp = path.with_suffix(f".{os.getpid()}.tmp")
+        tmp.write_text(json.dumps(got))
+        tmp.replace(path)
+    return got
 
 
 class TimeToN:
     params = [[w.name for w in all_workloads()], list(CURVES), list(selection.ALL_DEVICES)]
     param_names = ["workload", "curve", "device"]
     version = selection.SUITE_VERSION
-    timeout = 3600.0  # setup_cache measures every curve of the profile: minutes in the full profile
+    timeout = 900.0  # a cold torch.compile or engine.compile on 2 cores takes 30-60 s, plus the calls
     number = 1
     repeat = 1
     rounds = 1
 
-    def setup_cache(self) -> dict[tuple[str, str, str], dict[int, float]]:
-        import torch
+    def setup(self, workload: str, curve: str, device: str) -> None:
+        import importlib.util
 
-        probes.pin_threads()
         profile = selection.active_profile()
-        devices = tuple(d for d in selection.active_devices(profile) if d != "cuda" or torch.cuda.is_available())
-        try:
-            return measure_all(profile, devices)
-        except ImportError:  # a commit from before vmapbench.time_to_n: every case is skipped
-            return {}
+        w = next(w for w in all_workloads() if w.name == workload)
+        if (w, curve, device) not in selected(profile, selection.active_devices(profile)):
+            raise NotImplementedError(f"{workload} {curve} on {device}: not in the {profile} profile's "
+                                      "time-to-N points, or the workload has no such method")
+        if importlib.util.find_spec("vmapbench.time_to_n") is None:
+            raise NotImplementedError("vmapbench.time_to_n does not exist at this commit")
+        probes.pin_threads()
+        self.point = (w, curve, device, profile)
 
-    def setup(self, cache: dict, workload: str, curve: str, device: str) -> None:
-        if (workload, curve, device) not in cache:
-            raise NotImplementedError(f"{workload} {curve} on {device}: not measured in the "
-                                      f"{selection.active_profile()} profile, or the workload has no such method")
-
-    def _at(self, cache: dict, workload: str, curve: str, device: str, n: int) -> float:
-        seconds = cache[(workload, curve, device)].get(n)
+    def _at(self, n: int) -> float:
+        got = measure_point(*self.point)
+        seconds = got["seconds"].get(n)
         if seconds is None:
-            raise probes.SkipNotImplemented(f"{workload} {curve}: N={n} not reached (the profile's N or "
-                                            "its budget of calls)")
+            if got["status"] in ("failed", "wrong", "killed"):
+                raise RuntimeError(f"{self.point[0].name} {self.point[1]}: {got['status']}: {got['note']}")
+            raise probes.SkipNotImplemented(f"{self.point[0].name} {self.point[1]}: N={n} not reached "
+                                            f"({got['note'] or 'not among the profile N'})")
         return seconds
 
-    def track_seconds_to_1(self, cache: dict, workload: str, curve: str, device: str) -> float:
-        return self._at(cache, workload, curve, device, 1)
+    def track_seconds_to_1(self, workload: str, curve: str, device: str) -> float:
+        return self._at(1)
 
-    def track_seconds_to_30(self, cache: dict, workload: str, curve: str, device: str) -> float:
-        return self._at(cache, workload, curve, device, 30)
+    def track_seconds_to_30(self, workload: str, curve: str, device: str) -> float:
+        return self._at(30)
 
-    def track_seconds_to_300(self, cache: dict, workload: str, curve: str, device: str) -> float:
-        return self._at(cache, workload, curve, device, 300)
+    def track_seconds_to_300(self, workload: str, curve: str, device: str) -> float:
+        return self._at(300)
 
-    def track_seconds_to_3000(self, cache: dict, workload: str, curve: str, device: str) -> float:
-        return self._at(cache, workload, curve, device, 3000)
+    def track_seconds_to_3000(self, workload: str, curve: str, device: str) -> float:
+        return self._at(3000)
 
     for _metric in (track_seconds_to_1, track_seconds_to_30, track_seconds_to_300, track_seconds_to_3000):
         _metric.unit = "seconds"  # type: ignore[attr-defined]

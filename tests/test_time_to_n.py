@@ -165,22 +165,51 @@ def test_docs_table_is_generated_from_the_committed_results() -> None:
     assert {c.workload for c in curves} == {w.name for w in workloads.all_workloads()}
 
 
-def test_suite_cases_and_metrics() -> None:
+def test_suite_selects_the_profile_points_by_family() -> None:
+    import re
+
     from suite import bench_time_to_n as b
+    from suite import selection
 
     quick = b.selected("quick", ("cpu",))
-    assert {w.family for w, _, _ in quick} <= set(b.QUICK_FAMILIES)
-    assert {c for _, c, _ in quick} <= set(b.QUICK_CURVES) and len(quick) <= 2 * len(b.QUICK_CURVES)
+    assert {w.family for w, _, _ in quick} == set(b.QUICK_FAMILIES)
+    assert {c for _, c, _ in quick} == set(b.QUICK_CURVES) and len(quick) == 2 * len(b.QUICK_CURVES)
     full = b.selected("full", ("cpu",))
     assert {w.name for w, _, _ in full} == set(b.TimeToN.params[0])
+    assert all(b.method_of(w, c) for w, c, _ in full)
+    names = [f"bench_time_to_n.TimeToN.{m}({w!r}, {c!r}, {d!r})" for m in b.METRIC_NS
+             for w in b.TimeToN.params[0] for c in b.TimeToN.params[1] for d in b.TimeToN.params[2]]
+    for profile, points in (("quick", quick), ("full", b.selected("full", selection.PROFILE_DEVICES["full"]))):
+        regexes = [re.compile(r) for r in selection.bench_regexes(profile)]
+        chosen = {n for n in names if any(r.search(n) for r in regexes)}
+        expected = {f"bench_time_to_n.TimeToN.{m}({w.name!r}, {c!r}, {d!r})" for w, c, d in points
+                    for m, n in b.METRIC_NS.items() if n <= max(b.PROFILE_NS[profile])}
+        assert chosen == expected, profile
+    family = b.QUICK_FAMILIES[0]
+    shard = [re.compile(r) for r in selection.bench_regexes("quick", [family])]
+    assert {n.split("(")[1].split(",")[0].strip("'") for n in names if any(r.search(n) for r in shard)} == {
+        w.name for w, _, _ in quick if w.family == family}
+
+
+@pytest.mark.slow
+def test_suite_point_measures_once_per_run(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    from suite import bench_time_to_n as b
+
+    monkeypatch.setenv("VMAPBENCH_PROFILE", "quick")
+    monkeypatch.setenv("VMAPBENCH_PASS_DIR", str(tmp_path))
+    w, curve, device = next(p for p in b.selected("quick", ("cpu",)) if p[1] == "torch_func")
     case = b.TimeToN()
-    cache = {("w", "jax", "cpu"): {1: 0.5, 30: 0.75}}
-    case.setup(cache, "w", "jax", "cpu")
-    with pytest.raises(NotImplementedError):
-        case.setup(cache, "w", "ours_cold", "cpu")
-    assert case.track_seconds_to_30(cache, "w", "jax", "cpu") == 0.75
-    with pytest.raises(NotImplementedError, match="not reached"):
-        case.track_seconds_to_300(cache, "w", "jax", "cpu")
+    with pytest.raises(NotImplementedError, match="not in the quick profile"):
+        case.setup(w.name, "ours_warm", "cpu")
+    case.setup(w.name, curve, device)
+    first = case.track_seconds_to_1(w.name, curve, device)
+    (kept,) = tmp_path.glob("time-to-n-*.json")
+    stamp = kept.stat().st_mtime_ns
+    assert 0 < first <= case.track_seconds_to_30(w.name, curve, device) <= case.track_seconds_to_300(
+        w.name, curve, device)
+    assert kept.stat().st_mtime_ns == stamp, "the later metrics read the point's curve back"
+    with pytest.raises(NotImplementedError, match="N=3000 not reached"):
+        case.track_seconds_to_3000(w.name, curve, device)
     assert b.TimeToN.track_seconds_to_1.unit == "seconds"
 
 
