@@ -36,6 +36,8 @@ def build(method):
         fn = torch.func.vmap(torch.func.grad(loss))
     elif method == "sleepy":
         return lambda: time.sleep(0.05)
+    elif method == "hangs":
+        return lambda: time.sleep(600)
     elif method == "broken":
         def fn(t):
             raise ValueError("the model's forward is broken")
@@ -99,6 +101,14 @@ def test_budget_stops_a_curve_and_failures_are_named(factory_env: dict[str, str]
     assert broken.ns == [] and broken.calls == 0
     assert not_callable.status == "failed" and "not a zero-argument callable" in not_callable.note
     assert absent.status == "skipped" and "no absent method" in absent.note
+
+
+@pytest.mark.slow
+def test_a_process_past_its_grace_is_killed(factory_env: dict[str, str]) -> None:
+    (hangs,) = ttn.measure(None, None, [("hangs", "cold")], factory="ttn_user_model:build", ns=(1, 2),
+                           max_seconds=0.1, grace_s=20.0, env=factory_env)
+    assert hangs.status == "killed" and "--grace-s" in hangs.note
+    assert hangs.pid is not None and hangs.ns == [] and hangs.points == []
 
 
 def test_warm_needs_its_cold_curve_first() -> None:
@@ -223,6 +233,18 @@ def test_cli_refuses_what_it_cannot_measure() -> None:
                           (["time-to-n", "psg_mlp", "-m", "opacus_nope"], "has no method")):
         with pytest.raises(SystemExit, match=message):
             ttn.main(parser.parse_args(argv))
+
+
+def test_view_skips_a_file_that_is_no_results_file(tmp_path: Path) -> None:
+    from dashboards.builder import build_dashboard
+
+    bad = tmp_path / "results" / ttn.RESULTS_DIR / "some-box" / "deadbeef.json"
+    bad.parent.mkdir(parents=True)
+    bad.write_text('{"machine": "some-box", "curves": [{"workload": "w"}]}')
+    with pytest.warns(Warning, match="not a time-to-N results file"):
+        built = build_dashboard(tmp_path / "results", tmp_path / "out")
+    assert built.pages["time_to_n.html"] == 0
+    assert "No time-to-N results" in (tmp_path / "out" / "time_to_n.html").read_text(encoding="utf-8")
 
 
 def test_view_draws_every_workload_with_crossovers(tmp_path: Path) -> None:

@@ -28,6 +28,7 @@ import json
 import math
 import os
 import shutil
+import signal
 import subprocess
 import sys
 import tempfile
@@ -119,17 +120,22 @@ def measure_curve(spec: dict[str, Any], cache_dir: str, timeout_s: float,
                   spec["cache"], cache_dir=cache_dir)
     with tempfile.TemporaryDirectory(prefix="vmapbench-ttn-out-") as folder:
         out = Path(folder) / "events.jsonl"
-        child_env = {**os.environ, **(env or {}), "TORCHINDUCTOR_CACHE_DIR": cache_dir}
-        child_env.setdefault("OMP_NUM_THREADS", str(spec["threads"]))
+        child_env = {**os.environ, **(env or {}), "TORCHINDUCTOR_CACHE_DIR": cache_dir,
+                     "OMP_NUM_THREADS": str(spec["threads"])}
         launched = time.monotonic()
         full = {**spec, "launched": launched, "out": str(out)}
+        # A session of its own, so that a kill on timeout also ends what the child started
+        # (inductor's compile workers, the fused tier's worker).
+        proc = subprocess.Popen([sys.executable, "-m", "vmapbench.time_to_n_child", json.dumps(full)],
+                                env=child_env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
+                                start_new_session=True)
         try:
-            proc = subprocess.run([sys.executable, "-m", "vmapbench.time_to_n_child", json.dumps(full)],
-                                  env=child_env, capture_output=True, text=True, timeout=timeout_s)
+            _, stderr = proc.communicate(timeout=timeout_s)
             crashed = proc.returncode != 0
-            stderr = proc.stderr
         except subprocess.TimeoutExpired:
-            crashed, stderr = False, None
+            _kill_group(proc.pid)
+            _, stderr = proc.communicate()
+            crashed = False
             curve.status = "killed"
             curve.note = (f"killed after {timeout_s:.0f} s (--max-seconds plus --grace-s): a call or the "
                           "start-up ran that long")
@@ -154,6 +160,14 @@ def measure_curve(spec: dict[str, Any], cache_dir: str, timeout_s: float,
         curve.status = "failed"
         curve.note = f"the process exited with status {proc.returncode}: {tail[-1][:300] if tail else 'no output'}"
     return curve
+
+
+def _kill_group(pgid: int) -> None:
+    """SIGKILL the process group of a child not yet reaped (so its id is still the group's)."""
+    try:
+        os.killpg(pgid, signal.SIGKILL)
+    except (ProcessLookupError, PermissionError):
+        pass
 
 
 def measure(workload: str | None, size: str | None, methods: Sequence[tuple[str, str]], *,
