@@ -49,7 +49,7 @@ def test_time_to_n_page_renders_curves_and_crossovers(driver, site, shots: Path)
         if c.points:
             assert (c.label, c.workload) in drawn, (c.label, c.workload)
     assert any(name == "crossover" for name, _ in traces), "no crossover star drawn"
-    assert driver.execute_script(VISIBLE_ROWS) == len(workloads)
+    assert driver.execute_script(VISIBLE_ROWS) == 2 * len(workloads)  # two ratio tables
     screenshot(driver, shots / "time_to_n.png")
     print(f"\nscreenshot: {shots / 'time_to_n.png'}")
 
@@ -61,5 +61,5 @@ def test_time_to_n_page_renders_curves_and_crossovers(driver, site, shots: Path)
     cards = ("return Array.from(document.querySelectorAll('.vb-card'))"
              ".filter(c => !c.classList.contains('vb-hidden')).length")
     wait_for(lambda: driver.execute_script(cards) == 1, what="one figure card after filtering")
-    wait_for(lambda: driver.execute_script(VISIBLE_ROWS) == 1, what="one table row after filtering")
+    wait_for(lambda: driver.execute_script(VISIBLE_ROWS) == 2, what="one row per table after filtering")
     assert {w for _, w in driver.execute_script(TRACES)} == {workloads[0]}

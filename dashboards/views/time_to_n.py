@@ -3,8 +3,9 @@
 Reads each machine's newest results/time_to_n/<machine>/<commit8>.json (`vmapbench time-to-n
 --all --write`, format in vmapbench.time_to_n). Per workload one figure, one panel per machine
 and device, one line per method (warm-cache curves dashed), and a star where the default path's
-cold curve crosses another method's: the N from which one of them has cost less in all. A table
-gives the default path's cold time over jax.jit's at each N.
+cold curve crosses another method's: the N from which one of them has cost less in all. Two
+tables give the default path's cold time over jax.jit's at each N, counted from the first call
+and from process start.
 """
 from __future__ import annotations
 
@@ -91,14 +92,15 @@ def render(ctx: Context) -> Page:
     for doc, _ in reports:
         page.notice(esc(ttn.header(doc)) + f" File: <code>{esc(doc['file'])}</code>.")
     ns = sorted({int(n) for doc, _ in reports for n in doc["ns"]})
-    rows = []
-    for doc, curves in reports:
-        for (workload, size), group in ttn.by_workload(curves).items():
-            cells = [(esc(workload), workload), (esc(size), size), (esc(doc["machine"]), doc["machine"])]
-            cells += [_ratio_cell(ttn.ours_over_jax(group, n)) for n in ns]
-            rows.append((cells, {"machine": doc["machine"], "device": doc["device"], "workload": workload}))
-    page.add("<h2>Ours (cold cache) / jax.jit, time to N</h2>"
-             + table(["workload", "size", "machine"] + [f"N={n}" for n in ns], rows))
+    for title, from_start in (("from the first call", False), ("from process start", True)):
+        rows = []
+        for doc, curves in reports:
+            for (workload, size), group in ttn.by_workload(curves).items():
+                cells = [(esc(workload), workload), (esc(size), size), (esc(doc["machine"]), doc["machine"])]
+                cells += [_ratio_cell(ttn.ours_over_jax(group, n, from_start)) for n in ns]
+                rows.append((cells, {"machine": doc["machine"], "device": doc["device"], "workload": workload}))
+        page.add(f"<h2>Ours (cold cache) / jax.jit, time to N {title}</h2>"
+                 + table(["workload", "size", "machine"] + [f"N={n}" for n in ns], rows))
     workloads = list(dict.fromkeys(c.workload for _, curves in reports for c in curves))
     for workload in workloads:
         notes = [f"{esc(c.label)}: {esc(c.status)}: {esc(c.note)}" for _, curves in reports for c in curves
