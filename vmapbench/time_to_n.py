@@ -73,7 +73,7 @@ class Curve:
     note: str | None = None
     ns: list[int] = field(default_factory=list)  # asked N reached
     seconds: list[float] = field(default_factory=list)  # from the first call's start to call ns[i]'s return
-    points: list[list[float]] = field(default_factory=list)  # [N, seconds] on the record grid
+    points: list[list[float]] = field(default_factory=list)  # [N, seconds] on the record grid, and the last call
     calls: int = 0
     pid: int | None = None
     entered_s: float | None = None  # launch -> the child's first line (the interpreter's start)
@@ -380,7 +380,8 @@ def configure(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--device", default="cpu", help="cpu (default) or cuda")
     parser.add_argument("--no-check", action="store_true",
                         help="skip the float64-loop check that follows each registry curve")
-    parser.add_argument("--write", action="store_true", help="store the curves as results/time_to_n/<machine>/<commit8>.json")
+    parser.add_argument("--write", action="store_true",
+                        help="store the curves as results/time_to_n/<machine>/<commit8>.json")
     parser.add_argument("--note", help="with --write: a sentence stored with the results (e.g. how loaded the box was)")
     parser.add_argument("--docs", metavar="PAGE",
                         help="regenerate PAGE's table from --from (default: this machine's newest results file)")

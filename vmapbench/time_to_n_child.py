@@ -98,9 +98,10 @@ def main(spec: dict[str, Any]) -> int:
                 sync()
                 now = time.monotonic()
                 calls = n
-                if n in record:
+                stopping = now - first > budget and n < ns[-1]
+                if n in record or stopping:  # the last call made ends the curve's line
                     _write(out, event="point", n=n, s=now - first)
-                if now - first > budget and n < ns[-1]:
+                if stopping:
                     note = (f"stopped after {n} calls: {now - first:.1f} s of calls exceeded the budget of "
                             f"{budget:g} s (--max-seconds)")
                     status = "budget"
