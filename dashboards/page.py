@@ -42,6 +42,7 @@ PAGES: tuple[tuple[str, str], ...] = (
     ("compare.html", "Compare"),
     ("coverage.html", "Engine coverage"),
     ("profiles.html", "Profiles"),
+    ("time_to_n.html", "Time to N"),
 )
 PLOTLY_CONFIG = {"displaylogo": False, "responsive": True,
                  "toImageButtonOptions": {"format": "png", "scale": 2}}

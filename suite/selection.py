@@ -22,6 +22,7 @@ rest into asv ``skip_params`` and `bench_regexes` leaves them out.
 """
 from __future__ import annotations
 
+import importlib
 import os
 import re
 from dataclasses import dataclass
@@ -45,6 +46,9 @@ PROFILE_DEVICES: dict[str, tuple[str, ...]] = {"quick": ("cpu",), "full": ALL_DE
 # microbenchmark, the runtime record, other helpers' modules) belongs to the pseudo-family below.
 WORKLOAD_MODULES: tuple[str, ...] = ("bench_workloads", "bench_first_call")
 SUITE_FAMILY = "suite"
+# Suite modules whose points belong to the registry's families but are not generated classes: each
+# has `profile_regexes(profile, families, devices, exclude_metrics)` selecting its own points.
+FAMILY_MODULES: tuple[str, ...] = ("bench_time_to_n",)
 
 # Methods whose first call traces or compiles (Workload.prepare): their first-call time is a metric.
 FIRST_CALL_METHODS = frozenset(COMPILED_METHODS | {"engine_traced"})
@@ -251,9 +255,12 @@ def bench_regexes(
                         rf"^{metric.module}\.{cls}\.{metric.name}\({_alternation(sizes)}, "
                         rf"{_alternation(methods)}, {re.escape(repr(device))}\)$"
                     )
+    for module in FAMILY_MODULES:
+        regexes += importlib.import_module(f".{module}", __package__).profile_regexes(
+            profile, sorted(wanted), devices, tuple(excluded))
     if SUITE_FAMILY in wanted:
         # Everything not generated from the registry (the engine overhead microbenchmark, the runtime
         # record, other modules); their setup skips devices outside the profile.
-        not_generated = "|".join(re.escape(m) + r"\." for m in WORKLOAD_MODULES)
+        not_generated = "|".join(re.escape(m) + r"\." for m in WORKLOAD_MODULES + FAMILY_MODULES)
         regexes.append(rf"^(?!{not_generated})")
     return regexes

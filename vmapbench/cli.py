@@ -22,6 +22,7 @@ SUBCOMMANDS: dict[str, tuple[str, str]] = {
     "compliance": ("vmapbench.compliance", "check a workload for vmap composite compliance"),
     "gate": ("vmapbench.gate", "regression gate between two commits; --calibrate measures its own error rates"),
     "memlimit": ("vmapbench.memlimit", "largest batch each per-sample-gradient method fits in a memory budget"),
+    "time-to-n": ("vmapbench.time_to_n", "cumulative time from a fresh process to the N-th call, per method"),
 }
 
 

@@ -1,0 +1,121 @@
+"""One time-to-N curve, measured in the fresh process that runs this module (see vmapbench.time_to_n).
+
+    python -m vmapbench.time_to_n_child '<spec as JSON>'
+
+Only the standard library is imported before the first clock reading, so the process's own start
+(interpreter, torch, the registry or the user's module, jax) is on the record. The spec names the
+workload and size (or a `module:function` factory), the method, the N points, the budget and the
+file to write. That file gets one JSON line per event as it happens (`start`, one `point` per
+recorded N, `end`), so a curve killed by the parent's timeout still keeps the points it reached.
+"""
+from __future__ import annotations
+
+import json
+import os
+import sys
+import time
+from typing import Any, Callable
+
+# CLOCK_MONOTONIC is one clock for every process of the machine: the parent's launch time and
+# these readings subtract.
+_ENTERED = time.monotonic()
+
+
+def _write(out: Any, **event: Any) -> None:
+    out.write(json.dumps(event) + "\n")
+    out.flush()
+
+
+def _cache_entries(folder: str | None) -> int | None:
+    """Files under the inductor cache folder at this moment (None: no folder set)."""
+    if not folder:
+        return None
+    return sum(len(files) for _, _, files in os.walk(folder))
+
+
+def _build(spec: dict[str, Any]) -> tuple[Callable[[], Any], Callable[[], str | None], str, float]:
+    """Import what the method needs, build its data and its call; (call, check, device, imported
+    at). `check` runs after the curve and says what is wrong (None: agrees with the float64 loop,
+    or nothing to check against)."""
+    import torch
+
+    torch.set_num_threads(int(spec["threads"]))  # before jax: load_jax matches XLA's threads to it
+    method = spec["method"]
+    if spec.get("factory"):
+        import importlib
+
+        module_name, _, attr = spec["factory"].partition(":")
+        factory = getattr(importlib.import_module(module_name), attr)
+        imported = time.monotonic()
+        call = factory(method)
+        if not callable(call):
+            raise TypeError(f"{spec['factory']}({method!r}) returned {type(call).__name__}, not a "
+                            "zero-argument callable (the measured call)")
+        return call, lambda: None, spec.get("device", "cpu"), imported
+    import workloads
+
+    workload = workloads.get(spec["workload"])
+    imported = time.monotonic()
+    state = workload.setup(workload.params(spec["size"]), spec.get("device", "cpu"))
+    build = getattr(state, "fn", None)
+    call = build(method) if build is not None else (lambda: workload.run(method, state))
+
+    def check() -> str | None:
+        try:
+            workload.check(state, [method])
+        except AssertionError as exc:
+            return str(exc).splitlines()[0][:300]
+        return None
+
+    return call, (check if spec.get("check", True) else (lambda: None)), str(getattr(state, "device", "cpu")), imported
+
+
+def main(spec: dict[str, Any]) -> int:
+    launched = float(spec["launched"])
+    ns = sorted(int(n) for n in spec["ns"])
+    record = set(int(n) for n in spec["record"]) | set(ns)
+    budget = float(spec["max_seconds"])
+    with open(spec["out"], "a", encoding="utf-8") as out:
+        cache = os.environ.get("TORCHINDUCTOR_CACHE_DIR")
+        _write(out, event="start", pid=os.getpid(), entered_s=_ENTERED - launched, cache_dir=cache,
+               cache_entries=_cache_entries(cache))
+        try:
+            call, check, device, imported = _build(spec)
+            sync: Callable[[], None] = lambda: None  # noqa: E731
+            if device.startswith("cuda"):
+                import torch
+
+                sync = lambda: torch.cuda.synchronize(device)  # noqa: E731
+        except NotImplementedError as exc:  # a missing package or device: skipped, not failed
+            _write(out, event="end", status="skipped", note=str(exc).splitlines()[0][:300])
+            return 0
+        built = time.monotonic()
+        calls, note, status = 0, None, "done"
+        first = time.monotonic()
+        try:
+            for n in range(1, ns[-1] + 1):
+                call()
+                sync()
+                now = time.monotonic()
+                calls = n
+                stopping = now - first > budget and n < ns[-1]
+                if n in record or stopping:  # the last call made ends the curve's line
+                    _write(out, event="point", n=n, s=now - first)
+                if stopping:
+                    note = (f"stopped after {n} calls: {now - first:.1f} s of calls exceeded the budget of "
+                            f"{budget:g} s (--max-seconds)")
+                    status = "budget"
+                    break
+        except Exception as exc:  # noqa: BLE001 - the curve says what broke, the parent goes on
+            status, note = "failed", f"call {calls + 1} raised {type(exc).__name__}: {exc}".splitlines()[0][:300]
+        problem = check() if status != "failed" else None
+        if problem is not None:
+            status, note = "wrong", f"disagrees with the float64 loop: {problem}"
+        _write(out, event="end", status=status, note=note, calls=calls, imported_s=imported - launched,
+               built_s=built - launched, first_call_at_s=first - launched,
+               cache_entries_after=_cache_entries(cache))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(json.loads(sys.argv[1])))
