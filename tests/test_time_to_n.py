@@ -15,7 +15,7 @@ import pytest
 from vmapbench import time_to_n as ttn
 
 REPO = Path(__file__).resolve().parents[1]
-DOCS = REPO / "docs" / "guide" / "time-to-n.md"
+DOCS = REPO / "docs" / "results" / "time-to-n.md"
 
 FACTORY = '''
 import time

@@ -3,7 +3,7 @@
     vmapbench time-to-n bayes_chain_grads                    # one workload, every curve it has
     vmapbench time-to-n --all --write                        # every workload; results/time_to_n/
     vmapbench time-to-n --fn mymodels:build -m engine,torch_func   # a model the registry lacks
-    vmapbench time-to-n --docs docs/guide/time-to-n.md       # regenerate the docs table
+    vmapbench time-to-n --docs docs/results/time-to-n.md       # regenerate the docs table
 
 A user's process starts, calls a function N times and ends; what it pays is the sum, not the
 steady state. Each curve runs in its own fresh process (vmapbench.time_to_n_child), which records:
