@@ -69,7 +69,7 @@ from engine.autoswitch import departures, running
 from engine.fused import OFF as fused_off
 from engine.fused import _local as fused_mode
 from engine.errors import ReplayMismatchError
-from engine.replay_contract import departures, logs
+from engine import replay_contract
 from engine.guardstate import StateGuard, _Distribution, _NativeGuard, torch_globals
 from engine.trace import _PLAIN, TracedFunction, _GuardFailed, _fast_signature, _signature, exact_value
 
@@ -402,7 +402,7 @@ class AutoTraced:
         # differently from call to call (some BLAS builds on some CPUs): then within the dtype's
         # tolerance. A rewritten graph or the fused program: within the tolerance alone.
         contract = not fused and not entry.rewrites
-        replay_ops, eager_ops = logs() if contract else (nullcontext(), nullcontext())
+        replay_ops, eager_ops = replay_contract.logs() if contract else (nullcontext(), nullcontext())
         stale = _stale_fold(entry) if contract else None
         failures = self.traced.guard_failures
         with replay_ops:
@@ -416,7 +416,7 @@ class AutoTraced:
             ref = running(self.fn, *args, **kwargs)
         problem = stale or _difference(out, ref, exact=False)
         if contract and problem is None:
-            extra = departures(replay_ops, eager_ops)
+            extra = replay_contract.departures(replay_ops, eager_ops)
             rounding = _difference(out, ref, exact=True)
             if extra:
                 problem = (f"{rounding + '; ' if rounding else ''}it runs {replay_ops.describe(extra[0])}, which the "
