@@ -158,9 +158,9 @@ def _allocated(method: str, state: Any, call: Callable[[], Any], device: str, re
     if not hasattr(measure, "alloc_peak_bytes"):
         result.memory_skipped = "this commit's workloads.measure has no alloc_peak_bytes / xla_memory"
     elif method == "jax":
-        result.xla_bytes[method] = measure.xla_memory(state.fn(method))["total"]
+        result.xla_bytes[method] = measure.method_peak_bytes(state.fn(method), method, device)
     elif device == "cpu":
-        result.alloc_bytes[method] = measure.alloc_peak_bytes(call)
+        result.alloc_bytes[method] = measure.method_peak_bytes(call, method, device)
 
 
 def synchronized(call: Callable[[], Any], device: str) -> Callable[[], Any]:

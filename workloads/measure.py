@@ -13,7 +13,8 @@ Three primitives, each taking a zero-argument callable (the measured call):
 - `peak_bytes(fn, device)`: whichever of the two fits the device: THE per-call memory figure.
 - `rss_delta_bytes(fn)`: a secondary, process-level figure: how far the resident set rose during
   the call (pages, not tensors: allocator reuse makes it 0 or noise for small calls).
-- `xla_memory(call)`: the `jax` method's memory, from XLA's compiled memory analysis.
+- `xla_memory(call)`: the `jax` method's memory, from XLA's compiled memory analysis;
+  `method_peak_bytes(call, method, device)` picks it for jax and `peak_bytes` for the rest.
 - `interleaved_times(fns, repeat, device)`: several callables timed round-robin, so that load
   bursts on a shared machine hit all of them alike (what `vmapbench run` uses for its ratios).
 
@@ -243,6 +244,13 @@ def peak_bytes(fn: Callable[[], Any], device: str | torch.device = "cpu") -> int
     return cuda_peak_bytes(fn, device) if _is_cuda(device) else alloc_peak_bytes(fn)
 
 
+def method_peak_bytes(call: Callable[[], Any], method: str, device: str | torch.device = "cpu") -> int:
+    """A method's memory per call, as every table shows it: XLA's total (`xla_memory`) for the jax
+    method, which allocates past torch, else `peak_bytes`. Measure a warmed-up call: a method's first
+    calls (traces, compiles, caches) allocate what its steady calls do not."""
+    return xla_memory(call)["total"] if method == "jax" else peak_bytes(call, device)
+
+
 def xla_memory(call: Callable[[], Any]) -> dict[str, int]:
     """The `jax` method's memory as XLA's compiled memory analysis gives it, in bytes: temp (the
     program's temporaries), output, argument, alias (outputs sharing an argument's buffer) and
@@ -278,5 +286,6 @@ def measure(workload: Any, method: str, size: str, state: Any, repeat: int = 5, 
     device = getattr(state, "device", "cpu")
     first = workload.prepare(method, state)
     times = time_call(lambda: workload.run(method, state), repeat=repeat, warmup=warmup, device=device)
-    peak = peak_bytes(lambda: workload.run(method, state), device) if memory else 0
+    call = state.fn(method) if method == "jax" else (lambda: workload.run(method, state))
+    peak = method_peak_bytes(call, method, device) if memory else 0
     return Measurement(workload.name, method, size, str(device), first, times, peak)
