@@ -102,10 +102,9 @@ def test_the_memory_plant_holds_1_2x_the_calls_own_peak_and_keeps_results_exact(
     gate.plant_slowdown(tree, 1.2, "memory:mlp_hvp")
     code = ("import torch; torch.set_num_threads(1); from workloads.base import get; "
             "from workloads.measure import alloc_peak_bytes as peak; w = get('mlp_hvp'); "
-            "s = w.setup(w.params(w.quick[0]), 'cpu'); w.prepare('torch_func', s); "
-            "[w.run('torch_func', s) for _ in range(5)]; "
+            "s = w.setup(w.params(w.quick[0]), 'cpu'); w.prepare('torch_func', s); w.run('torch_func', s); "
             "own = peak(s.fn('torch_func')); held = peak(lambda: w.run('torch_func', s)); "
-            "assert abs(held / own - 1.2) < 1e-4, (own, held); w.check(s, ['torch_func']); "
+            "assert abs(held / own - 1.2) < 0.01, (own, held); w.check(s, ['torch_func']); "
             "o = get('psg_mlp'); assert o.run.__name__ == 'run', o.run.__name__; print('ok')")
     proc = subprocess.run([sys.executable, "-c", code], cwd=tree, env={**os.environ, "PYTHONPATH": str(tree)},
                           capture_output=True, text=True, timeout=300)

@@ -233,11 +233,12 @@ for _plant_w in _plant_all():
 
 
 def plant_memory(tree: Path, factor: float, patterns: str) -> None:
-    """Make every call of the workloads matching `patterns` (fnmatch, comma-separated) hold
+    """Make every steady call of the workloads matching `patterns` (fnmatch, comma-separated) hold
     (factor - 1) x its own allocator peak more while it runs: a batched buffer of that size kept
     alive through the call, as a change that keeps one more intermediate alive would. The peak is
-    the unplanted call's (workloads.measure.alloc_peak_bytes of the tree), taken at each of the
-    first calls (a method's warm-up: traces, automatic tracing's recording) and fixed after them."""
+    the unplanted call's (workloads.measure.alloc_peak_bytes of the tree), taken at each call
+    `Workload.prepare` makes (the first call and automatic tracing's warm-up: never a call the gate
+    times or counts), the last one kept."""
     path = tree / "workloads" / "__init__.py"
     wanted = [p for p in patterns.split(",") if p]
     path.write_text(path.read_text() + f"""
@@ -250,30 +251,36 @@ import torch as _plant_torch
 from workloads.base import all_workloads as _plant_all
 from workloads.measure import alloc_peak_bytes as _plant_peak
 
-_PLANT_MEASURED_CALLS = 5
 
-
-def _plant_held(run):
-    extra = {{}}  # (method, id(state)) -> [calls measured, bytes held]
+def _plant_held(workload):
+    run, prepare = workload.run, workload.prepare
+    extra = {{}}  # (method, id(state)) -> bytes held through each steady call
+    preparing = []
 
     def held(method, state):
-        seen = extra.setdefault((method, id(state)), [0, 0])
-        if seen[0] < _PLANT_MEASURED_CALLS:
-            seen[0] += 1
+        if preparing:
             out = []
-            seen[1] = int(({factor} - 1) * _plant_peak(lambda: out.append(run(method, state))))
+            extra[method, id(state)] = int(({factor} - 1) * _plant_peak(lambda: out.append(run(method, state))))
             return out[0]
-        buffer = _plant_torch.empty(seen[1], dtype=_plant_torch.uint8)
+        buffer = _plant_torch.empty(extra.get((method, id(state)), 0), dtype=_plant_torch.uint8)
         try:
             return run(method, state)
         finally:
             del buffer
-    return held
+
+    def measured_prepare(method, state):
+        preparing.append(method)
+        try:
+            return prepare(method, state)
+        finally:
+            preparing.pop()
+
+    workload.run, workload.prepare = held, measured_prepare
 
 
 for _plant_w in _plant_all():
     if any(_plant_fnmatch.fnmatch(_plant_w.name, _p) for _p in {wanted!r}):
-        _plant_w.run = _plant_held(_plant_w.run)
+        _plant_held(_plant_w)
 """)
 
 
