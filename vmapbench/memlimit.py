@@ -270,12 +270,19 @@ def _limit_memory(device: str, budget: int) -> None:
     resource.setrlimit(resource.RLIMIT_DATA, (limit, hard))
 
 
+def _lift_memory_limit() -> None:
+    """Undo `_limit_memory` on CPU (the soft RLIMIT_DATA back up to the hard one)."""
+    _, hard = resource.getrlimit(resource.RLIMIT_DATA)
+    resource.setrlimit(resource.RLIMIT_DATA, (hard, hard))
+
+
 def run_probe(workload: str, method: str, size: str, device: str, budget: int, threads: int) -> Probe:
     """Warm up at a small batch, cap memory at the current use + `budget`, then run `method` at the
     batch in `size` twice (the second call timed), measuring the allocator peak of the inputs and
     the two calls (workloads.measure.peak_bytes; jax: XLA's analysis of its program) for the
-    search's prediction. Meant to
-    run in a process of its own."""
+    search's prediction. On CPU that peak comes from torch's profiler, whose own buffers must not
+    count against the cap: the capped run decides the fit (and gives the time), then the cap is
+    lifted and the same run is made again to measure its peak. Meant to run in a process of its own."""
     if device == "cuda":  # before jax is imported: no preallocation, and the budget as JAX's share
         _cap_jax_on_cuda(budget)
     import torch
@@ -314,7 +321,12 @@ def run_probe(workload: str, method: str, size: str, device: str, budget: int, t
         timed.append(time.perf_counter() - start)
 
     try:
-        peak = peak_bytes(at_batch, device)
+        if device == "cuda":
+            peak = peak_bytes(at_batch, device)
+        else:
+            at_batch()
+            _lift_memory_limit()
+            peak = peak_bytes(at_batch, device)
         if method == "jax":  # XLA allocates past torch: its program's own figure
             peak = xla_memory(states[0].fn(method))["total"]
         return Probe(batch, "fits", time_s=timed[0], peak_bytes=peak)
