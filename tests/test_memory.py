@@ -1,7 +1,6 @@
 """A call's memory: torch's allocator peak (exact, the same in every process) and XLA's analysis."""
 from __future__ import annotations
 
-import json
 import os
 import subprocess
 import sys
@@ -71,45 +70,21 @@ def test_xla_memory_analysis_names_its_parts():
     assert measure.method_peak_bytes(state.fn("jax"), "jax") == got["total"]
 
 
-# A sample of workloads x methods: eager engine and its replays, chunked, torch.func, the loop, a
-# closed form, Opacus and BackPACK (torch allocations of a peer's own code), and jax (XLA's figure).
-SAMPLE = {
-    "logreg_hessian": ["loop", "engine", "engine_traced", "torch_func", "closed_form", "jax"],
-    "psg_mlp": ["engine_chunked", "opacus_ew", "backpack", "torch_func"],
-    "mlp_hvp": ["engine", "engine_traced", "torch_func"],
-}
-SCRIPT = """
-import json, sys, torch
-torch.set_num_threads(2)
-import workloads
-from workloads import measure
-from workloads.peers import PeerUnavailable, check_available
-out = {}
-for name, methods in json.loads(sys.argv[1]).items():
-    w = workloads.get(name)
-    size = (w.quick or w.sizes)[0]
-    state = w.setup(w.params(size), "cpu")
-    for m in methods:
-        try:
-            check_available(m)
-        except (PeerUnavailable, NotImplementedError):
-            continue
-        w.prepare(m, state)
-        w.run(m, state)
-        out[f"{name} {m}"] = measure.method_peak_bytes(state.fn(m), m, "cpu")
-print(json.dumps(out))
-"""
+# A sample of workloads, every quick method of each: eager engine and its replays, chunked,
+# torch.func, the loop, closed forms, Opacus and BackPACK (torch allocations of a peer's own code),
+# and jax (XLA's figure).
+SAMPLE = ("logreg_hessian", "psg_mlp", "mlp_hvp")
 
 
 @pytest.mark.slow  # three fresh interpreters importing torch, the peers and jax
 def test_three_fresh_processes_give_the_same_bytes():
     env = {**os.environ, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "2"}
-    runs = []
-    for _ in range(3):
-        proc = subprocess.run([sys.executable, "-c", SCRIPT, json.dumps(SAMPLE)], cwd=ROOT, env=env,
-                              capture_output=True, text=True, timeout=600)
-        assert proc.returncode == 0, proc.stderr[-3000:]
-        runs.append(json.loads(proc.stdout.strip().splitlines()[-1]))
-    assert runs[0] == runs[1] == runs[2]
-    assert {"logreg_hessian loop", "psg_mlp engine_chunked", "mlp_hvp engine"} <= set(runs[0])
-    assert all(v > 0 for v in runs[0].values())  # every sampled call allocates
+    proc = subprocess.run([sys.executable, "-m", "vmapbench.memory_table", "--processes", "3",
+                           "--workloads", ",".join(SAMPLE)], cwd=ROOT, env=env, capture_output=True, text=True,
+                          timeout=900)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    rows = [line for line in proc.stdout.splitlines() if line.split("|")[0] in SAMPLE]
+    assert len(rows) >= 15 and all(line.endswith("yes") for line in rows)
+    assert {"psg_mlp|batch=64|engine_chunked", "psg_mlp|batch=64|opacus_ew", "mlp_hvp|hidden=128,k=8|engine"} <= \
+        {line.split()[0] for line in rows}
+    assert not any(" 0.0 KiB " in line for line in rows)  # every sampled call allocates
