@@ -79,7 +79,7 @@ def tradeoff_figure(ctx: Context, times: pd.DataFrame, mems: pd.DataFrame, chunk
     if others:
         joined = joined.merge(times[keys + others].drop_duplicates(keys), on=keys, how="left")
     panels = Panels(panel_keys(joined), x_title="time per call (s, log)",
-                    y_title="peak memory (bytes, log)", log_x=True, log_y=True)
+                    y_title="memory of one call (bytes, log)", log_x=True, log_y=True)
     order = method_order(joined["method"].unique())
     groups = sorted(joined.groupby(["machine", "device", "method"] + others, dropna=False, observed=True),
                     key=lambda g: (order.index(g[0][2]), tuple(map(str, g[0][3:]))))
@@ -127,10 +127,12 @@ def render(ctx: Context) -> Page:
         return page
     for workload in sorted(mems["workload"].unique()):
         w_rows = mems[mems["workload"] == workload]
+        mixed = w_rows.groupby("device", observed=True)["metric"].nunique().max() > 1
         used = "; ".join(
             f"{d}: <code>{esc(m)}</code> ({esc(COUNTS.get(m, m))}"
             + (f", {', '.join(esc(method_label(x)) for x in sorted(g['method'].unique()))}"
-               if m == XLA_MEMORY_METRIC else "") + ")"
+               if m == XLA_MEMORY_METRIC else
+               f", {', '.join(esc(x) for x in sorted(g['machine'].unique()))}" if mixed else "") + ")"
             for (d, m), g in w_rows.groupby(["device", "metric"], observed=True))
         divisor, unit = byte_scale(w_rows["value"])
         bars = w_rows.assign(text=_hover_texts(ctx, w_rows))
