@@ -22,12 +22,18 @@ from dashboards.page import esc, project_path
 
 FILE_COLUMNS = ["machine", "host", "run", "commit", "date", "env", "kind", "python"]
 TIME_METRIC = "time"
-# Memory metric per device, best first: the CUDA allocator's peak on GPUs, the RSS growth on CPUs,
-# asv's whole-process peakmem as the last resort.
+# Memory metric per device, best first: the allocator's peak of one call (CUDA's caching allocator,
+# torch's CPU allocator), then NVML's device use or the process's RSS growth (results from before
+# the allocator figures), asv's whole-process peakmem as the last resort.
 MEMORY_METRICS = {
     "cuda": ("cuda_peak_bytes", "nvml_peak_bytes", "peakmem"),
-    "cpu": ("rss_delta_bytes", "peakmem"),
+    "cpu": ("alloc_peak_bytes", "rss_delta_bytes", "peakmem"),
 }
+# The jax method's memory: XLA's compiled memory analysis of its program (torch's allocator never
+# sees XLA's buffers); shown for jax wherever the workload's metric has no figure for it.
+XLA_MEMORY_METRIC = "xla_memory_bytes"
+# A process-level figure shown beside the allocator's, never instead of it.
+SECONDARY_MEMORY_METRIC = "rss_delta_bytes"
 THREAD_VARS = ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "TORCH_NUM_THREADS")
 T = TypeVar("T")
 

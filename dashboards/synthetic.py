@@ -108,6 +108,7 @@ def _benchmark_layout(workloads: Sequence[SyntheticWorkload], devices: Sequence[
     metrics = [
         ("time_run", "time", "seconds"), ("peakmem_run", "peakmem", "bytes"),
         ("track_rss_delta_bytes", "track", "bytes"), ("track_cuda_peak_bytes", "track", "bytes"),
+        ("track_alloc_peak_bytes", "track", "bytes"), ("track_xla_memory_bytes", "track", "bytes"),
         ("track_fallbacks", "track", "calls"), ("track_speedup_vs_loop", "track", "x"),
         ("track_ratio_vs_torch_func", "track", "x"),
     ]
@@ -164,6 +165,10 @@ def _base_value(attr: str, w: SyntheticWorkload, size: str, method: str, device:
         return mem if not gpu else 1e6
     if attr == "track_cuda_peak_bytes":
         return mem if gpu else math.nan
+    if attr == "track_alloc_peak_bytes":
+        return mem if not gpu and method != "jax" else math.nan
+    if attr == "track_xla_memory_bytes":
+        return 1.1 * mem if method == "jax" else math.nan
     if attr == "track_fallbacks":
         return float(1 + (len(size) % 3)) if method.startswith("engine") else 0.0
     if attr == "track_speedup_vs_loop":

@@ -5,7 +5,13 @@ One class per workload (named after it); parameters (size, method, device). The 
 - time_run: one call; on cuda the call is synchronized, so kernels are timed, not just launched.
 - peakmem_run: the process's peak RSS after one call. It includes the torch import and the setup
   (hundreds of MB), so it compares methods on equal terms but is not the method's own memory:
-- track_rss_delta_bytes: how far RSS rose during one call above its level before it.
+- track_alloc_peak_bytes (cpu, torch methods): the call's memory: the peak of bytes torch's CPU
+  allocator handed out during one call and held at once (workloads.measure.alloc_peak_bytes; exact,
+  the same in every process).
+- track_xla_memory_bytes (jax): XLA's compiled memory analysis of the jitted program: temporaries
+  + outputs + arguments - aliased (workloads.measure.xla_memory).
+- track_rss_delta_bytes: secondary, process-level: how far RSS rose during one call (pages, not
+  tensors: 0 where the allocator reuses freed pages).
 - track_cuda_peak_bytes: torch.cuda.max_memory_allocated during one call (reset before it), above
   what was allocated before it (the inputs).
 - track_nvml_peak_bytes: device memory in use as NVML reports it, sampled during one call.
@@ -105,6 +111,16 @@ class _SteadyState:
     def track_rss_delta_bytes(self, size: str, method: str, device: str) -> int:
         case = self._pass(size, device, method)
         return case.figure(method, case.rss_bytes)
+
+    @_once("bytes")
+    def track_alloc_peak_bytes(self, size: str, method: str, device: str) -> int:
+        case = self._pass(size, device, method)
+        return case.figure(method, case.memory_table("alloc_bytes"))
+
+    @_once("bytes")
+    def track_xla_memory_bytes(self, size: str, method: str, device: str) -> int:
+        case = self._pass(size, device, method)
+        return case.figure(method, case.memory_table("xla_bytes"))
 
     @_own_case
     @_once("bytes")

@@ -67,6 +67,15 @@ def _cuda_only(workload: Workload, method: str, device: str) -> bool:
     return device == "cuda"
 
 
+def _cpu_torch(workload: Workload, method: str, device: str) -> bool:
+    """A torch method on cpu: what torch's CPU allocator counts (jax allocates past it)."""
+    return device == "cpu" and method != "jax"
+
+
+def _jax_only(workload: Workload, method: str, device: str) -> bool:
+    return method == "jax"
+
+
 def _engine_only(workload: Workload, method: str, device: str) -> bool:
     return method in ENGINE_METHODS
 
@@ -95,6 +104,8 @@ class Metric:
 METRICS: tuple[Metric, ...] = (
     Metric("bench_workloads", "time_run", _always),
     Metric("bench_workloads", "peakmem_run", _always),
+    Metric("bench_workloads", "track_alloc_peak_bytes", _cpu_torch),
+    Metric("bench_workloads", "track_xla_memory_bytes", _jax_only),
     Metric("bench_workloads", "track_rss_delta_bytes", _always),
     Metric("bench_workloads", "track_cuda_peak_bytes", _cuda_only),
     Metric("bench_workloads", "track_nvml_peak_bytes", _cuda_only),
@@ -104,8 +115,8 @@ METRICS: tuple[Metric, ...] = (
     Metric("bench_first_call", "track_fallbacks", _engine_only),
 )
 
-# Metrics a profile leaves out. The quick profile keeps the per-call RSS growth
-# (track_rss_delta_bytes, the dashboard's CPU memory metric) and leaves out asv's whole-process
+# Metrics a profile leaves out. The quick profile keeps the per-call memory (track_alloc_peak_bytes,
+# the dashboard's CPU memory metric, and the process-level RSS growth) and leaves out asv's whole-process
 # peakmem_run, which counts the torch import in every case (the dashboard falls back to it only
 # where no per-call figure exists) and cost ~50 s of make bench's 10 minutes; `full` runs both.
 PROFILE_EXCLUDED_METRICS: dict[str, frozenset[str]] = {"quick": frozenset({"peakmem_run"}), "full": frozenset()}

@@ -5,8 +5,8 @@ built the case and made the method's first call again (traces, compiles): in `ma
 in-process figures (ratios to torch.func, speedups over the loop, RSS growth, engine fallbacks)
 cost ~210 s of asv's ~380, mostly in that setup. Here one process builds a case (workload, size,
 device) once, makes each method's first call (counting the engine's fallbacks during it and one
-steady call), measures each method's RSS growth over one call, and then times all the methods
-interleaved, round by round (probes.interleaved_samples). A ratio then comes with one figure per
+steady call), measures each method's memory over one call (torch's allocator peak, XLA's analysis
+for jax, RSS growth), and then times all the methods interleaved, round by round (probes.interleaved_samples). A ratio then comes with one figure per
 round, whose spread is the interval the dashboard shows (vmapbench.stats).
 
 Where a pass is kept: `make bench` (vmapbench/bench.py) gives the run a folder in
@@ -46,6 +46,9 @@ class CasePass:
 
     seconds: dict[str, list[float]] = field(default_factory=dict)  # seconds per call, one per round
     rss_bytes: dict[str, int] = field(default_factory=dict)
+    alloc_bytes: dict[str, int] = field(default_factory=dict)  # torch CPU allocator's peak of one call
+    xla_bytes: dict[str, int] = field(default_factory=dict)  # jax: XLA's compiled memory analysis, total
+    memory_skipped: str = ""  # why this commit's workloads.measure gives no allocator figures
     fallbacks: dict[str, int] = field(default_factory=dict)
     errors: dict[str, str] = field(default_factory=dict)
     fallbacks_skipped: dict[str, str] = field(default_factory=dict)  # no engine.record_fallbacks
@@ -60,6 +63,12 @@ class CasePass:
         if method not in table:
             raise RuntimeError(f"the pass of this case has no figure for {method!r}")
         return table[method]
+
+    def memory_table(self, name: str) -> dict[str, int]:
+        """`alloc_bytes` or `xla_bytes`; SkipNotImplemented where the measured commit cannot give them."""
+        if self.memory_skipped and not self.skipped:
+            raise probes.SkipNotImplemented(self.memory_skipped)
+        return getattr(self, name)
 
     def round_ratios(self, numerator: str, denominator: str) -> list[float]:
         """numerator's time / denominator's, round by round (the calls of a round ran moments apart)."""
@@ -114,7 +123,8 @@ def _methods(workload: Any, device: str) -> list[str]:
 
 def measure_case(workload: Any, size: str, device: str, methods: list[str] | None = None) -> CasePass:
     """Build the case once; per method its first call (with the engine's fallbacks during it and one
-    steady call), its RSS growth over one call; then every method timed interleaved."""
+    steady call), its memory over one call (allocator peak or XLA's analysis, and RSS growth); then
+    every method timed interleaved."""
     probes.pin_threads()
     methods = _methods(workload, device) if methods is None else methods
     result = CasePass()
@@ -129,6 +139,7 @@ def measure_case(workload: Any, size: str, device: str, methods: list[str] | Non
         try:
             _first_call(workload, method, state, result)
             result.rss_bytes[method] = measure.rss_delta_bytes(call)
+            _allocated(method, state, call, device, result)
         except Exception as exc:  # noqa: BLE001 - one method's failure must not lose the others'
             result.errors[method] = f"{workload.name} {method}: {type(exc).__name__}: {exc}"
             continue
@@ -139,6 +150,17 @@ def measure_case(workload: Any, size: str, device: str, methods: list[str] | Non
     return result
 
 
+
+
+def _allocated(method: str, state: Any, call: Callable[[], Any], device: str, result: CasePass) -> None:
+    """The call's memory: the jax method's from XLA's analysis, a torch method's on cpu from torch's
+    allocator; a commit whose workloads.measure predates them gets `memory_skipped`."""
+    if not hasattr(measure, "alloc_peak_bytes"):
+        result.memory_skipped = "this commit's workloads.measure has no alloc_peak_bytes / xla_memory"
+    elif method == "jax":
+        result.xla_bytes[method] = measure.method_peak_bytes(state.fn(method), method, device)
+    elif device == "cpu":
+        result.alloc_bytes[method] = measure.method_peak_bytes(call, method, device)
 
 
 def synchronized(call: Callable[[], Any], device: str) -> Callable[[], Any]:

@@ -25,8 +25,8 @@ def test_run_table_drops_the_memory_column_with_no_memory():
     results = {m: Measurement(w.name, m, size, "cpu", 0.01, [0.001, 0.002], 1 << 20) for m in ("loop", "torch_func")}
     with_memory = results_table(w, size, "cpu", ["loop", "torch_func", "engine"], 2, results, {"engine": "boom"}, True)
     without = results_table(w, size, "cpu", ["loop", "torch_func", "engine"], 2, results, {"engine": "boom"}, False)
-    assert len(with_memory.columns) == 6 and "peak mem" in render(with_memory)
-    assert len(without.columns) == 5 and "peak mem" not in render(without)
+    assert len(with_memory.columns) == 6 and "memory/call" in render(with_memory)
+    assert len(without.columns) == 5 and "memory/call" not in render(without)
     assert all(col.header for col in without.columns)
 
 

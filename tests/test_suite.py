@@ -117,7 +117,7 @@ def test_bench_regexes_shard_by_family():
 def test_quick_profile_keeps_the_per_call_memory_and_leaves_out_asvs_process_peak():
     quick, full = selection.bench_regexes("quick"), selection.bench_regexes("full")
     assert not any("peakmem_run" in r for r in quick) and any("peakmem_run" in r for r in full)
-    assert any("track_rss_delta_bytes" in r for r in quick)
+    assert any("track_rss_delta_bytes" in r for r in quick) and any("track_alloc_peak_bytes" in r for r in quick)
 
 
 def test_continuous_leaves_out_higher_is_better_metrics():
@@ -157,6 +157,8 @@ def test_steady_state_metrics_on_a_throwaway_workload(quick_profile):
         getattr(case, metric)("n=4", "torch_func", "cpu")
     asv_setup(case, "track_rss_delta_bytes", "n=4", "torch_func", "cpu")
     assert case.track_rss_delta_bytes("n=4", "torch_func", "cpu") >= 0
+    asv_setup(case, "track_alloc_peak_bytes", "n=4", "torch_func", "cpu")
+    assert case.track_alloc_peak_bytes("n=4", "torch_func", "cpu") > 4 * 4 * 4  # the 4x4 float32 Hessian at least
     speedup = case.track_speedup_vs_loop("n=4", "torch_func", "cpu")
     # Round by round, in the form asv stores a timing's samples: their median is the value.
     assert speedup["number"] == 1 and len(speedup["samples"]) >= 3
@@ -171,6 +173,8 @@ def test_steady_state_metrics_on_a_throwaway_workload(quick_profile):
     assert ("n=4", "loop", "cpu") in cls.track_speedup_vs_loop.skip_params
     assert ("n=4", "torch_func", "cpu") in cls.track_ratio_vs_torch_func.skip_params
     assert ("n=4", "torch_func", "cpu") in cls.track_cuda_peak_bytes.skip_params
+    assert ("n=4", "torch_func", "cuda") in cls.track_alloc_peak_bytes.skip_params
+    assert ("n=4", "torch_func", "cpu") in cls.track_xla_memory_bytes.skip_params
 
 
 def test_only_the_metrics_that_time_the_case_build_it_in_their_process(quick_profile):

@@ -1,7 +1,8 @@
 """`vmapbench run WORKLOAD`: run a workload's methods side by side at one size and print a table.
 
 The fastest way to see one comparison: median time, speedup against the loop, time ratio
-against torch.func and peak memory growth, all measured in this one process. The first call
+against torch.func and memory per call (torch's allocator peak; jax: XLA's compiled program), all
+measured in this one process. The first call
 (where tracing or compiling happens) is shown apart from the timed calls, which are taken
 round-robin across methods so that load on a shared machine hits every method alike.
 
@@ -112,6 +113,8 @@ def main(args: argparse.Namespace) -> int:
         note = f" ({rounded} differed in rounding alone, as the replay contract allows)" if rounded else ""
         console.print(f"verify: {autotrace.shadow_checks - checked} replays checked against their eager calls, {verdict}{note}")
     console.print(results_table(w, size, args.device, methods, args.repeat, results, failures, args.memory))
+    if args.memory and results:
+        console.print(MEMORY_NOTE)
     skipped = {m: reason for m, reason in failures.items() if reason.startswith(SKIPPED)}
     for method, reason in failures.items():
         if method in skipped:
@@ -199,13 +202,18 @@ def run_methods(w: workloads.Workload, methods: list[str], size: str, state: obj
                                           on_round=lambda _: progress.advance(task))
         for method in ok if args.memory else []:
             progress.update(task, description=f"{label} peak memory: {method}")
-            attempt(method, lambda: peaks.__setitem__(method, measure.peak_bytes(state.fn(method), device)))
+            attempt(method, lambda: peaks.__setitem__(method, measure.method_peak_bytes(state.fn(method), method, device)))
             progress.advance(task)
     results = {
         m: measure.Measurement(w.name, m, size, str(device), first[m], times[m], peaks.get(m, 0))
         for m in ok if m not in failures
     }
     return results, failures
+
+
+MEMORY_NOTE = ("memory/call: peak bytes of tensors one call allocated and held at once, counted at torch's "
+               "allocator (CUDA: the caching allocator's peak); jax: XLA's compiled memory analysis of the "
+               "jitted program (temporaries + outputs + arguments). See docs/guide/memory.md.")
 
 
 def results_table(w: workloads.Workload, size: str, device: str, methods: list[str], repeat: int,
@@ -219,7 +227,7 @@ def results_table(w: workloads.Workload, size: str, device: str, methods: list[s
     table.add_column(f"speedup vs {BASELINE}", justify="right")
     table.add_column(f"time / {REFERENCE}", justify="right")
     if memory:  # --no-memory: no column at all rather than an empty one
-        table.add_column("peak mem Δ", justify="right")
+        table.add_column("memory/call", justify="right")
     for method in methods:
         if method in failures:
             status = "[yellow]skipped[/]" if failures[method].startswith(SKIPPED) else "[red]failed[/]"

@@ -134,8 +134,9 @@ PLANT_SITES = (("engine/_dispatch.py", "VmapMode", "__torch_dispatch__"),
                ("engine/trace.py", "TracedFunction", "_replay"))
 # What `--plant-at` can slow: "engine" (PLANT_SITES, every engine call), "transform:NAME" (every
 # call of the functions engine.NAME returns, e.g. transform:hessian), "workloads:PATTERNS" (the
-# engine methods' calls of the workloads whose names match the comma-separated fnmatch PATTERNS).
-PLANT_TARGETS = ("engine", "transform:NAME", "workloads:PATTERNS")
+# engine methods' calls of the workloads whose names match the comma-separated fnmatch PATTERNS),
+# "memory:PATTERNS" (not a slowdown: every call of those workloads holds FACTOR x its allocator peak).
+PLANT_TARGETS = ("engine", "transform:NAME", "workloads:PATTERNS", "memory:PATTERNS")
 # The slowdowns `gate --calibrate` plants: kind -> (factor, target). The issue's sensitivity
 # targets: a uniform 1.1x, one transform at 1.2x, the engine calls of one family of workloads at 1.5x.
 PLANTS: dict[str, tuple[float, str]] = {
@@ -225,8 +226,62 @@ for _plant_w in _plant_all():
     if any(_plant_fnmatch.fnmatch(_plant_w.name, _p) for _p in {patterns!r}):
         _plant_w.run = _plant_run(_plant_w.run)
 """)
+    elif kind == "memory" and arg:
+        plant_memory(tree, factor, arg)
     else:
         raise GateError(f"gate: --plant-at {target!r}: expected one of {', '.join(PLANT_TARGETS)}")
+
+
+def plant_memory(tree: Path, factor: float, patterns: str) -> None:
+    """Make every steady call of the workloads matching `patterns` (fnmatch, comma-separated) hold
+    (factor - 1) x its own allocator peak more while it runs: a batched buffer of that size kept
+    alive through the call, as a change that keeps one more intermediate alive would. The peak is
+    the unplanted call's (workloads.measure.alloc_peak_bytes of the tree), taken at each call
+    `Workload.prepare` makes (the first call and automatic tracing's warm-up: never a call the gate
+    times or counts), the last one kept."""
+    path = tree / "workloads" / "__init__.py"
+    wanted = [p for p in patterns.split(",") if p]
+    path.write_text(path.read_text() + f"""
+
+{PLANT_MARK}: workloads {patterns} hold {factor}x their allocator peak.
+import fnmatch as _plant_fnmatch
+
+import torch as _plant_torch
+
+from workloads.base import all_workloads as _plant_all
+from workloads.measure import alloc_peak_bytes as _plant_peak
+
+
+def _plant_held(workload):
+    run, prepare = workload.run, workload.prepare
+    extra = {{}}  # (method, id(state)) -> bytes held through each steady call
+    preparing = []
+
+    def held(method, state):
+        if preparing:
+            out = []
+            extra[method, id(state)] = int(({factor} - 1) * _plant_peak(lambda: out.append(run(method, state))))
+            return out[0]
+        buffer = _plant_torch.empty(extra.get((method, id(state)), 0), dtype=_plant_torch.uint8)
+        try:
+            return run(method, state)
+        finally:
+            del buffer
+
+    def measured_prepare(method, state):
+        preparing.append(method)
+        try:
+            return prepare(method, state)
+        finally:
+            preparing.pop()
+
+    workload.run, workload.prepare = held, measured_prepare
+
+
+for _plant_w in _plant_all():
+    if any(_plant_fnmatch.fnmatch(_plant_w.name, _p) for _p in {wanted!r}):
+        _plant_held(_plant_w)
+""")
 
 
 # --- measuring -----------------------------------------------------------------------------------
@@ -264,8 +319,9 @@ def probe_command(out: Path, job: Job, trees: Mapping[str, Path], library: Path 
         assert library is not None
         return [*counts.command(out.parent / job.label), sys.executable, "-c", runner, *sides, "--count", str(library),
                 "--workloads", ",".join(COUNTED_WORKLOADS), "--out", str(out)]
-    return [sys.executable, "-c", runner, *sides, "--workloads", "all", "--overhead", "--budget", str(PROBE_BUDGET_S),
-            "--clock", "cpu", "--out", str(out)]
+    memory = ["--memory"] if job.index == 0 else []  # exact: one process measures it
+    return [sys.executable, "-c", runner, *sides, "--workloads", "all", "--overhead", *memory,
+            "--budget", str(PROBE_BUDGET_S), "--clock", "cpu", "--out", str(out)]
 
 
 def probe_env() -> dict[str, str]:
@@ -364,8 +420,9 @@ def signals(probe: Mapping[str, Any]) -> dict[str, list[float]]:
     Time probes, one sample per pair of rounds (`in_pairs`; the ratios taken pair by pair: the calls
     of one round ran moments apart): track_ratio_vs_torch_func (method / torch_func), track_speedup_vs_loop
     (loop / method), track_overhead_us_per_op ((method - native) / ops, us), gated; time_run and
-    time_chain (CPU s per call), reported. Count probes, one sample per counted call:
-    instructions (of the call's region), gated.
+    time_chain (CPU s per call), reported; track_alloc_peak_bytes (bytes per call, one sample per
+    measured call), gated. Count probes, one sample per counted call: instructions (of the call's
+    region), gated.
     """
     from suite.bench_overhead import N_OPS
     from vmapbench.gate_probe import in_pairs
@@ -385,6 +442,11 @@ def signals(probe: Mapping[str, Any]) -> dict[str, list[float]]:
                     out[f"bench_workloads.{cls}.track_ratio_vs_torch_func({point})"] = _per_round(t, _listed(seconds["torch_func"]))
                 if method != "loop" and "loop" in seconds:
                     out[f"bench_workloads.{cls}.track_speedup_vs_loop({point})"] = _per_round(t, _listed(seconds["loop"]), invert=True)
+    for workload, sizes in probe.get("memory", {}).items():
+        for size, by_method in sizes.items():
+            for method, values in by_method.items():
+                out[f"bench_workloads.{_cls(workload)}.track_alloc_peak_bytes('{size}', '{method}', 'cpu')"] = \
+                    [float(v) for v in _listed(values)]
     chain = {method: in_pairs(_listed(t)) for method, t in probe.get("overhead", {}).items()}
     for method, t in chain.items():
         out[f"bench_overhead.PerOpOverhead.time_chain('{method}', 'cpu')"] = t
@@ -473,7 +535,7 @@ def twin_spread(base: Runs, twin: Runs) -> dict[str, float]:
     spread: dict[str, float] = {}
     names = set().union(*base.values()) if base else set()
     for name in names:
-        if stats.is_count(name):
+        if stats.is_exact(name):
             continue
         try:
             ratios = round_ratios(base, twin, name)
@@ -498,7 +560,7 @@ def evidence_floors(spread: Mapping[str, float]) -> dict[str, float]:
     guard state, move several times more under load than the traced and eager calls: one pool
     for all would give the quiet methods the noisy one's floor), or of its metric alone when that
     holds fewer than EVIDENCE_POOL_MIN signals."""
-    gated = {name: d for name, d in spread.items() if stats.is_gated(name) and not stats.is_count(name)}
+    gated = {name: d for name, d in spread.items() if stats.is_gated(name) and not stats.is_exact(name)}
     pools: dict[tuple[str, str], list[float]] = {}
     for name, d in gated.items():
         pools.setdefault((stats.metric_of(name), _method(name)), []).append(d)
@@ -543,12 +605,14 @@ def compare(base_runs: Runs, head_runs: Runs, machine: str | None, root: Path | 
         h = [x for run in head_runs.values() for x in run.get(name, [])]
         gated = stats.is_gated(name)
         try:
-            change = count_change(b, h) if stats.is_count(name) else paired_change(base_runs, head_runs, name)
+            change = count_change(b, h) if stats.is_exact(name) else paired_change(base_runs, head_runs, name)
         except (ValueError, ZeroDivisionError):  # e.g. a per-op overhead at or below native: no ratio
             continue
         calibrated = stats.calibrated_floor(name, machine, root) if gated else None
         if not gated:
             floor, source = stats.noise_floor(name, machine, root), "policy"
+        elif stats.is_memory(name):  # exact: the same bytes in every process, on every machine
+            floor, source = stats.MEMORY_FLOOR, "memory"
         elif stats.is_count(name):
             floor, source = (calibrated, "calibrated") if calibrated is not None else (stats.COUNT_FLOOR, "count")
         elif calibrated is not None:  # the A/A runs' history, and this run's own twin of this signal
@@ -559,7 +623,7 @@ def compare(base_runs: Runs, head_runs: Runs, machine: str | None, root: Path | 
             floor, source = math.inf, "none"
         hib = stats.higher_is_better(name)
         decided = stats.gate_verdict(change, floor, hib) if gated else stats.verdict(change, floor, hib)
-        if gated and not stats.is_count(name) and twin_runs:
+        if gated and not stats.is_exact(name) and twin_runs:
             try:  # (ValueError: the twin has no round of this signal)
                 other = paired_change(base_runs, twin_runs, name)
             except (ValueError, ZeroDivisionError):
@@ -611,7 +675,8 @@ def markdown(rows: Sequence[Row], failed: Mapping[str, str], title: str, skipped
     counts = tally(rows)
     head = ("**failed**" if failed else "**regression**" if slower else "**no regression**")
     lines = [f"### {title}", "",
-             f"{head}: {len(gated)} gated signals ({sum(stats.is_count(r.name) for r in gated)} instruction counts), "
+             f"{head}: {len(gated)} gated signals ({sum(stats.is_count(r.name) for r in gated)} instruction counts, "
+             f"{sum(stats.is_memory(r.name) for r in gated)} allocator peaks), "
              f"{len(slower)} slower, {len(faster)} faster, {counts['inconclusive']} inconclusive "
              f"(called only when the whole 99% interval of head/base lies beyond the signal's noise floor; "
              f"inconclusive: the interval reaches across the floor, too wide to decide).", ""]
@@ -712,7 +777,8 @@ def report(result: Outcome, base: str, head: str, summary_md: Path | None, json_
     shown = [r for r in gated if r.verdict != "unchanged"]
     print(format_rows(shown) if shown else "gate: every gated signal unchanged")
     counts = tally(result.rows)
-    print(f"\ngate: {len(gated)} gated signals ({sum(stats.is_count(r.name) for r in gated)} instruction counts): "
+    print(f"\ngate: {len(gated)} gated signals ({sum(stats.is_count(r.name) for r in gated)} instruction counts, "
+          f"{sum(stats.is_memory(r.name) for r in gated)} allocator peaks): "
           + ", ".join(f"{n} {v}" for v, n in counts.items()) + " (the table shows all but the unchanged)")
     for reason in result.skipped:
         print(f"gate: skipped: {reason}")
@@ -779,7 +845,7 @@ def calibrated_floors(aa_runs: Sequence[Sequence[Row]], margin: float = 1.5) -> 
             if r.gated:
                 worst[r.name] = max(worst.get(r.name, 0.0), abs(math.log(r.change.value)))
     return {name: round(max(COUNT_MIN_FLOOR if stats.is_count(name) else 0.0, math.expm1(margin * w)), 4)
-            for name, w in sorted(worst.items())}
+            for name, w in sorted(worst.items()) if not stats.is_memory(name)}
 
 
 def signal_family(name: str) -> str:
@@ -787,6 +853,8 @@ def signal_family(name: str) -> str:
     replayed (automatic or traced) engine calls; time ratios vs torch.func, vs the loop; per-op time."""
     metric = stats.metric_of(name)
     method = _method(name)
+    if stats.is_memory(name):
+        return "memory: allocator peak"
     if metric == "instructions":
         if "PerOpOverhead" in name:
             return "count: per-op chain"
@@ -921,7 +989,8 @@ def configure(p: argparse.ArgumentParser, calibration: bool = True) -> None:
                    help="slow head by FACTOR in its temporary copy (self-test, e.g. 1.1), where --plant-at says")
     p.add_argument("--plant-at", default="engine", metavar="TARGET",
                    help="what --plant slows: engine (every engine call, default), transform:NAME (e.g. "
-                        "transform:hessian), workloads:PATTERNS (e.g. 'workloads:nn_*,bayes_*,tutorial_*')")
+                        "transform:hessian), workloads:PATTERNS (e.g. 'workloads:nn_*,bayes_*,tutorial_*'); "
+                        "memory:PATTERNS makes those workloads' calls hold FACTOR x their allocator peak instead")
     p.add_argument("--no-counts", action="store_true", help="skip the instruction-count signals (no valgrind run)")
     if not calibration:
         return
@@ -955,7 +1024,8 @@ def main(args: argparse.Namespace) -> int:
         return 0
     base_sha, head_sha = resolve(root, args.base), resolve(root, args.head)
     print(f"gate: {args.base} ({base_sha[:8]}) -> {args.head} ({head_sha[:8]})"
-          + (f" with a planted {args.plant}x slowdown at {args.plant_at}" if args.plant else "")
+          + (f" with a planted {args.plant}x {'memory' if args.plant_at.startswith('memory:') else 'slowdown'}"
+             f" at {args.plant_at}" if args.plant else "")
           + f", machine {machine}" + ("" if stats.load_calibration(machine, root) else
                                       " (no calibration file: time floors from this run's twin-vs-base spread)"),
           flush=True)

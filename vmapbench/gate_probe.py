@@ -25,7 +25,9 @@ Two kinds of process:
   run the same code on every side are timed on the first side only (`shared_references`). Output:
   {"sides": {side: {"times": {workload: {size: {method: [seconds per call, one per round]}}},
   "overhead": {method: [...]}, "errors": {case: message}, "shared": {workload: [methods whose
-  list is the first side's]}}}}, lists aligned by round across sides.
+  list is the first side's]}}}}, lists aligned by round across sides. With --memory each side also
+  has "memory": {workload: {size: {method: [allocator peak bytes of MEMORY_REPEATS calls]}}},
+  every method of every side taken after the timing (exact figures: no rounds, no interleaving).
 - count (--count LIB, under valgrind, see vmapbench/counts.py): the per-op chain and the workloads
   named by --workloads, each engine method's steady-state call counted twice in instructions, for
   every side (the two counts of one region show that it is deterministic). Output: {"sides":
@@ -73,6 +75,9 @@ REWARM_CALLS = 2
 # good, which would switch the measured path in the middle of a run.
 REWARM_MIN_CALLS = 8
 COUNT_REPEATS = 2
+# Steady calls whose allocator peak is taken per side and method (--memory): exact figures, two to
+# show that the call allocates the same each time.
+MEMORY_REPEATS = 2
 MIN_ROUNDS = 6  # even: rounds are read in pairs (forward order, then reverse; see `paired_samples`)
 MAX_ROUNDS = 24
 TARGET_HALFWIDTH = 0.02
@@ -485,14 +490,34 @@ def shared_references(sides: Sides, calls: Mapping[str, Mapping[str, Callable[[]
 
 
 def _empty_side() -> dict[str, Any]:
-    return {"times": {}, "overhead": {}, "errors": {}, "cpu_seconds": {}}
+    return {"times": {}, "overhead": {}, "errors": {}, "cpu_seconds": {}, "memory": {}}
+
+
+def measure_memory(sides: Sides, calls: Mapping[str, Mapping[str, Callable[[], Any]]],
+                   errors: Mapping[str, dict[str, str]], case: str) -> dict[str, dict[str, list[int]]]:
+    """side -> method -> the allocator peak of MEMORY_REPEATS steady calls (bytes; the gate
+    checkout's workloads.measure.alloc_peak_bytes), every side and method, references included.
+    A method in REWARM_METHODS gets its untimed calls after its side is activated first."""
+    measure = _gate_module("_gate_measure", GATE_ROOT / "workloads" / "measure.py")
+    out: dict[str, dict[str, list[int]]] = {}
+    for label, methods in calls.items():
+        sides.activate(label)
+        for method, fn in methods.items():
+            try:
+                for _ in range(REWARM_CALLS if method in REWARM_METHODS else 0):
+                    fn()
+                out.setdefault(label, {})[method] = [measure.alloc_peak_bytes(fn) for _ in range(MEMORY_REPEATS)]
+            except Exception as exc:  # noqa: BLE001 - reported as this case's failure
+                errors[label][f"{case} {method} memory"] = f"{type(exc).__name__}: {exc}".splitlines()[0][:300]
+    return out
 
 
 def measure_workloads(sides: Sides, budget_s: float, clock: Callable[[], float],
-                      only: list[str] | None = None) -> dict[str, dict[str, Any]]:
+                      only: list[str] | None = None, memory: bool = False) -> dict[str, dict[str, Any]]:
     """Every workload of every side's registry (or `only`), its sides timed together (see
     `paired_samples`); a workload one side lacks is timed on the others. Per side:
-    {"times": {workload: {size: {method: [s per call per round]}}}, "errors", "cpu_seconds"}."""
+    {"times": {workload: {size: {method: [s per call per round]}}}, "errors", "cpu_seconds"}, and
+    with `memory` "memory": {workload: {size: {method: [bytes per call]}}} (`measure_memory`)."""
     out = {label: _empty_side() for label in sides}
     registry: dict[str, set[str]] = {}
     names: list[str] = []
@@ -528,6 +553,10 @@ def measure_workloads(sides: Sides, budget_s: float, clock: Callable[[], float],
                 out[label]["times"].setdefault(name, {})[sizes[label]] = samples
                 if shared and label != next(iter(calls)):
                     out[label].setdefault("shared", {})[name] = list(shared)
+            if memory:
+                errors = {label: out[label]["errors"] for label in calls}
+                for label, peaks in measure_memory(sides, calls, errors, f"{name} {sizes[label]}").items():
+                    out[label]["memory"].setdefault(name, {})[sizes[label]] = peaks
         for label in calls:
             out[label]["cpu_seconds"][name] = time.process_time() - started
     return out
@@ -622,6 +651,8 @@ def main(argv: list[str] | None = None) -> int:
                         "one the others are compared with")
     p.add_argument("--workloads", default="all", help="comma list of workloads, 'all' (the registry) or '' (none)")
     p.add_argument("--overhead", action="store_true", help="also measure the per-op overhead chain")
+    p.add_argument("--memory", action="store_true",
+                   help="also take every method's allocator peak per call (bytes: exact, see measure_memory)")
     p.add_argument("--budget", type=float, default=0.5, help="CPU seconds of one workload's timed rounds per side at most")
     p.add_argument("--clock", choices=sorted(CLOCKS), default="cpu",
                    help="cpu: CPU seconds of this process (default; other processes' load does not count); wall")
@@ -643,7 +674,7 @@ def main(argv: list[str] | None = None) -> int:
                 "process_cpu_s": time.process_time()}))
             return 0
         clock = CLOCKS[args.clock]
-        out = measure_workloads(sides, args.budget, clock, only)
+        out = measure_workloads(sides, args.budget, clock, only, memory=args.memory)
         if args.overhead:
             for label, (times, errors) in measure_overhead(args.budget, clock, sides).items():
                 out[label]["overhead"] = times

@@ -22,7 +22,9 @@ A probe builds the workload at that batch, calls the method once (trace/compile 
 and once more, timed. Probes are forked from a server process that only imports (torch, the
 registry, jax), so each starts in milliseconds instead of the ~3 s of a fresh interpreter, and a
 probe's memory, threads and failures end with it. A fitting probe also reports its peak memory
-growth and the parent its wall time; after two fitting batches the search extrapolates both to
+(the measure of every table: torch's allocator peak of the probe's inputs and calls, the CUDA
+caching allocator's on a GPU, XLA's compiled memory analysis for jax; see
+workloads.measure) and the parent its wall time; after two fitting batches the search extrapolates both to
 the budget and the probe time limit and aims its next probes just under and just over that point
 (`search`), so a limit takes ~5 probes instead of growing by 4x to it and bisecting. Only real
 probes decide a row. A probe slower than `--probe-timeout` is killed and counts as a failure whose
@@ -65,7 +67,7 @@ class Probe:
     outcome: str
     time_s: float | None = None  # the timed (second) call
     message: str | None = None
-    peak_bytes: int | None = None  # peak memory growth while the probe ran at its batch (after the warm-up)
+    peak_bytes: int | None = None  # allocator peak of the probe at its batch (after the warm-up); jax: XLA's
     wall_s: float | None = None  # the whole probe, as the probe time limit counts it (set by the parent)
 
 
@@ -268,17 +270,25 @@ def _limit_memory(device: str, budget: int) -> None:
     resource.setrlimit(resource.RLIMIT_DATA, (limit, hard))
 
 
+def _lift_memory_limit() -> None:
+    """Undo `_limit_memory` on CPU (the soft RLIMIT_DATA back up to the hard one)."""
+    _, hard = resource.getrlimit(resource.RLIMIT_DATA)
+    resource.setrlimit(resource.RLIMIT_DATA, (hard, hard))
+
+
 def run_probe(workload: str, method: str, size: str, device: str, budget: int, threads: int) -> Probe:
     """Warm up at a small batch, cap memory at the current use + `budget`, then run `method` at the
-    batch in `size` twice (the second call timed), measuring the peak memory growth of the two
-    (RSS high-water mark on CPU, allocated bytes on CUDA) for the search's prediction. Meant to
-    run in a process of its own."""
+    batch in `size` twice (the second call timed), measuring the allocator peak of the inputs and
+    the two calls (workloads.measure.peak_bytes; jax: XLA's analysis of its program) for the
+    search's prediction. On CPU that peak comes from torch's profiler, whose own buffers must not
+    count against the cap: the capped run decides the fit (and gives the time), then the cap is
+    lifted and the same run is made again to measure its peak. Meant to run in a process of its own."""
     if device == "cuda":  # before jax is imported: no preallocation, and the budget as JAX's share
         _cap_jax_on_cuda(budget)
     import torch
 
     import workloads
-    from workloads.measure import peak_bytes
+    from workloads.measure import peak_bytes, xla_memory
 
     torch.set_num_threads(threads)
     w = workloads.get(workload)
@@ -296,9 +306,11 @@ def run_probe(workload: str, method: str, size: str, device: str, budget: int, t
     except Exception as exc:  # noqa: BLE001 - reported, the parent decides
         return Probe(batch, "error", message=f"warm-up failed: {type(exc).__name__}: {exc}")
     timed: list[float] = []
+    states: list[Any] = []
 
     def at_batch() -> None:
         state = w.setup(params, device)
+        states.append(state)
         w.run(method, state)
         if device == "cuda":
             torch.cuda.synchronize()
@@ -309,7 +321,14 @@ def run_probe(workload: str, method: str, size: str, device: str, budget: int, t
         timed.append(time.perf_counter() - start)
 
     try:
-        peak = peak_bytes(at_batch, device)
+        if device == "cuda":
+            peak = peak_bytes(at_batch, device)
+        else:
+            at_batch()
+            _lift_memory_limit()
+            peak = peak_bytes(at_batch, device)
+        if method == "jax":  # XLA allocates past torch: its program's own figure
+            peak = xla_memory(states[0].fn(method))["total"]
         return Probe(batch, "fits", time_s=timed[0], peak_bytes=peak)
     except NotImplementedError as exc:
         return Probe(batch, "skip", message=str(exc))

@@ -15,9 +15,9 @@ noise floor (`verdict`): criterion.rs's "change within noise threshold" made fir
   writes (results/noise/<machine>.json), else the metric's policy floor, else the default.
 - `row_estimate` / `asv_estimates`: an asv result entry (value, samples recorded by
   `asv run --record-samples`, asv's own 99% interval) read into Estimates.
-- The policy: which metrics gate (`GATED_METRICS`: the in-process, load-invariant ratios) and
-  which are reported only (raw times and memory, whose A/A noise here is larger than any change
-  worth catching).
+- The policy: which metrics gate (`GATED_METRICS`: the in-process, load-invariant ratios, and
+  the exact instruction counts and allocator peaks) and which are reported only (raw times and
+  process-level memory, whose A/A noise here is larger than any change worth catching).
 """
 from __future__ import annotations
 
@@ -47,17 +47,29 @@ COUNT_METRICS: frozenset[str] = frozenset({"instructions"})
 """Metrics counted, not timed: instructions executed in a measured region under callgrind
 (vmapbench/counts.py). Noise does not move them, so the gate compares them with COUNT_FLOOR."""
 
+MEMORY_METRICS: frozenset[str] = frozenset({"track_alloc_peak_bytes"})
+"""Memory metrics that are exact: the peak of tensor bytes one call allocated, counted at torch's
+allocator (workloads.measure.alloc_peak_bytes). The same call gives the same bytes in every
+process, so the gate compares them with MEMORY_FLOOR, no noise floor."""
+
+EXACT_METRICS: frozenset[str] = COUNT_METRICS | MEMORY_METRICS
+"""Metrics that repeat exactly: compared as counts (ratio of medians, no bootstrap, no twin)."""
+
 GATED_METRICS: frozenset[str] = frozenset({
     "track_ratio_vs_torch_func",
     "track_speedup_vs_loop",
     "track_overhead_us_per_op",
-}) | COUNT_METRICS
+}) | EXACT_METRICS
 """Metrics a regression gate may fail on: ratios of times measured interleaved in one process,
-which a busy machine slows alike on both sides (see suite/probes.interleaved_seconds), and
-instruction counts."""
+which a busy machine slows alike on both sides (see suite/probes.interleaved_seconds),
+instruction counts and allocator peaks."""
 
 COUNT_FLOOR = 0.03
 """A count signal's floor: a change of instructions under 3% is never called."""
+
+MEMORY_FLOOR = 0.02
+"""A memory signal's floor: a change of an allocator peak under 2% is never called (a tolerance
+for a few small tensors, not noise: A/A gives the same bytes)."""
 
 HIGHER_IS_BETTER: frozenset[str] = frozenset({"track_speedup_vs_loop"})
 
@@ -273,6 +285,20 @@ def is_count(benchmark: str) -> bool:
     return metric_of(benchmark) in COUNT_METRICS
 
 
+def is_memory(benchmark: str) -> bool:
+    return metric_of(benchmark) in MEMORY_METRICS
+
+
+def is_exact(benchmark: str) -> bool:
+    """A metric that repeats exactly (instruction counts, allocator peaks)."""
+    return metric_of(benchmark) in EXACT_METRICS
+
+
+def exact_floor(benchmark: str) -> float:
+    """The floor of an exact signal: MEMORY_FLOOR for memory, COUNT_FLOOR for counts."""
+    return MEMORY_FLOOR if is_memory(benchmark) else COUNT_FLOOR
+
+
 def relative_change(change: Estimate) -> str:
     """'+12.3% [+5.1%, +20.0%]': a ratio as a percentage change with its interval."""
     def pct(x: float) -> str:
@@ -374,6 +400,8 @@ def noise_floor(benchmark: str, machine: str | None = None, root: Path | str | N
     metric = metric_of(benchmark)
     if metric in NEVER_CALLED:
         return math.inf
+    if metric in MEMORY_METRICS:  # exact: a tolerance, not a noise floor, on every machine
+        return MEMORY_FLOOR
     data = load_calibration(machine, root) or {}
     floors = data.get("floors", {})
     for key in (benchmark, benchmark.split("(", 1)[0], metric):

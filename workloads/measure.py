@@ -4,10 +4,17 @@ Three primitives, each taking a zero-argument callable (the measured call):
 
 - `time_call(fn, repeat, warmup, device)`: wall times of `repeat` calls after `warmup` calls, with
   `torch.cuda.synchronize` around each call on CUDA so kernels are not timed as launched-only.
-- `rss_delta_bytes(fn)`: how far the process's resident set rose above its level before the call
-  (peak during the call, read from /proc, not a sample after it). Linux only; no psutil needed.
-- `cuda_peak_bytes(fn, device)`: peak CUDA memory allocated during the call, above what was
-  allocated before it.
+- `alloc_peak_bytes(fn)`: the call's memory on CPU: the peak of bytes that torch's CPU allocator
+  handed out during the call and that were live at once, read from the profiler's allocation
+  events (every tensor storage: eager ops, compiled programs' buffers, peers built on torch).
+  Exact and the same in every process for the same call.
+- `cuda_peak_bytes(fn, device)`: the same on CUDA: the caching allocator's peak during the call
+  (reset before it), above what was allocated before it.
+- `peak_bytes(fn, device)`: whichever of the two fits the device: THE per-call memory figure.
+- `rss_delta_bytes(fn)`: a secondary, process-level figure: how far the resident set rose during
+  the call (pages, not tensors: allocator reuse makes it 0 or noise for small calls).
+- `xla_memory(call)`: the `jax` method's memory, from XLA's compiled memory analysis;
+  `method_peak_bytes(call, method, device)` picks it for jax and `peak_bytes` for the rest.
 - `interleaved_times(fns, repeat, device)`: several callables timed round-robin, so that load
   bursts on a shared machine hit all of them alike (what `vmapbench run` uses for its ratios).
 
@@ -16,11 +23,15 @@ Three primitives, each taking a zero-argument callable (the measured call):
 from __future__ import annotations
 
 import ctypes
+import gc
+import os
+import tempfile
+from contextlib import contextmanager
 import statistics
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable, Mapping
+from typing import Any, Callable, Iterator, Mapping
 
 import torch
 
@@ -155,9 +166,101 @@ def cuda_peak_bytes(fn: Callable[[], Any], device: str | torch.device = "cuda") 
     return max(0, torch.cuda.max_memory_allocated(device) - before)
 
 
+# Lines the profiler writes to stderr on its own (kineto's start/stop trace lines, and the CPU
+# allocator's note that a block from before the profiling was freed), dropped from what the
+# measured call wrote there.
+_PROFILER_NOISE = ("USDT:", "Memory block of unknown size was allocated before the profiling started")
+
+
+@contextmanager
+def _profiler_stderr() -> Iterator[None]:
+    """File descriptor 2 captured for the block, then written back without the profiler's own lines."""
+    import sys
+
+    sys.stderr.flush()
+    saved = os.dup(2)
+    with tempfile.TemporaryFile(mode="w+b") as capture:
+        os.dup2(capture.fileno(), 2)
+        try:
+            yield
+        finally:
+            sys.stderr.flush()
+            os.dup2(saved, 2)
+            os.close(saved)
+            capture.seek(0)
+            kept = [line for line in capture.read().decode(errors="replace").splitlines(keepends=True)
+                    if not any(noise in line for noise in _PROFILER_NOISE)]
+            if kept:
+                sys.stderr.write("".join(kept))
+
+
+def _walk(nodes: Any) -> Iterator[Any]:
+    stack = list(reversed(nodes))
+    while stack:
+        node = stack.pop()
+        yield node
+        stack.extend(reversed(node.children))
+
+
+def alloc_peak_bytes(fn: Callable[[], Any]) -> int:
+    """Peak bytes of torch CPU allocations made during `fn` and live at once (0: it allocated none).
+
+    The allocations come from torch's profiler (`profile_memory=True`): every block torch's CPU
+    allocator hands out or takes back while the profiler runs, on the calling thread and the
+    threads it propagates to (autograd's). Blocks allocated before the call and freed during it do
+    not lower the figure (they are not the call's memory); memory a library allocates past torch's
+    allocator (oneDNN's scratch space, BLAS workspaces, JAX) is not counted. The garbage collector
+    runs before the call and not during it, so tensors in reference cycles count the same each time.
+    """
+    from torch.profiler import ProfilerActivity, profile
+
+    gc.collect()  # what earlier calls left in reference cycles is freed now, not inside the call
+    with _profiler_stderr():
+        with profile(activities=[ProfilerActivity.CPU], profile_memory=True, record_shapes=False) as prof:
+            gc.disable()  # no collection inside the call: when one falls would move the peak
+            try:
+                fn()
+            finally:
+                gc.enable()
+        tree = prof.profiler.kineto_results.experimental_event_tree()
+    events = sorted((node.start_time_ns, i, node.extra_fields) for i, node in enumerate(_walk(tree))
+                    if type(node.extra_fields).__name__ == "_ExtraFields_Allocation"
+                    and node.extra_fields.device.type == "cpu")
+    live: dict[int, int] = {}
+    total = peak = 0
+    for _, _, alloc in events:
+        if alloc.alloc_size > 0:
+            live[alloc.ptr] = alloc.alloc_size
+            total += alloc.alloc_size
+            peak = max(peak, total)
+        elif alloc.ptr in live:  # a block of this call freed (others were allocated before it)
+            total -= live.pop(alloc.ptr)
+    return peak
+
+
 def peak_bytes(fn: Callable[[], Any], device: str | torch.device = "cpu") -> int:
-    """`cuda_peak_bytes` on a CUDA device, `rss_delta_bytes` otherwise."""
-    return cuda_peak_bytes(fn, device) if _is_cuda(device) else rss_delta_bytes(fn)
+    """The call's memory: `cuda_peak_bytes` on a CUDA device, `alloc_peak_bytes` on CPU (both count
+    tensor bytes at the allocator; see the module docstring)."""
+    return cuda_peak_bytes(fn, device) if _is_cuda(device) else alloc_peak_bytes(fn)
+
+
+def method_peak_bytes(call: Callable[[], Any], method: str, device: str | torch.device = "cpu") -> int:
+    """A method's memory per call, as every table shows it: XLA's total (`xla_memory`) for the jax
+    method, which allocates past torch, else `peak_bytes`. Measure a warmed-up call: a method's first
+    calls (traces, compiles, caches) allocate what its steady calls do not."""
+    return xla_memory(call)["total"] if method == "jax" else peak_bytes(call, device)
+
+
+def xla_memory(call: Callable[[], Any]) -> dict[str, int]:
+    """The `jax` method's memory as XLA's compiled memory analysis gives it, in bytes: temp (the
+    program's temporaries), output, argument, alias (outputs sharing an argument's buffer) and
+    total (temp + output + argument - alias). `call` is the method's measured call
+    (workloads.peers.jax_methods.compiled); ValueError for a call that is no jitted JAX program."""
+    analysis = getattr(call, "xla_memory", None)
+    if analysis is None:
+        raise ValueError(f"{call!r} is not a jitted JAX call (workloads.peers.jax_methods.compiled): "
+                         f"XLA's memory analysis exists only for the jax method")
+    return analysis()
 
 
 @dataclass
@@ -183,5 +286,6 @@ def measure(workload: Any, method: str, size: str, state: Any, repeat: int = 5, 
     device = getattr(state, "device", "cpu")
     first = workload.prepare(method, state)
     times = time_call(lambda: workload.run(method, state), repeat=repeat, warmup=warmup, device=device)
-    peak = peak_bytes(lambda: workload.run(method, state), device) if memory else 0
+    call = state.fn(method) if method == "jax" else (lambda: workload.run(method, state))
+    peak = method_peak_bytes(call, method, device) if memory else 0
     return Measurement(workload.name, method, size, str(device), first, times, peak)
