@@ -1,18 +1,15 @@
 """The replay contract: a replay rounds like its eager call on any CPU.
 
-A replay equals its eager call bit for bit on every machine only if it calls the same kernels on
-the same operands: the same aten op on the same shapes, strides, storage offsets and dtypes. Two
-calls of one op on different layouts (a transposed operand, a batched matmul folded into one mm)
-may round differently on another CPU's kernels even where they agree on this one. So the contract
-is checked on the op sequence, not on the numbers of one machine: `OpLog` records every
-floating-point op a call runs on plain tensors, with what its operands hold and how they are laid
-out, and `departures` lists the replay's ops that the eager call never ran on that data that way. Ops that cannot round differently are not compared: views,
-copies, and ops whose results are boolean or integer.
-
-Graph passes that change the arithmetic on purpose (engine.graph_passes.ARITHMETIC_PASSES) name
-themselves on the recorded entry; shadow verification compares such a replay within the dtype's
-tolerance, like the fused tier, and every other replay bit for bit and by its op sequence.
-See docs/design/replay-contract.md.
+Two calls of one op round alike only where the kernel walks the same operands the same way, and
+which kernel that is depends on the CPU. So the contract is checked on the ops, not on one
+machine's bits: `OpLog` records every rounding op a call runs on plain tensors, with what its
+operands hold and how they are laid out (sizes, strides, storage offset, dtype, scalars), and
+`departures` lists the replay's ops that the eager call never ran on that data that way. Views,
+copies, factories and ops with boolean or integer results cannot round, and are not compared.
+Where no op departs, the values need only agree within the dtype's tolerance (a kernel may round
+the same operands differently from call to call). Graph passes that change the arithmetic on
+purpose (engine.graph_passes.ARITHMETIC_PASSES) name themselves on the recorded entry, and such a
+replay is held to the tolerance alone, like the fused tier. See docs/design/replay-contract.md.
 """
 from __future__ import annotations
 
@@ -101,7 +98,7 @@ _TIMES_ONE = frozenset({
 
 def _copied(func: Any, args: tuple, kwargs: dict) -> torch.Tensor | None:
     """The tensor whose values the op writes unchanged (a copy, `x * 1`, `x / 1`), or None."""
-    if func in _COPIES and not any(k in kwargs and kwargs[k] is not None and kwargs[k] != args[0].dtype for k in ("dtype",)):
+    if func in _COPIES and kwargs.get("dtype") in (None, args[0].dtype):
         return args[0]
     if func is aten.copy_.default or func is aten.copy.default:
         src = args[1]
@@ -229,8 +226,8 @@ class OpLog(TorchDispatchMode):
         out = func(*args, **kwargs)
         results = [t for t in tree_flatten(out)[0] if isinstance(t, torch.Tensor)]
         # An output over an input's memory is a view or alias of it (`view`, `_unsafe_view`), and
-        # `squeeze_` changes a layout in place: the contents keep their number, only a layout is new. Anything else the op wrote, in
-        # place or fresh, holds what the op computed.
+        # `squeeze_` changes a layout in place: the contents keep their number, only a layout is
+        # new. Anything else the op wrote, in place or fresh, holds what the op computed.
         if torch.Tag.inplace_view in func.tags or (not _writes(func) and any(_storage(t) in read for t in results)):
             return out
         if source is not None and _writes(func) and source is args[0]:  # x *= 1: nothing changed
