@@ -72,7 +72,7 @@ def asv_config(tmp: Path) -> Path:
 def asv_env(home: Path) -> dict[str, str]:
     import os
 
-    env = dict(os.environ, VMAPBENCH_PROFILE="quick", OMP_NUM_THREADS="2", HOME=str(home))
+    env = dict(os.environ, VMAPBENCH_PROFILE="quick", OMP_NUM_THREADS=os.environ.get("I42_THREADS", "1"), HOME=str(home))
     env.pop("VMAPBENCH_DEVICES", None)
     env.pop("PYTHONPATH", None)
     return env
@@ -108,3 +108,18 @@ def test_asv_continuous_passes_an_empty_commit_and_fails_a_planted_slowdown(tmp_
     assert "PERFORMANCE DECREASED." in out, out
     worse = [line for line in out.splitlines() if line.startswith("| +")]
     assert worse and all("track_ratio_vs_torch_func" in line and "'engine" in line for line in worse), out
+
+
+def test_one_regex_selects_what_the_profiles_regexes_select() -> None:
+    """`python -m vmapbench.bench --print-bench-regex`: one asv --bench word for the quick selection."""
+    from workloads.base import all_workloads
+
+    regexes = selection.bench_regexes("quick")
+    joined = re.compile(bench.one_regex(regexes))
+    names = [f"bench_workloads.{selection.class_name(w)}.{m.name}({s!r}, {meth!r}, {d!r})"
+             for w in all_workloads() for m in selection.METRICS for s in w.sizes[:2] for meth in w.methods[:3]
+             for d in selection.ALL_DEVICES] + ["bench_runtime.track_torch_num_threads",
+                                                "bench_overhead.PerOpOverhead.time_chain"]
+    chosen = [n for n in names if any(re.search(r, n) for r in regexes)]
+    assert chosen and len(chosen) < len(names)
+    assert [n for n in names if joined.search(n)] == chosen

@@ -19,11 +19,15 @@ floors of `make continuous` apply to asv's points of the same name.
 from __future__ import annotations
 
 import math
+from pathlib import Path
 from typing import Any, Callable, Iterable, Iterator, Sequence
 
 from vmapbench import stats
 
 _ORIGINAL: dict[str, Any] = {}
+# The checkout asv imported this plugin from: its results/noise holds the floors (asv changes the
+# working folder while it runs).
+CHECKOUT = Path(__file__).resolve().parents[1]
 
 
 class Point(dict):
@@ -47,7 +51,7 @@ def change(point: str, base: Sequence[float], head: Sequence[float], floor: floa
 def floor_of(point: str, machine: str | None, factor: float | None) -> float:
     """The noise floor of `point`: the machine's calibrated one or the policy's default, at least
     `factor` - 1 (asv's --factor, default 1.1)."""
-    floor = stats.noise_floor(point, machine)
+    floor = stats.noise_floor(point, machine, CHECKOUT)
     return max(floor, (factor or 1.0) - 1.0)
 
 
@@ -100,7 +104,7 @@ def _print_table(print_table: Callable[..., Any]) -> Callable[..., Any]:
             first = list(first)  # read before the comparison: the floors' machine
             if len(seen) == 1:
                 _STATE["machine"] = next(iter(seen))
-        floors = stats.load_calibration(_STATE["machine"]) if _STATE["machine"] else None
+        floors = stats.load_calibration(_STATE["machine"], CHECKOUT) if _STATE["machine"] else None
         print(f"vmapbench: asv's verdict counts only the gated ratios ({', '.join(sorted(stats.GATED_METRICS - stats.COUNT_METRICS))}); "
               f"raw times and memory are stored, not called. Floors: "
               + (f"results/noise/{_STATE['machine']}.json ({len(floors.get('floors', {}))} points), " if floors else
