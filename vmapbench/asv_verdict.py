@@ -9,8 +9,9 @@ gate's is (vmapbench.stats, one policy):
 - only the gated metrics (stats.GATED_METRICS: ratios of methods timed interleaved in one
   process) are called better or worse; raw times and memory are measured and stored, never called;
 - a gated point is worse when the whole 99% interval of head/base of its samples lies beyond its
-  noise floor: the machine's calibrated one (results/noise/<machine>.json, `make gate-calibrate`),
-  else stats.DEFAULT_NOISE_FLOOR; `--factor` stays a lower bound of every floor;
+  noise floor: for an instruction count (suite/bench_counts.py) stats.COUNT_FLOOR; for a time
+  ratio the machine's calibrated one (results/noise/<machine>.json, `make gate-calibrate`), else
+  stats.DEFAULT_NOISE_FLOOR, and `--factor` - 1 at least;
 - a higher-is-better metric (a speed-up over the loop) is worse when it drops.
 
 A point that fails at head and ran at base stays worse, as in asv. asv names the points, so the
@@ -49,8 +50,12 @@ def change(point: str, base: Sequence[float], head: Sequence[float], floor: floa
 
 
 def floor_of(point: str, machine: str | None, factor: float | None) -> float:
-    """The noise floor of `point`: the machine's calibrated one or the policy's default, at least
-    `factor` - 1 (asv's --factor, default 1.1)."""
+    """The noise floor of `point`: an instruction count's is stats.COUNT_FLOOR (counts do not move
+    between processes); a time ratio's is the machine's calibrated one or the policy's default, at
+    least `factor` - 1 (asv's --factor, default 1.1: asv times base and head in processes of their
+    own, the gate's calibrated floors are for both timed in one)."""
+    if stats.is_count(point):
+        return stats.COUNT_FLOOR
     floor = stats.noise_floor(point, machine, CHECKOUT)
     return max(floor, (factor or 1.0) - 1.0)
 
@@ -105,8 +110,8 @@ def _print_table(print_table: Callable[..., Any]) -> Callable[..., Any]:
             if len(seen) == 1:
                 _STATE["machine"] = next(iter(seen))
         floors = stats.load_calibration(_STATE["machine"], CHECKOUT) if _STATE["machine"] else None
-        print(f"vmapbench: asv's verdict counts only the gated ratios ({', '.join(sorted(stats.GATED_METRICS - stats.COUNT_METRICS))}); "
-              f"raw times and memory are stored, not called. Floors: "
+        print(f"vmapbench: asv's verdict counts only the gated signals ({', '.join(sorted(stats.GATED_METRICS))}); "
+              f"raw times and memory are stored, not called. Floors: counts {stats.COUNT_FLOOR:.0%}; time ratios "
               + (f"results/noise/{_STATE['machine']}.json ({len(floors.get('floors', {}))} points), " if floors else
                  f"no calibration for machine {_STATE['machine']!r}: {stats.DEFAULT_NOISE_FLOOR:.0%} for every point, ")
               + f"at least --factor {factor} - 1. `make continuous` is the gate (docs/guide/asv-continuous.md).")

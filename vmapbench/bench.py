@@ -424,7 +424,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--list-families", action="store_true", help="print the families (JSON list) and exit")
     p.add_argument("--print-bench-regex", action="store_true",
                    help="print one asv --bench regex selecting the profile's cases (--family, --device too) and "
-                        "exit: asv continuous -b \"$(python -m vmapbench.bench --print-bench-regex)\" BASE HEAD")
+                        "the instruction counts (suite/bench_counts.py), then exit: asv continuous -b \"$(python -m vmapbench.bench --print-bench-regex)\" BASE HEAD")
     p.add_argument("--merge", nargs="+", type=Path, metavar="DIR",
                    help="merge these asv results folders into results/ and exit")
     p.add_argument("--started-at", type=float, default=None, metavar="EPOCH",
@@ -450,7 +450,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     devices = args.device or None
     env = bench_env(args.profile, devices, root)
     try:
-        regexes = selection.bench_regexes(args.profile, args.family or None, devices)
+        regexes = selection.bench_regexes(args.profile, args.family or None, devices,
+                                          opt_in=args.print_bench_regex)
     except ValueError as exc:
         raise SystemExit(f"bench: {exc}") from None
     if args.print_bench_regex:
