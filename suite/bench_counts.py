@@ -78,8 +78,11 @@ def count_instructions(name: str, method: str) -> list[int]:
             malloc.in_env(env)
         except ImportError:
             pass
-        proc = subprocess.run([*_counts.command(out), sys.executable, "-c", CHILD, str(library), name, size, method,
-                               str(COUNT_REPEATS)], env=env, capture_output=True, text=True, timeout=CHILD_TIMEOUT_S)
+        # -P and a folder of its own: the working folder is not on the child's path, so it counts the
+        # installed commit's engine, never a checkout it happens to be started in.
+        proc = subprocess.run([*_counts.command(out), sys.executable, "-P", "-c", CHILD, str(library), name, size,
+                               method, str(COUNT_REPEATS)], cwd=out, env=env, capture_output=True, text=True,
+                              timeout=CHILD_TIMEOUT_S)
         got = _counts.read_dumps(out)
         values = [got.get(f"rep{rep}") for rep in range(COUNT_REPEATS)]
         if proc.returncode != 0 or None in values:
