@@ -74,7 +74,9 @@ def asv_config(tmp: Path) -> Path:
 def asv_env(home: Path) -> dict[str, str]:
     import os
 
-    env = dict(os.environ, VMAPBENCH_PROFILE="quick", OMP_NUM_THREADS=os.environ.get("I42_THREADS", "1"), HOME=str(home))
+    # One intra-op thread, as the gate times (docs/guide/asv-continuous.md: with two, a descheduled
+    # worker stalls a parallel op and a ratio moves many-fold between processes on a busy machine).
+    env = dict(os.environ, VMAPBENCH_PROFILE="quick", OMP_NUM_THREADS="1", HOME=str(home))
     env.pop("VMAPBENCH_DEVICES", None)
     env.pop("PYTHONPATH", None)
     return env
