@@ -44,8 +44,8 @@ import torch
 from torch.utils._pytree import tree_leaves
 
 from workloads.methods import NTK_FORMULATIONS
-from workloads.peers.availability import PeerUnavailable
 from workloads.methods import leapfrog as trajectory
+from workloads.peers.availability import PeerUnavailable
 
 Fn = Callable[..., Any]
 Thunk = Callable[[], Any]
@@ -96,8 +96,8 @@ def _single_thread_flags_set() -> bool:
 def load_jax(device: str | torch.device = "cpu") -> ModuleType:
     """Import jax with XLA's CPU threads matching torch's (see the module docstring).
 
-    PeerUnavailable (a NotImplementedError: a skip, with the reason) when jax is not installed, when it cannot use
-    `device`, or when XLA cannot run on torch's thread count.
+    PeerUnavailable (a NotImplementedError: a skip, with the reason) when jax is not installed,
+    when it cannot use `device`, or when XLA cannot run on torch's thread count.
     """
     global _configured_threads
     threads = torch.get_num_threads()
