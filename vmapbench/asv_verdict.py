@@ -6,8 +6,8 @@ shared 2-core machine that judges raw wall times of processes run minutes apart,
 than any change worth catching. Loaded by asv, this module makes asv's comparison what the
 gate's is (vmapbench.stats, one policy):
 
-- only the gated metrics (stats.GATED_METRICS: ratios of methods timed interleaved in one
-  process) are called better or worse; raw times and memory are measured and stored, never called;
+- only the gated metrics (stats.GATED_METRICS: instruction counts, ratios of methods timed
+  interleaved in one process) are called better or worse; raw times and memory are measured and stored, never called;
 - a gated point is worse when the whole 99% interval of head/base of its samples lies beyond its
   noise floor: for an instruction count (suite/bench_counts.py) stats.COUNT_FLOOR; for a time
   ratio the machine's calibrated one (results/noise/<machine>.json, `make gate-calibrate`), else
@@ -25,7 +25,8 @@ from typing import Any, Callable, Iterable, Iterator, Sequence
 
 from vmapbench import stats
 
-_ORIGINAL: dict[str, Any] = {}
+_ORIGINAL: dict[str, Any] = {}  # asv's functions this module replaces
+_STATE: dict[str, Any] = {"machine": None}  # the machine of the table being printed
 # The checkout asv imported this plugin from: its results/noise holds the floors (asv changes the
 # working folder while it runs).
 CHECKOUT = Path(__file__).resolve().parents[1]
@@ -82,9 +83,6 @@ def unroll_result(benchmark_name: str, params: Sequence[Sequence[str]], *values:
             tagged.point = name
             rest[1] = tagged
         yield (name, *rest)
-
-
-_STATE: dict[str, Any] = {"machine": None}
 
 
 def _noting_machines(resultset: Iterable[tuple] | None, seen: set[str]) -> Iterable[tuple] | None:
