@@ -226,7 +226,7 @@ def bench_regexes(
 
     asv matches a parameterized benchmark as ``name(param, ...)`` with each parameter's repr, so a
     regex can pick sizes, methods and devices. `devices` defaults to the profile's devices.
-    OPT_IN_MODULES are selected only with `opt_in` (and the suite family).
+    OPT_IN_MODULES are selected only with `opt_in` (whatever the families).
     """
     if profile not in PROFILES:
         raise ValueError(f"unknown profile {profile!r}; use one of {', '.join(PROFILES)}")
@@ -261,6 +261,6 @@ def bench_regexes(
         # record, other modules); their setup skips devices outside the profile.
         not_generated = "|".join(re.escape(m) + r"\." for m in (*WORKLOAD_MODULES, *OPT_IN_MODULES))
         regexes.append(rf"^(?!{not_generated})")
-        if opt_in:
-            regexes += [rf"^{re.escape(m)}\." for m in OPT_IN_MODULES]
+    if opt_in:
+        regexes += [rf"^{re.escape(m)}\." for m in OPT_IN_MODULES]
     return regexes
