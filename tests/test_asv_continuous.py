@@ -133,3 +133,14 @@ def test_one_regex_selects_what_the_profiles_regexes_select() -> None:
     chosen = [n for n in names if any(re.search(r, n) for r in regexes)]
     assert chosen and len(chosen) < len(names)
     assert [n for n in names if joined.search(n)] == chosen
+
+
+def test_asvs_environments_install_what_make_installs() -> None:
+    """asv.conf.json installs the peers extra and BackPACK as the Makefile does (the same pin, --no-deps)."""
+    conf = json.loads((ROOT / "asv.conf.json").read_text())
+    makefile = (ROOT / "Makefile").read_text()
+    (pin,) = re.findall(r"^BACKPACK\s*:=\s*(\S+)$", makefile, re.M)
+    commands = conf["install_command"]
+    assert any(".[peers]" in c for c in commands), commands
+    assert any(c.endswith(f"pip install --no-deps {pin}") for c in commands), (commands, pin)
+    assert ".vmapbench.asv_verdict" in conf["plugins"]
