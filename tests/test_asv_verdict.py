@@ -74,23 +74,35 @@ def test_raw_times_are_stored_not_called(plugin: None, capsys: pytest.CaptureFix
     assert "asv's verdict counts only the gated signals" in out and f"no calibration for machine {MACHINE!r}" in out
 
 
-def test_a_ratio_beyond_its_floor_is_worse_and_one_within_is_not(plugin: None, capsys: pytest.CaptureFixture[str]) -> None:
-    worse, _, out = _table(BASE, {**BASE, RATIO: _spread(1.5 * 1.3)}, capsys)
+def test_a_time_ratio_is_called_only_beyond_the_unpaired_floor(plugin: None, capsys: pytest.CaptureFixture[str]) -> None:
+    """asv's ratios come from separate processes: a 1.7x move of one with tight rounds is what two
+    processes of one commit did; only a change beyond UNPAIRED_TIME_FLOOR (or --factor) is called."""
+    assert asv_verdict.UNPAIRED_TIME_FLOOR > 0.7
+    worse, better, out = _table(BASE, {**BASE, RATIO: _spread(1.5 * 1.7)}, capsys)
+    assert not worse and not better, out
+    worse, _, out = _table(BASE, {**BASE, RATIO: _spread(1.5 * 3.0)}, capsys)
     assert worse and "| +" in out and "track_ratio_vs_torch_func('d=128', 'engine', 'cpu')" in out, out
-    worse, better, out = _table(BASE, {**BASE, RATIO: _spread(1.5 * 1.05)}, capsys)
-    assert not worse and not better, out  # 5% is within the default 10% floor
-    worse, _, out = _table(BASE, {**BASE, RATIO: _spread(1.5 * 1.15)}, capsys, factor=1.2)
-    assert not worse, out  # --factor 1.2 lifts every floor to 20%
+    worse, _, out = _table(BASE, {**BASE, RATIO: _spread(1.5 * 3.0)}, capsys, factor=4.0)
+    assert not worse, out  # --factor 4 lifts every time floor to 300%
+
+
+def test_an_instruction_count_is_called_beyond_three_percent(plugin: None, capsys: pytest.CaptureFixture[str]) -> None:
+    counts = "bench_counts.Instructions.track_instructions"
+    base = {counts: [1_000_000.0, 1_000_400.0]}
+    worse, _, out = _table(base, {counts: [1_050_000.0, 1_050_300.0]}, capsys, factor=1.5)
+    assert worse and "track_instructions" in out, out  # 5% > COUNT_FLOOR, whatever --factor says
+    worse, better, out = _table(base, {counts: [1_010_000.0, 1_010_500.0]}, capsys)
+    assert not worse and not better, out
 
 
 def test_a_speedup_that_drops_is_worse(plugin: None, capsys: pytest.CaptureFixture[str]) -> None:
-    worse, better, out = _table(BASE, {**BASE, SPEEDUP: _spread(4.0 / 1.3)}, capsys)
+    worse, better, out = _table(BASE, {**BASE, SPEEDUP: _spread(4.0 / 3.0)}, capsys)
     assert worse and not better and "track_speedup_vs_loop" in out, out
 
 
 def test_a_wide_interval_reaching_across_the_floor_is_not_called(plugin: None, capsys: pytest.CaptureFixture[str]) -> None:
-    """Head 1.3x in the median, but its rounds spread from 0.8x to 1.8x: inconclusive, as in the gate."""
-    worse, _, out = _table(BASE, {**BASE, RATIO: _spread(1.5 * 1.3, width=1.0)}, capsys)
+    """Head 3x in the median, but its rounds spread from 1.7x to 4.3x: inconclusive, as in the gate."""
+    worse, _, out = _table(BASE, {**BASE, RATIO: _spread(1.5 * 3.0, width=1.0)}, capsys)
     assert not worse, out
 
 
@@ -99,5 +111,7 @@ def test_change_follows_the_gate_policy() -> None:
     point = RATIO + "('d=128', 'engine', 'cpu')"
     assert asv_verdict.change(point, _spread(1.0), _spread(1.3), 0.1) == "slower"
     assert asv_verdict.change(point, _spread(1.0), _spread(1.0), 0.1) == "unchanged"
-    assert asv_verdict.floor_of(point, MACHINE, 1.1) == pytest.approx(max(stats.DEFAULT_NOISE_FLOOR, 0.1))
-    assert math.isclose(asv_verdict.floor_of(point, MACHINE, 1.5), 0.5)
+    assert asv_verdict.floor_of(point, MACHINE, 1.1) == asv_verdict.UNPAIRED_TIME_FLOOR
+    assert math.isclose(asv_verdict.floor_of(point, MACHINE, 4.0), 3.0)
+    assert asv_verdict.floor_of("bench_counts.Instructions.track_instructions('w', 'engine')", MACHINE, 4.0) \
+        == stats.COUNT_FLOOR

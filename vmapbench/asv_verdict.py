@@ -11,7 +11,8 @@ gate's is (vmapbench.stats, one policy):
 - a gated point is worse when the whole 99% interval of head/base of its samples lies beyond its
   noise floor: for an instruction count (suite/bench_counts.py) stats.COUNT_FLOOR; for a time
   ratio the machine's calibrated one (results/noise/<machine>.json, `make gate-calibrate`), else
-  stats.DEFAULT_NOISE_FLOOR, and `--factor` - 1 at least;
+  stats.DEFAULT_NOISE_FLOOR, at least `--factor` - 1 and UNPAIRED_TIME_FLOOR (asv's ratios come
+  from separate processes: only a gross change of one is called);
 - a higher-is-better metric (a speed-up over the loop) is worse when it drops.
 
 A point that fails at head and ran at base stays worse, as in asv. asv names the points, so the
@@ -25,6 +26,12 @@ from typing import Any, Callable, Iterable, Iterator, Sequence
 
 from vmapbench import stats
 
+# The least floor of a time ratio in asv: asv times base and head in processes of their own, and
+# two such processes of one commit gave ratios 1.7x apart with intervals too tight to call it
+# noise (docs/guide/asv-continuous.md); 1.5x that on the log scale, as the gate's calibration
+# derives a floor from its largest A/A deviation. The gate's own floors are for base and head
+# timed in one process, and the instruction counts are what catches a smaller change in asv.
+UNPAIRED_TIME_FLOOR = round(math.expm1(1.5 * math.log(1.7)), 2)
 _ORIGINAL: dict[str, Any] = {}  # asv's functions this module replaces
 _STATE: dict[str, Any] = {"machine": None}  # the machine of the table being printed
 # The checkout asv imported this plugin from: its results/noise holds the floors (asv changes the
@@ -52,13 +59,12 @@ def change(point: str, base: Sequence[float], head: Sequence[float], floor: floa
 
 def floor_of(point: str, machine: str | None, factor: float | None) -> float:
     """The noise floor of `point`: an instruction count's is stats.COUNT_FLOOR (counts do not move
-    between processes); a time ratio's is the machine's calibrated one or the policy's default, at
-    least `factor` - 1 (asv's --factor, default 1.1: asv times base and head in processes of their
-    own, the gate's calibrated floors are for both timed in one)."""
+    between processes); a time ratio's is the largest of the machine's calibrated one (else the
+    policy's default), `factor` - 1 (asv's --factor) and UNPAIRED_TIME_FLOOR."""
     if stats.is_count(point):
         return stats.COUNT_FLOOR
     floor = stats.noise_floor(point, machine, CHECKOUT)
-    return max(floor, (factor or 1.0) - 1.0)
+    return max(floor, (factor or 1.0) - 1.0, UNPAIRED_TIME_FLOOR)
 
 
 def _values(value: float, samples: Sequence[float] | None) -> list[float]:
@@ -112,7 +118,8 @@ def _print_table(print_table: Callable[..., Any]) -> Callable[..., Any]:
               f"raw times and memory are stored, not called. Floors: counts {stats.COUNT_FLOOR:.0%}; time ratios "
               + (f"results/noise/{_STATE['machine']}.json ({len(floors.get('floors', {}))} points), " if floors else
                  f"no calibration for machine {_STATE['machine']!r}: {stats.DEFAULT_NOISE_FLOOR:.0%} for every point, ")
-              + f"at least --factor {factor} - 1. `make continuous` is the gate (docs/guide/asv-continuous.md).")
+              + f"at least --factor {factor} - 1 and {UNPAIRED_TIME_FLOOR:.0%} (base and head timed in separate "
+              f"processes). `make continuous` is the gate (docs/guide/asv-continuous.md).")
         return print_table(cls, conf, hash_1, hash_2, factor, split, resultset_1=first, resultset_2=second,
                            machine=machine, **kwargs)
     return wrapped
