@@ -62,7 +62,7 @@ ENGINE_API: dict[str, str] = {"engine": "vmap", "engine_eager": "auto_tracing", 
 
 def require_method(method: str) -> None:
     """NotImplementedError (asv: skipped) when `method` needs an engine API this commit lacks, or a
-    peer package (Opacus, BackPACK) this environment lacks."""
+    peer package (Opacus, BackPACK, jax) this environment lacks."""
     try:
         from workloads.peers import check_available
     except ImportError:  # a commit from before the peers: it has no peer methods either
@@ -98,14 +98,29 @@ def setup_case(workload: Any, size: str, method: str, device: str) -> Any:
     return workload.setup(workload.params(size), device)
 
 
+def peer_unavailable() -> type[BaseException]:
+    """workloads.peers' skip class (a NotImplementedError); a class nothing raises at a commit
+    from before it."""
+    try:
+        from workloads.peers import PeerUnavailable
+    except ImportError:
+        class Never(Exception):
+            pass
+        return Never
+    return PeerUnavailable
+
+
 def first_call(workload: Any, method: str, state: Any) -> float:
-    """Workload.prepare (seconds), where NotImplementedError means the method broke, not a skip.
+    """Workload.prepare (seconds), where NotImplementedError means the method broke, not a skip,
+    unless it is a peer's PeerUnavailable (its package missing, or jax unable to run here): a skip.
 
     asv treats NotImplementedError from setup as "skipped"; torch raises it for ops a backend
     lacks, which is a failure of the method and must show up as one.
     """
     try:
         return workload.prepare(method, state)
+    except peer_unavailable():
+        raise
     except NotImplementedError as exc:
         raise RuntimeError(f"{workload.name} {method}: the first call raised NotImplementedError: {exc}") from exc
 

@@ -49,6 +49,9 @@ SUITE_FAMILY = "suite"
 # Suite modules whose points belong to the registry's families but are not generated classes: each
 # has `profile_regexes(profile, families, devices, exclude_metrics)` selecting its own points.
 FAMILY_MODULES: tuple[str, ...] = ("bench_time_to_n",)
+# Suite modules a profile leaves out unless asked (bench_regexes' opt_in): the instruction counts
+# under valgrind (bench_counts), which `asv continuous` compares and `make bench` does not need.
+OPT_IN_MODULES: tuple[str, ...] = ("bench_counts",)
 
 # Methods whose first call traces or compiles (Workload.prepare): their first-call time is a metric.
 FIRST_CALL_METHODS = frozenset(COMPILED_METHODS | {"engine_traced"})
@@ -232,11 +235,13 @@ def bench_regexes(
     only_families: Sequence[str] | None = None,
     devices: Sequence[str] | None = None,
     exclude_metrics: Iterable[str] = (),
+    opt_in: bool = False,
 ) -> list[str]:
     """asv ``--bench`` regexes selecting exactly the cases of `profile` (optionally only some families).
 
     asv matches a parameterized benchmark as ``name(param, ...)`` with each parameter's repr, so a
     regex can pick sizes, methods and devices. `devices` defaults to the profile's devices.
+    OPT_IN_MODULES are selected only with `opt_in` (whatever the families).
     """
     if profile not in PROFILES:
         raise ValueError(f"unknown profile {profile!r}; use one of {', '.join(PROFILES)}")
@@ -272,6 +277,8 @@ def bench_regexes(
     if SUITE_FAMILY in wanted:
         # Everything not generated from the registry (the engine overhead microbenchmark, the runtime
         # record, other modules); their setup skips devices outside the profile.
-        not_generated = "|".join(re.escape(m) + r"\." for m in WORKLOAD_MODULES + FAMILY_MODULES)
+        not_generated = "|".join(re.escape(m) + r"\." for m in (*WORKLOAD_MODULES, *FAMILY_MODULES, *OPT_IN_MODULES))
         regexes.append(rf"^(?!{not_generated})")
+    if opt_in:
+        regexes += [rf"^{re.escape(m)}\." for m in OPT_IN_MODULES]
     return regexes

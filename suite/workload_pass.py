@@ -42,7 +42,8 @@ _PASSES: dict[tuple[str, str, str, tuple[str, ...] | None], "CasePass"] = {}
 
 @dataclass
 class CasePass:
-    """What one pass measured of one case; per method, `errors` says why a method has no figure."""
+    """What one pass measured of one case; per method, `errors` says why a method failed and
+    `method_skips` why it cannot run here (asv: n/a)."""
 
     seconds: dict[str, list[float]] = field(default_factory=dict)  # seconds per call, one per round
     rss_bytes: dict[str, int] = field(default_factory=dict)
@@ -51,6 +52,7 @@ class CasePass:
     memory_skipped: str = ""  # why this commit's workloads.measure gives no allocator figures
     fallbacks: dict[str, int] = field(default_factory=dict)
     errors: dict[str, str] = field(default_factory=dict)
+    method_skips: dict[str, str] = field(default_factory=dict)  # a peer that cannot run here (PeerUnavailable)
     fallbacks_skipped: dict[str, str] = field(default_factory=dict)  # no engine.record_fallbacks
     skipped: str = ""  # why the case cannot be built here (its setup raised NotImplementedError)
 
@@ -58,6 +60,8 @@ class CasePass:
         """`table[method]`, or the method's error raised (asv: a failed point), or the case's skip."""
         if self.skipped:
             raise probes.SkipNotImplemented(self.skipped)
+        if method in self.method_skips:
+            raise probes.SkipNotImplemented(self.method_skips[method])
         if method in self.errors:
             raise RuntimeError(self.errors[method])
         if method not in table:
@@ -140,6 +144,9 @@ def measure_case(workload: Any, size: str, device: str, methods: list[str] | Non
             _first_call(workload, method, state, result)
             result.rss_bytes[method] = measure.rss_delta_bytes(call)
             _allocated(method, state, call, device, result)
+        except probes.peer_unavailable() as exc:  # a skip of this method's points, with the reason
+            result.method_skips[method] = f"{workload.name} {method}: {exc}"
+            continue
         except Exception as exc:  # noqa: BLE001 - one method's failure must not lose the others'
             result.errors[method] = f"{workload.name} {method}: {type(exc).__name__}: {exc}"
             continue

@@ -105,3 +105,71 @@ def test_nn_inputs_are_a_named_state_dict(name: str) -> None:
     grads = w.run("torch_func", state)
     batch = state.inputs["x"].shape[0]
     assert [tuple(g.shape) for g in grads] == [(batch, *p.shape) for p in params.values()]
+
+
+def _jax_points() -> list[tuple[str, str, str, str]]:
+    """(suite module, workload, size, metric) of every suite metric that applies to the jax method
+    on cpu, at the smallest size of the two workloads that cover them all (the compiled family
+    has jax's compile time)."""
+    from suite import selection
+
+    out = []
+    for name in ("logreg_hessian", "compiled_logreg_hessian"):
+        w = workloads.get(name)
+        for metric in selection.METRICS:
+            if metric.applies(w, "jax", "cpu"):
+                out.append((metric.module, name, w.sizes[0], metric.name))
+    return out
+
+
+def _asv_calls(module: str, workload: str, size: str, metric: str) -> None:
+    """What asv runs for one point: the class's setup, the metric's own setup, then the metric."""
+    import importlib
+
+    from suite import selection
+
+    cls = getattr(importlib.import_module(f"suite.{module}"), selection.class_name(workloads.get(workload)))
+    case, params = cls(), (size, "jax", "cpu")
+    case.setup(*params)
+    own = getattr(getattr(cls, metric), "setup", None)
+    if own is not None:
+        own(*params)
+    getattr(case, metric)(*params)
+
+
+@pytest.fixture
+def fresh_suite_caches(monkeypatch: pytest.MonkeyPatch) -> None:
+    """No case prepared or pass measured by an earlier test: each point builds what it needs."""
+    from suite import bench_workloads, workload_pass
+
+    monkeypatch.setenv("VMAPBENCH_PROFILE", "full")
+    monkeypatch.setenv("VMAPBENCH_DEVICES", "cpu")
+    monkeypatch.delenv(workload_pass.PASS_DIR_ENV, raising=False)
+    monkeypatch.setattr(workload_pass, "_PASSES", {})
+    monkeypatch.setattr(bench_workloads, "_PREPARED", {})
+
+
+@pytest.mark.parametrize("module,workload,size,metric", _jax_points())
+def test_missing_jax_is_a_skip_in_every_suite_metric(module: str, workload: str, size: str, metric: str,
+                                                     monkeypatch: pytest.MonkeyPatch, fresh_suite_caches: None) -> None:
+    """asv's environment without jax: every jax point is n/a with the reason (NotImplementedError
+    from setup or the body), never a failed benchmark."""
+    monkeypatch.setitem(sys.modules, "jax", None)  # `import jax` raises ImportError, find_spec finds nothing
+    with pytest.raises(NotImplementedError, match="'jax' package.*pip install -e '\\.\\[peers\\]'"):
+        _asv_calls(module, workload, size, metric)
+
+
+@pytest.mark.parametrize("module,workload,size,metric", _jax_points())
+def test_jax_that_cannot_run_here_is_a_skip_in_every_suite_metric(module: str, workload: str, size: str, metric: str,
+                                                                  monkeypatch: pytest.MonkeyPatch,
+                                                                  fresh_suite_caches: None) -> None:
+    """jax installed but refusing at its first call (e.g. XLA cannot match torch's threads): a skip
+    from the first call, in the metric's own setup or in the case's pass."""
+    from workloads.peers import jax_methods
+
+    def refuse(device: object = "cpu") -> None:
+        raise peers.PeerUnavailable("XLA cannot run on torch's thread count here (test)")
+
+    monkeypatch.setattr(jax_methods, "load_jax", refuse)
+    with pytest.raises(NotImplementedError, match="XLA cannot run on torch's thread count here"):
+        _asv_calls(module, workload, size, metric)

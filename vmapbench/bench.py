@@ -490,6 +490,12 @@ def clean_result_names(results_dir: Path, env_name: str | None = None) -> list[t
     return renamed
 
 
+def one_regex(regexes: Sequence[str]) -> str:
+    """The alternation of asv --bench regexes, as one shell word once double-quoted (asv matches
+    each with re.search, as the alternation is)."""
+    return "|".join(f"(?:{r})" for r in regexes)
+
+
 # --- command line ------------------------------------------------------------------------------
 
 def only_workloads(regexes: list[str], names: Sequence[str], selection: ModuleType) -> list[str]:
@@ -523,6 +529,9 @@ def build_parser() -> argparse.ArgumentParser:
                         "of the working tree: backfills history, e.g. --commits HEAD~5 HEAD~2")
     p.add_argument("--no-dashboard", action="store_true", help="do not build the dashboard afterwards")
     p.add_argument("--list-families", action="store_true", help="print the families (JSON list) and exit")
+    p.add_argument("--print-bench-regex", action="store_true",
+                   help="print one asv --bench regex selecting the profile's cases (--family, --device too) and "
+                        "the instruction counts (suite/bench_counts.py), then exit: asv continuous -b \"$(python -m vmapbench.bench --print-bench-regex)\" BASE HEAD")
     p.add_argument("--merge", nargs="+", type=Path, metavar="DIR",
                    help="merge these asv results folders into results/ and exit")
     p.add_argument("--started-at", type=float, default=None, metavar="EPOCH",
@@ -548,12 +557,16 @@ def main(argv: Sequence[str] | None = None) -> int:
     devices = args.device or None
     env = bench_env(args.profile, devices, root)
     try:
-        regexes = selection.bench_regexes(args.profile, args.family or None, devices)
+        regexes = selection.bench_regexes(args.profile, args.family or None, devices,
+                                          opt_in=args.print_bench_regex)
         if args.workload:  # the named workloads, with the --family ones if any are given
             named = only_workloads(selection.bench_regexes(args.profile, None, devices), args.workload, selection)
             regexes = [*(regexes if args.family else []), *named]
     except ValueError as exc:
         raise SystemExit(f"bench: {exc}") from None
+    if args.print_bench_regex:
+        print(one_regex(regexes))
+        return 0
     machine = args.machine or machine_name()
     register_machine(machine, env)
     if args.commits:

@@ -43,9 +43,10 @@ DEFAULT_NOISE_FLOOR = 0.10
 BOOTSTRAP_RESAMPLES = 2000
 BOOTSTRAP_SEED = 20261123
 
-COUNT_METRICS: frozenset[str] = frozenset({"instructions"})
+COUNT_METRICS: frozenset[str] = frozenset({"instructions", "track_instructions"})
 """Metrics counted, not timed: instructions executed in a measured region under callgrind
-(vmapbench/counts.py). Noise does not move them, so the gate compares them with COUNT_FLOOR."""
+(vmapbench/counts.py; the gate's signals, and the asv suite's suite/bench_counts.py). Noise does
+not move them, so they are compared with COUNT_FLOOR."""
 
 MEMORY_METRICS: frozenset[str] = frozenset({"track_alloc_peak_bytes"})
 """Memory metrics that are exact: the peak of tensor bytes one call allocated, counted at torch's

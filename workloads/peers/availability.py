@@ -6,6 +6,7 @@ and the ASV probes, through the package, which re-exports it.
 from __future__ import annotations
 
 import importlib
+import importlib.util
 import warnings
 from types import ModuleType
 
@@ -22,16 +23,32 @@ PACKAGES = {
 
 
 class PeerUnavailable(NotImplementedError):
-    """A peer method's package is not installed: a skip (ASV, CLI), never a failure of the method.
+    """A peer method cannot run here (its package is not installed, or, for jax, not on this device
+    or thread count): a skip (ASV, CLI), never a failure of the method.
 
     Apart from plain NotImplementedError, which torch raises for an op a backend lacks: that is a
     failure of the method and must show up as one."""
 
 
+# Peers checked by finding their package without importing it: jax's import configures XLA's
+# threads (jax_methods.load_jax), which must wait for the method's own process.
+FOUND_ONLY = {"jax": "jax"}
+
+
 def check_available(method: str) -> None:
-    """PeerUnavailable when `method` is a peer method whose package cannot be imported."""
+    """PeerUnavailable when `method` is a peer method whose package cannot be imported (for jax:
+    cannot be found; load_jax says why it cannot run when it can be found)."""
     if method in PACKAGES:
         require(PACKAGES[method], method)
+    elif method in FOUND_ONLY:
+        package = FOUND_ONLY[method]
+        try:
+            found = importlib.util.find_spec(package) is not None
+        except (ImportError, ValueError):
+            found = False
+        if not found:
+            raise PeerUnavailable(f"method {method!r} needs the {package!r} package, which is not installed here; "
+                                  f"{INSTALL_HINT}")
 
 
 def preload() -> None:

@@ -45,6 +45,7 @@ from torch.utils._pytree import tree_leaves
 
 from workloads.methods import NTK_FORMULATIONS
 from workloads.methods import leapfrog as trajectory
+from workloads.peers.availability import PeerUnavailable
 
 Fn = Callable[..., Any]
 Thunk = Callable[[], Any]
@@ -95,8 +96,8 @@ def _single_thread_flags_set() -> bool:
 def load_jax(device: str | torch.device = "cpu") -> ModuleType:
     """Import jax with XLA's CPU threads matching torch's (see the module docstring).
 
-    NotImplementedError (a skip, with the reason) when jax is not installed, when it cannot use
-    `device`, or when XLA cannot run on torch's thread count.
+    PeerUnavailable (a NotImplementedError: a skip, with the reason) when jax is not installed,
+    when it cannot use `device`, or when XLA cannot run on torch's thread count.
     """
     global _configured_threads
     threads = torch.get_num_threads()
@@ -112,7 +113,7 @@ def load_jax(device: str | torch.device = "cpu") -> ModuleType:
         # dispatch thread and waiting for it: on a loaded machine the hand-off costs milliseconds.
         jax.config.update("jax_cpu_enable_async_dispatch", False)
     except ImportError as exc:
-        raise NotImplementedError(
+        raise PeerUnavailable(
             f"the jax method needs the jax package, which does not import here ({exc}); "
             "install it with `pip install 'jax[cpu]'` or the project's [peers] extra"
         ) from None
@@ -123,7 +124,7 @@ def load_jax(device: str | torch.device = "cpu") -> ModuleType:
         try:
             jax.devices("cuda")
         except RuntimeError:
-            raise NotImplementedError(
+            raise PeerUnavailable(
                 f"the jax method on CUDA needs a CUDA-enabled jaxlib; jax {jax.__version__} here only has "
                 f"{sorted({d.platform for d in jax.devices()})} (install `jax[cuda12]`)"
             ) from None
@@ -133,17 +134,17 @@ def load_jax(device: str | torch.device = "cpu") -> ModuleType:
         return jax
     single = _single_thread_flags_set()
     if threads == 1 and not single:
-        raise NotImplementedError(
+        raise PeerUnavailable(
             "torch runs on 1 thread but jax was imported before XLA_FLAGS could make XLA single-threaded; "
             f"set XLA_FLAGS='{' '.join(SINGLE_THREAD_FLAGS)}' before starting Python"
         )
     if threads > 1 and single:
-        raise NotImplementedError(
+        raise PeerUnavailable(
             f"torch runs on {threads} threads but XLA was started single-threaded (XLA_FLAGS or an earlier "
             f"OMP_NUM_THREADS=1 import, configured for {_configured_threads}); run jax in a fresh process"
         )
     if 1 < threads < _cores():
-        raise NotImplementedError(
+        raise PeerUnavailable(
             f"torch runs on {threads} threads but XLA's CPU client uses all {_cores()} cores and has no flag "
             "for another count; set OMP_NUM_THREADS=1 or to the core count for an equal-footing comparison"
         )
