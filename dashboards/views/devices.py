@@ -106,7 +106,7 @@ def render(ctx: Context) -> Page:
         "over CPU speed-up of each method (the CPU time over the CUDA time: above 1, faster on the "
         "GPU), and the peak memory of one call (on CUDA the caching allocator's peak, reset before "
         "the call, and NVML's peak of the whole device, the CUDA context included; on the CPU the "
-        "resident set's growth). A CUDA run is paired with the CPU run of its own machine where it "
+        "peak of tensor bytes torch's allocator held during the call). A CUDA run is paired with the CPU run of its own machine where it "
         "has one, else with the newest CPU run: the titles name both. CUDA results come from "
         "<code>.ci/gpu-check all</code> on a GPU machine (docs/guide/gpu.md). "
         f"{ctx.measured_note()}</p>"))
