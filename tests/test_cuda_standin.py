@@ -115,6 +115,27 @@ def test_cuda_peak_bytes_sees_a_temporary_allocation_under_the_standin(standin) 
     assert measure.cuda_peak_bytes(lambda: None, "cuda") < 16 * 2**20  # reset: the earlier peak is gone
 
 
+def test_cuda_peak_bytes_sees_an_allocation_malloc_serves_from_its_free_lists() -> None:
+    """A block malloc reuses from its free lists grows no resident set unless the stand-in hands
+    those lists back before the reset: with mmap off and trimming off (as after some long runs),
+    a freed 80 MiB block would serve the measured 64 MiB allocation unseen."""
+    out = _python("""
+        import ctypes, torch
+        libc = ctypes.CDLL(None)
+        assert libc.mallopt(-4, 0) == 1 and libc.mallopt(-1, 1 << 40) == 1  # M_MMAP_MAX, M_TRIM_THRESHOLD
+        from workloads import cuda_standin, measure
+        cuda_standin.install()
+        t = torch.ones(80 * 2**20 // 4)
+        del t
+        def allocate():
+            t = torch.ones(64 * 2**20 // 4)
+            del t
+        print(measure.cuda_peak_bytes(allocate, "cuda"))
+    """)
+    assert out.returncode == 0, out.stderr
+    assert int(out.stdout.split()[-1]) >= 48 * 2**20
+
+
 def test_nvml_peak_is_sampled_around_a_synchronised_call(standin) -> None:
     from suite import probes
 

@@ -102,11 +102,14 @@ def synchronize(device: Any = None) -> None:
 
 def reset_peak_memory_stats(device: Any = None) -> None:
     """The peak restarts from what is in use now (the process's resident set stands in for the
-    allocator: the kernel's high-water mark is reset through /proc/self/clear_refs)."""
+    allocator: the kernel's high-water mark is reset through /proc/self/clear_refs). Memory malloc
+    keeps in its free lists is handed back first: a block reused from there would not grow the
+    resident set, and the call's allocation would go unseen."""
     global _peak_base
     _use("reset_peak_memory_stats")
-    from workloads.measure import _reset_peak_rss
+    from workloads.measure import _reset_peak_rss, release_free_heap
 
+    release_free_heap()
     _reset_peak_rss()
     _peak_base = _rss_bytes("VmRSS")
 
