@@ -547,8 +547,11 @@ def test_planted_slowdowns_keep_the_engine_exact(tmp_path):
         gate.plant_slowdown(tree, 1.3, target)
     assert gate.PLANT_MARK in (tree / "engine" / "_dispatch.py").read_text()
     assert gate.PLANT_MARK in (tree / "engine" / "trace.py").read_text()
+    assert gate.PLANT_MARK in (tree / "engine" / "autotrace.py").read_text()
     code = ("import torch, engine, engine._dispatch as d; from engine.trace import TracedFunction;"
+            "from engine.autotrace import AutoTraced;"
             "assert d.VmapMode.__torch_dispatch__.__name__ == '_plant_slow' == TracedFunction._replay.__name__;"
+            "assert AutoTraced._call.__name__ == '_plant_slow';"
             "x = torch.randn(4, 3); f = lambda v: (v.sin() * v).sum(); g = engine.vmap(engine.grad(f));"
             "want = torch.func.vmap(torch.func.grad(f))(x);"
             "[torch.testing.assert_close(g(x), want) for _ in range(5)];"  # eager, watched, recorded, replays

@@ -128,10 +128,12 @@ def extract(root: Path, commit: str, dest: Path) -> Path:
 
 
 # Where the engine spends a call, as users get it: the eager dispatch of every op on a batched
-# tensor, and the replay of a recorded graph (automatic tracing's steady state, engine.trace and
-# engine.compile). (module path, class, method) of each: the sites of the "engine" plant.
+# tensor, the replay of a recorded graph (engine.trace and engine.compile), and every call of an
+# automatically traced function (the default path, whose steady state replays inline). (module
+# path, class, method) of each: the sites of the "engine" plant.
 PLANT_SITES = (("engine/_dispatch.py", "VmapMode", "__torch_dispatch__"),
-               ("engine/trace.py", "TracedFunction", "_replay"))
+               ("engine/trace.py", "TracedFunction", "_replay"),
+               ("engine/autotrace.py", "AutoTraced", "_call"))
 # What `--plant-at` can slow: "engine" (PLANT_SITES, every engine call), "transform:NAME" (every
 # call of the functions engine.NAME returns, e.g. transform:hessian), "workloads:PATTERNS" (the
 # engine methods' calls of the workloads whose names match the comma-separated fnmatch PATTERNS),
