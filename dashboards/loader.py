@@ -55,7 +55,7 @@ _STAT_KEYS = {
     "stats_ci_99_a": "ci_99_a", "stats_ci_99_b": "ci_99_b", "stats_q_25": "q_25",
     "stats_q_75": "q_75", "stats_number": "number", "stats_repeat": "repeat",
 }
-# What an Estimate's interval is made of (vmapbench.stats.row_estimate): asv's 99% ci.
+# What an Estimate's interval is made of (measuring.stats.row_estimate): asv's 99% ci.
 _INTERVAL_KEYS = ("stats_ci_99_a", "stats_ci_99_b")
 # Parameter names that hold one of the dimensions every view filters on.
 _ROLE_NAMES = {

@@ -4,7 +4,7 @@ The Overview table and its bars, Compare, History and the "did the last commit m
 slower?" box all read their figures through this module, so the same cell shows the same value
 and interval everywhere:
 
-- a stored value becomes `vmapbench.stats.row_estimate(value, samples, asv's 99% ci)`: the
+- a stored value becomes `measuring.stats.row_estimate(value, samples, asv's 99% ci)`: the
   median with a bootstrap interval of the recorded samples, else asv's own interval, else the
   value alone (n=1: no error bar);
 - the speedup over the loop and the ratio to torch.func are the suite's in-process ratio tracks
@@ -12,8 +12,8 @@ and interval everywhere:
   process, so a busy machine slows both alike). Only where a suite did not record them is the
   ratio of asv's medians used, and the page says so (`source`);
 - a change between two commits is `change(base, head)`: head/base with the interval that
-  covers both values' intervals, judged by `vmapbench.stats.verdict` against the benchmark's
-  `vmapbench.stats.noise_floor` (the gate's calibration, else its policy floor; infinite for
+  covers both values' intervals, judged by `measuring.stats.verdict` against the benchmark's
+  `measuring.stats.noise_floor` (the gate's calibration, else its policy floor; infinite for
   metrics never called, like RSS deltas). assets/dashboard.js repeats `change` and the verdict
   rule for pairs of commits picked in the browser (see compare.py).
 """
@@ -27,7 +27,7 @@ from typing import Any, Sequence
 import numpy as np
 import pandas as pd
 
-from vmapbench import stats
+from measuring import stats
 
 TIME_METRIC = "time"
 SPEEDUP_METRIC = "speedup_vs_loop"

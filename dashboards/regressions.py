@@ -3,12 +3,12 @@
 Each series (one machine, one benchmark case, commits in date order) is fitted with a piecewise
 constant function by `asv.step_detect.detect_steps` (a penalized L1 fit, the one `asv publish`
 uses), and `detect_regressions` reports upward steps larger than the benchmark's noise floor
-(`vmapbench.stats.noise_floor`: the gate's calibration or policy, the one threshold every page
+(`measuring.stats.noise_floor`: the gate's calibration or policy, the one threshold every page
 uses) relative to the best later level. A regression is reported at the first commit of the
 slower level. The fit is pure Python (about 3 ms per 60-commit series), so the search covers the
 engine's methods over each run's newest HISTORY_COMMITS commits. The one-commit comparison of the
 overview's box and of Compare is `commit_changes`: head/base with its interval, judged by
-`vmapbench.stats.verdict`.
+`measuring.stats.verdict`.
 """
 from __future__ import annotations
 
@@ -20,7 +20,7 @@ from asv.step_detect import detect_regressions, detect_steps
 
 from dashboards.context import TIME_METRIC, Context
 from dashboards.numbers import estimate_columns, floor_of, judge
-from vmapbench import stats
+from measuring import stats
 from workloads.base import ENGINE_METHODS
 
 # Commits per machine the history and its regression search cover (the newest).

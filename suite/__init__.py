@@ -5,7 +5,9 @@ measurements. Modules: bench_workloads (steady-state time and memory, ratios), b
 (compile time, engine fallbacks), bench_overhead (engine per-op overhead), bench_runtime (threads).
 """
 
+import importlib.util as _util
 import os as _os
+import sys as _sys
 
 # One tier per timing: the engine's fused tier (engine/fused.py) compiles a signature in the
 # background once its replays pay for a compile, or loads a program of an earlier process from
@@ -15,3 +17,28 @@ import os as _os
 # `python -m vmapbench.peer_ratios`, which settles its compiles first. VMAPBENCH_FUSED=1 (or force)
 # in the environment overrides this.
 _os.environ.setdefault("VMAPBENCH_FUSED", "0")
+
+
+def _own_measuring() -> None:
+    """This checkout's measuring/ (beside suite/) imported as `measuring`, unless a `measuring` is
+    imported already. asv imports the suite from the checkout and everything else from the commit
+    it installed, and measures every commit with the current suite: the timer, like the rest of
+    the measuring code, must be the checkout's too, and must be there at a commit from before it
+    (the gate's probes load the gate checkout's suite, and with it the gate checkout's measuring/)."""
+    if "measuring" in _sys.modules:
+        return
+    root = _os.path.join(_os.path.dirname(_os.path.dirname(_os.path.abspath(__file__))), "measuring")
+    spec = _util.spec_from_file_location("measuring", _os.path.join(root, "__init__.py"),
+                                         submodule_search_locations=[root])
+    if spec is None or spec.loader is None:  # a copy of the suite without measuring/ beside it
+        return
+    package = _util.module_from_spec(spec)
+    _sys.modules["measuring"] = package
+    try:
+        spec.loader.exec_module(package)
+    except BaseException:
+        del _sys.modules["measuring"]
+        raise
+
+
+_own_measuring()

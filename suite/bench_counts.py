@@ -4,7 +4,7 @@ Two asv processes of one commit time a ratio 10-40% apart on a shared machine; t
 call executes move < 0.3%. So this is the figure asv's own comparison (`asv continuous`, judged by
 vmapbench.asv_verdict) can trust across processes, as `make continuous` does.
 
-- track_instructions(workload, method): a child process under valgrind (vmapbench.counts) builds
+- track_instructions(workload, method): a child process under valgrind (measuring.counts) builds
   the workload at the gate's size (its first quick size, else its first) on cpu, makes the method's
   first call and a few steady ones uninstrumented, then counts the steady call COUNT_REPEATS times;
   those counts are the samples. Workloads and methods are the gate's (vmapbench.gate.COUNTED_WORKLOADS,
@@ -25,11 +25,11 @@ from typing import Any
 from . import probes, selection
 
 try:  # the installed commit's gate: what it counts, and how
-    from vmapbench import counts as _counts
+    from measuring import counts as _counts
     from vmapbench.gate import COUNTED_WORKLOADS
     from vmapbench.gate_probe import COUNT_METHODS, COUNT_REPEATS, first_size
 except ImportError as exc:  # a commit from before the gate's counts
-    _counts, _MISSING = None, f"this commit has no instruction counts (vmapbench.counts): {exc}"
+    _counts, _MISSING = None, f"this commit has no instruction counts (measuring.counts): {exc}"
     COUNTED_WORKLOADS, COUNT_METHODS, COUNT_REPEATS = ("none",), ("none",), 2
 else:
     _MISSING = ""
@@ -40,7 +40,7 @@ CHILD = """
 import gc, sys
 import torch
 torch.set_num_threads(1)
-from vmapbench import counts
+from measuring import counts
 from workloads.base import get
 library, name, size, method, repeats = sys.argv[1:6]
 workload = get(name)
@@ -73,7 +73,7 @@ def count_instructions(name: str, method: str) -> list[int]:
         library = _counts.build_requests(out / "lib")
         env = dict(os.environ, OMP_NUM_THREADS="1", MKL_NUM_THREADS="1", PYTHONHASHSEED="0", VMAPBENCH_FUSED="0")
         try:
-            from vmapbench import malloc
+            from measuring import malloc
 
             malloc.in_env(env)
         except ImportError:

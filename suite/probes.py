@@ -14,7 +14,6 @@
 """
 from __future__ import annotations
 
-import math
 import os
 import shutil
 import statistics
@@ -25,6 +24,8 @@ from contextlib import contextmanager, suppress
 from typing import Any, Callable, Iterable, Iterator, Mapping
 
 import torch
+
+from measuring import timer
 
 THREADS_ENV = "OMP_NUM_THREADS"
 DEFAULT_THREADS = 2
@@ -130,16 +131,6 @@ def synchronize(device: str) -> None:
         torch.cuda.synchronize(device)
 
 
-def _batch_seconds(fn: Callable[[], Any], number: int, device: str,
-                   clock: Callable[[], float] = time.perf_counter) -> float:
-    synchronize(device)
-    start = clock()
-    for _ in range(number):
-        fn()
-    synchronize(device)
-    return clock() - start
-
-
 def interleaved_samples(
     calls: Mapping[str, Callable[[], Any]],
     device: str = "cpu",
@@ -150,27 +141,22 @@ def interleaved_samples(
 ) -> dict[str, list[float]]:
     """Seconds per call of each callable in every round, measured alternately (lists aligned by
     round, so a ratio of two callables can be taken round by round: the calls of one round ran
-    moments apart).
+    moments apart). The timing is measuring.timer's.
 
     Each callable is first called once (warm-up, and a first estimate of its cost); then every
     round times a batch of calls of each one (batches last at least `min_batch_s`), in forward
-    order on even rounds and reverse order on odd ones. The number of rounds shrinks to fit
-    `budget_s`, but never below 3. `clock` is wall time by default; the regression gate passes
-    time.process_time (CPU seconds of this process), which a machine busy with other processes
-    does not inflate.
+    order on even rounds and reverse order on odd ones, the device synchronised before and after
+    each batch. The number of rounds shrinks to fit `budget_s`, but never below 3. `clock` is wall
+    time by default; the regression gate passes time.process_time (CPU seconds of this process),
+    which a machine busy with other processes does not inflate.
     """
     if not calls:
         raise ValueError("interleaved_samples needs at least one callable")
-    estimate = {name: max(_batch_seconds(fn, 1, device, clock), 1e-7) for name, fn in calls.items()}
-    number = {name: max(1, min(100_000, math.ceil(min_batch_s / t))) for name, t in estimate.items()}
-    round_cost = sum(number[name] * estimate[name] for name in calls)
+    estimate = timer.single_calls(calls, clock=clock, device=device, drain_each=True)
+    batches = {name: timer.batch_for(t, min_batch_s, 100_000) for name, t in estimate.items()}
+    round_cost = sum(batches[name].calls * estimate[name] for name in calls)
     rounds = max(3, min(rounds, int(budget_s / round_cost)))
-    samples: dict[str, list[float]] = {name: [] for name in calls}
-    order = list(calls)
-    for r in range(rounds):
-        for name in order if r % 2 == 0 else reversed(order):
-            samples[name].append(_batch_seconds(calls[name], number[name], device, clock) / number[name])
-    return samples
+    return timer.rounds(calls, rounds, batches=batches, clock=clock, device=device, alternate=True, drain_each=True)
 
 
 def interleaved_seconds(calls: Mapping[str, Callable[[], Any]], device: str = "cpu",

@@ -131,8 +131,8 @@ def profile_metrics(profile: str) -> tuple[Metric, ...]:
 
 
 # asv ranks every benchmark "lower is better"; these are "higher is better". The gate's policy is
-# vmapbench.stats.HIGHER_IS_BETTER; this copy exists because the suite must import in asv's
-# environments of commits that predate vmapbench.stats (tests/test_stats.py checks they agree).
+# measuring.stats.HIGHER_IS_BETTER; this copy exists because the suite must import in asv's
+# environments of commits that predate measuring.stats (tests/test_stats.py checks they agree).
 HIGHER_IS_BETTER: frozenset[str] = frozenset({"track_speedup_vs_loop"})
 
 

@@ -7,7 +7,7 @@ cost ~210 s of asv's ~380, mostly in that setup. Here one process builds a case 
 device) once, makes each method's first call (counting the engine's fallbacks during it and one
 steady call), measures each method's memory over one call (torch's allocator peak, XLA's analysis
 for jax, RSS growth), and then times all the methods interleaved, round by round (probes.interleaved_samples). A ratio then comes with one figure per
-round, whose spread is the interval the dashboard shows (vmapbench.stats).
+round, whose spread is the interval the dashboard shows (measuring.stats).
 
 Where a pass is kept: `make bench` (vmapbench/bench.py) gives the run a folder in
 VMAPBENCH_PASS_DIR; the first track process of a case measures every method of it there, the

@@ -106,7 +106,7 @@ def test_asv_continuous_passes_an_empty_commit_and_fails_a_planted_slowdown(tmp_
     assert "BENCHMARKS NOT SIGNIFICANTLY CHANGED." in out and "failed" not in out.lower(), out
     assert "vmapbench: asv's verdict counts only the gated signals" in out, out
 
-    from vmapbench import counts
+    from measuring import counts
 
     if counts.available() is not None:
         pytest.skip(f"the planted half needs the instruction counts: {counts.available()}")

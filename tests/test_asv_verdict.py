@@ -6,7 +6,8 @@ from pathlib import Path
 
 import pytest
 
-from vmapbench import asv_verdict, stats
+from vmapbench import asv_verdict
+from measuring import stats
 
 ROOT = Path(__file__).resolve().parents[1]
 RATIO = "bench_workloads.rosenbrock_hessian.track_ratio_vs_torch_func"

@@ -11,7 +11,8 @@ if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
 from suite import bench_counts, selection  # noqa: E402
-from vmapbench import counts, gate  # noqa: E402
+from vmapbench import gate
+from measuring import counts  # noqa: E402
 
 
 def test_the_points_are_the_gates_counted_workloads_and_methods() -> None:

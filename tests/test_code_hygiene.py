@@ -12,7 +12,7 @@ from pathlib import Path
 from typing import Iterator
 
 ROOT = Path(__file__).resolve().parents[1]
-PACKAGES = ("dashboards", "engine", "suite", "vmapbench", "workloads")
+PACKAGES = ("dashboards", "engine", "measuring", "suite", "vmapbench", "workloads")
 
 # 7-40 hex digits holding a letter and a digit, standing alone (not inside a word, path or number).
 COMMIT = re.compile(r"(?<![\w./-])(?=[0-9a-f]*[a-f])(?=[0-9a-f]*[0-9])[0-9a-f]{7,40}(?![\w-])")

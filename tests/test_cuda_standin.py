@@ -63,19 +63,19 @@ def _call(events: list[str]) -> Any:
 
 
 def test_time_call_stops_each_clock_after_a_synchronisation(standin, monkeypatch) -> None:
-    from workloads import measure
+    from measuring import timer
 
-    monkeypatch.setattr(measure, "time", types.SimpleNamespace(perf_counter=_clock(standin)))
-    times = measure.time_call(_call(standin), repeat=3, warmup=1, device="cuda")
+    monkeypatch.setattr(timer, "time", types.SimpleNamespace(perf_counter=_clock(standin)))
+    times = timer.time_call(_call(standin), repeat=3, warmup=1, device="cuda")
     assert times == [1.0, 1.0, 1.0]
     assert standin == ["call", "sync"] + ["clock", "call", "sync", "clock"] * 3
 
 
-def test_interleaved_times_synchronise_each_call(standin, monkeypatch) -> None:
-    from workloads import measure
+def test_interleaved_rounds_synchronise_each_call(standin, monkeypatch) -> None:
+    from measuring import timer
 
-    monkeypatch.setattr(measure, "time", types.SimpleNamespace(perf_counter=_clock(standin)))
-    measure.interleaved_times({"a": _call(standin), "b": _call(standin)}, repeat=2, device="cuda")
+    monkeypatch.setattr(timer, "time", types.SimpleNamespace(perf_counter=_clock(standin)))
+    timer.rounds({"a": _call(standin), "b": _call(standin)}, 2, device="cuda")
     assert standin == ["sync"] + ["clock", "call", "sync", "clock"] * 4
 
 

@@ -174,7 +174,7 @@ def test_batched_estimates_are_the_gates_own() -> None:
     """numbers.sampled_estimates computes stats.estimate many rows at a time: same numbers."""
     import numpy as np
 
-    from vmapbench import stats
+    from measuring import stats
 
     rng = np.random.default_rng(7)
     entries = [list(rng.lognormal(-6, 0.3, size=n)) for n in (2, 3, 5, 5, 10, 10, 10, 40)]

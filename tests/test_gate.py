@@ -11,7 +11,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from vmapbench import continuous, counts, gate, stats
+from vmapbench import continuous, gate
+from measuring import counts, stats
 
 ROOT = Path(__file__).resolve().parents[1]
 METHODS = {"loop": 4e-3, "engine": 5e-3, "engine_traced": 1.5e-3, "torch_func": 3e-3}
@@ -573,7 +574,7 @@ def test_callgrind_counts_a_region_exactly(tmp_path):
     """A real count under valgrind (plain Python, no torch: a few seconds): twice the work is twice
     the instructions, and one region counted twice agrees within a fraction of a percent."""
     lib = counts.build_requests(tmp_path / "lib")
-    code = ("import sys; sys.path.insert(0, sys.argv[1]); from vmapbench.counts import Requests; r = Requests(sys.argv[2]);"
+    code = ("import sys; sys.path.insert(0, sys.argv[1]); from measuring.counts import Requests; r = Requests(sys.argv[2]);"
             "assert r.on_valgrind\n"
             "def work(n):\n    return sum(i * i for i in range(n))\n"
             "work(10); work(20000)\n"

@@ -9,7 +9,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from vmapbench import gate, stats
+from vmapbench import gate
+from measuring import stats
 
 ROOT = Path(__file__).resolve().parents[1]
 METHODS = {"loop": 4e-3, "engine": 5e-3, "engine_eager": 9e-3, "engine_traced": 1.5e-3, "torch_func": 3e-3}

@@ -12,9 +12,9 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
-PACKAGES = ("dashboards", "engine", "suite", "vmapbench", "workloads")
+PACKAGES = ("dashboards", "engine", "measuring", "suite", "vmapbench", "workloads")
 # Packages whose circles this test reports. engine/ is added once its circles are broken (issue #27).
-CHECKED = ("dashboards", "engine", "suite", "vmapbench", "workloads")
+CHECKED = ("dashboards", "engine", "measuring", "suite", "vmapbench", "workloads")
 
 
 def module_name(root: Path, path: Path) -> str:
@@ -103,3 +103,23 @@ def test_a_circle_is_found_even_through_a_function_level_import(tmp_path: Path) 
     (package / "c.py").write_text("def late():\n    from pkg.a import something\n")
     (package / "d.py").write_text("import pkg.a\n")
     assert circles(import_graph(tmp_path, ("pkg",))) == [["pkg.a", "pkg.b", "pkg.c"]]
+
+
+# measuring/ is the library under the CLI, the suite and the dashboard (docs/design/architecture.md).
+ABOVE_MEASURING = ("vmapbench", "suite", "dashboards")
+
+
+def test_measuring_imports_nothing_of_the_cli_the_suite_or_the_dashboard() -> None:
+    found = sorted(f"{mod} imports {name}" for mod, names in import_graph().items() if mod.split(".")[0] == "measuring"
+                   for name in names if name.split(".")[0] in ABOVE_MEASURING)
+    assert not found, "measuring/ sits below vmapbench/, suite/ and dashboards/:\n" + "\n".join(found)
+
+
+def test_an_import_from_above_measuring_is_found(tmp_path: Path) -> None:
+    for package in ("measuring", "vmapbench"):
+        (tmp_path / package).mkdir()
+        (tmp_path / package / "__init__.py").write_text("")
+    (tmp_path / "vmapbench" / "bench.py").write_text("")
+    (tmp_path / "measuring" / "stats.py").write_text("def f():\n    from vmapbench.bench import machine\n")
+    assert import_graph(tmp_path, ("measuring", "vmapbench"))["measuring.stats"] == {"vmapbench.bench"}
+

@@ -164,7 +164,7 @@ def test_main_prints_the_table_and_writes_results(tmp_path, monkeypatch, capsys)
 def test_peer_ratios_runs_itself_again_with_malloc_keeping_its_pages(monkeypatch):
     # glibc reads GLIBC_TUNABLES at process start: without it set, the program runs again with it
     # (the same command line); with it set, even empty (the opt-out), it runs on as it is.
-    from vmapbench import malloc
+    from measuring import malloc
 
     ran: list = []
     monkeypatch.setattr(malloc.os, "execve", lambda path, argv, env: ran.append((path, list(argv), dict(env))))

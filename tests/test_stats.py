@@ -1,4 +1,4 @@
-"""vmapbench.stats: intervals, ratios, verdicts, noise floors and asv entries, on synthetic samples."""
+"""measuring.stats: intervals, ratios, verdicts, noise floors and asv entries, on synthetic samples."""
 from __future__ import annotations
 
 import json
@@ -7,7 +7,7 @@ import math
 import numpy as np
 import pytest
 
-from vmapbench import stats
+from measuring import stats
 
 
 def noisy(center: float, n: int, spread: float, seed: int) -> list[float]:

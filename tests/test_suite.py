@@ -459,7 +459,7 @@ def test_asv_run_smoke_records_a_result_we_read_back(tmp_path):
     assert res.benchmark_version[name] == selection.SUITE_VERSION
     # The in-process ratio comes round by round: asv keeps the rounds as samples, their median as
     # the value, and the gate's reader makes its interval of them (what the dashboard prints).
-    from vmapbench import stats
+    from measuring import stats
 
     data = json.loads(next((tmp_path / "results" / "smoke").glob(f"{commit[:8]}-*.json")).read_text())
     (ratio,) = [e for p, e in stats.asv_estimates(data) if p.startswith(ratio_name + "(") and e is not None]

@@ -11,6 +11,7 @@ import pytest
 import torch
 
 import workloads
+from measuring import timer
 from vmapbench import cli
 from workloads import COMPILED_METHODS, ENGINE_METHODS, measure
 from workloads.define import CaseState
@@ -124,11 +125,11 @@ def test_cuda_setup_without_gpu_raises_not_implemented() -> None:
 
 def test_time_call_counts_calls_and_returns_repeat_times() -> None:
     calls = itertools.count()
-    times = measure.time_call(lambda: next(calls), repeat=4, warmup=2)
+    times = timer.time_call(lambda: next(calls), repeat=4, warmup=2)
     assert len(times) == 4 and all(t >= 0 for t in times)
     assert next(calls) == 6
     with pytest.raises(ValueError):
-        measure.time_call(lambda: None, repeat=0)
+        timer.time_call(lambda: None, repeat=0)
 
 
 def test_rss_delta_sees_a_temporary_allocation() -> None:

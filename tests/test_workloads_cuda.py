@@ -12,6 +12,7 @@ import torch
 from torch.utils._pytree import tree_leaves
 
 import workloads
+from measuring import timer
 from vmapbench import cli
 from workloads import peers
 from workloads import COMPILED_METHODS, ENGINE_METHODS, cuda_standin, measure
@@ -77,7 +78,7 @@ def test_cuda_peak_bytes_sees_a_temporary_allocation() -> None:
 
 def test_time_call_synchronizes_on_cuda() -> None:
     a = torch.randn(2048, 2048, device=DEVICE)
-    times = measure.time_call(lambda: a @ a, repeat=3, warmup=1, device="cuda")
+    times = timer.time_call(lambda: a @ a, repeat=3, warmup=1, device="cuda")
     assert len(times) == 3 and all(t > 0 for t in times)
 
 

@@ -4,7 +4,7 @@ asv 0.6.6 calls a point worse when its median grew beyond one global `--factor` 
 differ (Mann-Whitney, or disjoint 99% intervals), and ranks every metric lower-is-better. On a
 shared 2-core machine that judges raw wall times of processes run minutes apart, which move more
 than any change worth catching. Loaded by asv, this module makes asv's comparison what the
-gate's is (vmapbench.stats, one policy):
+gate's is (measuring.stats, one policy):
 
 - only the gated metrics (stats.GATED_METRICS: instruction counts, ratios of methods timed
   interleaved in one process) are called better or worse; raw times and memory are measured and stored, never called;
@@ -24,7 +24,7 @@ import math
 from pathlib import Path
 from typing import Any, Callable, Iterable, Iterator, Sequence
 
-from vmapbench import stats
+from measuring import stats
 
 # The least floor of a time ratio in asv: asv times base and head in processes of their own, and
 # two such processes of one commit gave ratios 1.7x apart with intervals too tight to call it

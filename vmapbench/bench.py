@@ -14,7 +14,7 @@ history of a stable machine name (VMAPBENCH_MACHINE, or derived from the hardwar
 Result files are named `results/<machine>/<commit8>-<env>.json` with no local path in them: asv
 names the existing environment after its interpreter's path, so its files are renamed after the
 run to `existing-py<X.Y>-torch<version>` (clean_result_names). Timings keep their samples
-(`--record-samples`) for the intervals of vmapbench.stats.
+(`--record-samples`) for the intervals of measuring.stats.
 
 A benchmark that fails does not lose the others: asv keeps every result; this script then still
 builds the dashboard, lists the failed benchmarks and exits non-zero only when nothing ran.
@@ -37,7 +37,8 @@ from pathlib import Path
 from types import ModuleType
 from typing import Iterable, Iterator, Mapping, Sequence
 
-MACHINE_ENV = "VMAPBENCH_MACHINE"
+from measuring.machine import MACHINE_ENV, cpu_model, gpu_model, machine_name
+
 RESULTS_ENV = "VMAPBENCH_RESULTS_DIR"
 DEFAULT_THREADS = "2"
 
@@ -87,52 +88,6 @@ def load_selection(root: Path) -> ModuleType:
 
 
 # --- machine -----------------------------------------------------------------------------------
-
-def _slug(text: str) -> str:
-    text = re.sub(r"\((r|tm)\)|\bcpu\b|\bprocessor\b|@.*$", " ", text.lower())
-    return re.sub(r"[^a-z0-9]+", "-", text).strip("-")
-
-
-def cpu_model() -> str:
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.lower().startswith("model name"):
-                return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or platform.machine() or "unknown-cpu"
-
-
-def gpu_model() -> str | None:
-    import torch
-
-    return torch.cuda.get_device_name(0) if torch.cuda.is_available() else None
-
-
-def machine_name() -> str:
-    """VMAPBENCH_MACHINE, else '<cpu model>-<n>cpu[-<gpu model>]', e.g. 'amd-epyc-2cpu'.
-
-    Derived from the hardware rather than the hostname, which containers and CI runners randomize:
-    the name must stay the same from run to run for results to form a history.
-    Under the CUDA stand-in (a dry run of `.ci/gpu-check`) the name ends in 'cuda-standin-dry-run',
-    and an explicit name must say 'dry-run': its figures are CPU figures and must never pass for CUDA.
-    """
-    from workloads import cuda_standin
-
-    explicit = os.environ.get(MACHINE_ENV, "").strip()
-    if explicit:
-        if not re.fullmatch(r"[\w.-]+", explicit):
-            raise SystemExit(f"bench: {MACHINE_ENV}={explicit!r} may only hold letters, digits, '.', '_' and '-'")
-        if cuda_standin.active() and "dry-run" not in explicit:
-            raise SystemExit(f"bench: {MACHINE_ENV}={explicit!r} under the CUDA stand-in ({cuda_standin.ENV}=1): "
-                             "the name must contain 'dry-run' (its figures are not CUDA figures)")
-        return explicit
-    name = f"{_slug(cpu_model()) or 'cpu'}-{os.cpu_count() or 1}cpu"
-    if cuda_standin.active():
-        return f"{name}-{cuda_standin.MACHINE_SUFFIX}"
-    gpu = gpu_model()
-    return f"{name}-{_slug(gpu.replace('NVIDIA', ''))}" if gpu else name
-
 
 def _ram() -> str:
     try:
@@ -583,7 +538,7 @@ def main(argv: Sequence[str] | None = None) -> int:
           flush=True)
     started = time.time()
     # --record-samples: every timing's samples are kept, so the dashboard's intervals come from
-    # the same numbers as the gate's (vmapbench.stats.row_estimate).
+    # the same numbers as the gate's (measuring.stats.row_estimate).
     results = results_dir(root)
     config = asv_config(root, results)
     common = [*config, "--machine", machine, "--durations", "10", "--record-samples", *[f"--bench={r}" for r in regexes],

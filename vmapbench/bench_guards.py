@@ -13,7 +13,7 @@ native check of the state and the arguments, AutoTraced._memo) in microseconds. 
 off): what is measured is the bookkeeping, not which tier a signature reached.
 
 `--count` gives the same comparison in instructions per call instead (valgrind's callgrind, through
-vmapbench.counts: deterministic where CPU times on a shared machine are not): the process reruns
+measuring.counts: deterministic where CPU times on a shared machine are not): the process reruns
 itself under callgrind and counts `COUNT_CALLS` calls of each callable, and of the two checks.
 """
 from __future__ import annotations
@@ -31,7 +31,7 @@ import torch
 
 import engine
 from engine.autotrace import autotraced_state
-from vmapbench import counts
+from measuring import counts
 
 DEFAULT_BLOCKS = (0, 2, 16, 64)  # 0: the tiny function
 COUNT_CALLS = 20  # calls counted per callable under callgrind

@@ -27,6 +27,7 @@ from rich.table import Table
 import engine
 import workloads
 from engine import autotrace
+from measuring import timer
 from workloads import measure
 from vmapbench.cmd_list import make_console
 from workloads.base import BASELINE, REFERENCE
@@ -198,8 +199,8 @@ def run_methods(w: workloads.Workload, methods: list[str], size: str, state: obj
             progress.advance(task)
         ok = [m for m in methods if m not in failures]
         progress.update(task, description=f"{label} timing {len(ok)} methods round-robin")
-        times = measure.interleaved_times({m: state.fn(m) for m in ok}, repeat=args.repeat, device=device,
-                                          on_round=lambda _: progress.advance(task))
+        times = timer.rounds({m: state.fn(m) for m in ok}, args.repeat, device=device,
+                             stop=lambda *_: progress.advance(task))
         for method in ok if args.memory else []:
             progress.update(task, description=f"{label} peak memory: {method}")
             attempt(method, lambda: peaks.__setitem__(method, measure.method_peak_bytes(state.fn(method), method, device)))

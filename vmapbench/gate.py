@@ -20,7 +20,7 @@ instructions executed in a region under callgrind move < 0.3%. So:
   overhead, and head/base of each is taken round by round (`paired_change`): what the machine's
   load does to a round falls on both sides of it;
 - the count process counts the instructions of each engine method's steady-state call of the per-op
-  chain and of COUNTED_WORKLOADS (vmapbench/counts.py), base and head; gated with a 3% floor
+  chain and of COUNTED_WORKLOADS (measuring/counts.py), base and head; gated with a 3% floor
   (stats.COUNT_FLOOR). No valgrind: skipped with the reason, never a failure;
 - a time signal's floor is the machine's calibrated one (results/noise/<machine>.json, from
   --calibrate) or, on a machine without one, this run's own evidence: twin/head of the same
@@ -52,7 +52,7 @@ from typing import Any, Iterable, Iterator, Mapping, Sequence
 
 import numpy as np
 
-from vmapbench import malloc, stats
+from measuring import malloc, stats
 
 PROBE = Path(__file__).resolve().with_name("gate_probe.py")
 # Time signals: every workload of the registry (the measured commit's), methods
@@ -316,7 +316,7 @@ def probe_command(out: Path, job: Job, trees: Mapping[str, Path], library: Path 
               f"sys.exit(runpy.run_path({str(PROBE)!r}, run_name='__main__'))")
     sides = [arg for side in job.sides for arg in ("--tree", f"{side}={trees[side]}")]
     if job.kind == "count":
-        from vmapbench import counts
+        from measuring import counts
 
         assert library is not None
         return [*counts.command(out.parent / job.label), sys.executable, "-c", runner, *sides, "--count", str(library),
@@ -331,7 +331,7 @@ def probe_env() -> dict[str, str]:
     env.pop("PYTHONPATH", None)  # the probe puts each side's tree first on sys.path itself
     env["OMP_NUM_THREADS"] = env["MKL_NUM_THREADS"] = "1"  # CPU time of one thread: no spin-waits
     env["PYTHONHASHSEED"] = "0"  # the same dict and set orders in every process: counts repeat
-    malloc.in_env(env)  # malloc keeps its pages (vmapbench/malloc.py): page faults moved pairs by 2-4x
+    malloc.in_env(env)  # malloc keeps its pages (measuring/malloc.py): page faults moved pairs by 2-4x
     # The replay tier, never a fused program loaded mid-timing from what an earlier run left on
     # disk (see suite/__init__.py): a fresh runner and this machine measure the same paths.
     env["VMAPBENCH_FUSED"] = "0"
@@ -356,7 +356,7 @@ def _finish(job: Job, out: Path, proc: subprocess.Popen) -> dict[str, dict]:
     per_side = {side: {**data["sides"].get(side, {}), "process": job.label,
                        "process_cpu_s": data.get("process_cpu_s")} for side in job.sides}
     if job.kind == "count":
-        from vmapbench import counts
+        from measuring import counts
 
         dumped = counts.read_dumps(out.parent / job.label)
         for side, got in per_side.items():
@@ -372,7 +372,7 @@ def run_jobs(trees: Mapping[str, Path], workdir: Path, log: Any = print, paralle
     why counts are off."""
     library = None
     if counting is None:
-        from vmapbench import counts
+        from measuring import counts
 
         library = counts.build_requests(workdir / "callgrind")
     todo = jobs(counting is None)
@@ -748,7 +748,7 @@ def outcome(base_probes: Sequence[Mapping[str, Any]], head_probes: Sequence[Mapp
 def compare_commits(root: Path, base: str, head: str, machine: str | None, plant: float | None = None,
                     plant_at: str = "engine", log: Any = print, counts_off: str | None = None) -> Outcome:
     """Extract both commits, measure them in side-by-side processes, compare."""
-    from vmapbench import counts
+    from measuring import counts
 
     base_sha, head_sha = resolve(root, base), resolve(root, head)
     counting = counts_off or counts.available()

@@ -28,7 +28,7 @@ Two kinds of process:
   list is the first side's]}}}}, lists aligned by round across sides. With --memory each side also
   has "memory": {workload: {size: {method: [allocator peak bytes of MEMORY_REPEATS calls]}}},
   every method of every side taken after the timing (exact figures: no rounds, no interleaving).
-- count (--count LIB, under valgrind, see vmapbench/counts.py): the per-op chain and the workloads
+- count (--count LIB, under valgrind, see measuring/counts.py): the per-op chain and the workloads
   named by --workloads, each engine method's steady-state call counted twice in instructions, for
   every side (the two counts of one region show that it is deterministic). Output: {"sides":
   {side: {"regions": [label, ...], "errors": {...}}}}; the counts are in callgrind's dump files, one
@@ -88,7 +88,8 @@ OVERHEAD_SIZE = "small"
 
 
 def gate_suite(module: str) -> ModuleType:
-    """`module` of the gate checkout's suite/ package, imported as `_gate_suite.<module>`."""
+    """`module` of the gate checkout's suite/ package, imported as `_gate_suite.<module>`. Importing
+    that package puts the gate checkout's measuring/ in place as `measuring` (suite/__init__.py)."""
     if ALIAS not in sys.modules:
         spec = importlib.util.spec_from_file_location(
             ALIAS, GATE_ROOT / "suite" / "__init__.py", submodule_search_locations=[str(GATE_ROOT / "suite")])
@@ -96,7 +97,14 @@ def gate_suite(module: str) -> ModuleType:
         package = importlib.util.module_from_spec(spec)
         sys.modules[ALIAS] = package
         spec.loader.exec_module(package)
-    return importlib.import_module(f"{ALIAS}.{module}")
+    return importlib.import_module(f"{ALIAS}.{module}") if module else sys.modules[ALIAS]
+
+
+def gate_measuring(module: str) -> ModuleType:
+    """`module` of the gate checkout's measuring/ package (the measured commits' trees hold only
+    engine/ and workloads/)."""
+    gate_suite("")
+    return importlib.import_module(f"measuring.{module}")
 
 
 def _gate_module(name: str, path: Path) -> ModuleType:
@@ -173,70 +181,41 @@ def paired_samples(sides: Mapping[str, Mapping[str, Callable[[], Any]]], referen
     After a side is activated, its methods in `rewarm` are called REWARM_CALLS times untimed before
     their batch (automatic tracing re-proves its guard and rebuilds its checks once another side's
     modules were in place)."""
-    def rewarmed(fn: Callable[[], Any]) -> None:
-        for _ in range(REWARM_CALLS):
-            fn()
-
-    def batch(fn: Callable[[], Any], number: int, unit: int) -> float:
-        gc.disable()
-        try:
-            fastest = math.inf
-            for _ in range(max(1, number // unit)):
-                start = clock()
-                for _ in range(unit):
-                    fn()
-                fastest = min(fastest, clock() - start)
-        finally:
-            gc.enable()
-        gc.collect()
-        return fastest / unit
-
-    gc.collect()
-    gc.freeze()
-
+    timer = gate_measuring("timer")
     order = list(sides)
     first = order[0] if order else ""
     # What each side times: a shared method on the first side only (the others read its list).
-    timed = {side: [n for n in calls if side == first or n not in shared] for side, calls in sides.items()}
-    number: dict[tuple[str, str], tuple[int, int]] = {}  # (calls per batch, calls per unit)
-    for side, calls in sides.items():
+    timed = [(side, n) for side, calls in sides.items() for n in calls if side == first or n not in shared]
+    calls = {key: sides[key[0]][key[1]] for key in timed}
+
+    def before(key: tuple[str, str]) -> None:
+        side, name = key
         activate(side)
-        for name in timed[side]:
-            fn = calls[name]
-            if name in rewarm:
-                rewarmed(fn)
-            least = REWARM_MIN_CALLS if name in rewarm else 1
-            once = max(batch(fn, 1, 1), 1e-7)
-            unit = min(10_000, math.ceil(UNIT_S / once))
-            calls_n = max(least, min(10_000, math.ceil(MIN_BATCH_S / once)))
-            number[side, name] = (unit * math.ceil(calls_n / unit), unit)
-    samples = {side: {name: [] for name in calls} for side, calls in sides.items()}
-    for side in order[1:]:
-        for name in set(sides[side]).difference(timed[side]).intersection(samples[first]):
-            samples[side][name] = samples[first][name]
+        if name in rewarm:
+            for _ in range(REWARM_CALLS):
+                sides[side][name]()
 
-    def one_round(r: int, keep: bool) -> None:
-        for side in order if r % 2 == 0 else reversed(order):
-            activate(side)
-            names = timed[side]
-            for name in names if r % 2 == 0 else reversed(names):
-                if name in rewarm:
-                    rewarmed(sides[side][name])
-                seconds = batch(sides[side][name], *number[side, name])
-                if keep:
-                    samples[side][name].append(seconds)
+    once = timer.single_calls(calls, clock=clock, collect=True, before=before)
+    batches = {key: timer.batch_for(once[key], MIN_BATCH_S, 10_000, unit_s=UNIT_S,
+                                    least=REWARM_MIN_CALLS if key[1] in rewarm else 1) for key in timed}
 
-    one_round(0, keep=False)  # a round of warm-up: the first batches after the first calls run cold
-    started = clock()
-    for r in range(max_rounds):
-        one_round(r, keep=True)
+    def per_side(got: Mapping[tuple[str, str], list[float]]) -> dict[str, dict[str, list[float]]]:
+        """side -> method -> its rounds; a shared method's list is the first side's own list."""
+        return {side: {name: got.get((side, name), got.get((first, name), [])) for name in calls}
+                for side, calls in sides.items()}
+
+    def stop(r: int, got: Mapping[tuple[str, str], list[float]], elapsed: Callable[[], float]) -> bool:
         if r + 1 < min_rounds or r % 2 == 0:  # stop after a reverse round only: pairs stay whole
-            continue
-        if clock() - started > budget_s * max(1, len(sides)):
-            break
-        if all(w < target for w in _round_widths(samples, first, reference)):
-            break
-    return samples
+            return False
+        if elapsed() > budget_s * max(1, len(sides)):
+            return True
+        return all(w < target for w in _round_widths(per_side(got), first, reference))
+
+    if not calls:
+        return per_side({})
+    # A round of warm-up first: the first batches after the first calls run cold.
+    return per_side(timer.rounds(calls, max_rounds, batches=batches, clock=clock, alternate=True, collect=True,
+                                 warmup_rounds=1, before=before, stop=stop))
 
 
 def in_pairs(rounds: Sequence[float]) -> list[float]:
@@ -604,10 +583,10 @@ def count_regions(library: str, names: list[str], sides: Sides) -> dict[str, tup
     'SIDE|chain|method|rep', 'SIDE|wl|name|size|method|rep'. Every case of every side is set up and
     called first (uninstrumented), then instrumentation is turned on once; a case's sides are
     counted one after the other."""
-    counts = _gate_module("vmapbench.counts", GATE_ROOT / "vmapbench" / "counts.py")
+    counts = gate_measuring("counts")
     requests = counts.Requests(library)
     if not requests.on_valgrind:
-        raise RuntimeError("--count: this process is not running under valgrind (see vmapbench.counts.command)")
+        raise RuntimeError("--count: this process is not running under valgrind (see measuring.counts.command)")
     errors: dict[str, dict[str, str]] = {label: {} for label in sides}
     cases: dict[str, list[tuple[str, Callable[[], Any]]]] = {}
     for label in sides:
@@ -657,7 +636,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--clock", choices=sorted(CLOCKS), default="cpu",
                    help="cpu: CPU seconds of this process (default; other processes' load does not count); wall")
     p.add_argument("--count", default=None, metavar="LIB",
-                   help="count instructions under callgrind with this client-request library (vmapbench.counts)")
+                   help="count instructions under callgrind with this client-request library (measuring.counts)")
     p.add_argument("--out", required=True)
     args = p.parse_args(argv)
     if not args.tree:

@@ -27,7 +27,7 @@ timed up to the device's last result (torch.cuda.synchronize; jax blocks until r
 `--write` stores the rows as results/peer_ratios/<machine>/<commit8>.json (VMAPBENCH_RESULTS_DIR
 in place of results/). The tier column says what ours' settled call ran (`steady_tier`): eager,
 replay, fused, or cuda graph.
-It runs with glibc's malloc keeping its pages (vmapbench/malloc.py: it runs itself again with
+It runs with glibc's malloc keeping its pages (measuring/malloc.py: it runs itself again with
 GLIBC_TUNABLES set where the environment does not set it; set it empty to keep glibc's defaults):
 page faults served by the VM's host made rounds bimodal, the method timed before deciding.
 """
@@ -46,7 +46,7 @@ from typing import Any, Callable, Sequence
 
 import torch
 
-from vmapbench import malloc
+from measuring import malloc
 
 PEERS: tuple[str, ...] = ("jax", "opacus_hooks", "opacus_ew", "opacus_functorch", "backpack")
 # The engine's replayed path: the first of these the workload lists.

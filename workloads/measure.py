@@ -1,9 +1,7 @@
-"""Timing and memory measurement shared by the CLI, the ASV suite and the profiler.
+"""A workload's memory per call, and `measure`, a table row of one method (times: measuring.timer).
 
-Three primitives, each taking a zero-argument callable (the measured call):
+Each function takes a zero-argument callable (the measured call):
 
-- `time_call(fn, repeat, warmup, device)`: wall times of `repeat` calls after `warmup` calls, with
-  `torch.cuda.synchronize` around each call on CUDA so kernels are not timed as launched-only.
 - `alloc_peak_bytes(fn)`: the call's memory on CPU: the peak of bytes that torch's CPU allocator
   handed out during the call and that were live at once, read from the profiler's allocation
   events (every tensor storage: eager ops, compiled programs' buffers, peers built on torch).
@@ -15,10 +13,10 @@ Three primitives, each taking a zero-argument callable (the measured call):
   the call (pages, not tensors: allocator reuse makes it 0 or noise for small calls).
 - `xla_memory(call)`: the `jax` method's memory, from XLA's compiled memory analysis;
   `method_peak_bytes(call, method, device)` picks it for jax and `peak_bytes` for the rest.
-- `interleaved_times(fns, repeat, device)`: several callables timed round-robin, so that load
-  bursts on a shared machine hit all of them alike (what `vmapbench run` uses for its ratios).
 
-`measure(workload, method, state, ...)` combines them into one `Measurement` for a table row.
+`measure(workload, method, state, ...)` combines them with `measuring.timer.time_call` into one
+`Measurement` for a table row. These stay with the workloads: the regression gate plants extra
+memory into a measured commit's workloads through `alloc_peak_bytes` (vmapbench.gate.plant_memory).
 """
 from __future__ import annotations
 
@@ -28,72 +26,16 @@ import os
 import tempfile
 from contextlib import contextmanager
 import statistics
-import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable, Iterator, Mapping
+from typing import Any, Callable, Iterator
 
 import torch
 
+from measuring.timer import is_cuda, time_call
+
 _STATUS = Path("/proc/self/status")
 _CLEAR_REFS = Path("/proc/self/clear_refs")
-
-
-def _is_cuda(device: str | torch.device | None) -> bool:
-    return device is not None and torch.device(device).type == "cuda"
-
-
-def _sync(device: str | torch.device | None) -> None:
-    if _is_cuda(device):
-        torch.cuda.synchronize(device)
-
-
-def time_call(
-    fn: Callable[[], Any], repeat: int = 5, warmup: int = 1, device: str | torch.device | None = None
-) -> list[float]:
-    """Wall-clock seconds of `repeat` calls of `fn`, after `warmup` untimed calls.
-
-    On a CUDA device the queue is drained before the clock starts and before it stops, so each
-    time covers the kernels the call launched.
-    """
-    if repeat < 1:
-        raise ValueError(f"repeat must be >= 1, got {repeat}")
-    for _ in range(warmup):
-        fn()
-    _sync(device)
-    times = []
-    for _ in range(repeat):
-        start = time.perf_counter()
-        fn()
-        _sync(device)
-        times.append(time.perf_counter() - start)
-    return times
-
-
-def interleaved_times(
-    fns: Mapping[str, Callable[[], Any]],
-    repeat: int = 5,
-    device: str | torch.device | None = None,
-    on_round: Callable[[int], None] | None = None,
-) -> dict[str, list[float]]:
-    """Wall times of `repeat` calls of each function, taken round-robin (one call of each per round).
-
-    On a shared or noisy machine a load burst then hits every method alike, so the ratios between
-    them stay meaningful even when absolute times drift. Warm the functions up before calling this.
-    """
-    if repeat < 1:
-        raise ValueError(f"repeat must be >= 1, got {repeat}")
-    times: dict[str, list[float]] = {name: [] for name in fns}
-    _sync(device)
-    for i in range(repeat):
-        for name, fn in fns.items():
-            start = time.perf_counter()
-            fn()
-            _sync(device)
-            times[name].append(time.perf_counter() - start)
-        if on_round is not None:
-            on_round(i)
-    return times
 
 
 def median(times: list[float]) -> float:
@@ -241,7 +183,7 @@ def alloc_peak_bytes(fn: Callable[[], Any]) -> int:
 def peak_bytes(fn: Callable[[], Any], device: str | torch.device = "cpu") -> int:
     """The call's memory: `cuda_peak_bytes` on a CUDA device, `alloc_peak_bytes` on CPU (both count
     tensor bytes at the allocator; see the module docstring)."""
-    return cuda_peak_bytes(fn, device) if _is_cuda(device) else alloc_peak_bytes(fn)
+    return cuda_peak_bytes(fn, device) if is_cuda(device) else alloc_peak_bytes(fn)
 
 
 def method_peak_bytes(call: Callable[[], Any], method: str, device: str | torch.device = "cpu") -> int:

@@ -164,7 +164,7 @@
   }
 
   /* The change head/base and its verdict: dashboards/numbers.py `change` and
-   * vmapbench.stats.verdict, repeated here for the pairs of commits picked in the browser. */
+   * measuring.stats.verdict, repeated here for the pairs of commits picked in the browser. */
   function compareChange(base, head) {
     if (!(base.value > 0 && base.lo > 0 && head.value >= 0)) return null;
     var value = head.value / base.value;

@@ -1,7 +1,7 @@
 """Compare: two commits of one run side by side, like `asv compare`, in a sortable table.
 
 The page embeds every benchmark value of each run's newest commits with its interval
-(dashboards.numbers.estimate_columns) and each benchmark's noise floor (vmapbench.stats), as
+(dashboards.numbers.estimate_columns) and each benchmark's noise floor (measuring.stats), as
 JSON; assets/dashboard.js builds the table for the chosen run and pair of commits (default: the
 two newest): the change head/base with its interval and the verdict of stats.verdict, the same
 rule and figures as the Overview's box (dashboards.regressions.commit_changes). Metrics never
@@ -20,7 +20,7 @@ from dashboards.numbers import estimate_columns
 from dashboards.page import Page, json_script
 from dashboards.regressions import floors
 from dashboards.theme import method_label
-from vmapbench import stats
+from measuring import stats
 
 # Commits per run offered for comparison (the newest).
 COMPARE_COMMITS = 30
@@ -90,7 +90,7 @@ def render(ctx: Context) -> Page:
         "<code>asv compare</code>: the change is the head commit's value over the base's, with "
         f"the interval spanned by the two values' {stats.CONFIDENCE:.0%} intervals. A change is "
         "called <b>slower</b> (red) or <b>faster</b> (green) only when its whole interval lies "
-        "beyond the benchmark's noise floor (<code>vmapbench.stats.verdict</code>: the gate's "
+        "beyond the benchmark's noise floor (<code>measuring.stats.verdict</code>: the gate's "
         "calibration, else its policy: 25% for raw times and whole-process memory, 10% for the "
         "in-process ratios, which are what the gate acts on and are marked <b>gated</b>). RSS "
         "deltas and changes from a zero base are listed apart, never judged. Judged rows come "

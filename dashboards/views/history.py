@@ -21,7 +21,7 @@ from dashboards.numbers import REFERENCE_RATIO_METRIC, SPEEDUP_METRIC, estimate_
 from dashboards.page import Page, esc, table
 from dashboards.regressions import HISTORY_COMMITS, found_regressions
 from dashboards.theme import format_value, method_color, method_label, method_order, natural_key
-from vmapbench.stats import Estimate
+from measuring.stats import Estimate
 from workloads.base import ENGINE_METHODS
 
 SYMBOLS = ("circle", "square", "diamond", "triangle-up", "star", "hexagon")
@@ -127,7 +127,7 @@ def render(ctx: Context) -> Page:
         "intervals (hover for the figures). Red crosses mark regressions found by asv's step "
         "detector (a penalized L1 fit, the one <code>asv publish</code> uses) in the times and "
         "the engine ÷ torch.func ratios: a step up beyond the benchmark's noise floor "
-        "(<code>vmapbench.stats.noise_floor</code>, the threshold Compare and the gate use) that "
+        "(<code>measuring.stats.noise_floor</code>, the threshold Compare and the gate use) that "
         "later commits do not undo, at the first commit of the slower level; it needs three "
         f"commits of a series. Other methods are in Compare. {ctx.measured_note()}</p>"))
     rows = ctx.metric_rows((TIME_METRIC, REFERENCE_RATIO_METRIC, SPEEDUP_METRIC))

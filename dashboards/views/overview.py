@@ -16,7 +16,7 @@ from dashboards.numbers import Figure, fastest, figure_of, format_estimate, rows
 from dashboards.page import Page, esc, table
 from dashboards.regressions import latest_changes
 from dashboards.theme import BASELINE_METHOD, method_color, method_label, method_order
-from vmapbench import stats
+from measuring import stats
 
 KEY = ["machine", "device", "workload", "size"]
 
@@ -163,7 +163,7 @@ def _changes_box(ctx: Context) -> str:
         items.append(head + text + f'. {c["flagged"]} series flagged by the step detector.</li>')
     return ('<div class="vb-notice vb-info"><b>Did the last commit make anything slower?</b> '
             "A change counts only when its whole interval lies beyond the benchmark's noise floor "
-            "(the gate's rule, <code>vmapbench.stats.verdict</code>); the gate acts on the in-process "
+            "(the gate's rule, <code>measuring.stats.verdict</code>); the gate acts on the in-process "
             "ratios only.<ul>" + "".join(items) + '</ul>Details: <a href="compare.html" '
             'data-vb-nav="compare.html">Compare</a> (same pair, same counts), <a href="history.html" '
             'data-vb-nav="history.html">History</a>.</div>')

@@ -27,7 +27,7 @@ from dashboards.figures import ratio_bars
 from dashboards.numbers import KEY, change, figure_of, format_estimate, rows_by
 from dashboards.page import Page, esc, table
 from dashboards.theme import LIMIT_METHODS, format_value, method_color, method_label, method_order
-from vmapbench.stats import Estimate, estimate
+from measuring.stats import Estimate, estimate
 
 
 def distances(ctx: Context) -> tuple[pd.DataFrame, list[str]]:

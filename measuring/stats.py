@@ -45,7 +45,7 @@ BOOTSTRAP_SEED = 20261123
 
 COUNT_METRICS: frozenset[str] = frozenset({"instructions", "track_instructions"})
 """Metrics counted, not timed: instructions executed in a measured region under callgrind
-(vmapbench/counts.py; the gate's signals, and the asv suite's suite/bench_counts.py). Noise does
+(measuring/counts.py; the gate's signals, and the asv suite's suite/bench_counts.py). Noise does
 not move them, so they are compared with COUNT_FLOOR."""
 
 MEMORY_METRICS: frozenset[str] = frozenset({"track_alloc_peak_bytes"})
@@ -349,7 +349,7 @@ def _default_machine() -> str:
     explicit = os.environ.get("VMAPBENCH_MACHINE", "").strip()
     if explicit:
         return explicit
-    from vmapbench.bench import machine_name  # imports torch; only when no machine is given
+    from measuring.machine import machine_name  # imports torch; only when no machine is given
 
     return machine_name()
 

@@ -32,7 +32,7 @@ def reexec_with_tunables(what: str) -> None:
     re-run (the variable is set, or not Linux). `what` names the program in the one line said."""
     if VARIABLE in os.environ or not sys.platform.startswith("linux"):
         return
-    print(f"{what}: running again with {VARIABLE}={TUNABLES} (malloc keeps its pages: see vmapbench/malloc.py; "
+    print(f"{what}: running again with {VARIABLE}={TUNABLES} (malloc keeps its pages: see measuring/malloc.py; "
           f"set {VARIABLE}= to keep glibc's defaults)", file=sys.stderr, flush=True)
     sys.stdout.flush()
     os.execve(sys.executable, sys.orig_argv, in_env(dict(os.environ)))

@@ -1,0 +1,12 @@
+"""How vmapbench measures: the library under the CLI (vmapbench/), the ASV suite (suite/) and the
+dashboard (dashboards/), none of which it imports.
+
+- `timer`: the one interleaved timer (callables timed round by round, alternating) and `time_call`;
+- `stats`: intervals, ratios, noise floors and verdicts, the one place numbers are compared;
+- `counts`: instruction counts of measured regions under valgrind's callgrind;
+- `malloc`: the glibc malloc settings of the processes that time code;
+- `machine`: the machine's name, under which results and noise floors are stored.
+
+A workload's memory per call (`workloads.measure`) stays with the workloads: the regression gate
+plants memory into a measured commit's workloads/ through it.
+"""

@@ -1,0 +1,166 @@
+"""The one timer: callables timed round by round, interleaved, and one callable's calls (`time_call`).
+
+Why interleaved: on a shared machine a load burst or a slow phase of the CPU falls on whichever
+call runs at that moment. Timed one round of each callable after another, the calls of a round
+run moments apart, so a ratio of two callables taken round by round cancels what the machine did
+to both, where their separate medians would not.
+
+`rounds` is the one loop that runs measured calls between clock reads. Every timing path is a
+use of it: `time_call`; `vmapbench run`'s per-call rounds; the ASV suite's batches
+(suite.probes.interleaved_samples); the regression gate's rounds of several commits in one process
+(vmapbench/gate_probe.py, paired_samples). What they differ in are its options:
+
+- a `Batch` per callable: the calls of one round, in units of calls between two clock reads; a
+  round's figure is the fastest unit, per call (with one unit a batch: its mean per call).
+  `batch_for` sizes batches from each callable's single-call time (`single_calls`);
+- `clock`: wall time (`time.perf_counter`) by default, or e.g. `time.process_time`;
+- `device`: on CUDA every unit's clock stops after a synchronisation (the call's kernels are in
+  its time), and the queue is drained before the first unit (`drain_each`: before every unit);
+- `alternate`: forward order on even rounds, reverse on odd ones (a call's position in the round
+  moves its time);
+- `collect`: the garbage collector never runs inside a batch (as timeit does it): what is alive
+  at the start is frozen out of its walks, each batch runs with it off and is followed by an
+  untimed collection, so a collection does not land in whichever batch crossed its threshold;
+- `before(key)`: untimed work before a callable's batch (the gate activates a commit's modules
+  and re-warms the calls whose caches another commit's activation disturbed);
+- `warmup_rounds` made and not recorded, and `stop`, which may end the rounds early.
+"""
+from __future__ import annotations
+
+import gc
+import math
+import time
+from dataclasses import dataclass
+from typing import Any, Callable, Hashable, Mapping, TypeVar
+
+import torch
+
+K = TypeVar("K", bound=Hashable)
+
+
+@dataclass(frozen=True)
+class Batch:
+    """How one callable is timed in a round: `calls` calls, in units of `unit` calls between two
+    clock reads (`calls // unit` units; at least one)."""
+
+    calls: int = 1
+    unit: int = 1
+
+
+ONE = Batch()
+
+
+def is_cuda(device: str | torch.device | None) -> bool:
+    return device is not None and torch.device(device).type == "cuda"
+
+
+def synchronize(device: str | torch.device | None) -> None:
+    """Wait for the device's queued work (nothing off CUDA)."""
+    if is_cuda(device):
+        torch.cuda.synchronize(device)
+
+
+def rounds(
+    calls: Mapping[K, Callable[[], Any]],
+    count: int,
+    *,
+    batches: Mapping[K, Batch] | None = None,
+    clock: Callable[[], float] | None = None,
+    device: str | torch.device | None = None,
+    alternate: bool = False,
+    drain_each: bool = False,
+    collect: bool = False,
+    warmup_rounds: int = 0,
+    before: Callable[[K], None] | None = None,
+    stop: Callable[[int, Mapping[K, list[float]], Callable[[], float]], Any] | None = None,
+) -> dict[K, list[float]]:
+    """Seconds per call of each callable in each of `count` rounds (lists aligned by round), the
+    callables timed one after another within a round (see the module docstring for the options).
+
+    `stop(r, samples, elapsed)` runs after recorded round `r` (0-based); a true result ends the
+    rounds. `elapsed()` is the time on `clock` since the recorded rounds began.
+    """
+    if count < 1:
+        raise ValueError(f"rounds needs a count >= 1, got {count}")
+    clock = clock or time.perf_counter  # looked up per call: a clock patched into this module applies
+    batches = batches or {}
+    order = list(calls)
+    samples: dict[K, list[float]] = {key: [] for key in order}
+    cuda = is_cuda(device)
+
+    def timed(key: K) -> float:
+        fn, batch = calls[key], batches.get(key, ONE)
+        if before is not None:
+            before(key)
+        if cuda and (drain_each or before is not None):
+            synchronize(device)
+        if collect:
+            gc.disable()
+        try:
+            fastest = math.inf
+            for _ in range(max(1, batch.calls // batch.unit)):
+                start = clock()
+                for _ in range(batch.unit):
+                    fn()
+                if cuda:
+                    synchronize(device)
+                fastest = min(fastest, clock() - start)
+        finally:
+            if collect:
+                gc.enable()
+        if collect:
+            gc.collect()
+        return fastest / batch.unit
+
+    def one_round(r: int, keep: bool) -> None:
+        for key in order if not alternate or r % 2 == 0 else reversed(order):
+            seconds = timed(key)
+            if keep:
+                samples[key].append(seconds)
+
+    if collect:
+        gc.collect()
+        gc.freeze()
+    if cuda and not drain_each:
+        synchronize(device)
+    for r in range(warmup_rounds):
+        one_round(r, keep=False)
+    started = clock() if stop is not None else 0.0
+    for r in range(count):
+        one_round(r, keep=True)
+        if stop is not None and stop(r, samples, lambda: clock() - started):
+            break
+    return samples
+
+
+def single_calls(calls: Mapping[K, Callable[[], Any]], **options: Any) -> dict[K, float]:
+    """Seconds of one call of each callable, in order (one round of `rounds` with `options`; at
+    least 0.1 us, so that batch sizes derived from it stay finite): what `batch_for` sizes from."""
+    return {key: max(seconds[0], 1e-7) for key, seconds in rounds(calls, 1, **options).items()}
+
+
+def batch_for(once: float, min_batch_s: float, max_calls: int, unit_s: float | None = None,
+              least: int = 1) -> Batch:
+    """The batch of a callable whose single call took `once` seconds: calls enough to last at
+    least `min_batch_s` (between `least` and `max_calls`), in units of calls lasting at least
+    `unit_s` (None: one unit, the whole batch; else a whole number of units)."""
+    calls = max(least, min(max_calls, math.ceil(min_batch_s / once)))
+    if unit_s is None:
+        return Batch(calls, calls)
+    unit = min(max_calls, math.ceil(unit_s / once))
+    return Batch(unit * math.ceil(calls / unit), unit)
+
+
+def time_call(
+    fn: Callable[[], Any], repeat: int = 5, warmup: int = 1, device: str | torch.device | None = None
+) -> list[float]:
+    """Wall-clock seconds of `repeat` calls of `fn`, after `warmup` untimed calls.
+
+    On a CUDA device the queue is drained before the clock starts and before it stops, so each
+    time covers the kernels the call launched.
+    """
+    if repeat < 1:
+        raise ValueError(f"repeat must be >= 1, got {repeat}")
+    for _ in range(warmup):
+        fn()
+    return rounds({"": fn}, repeat, device=device)[""]
