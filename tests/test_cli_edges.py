@@ -38,7 +38,7 @@ def test_coverage_rejects_unknown_ops_naming_them(capsys):
 
 
 def test_coverage_per_op_cells_have_no_empty_style_tags():
-    from engine.coverage.report import _cell
+    from vmapbench.coverage_report import _cell
 
     assert _cell(None) == "-" and _cell("") == "-"
     assert "[]" not in _cell("native") and "native" in _cell("native")

@@ -123,3 +123,13 @@ def test_an_import_from_above_measuring_is_found(tmp_path: Path) -> None:
     (tmp_path / "measuring" / "stats.py").write_text("def f():\n    from vmapbench.bench import machine\n")
     assert import_graph(tmp_path, ("measuring", "vmapbench"))["measuring.stats"] == {"vmapbench.bench"}
 
+
+def test_the_engine_imports_no_other_package_of_the_project_and_runs_no_git() -> None:
+    # The engine is the library measured: commands (its coverage report, which runs git and writes
+    # results/) live in vmapbench/, and nothing of it reads the workload registry.
+    others = [p for p in PACKAGES if p != "engine"]
+    found = sorted(f"{mod} imports {name}" for mod, names in import_graph().items() if mod.split(".")[0] == "engine"
+                   for name in names if name.split(".")[0] in others)
+    found += [str(p.relative_to(ROOT)) for p in sorted((ROOT / "engine").rglob("*.py"))
+              if any(word in p.read_text() for word in ('"git"', "'git'"))]
+    assert not found, "engine/ imports only itself and runs no git:\n" + "\n".join(found)

@@ -18,7 +18,7 @@ SUBCOMMANDS: dict[str, tuple[str, str]] = {
     "profile": ("vmapbench.profile", "profile one workload/method with py-spy, torch.profiler and NVML"),
     "dashboard": ("dashboards.cli", "build the offline HTML dashboard from ASV results"),
     "export": ("dashboards.export_cli", "export ASV results as one tidy CSV table"),
-    "coverage": ("engine.coverage.cli", "run the OpInfo conformance harness and write a coverage report"),
+    "coverage": ("vmapbench.cmd_coverage", "run the OpInfo conformance harness and write a coverage report"),
     "compliance": ("vmapbench.compliance", "check a workload for vmap composite compliance"),
     "gate": ("vmapbench.gate", "regression gate between two commits; --calibrate measures its own error rates"),
     "memlimit": ("vmapbench.memlimit", "largest batch each per-sample-gradient method fits in a memory budget"),

@@ -1,4 +1,5 @@
-"""Coverage report: the JSON written to results/coverage/ and the rich console table.
+"""`vmapbench coverage`'s report of engine/coverage/harness.py's results: the JSON written to
+results/coverage/ (with the commit measured) and the rich console table.
 
 JSON shape (the dashboard reads it): {"torch_version", "engine_commit", "created", "ops": [{"op",
 "family", "engine", "torch_func", "vjp_engine"?, ...}], "summary": {...}}.
@@ -16,7 +17,7 @@ import torch
 
 from engine.coverage.harness import STATUSES, OpResult
 
-REPO = Path(__file__).resolve().parents[2]
+REPO = Path(__file__).resolve().parents[1]
 DEFAULT_DIR = REPO / "results" / "coverage"
 
 

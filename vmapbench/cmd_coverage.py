@@ -36,7 +36,7 @@ def unknown_ops(names: list[str]) -> list[str]:
 
 
 def main(args: argparse.Namespace) -> int:
-    from engine.coverage import report as rep
+    from vmapbench import coverage_report as rep
     from engine.coverage.expectations import PINNED, update
     from engine.coverage.harness import run_harness
 
