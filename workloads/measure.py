@@ -32,8 +32,6 @@ from typing import Any, Callable, Iterator
 
 import torch
 
-from measuring.timer import is_cuda, time_call
-
 _STATUS = Path("/proc/self/status")
 _CLEAR_REFS = Path("/proc/self/clear_refs")
 
@@ -183,7 +181,8 @@ def alloc_peak_bytes(fn: Callable[[], Any]) -> int:
 def peak_bytes(fn: Callable[[], Any], device: str | torch.device = "cpu") -> int:
     """The call's memory: `cuda_peak_bytes` on a CUDA device, `alloc_peak_bytes` on CPU (both count
     tensor bytes at the allocator; see the module docstring)."""
-    return cuda_peak_bytes(fn, device) if is_cuda(device) else alloc_peak_bytes(fn)
+    cuda = device is not None and torch.device(device).type == "cuda"
+    return cuda_peak_bytes(fn, device) if cuda else alloc_peak_bytes(fn)
 
 
 def method_peak_bytes(call: Callable[[], Any], method: str, device: str | torch.device = "cpu") -> int:
@@ -224,7 +223,13 @@ class Measurement:
 
 def measure(workload: Any, method: str, size: str, state: Any, repeat: int = 5, warmup: int = 1,
             memory: bool = True) -> Measurement:
-    """Measure `workload.run(method, state)`: first call, `repeat` timed calls, peak memory."""
+    """Measure `workload.run(method, state)`: first call, `repeat` timed calls, peak memory.
+
+    The only function here that needs measuring/ (imported in the call): a measured commit's tree,
+    as the regression gate extracts it, holds engine/ and workloads/ alone, and its plants import
+    this module's memory functions."""
+    from measuring.timer import time_call
+
     device = getattr(state, "device", "cpu")
     first = workload.prepare(method, state)
     times = time_call(lambda: workload.run(method, state), repeat=repeat, warmup=warmup, device=device)
