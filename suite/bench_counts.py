@@ -36,13 +36,16 @@ else:
 
 CHILD_TIMEOUT_S = 900
 # The child: set up and first-call uninstrumented, then count the steady call COUNT_REPEATS times.
+# Its measuring.counts is this suite's (by its file, stdlib only): the installed commit may have none.
 CHILD = """
-import gc, sys
+import gc, importlib.util, sys
 import torch
 torch.set_num_threads(1)
-from measuring import counts
 from workloads.base import get
-library, name, size, method, repeats = sys.argv[1:6]
+library, name, size, method, repeats, counts_file = sys.argv[1:7]
+spec = importlib.util.spec_from_file_location("counts", counts_file)
+counts = sys.modules["counts"] = importlib.util.module_from_spec(spec)
+spec.loader.exec_module(counts)
 workload = get(name)
 state = workload.setup(workload.params(size), "cpu")
 workload.prepare(method, state)
@@ -81,7 +84,7 @@ def count_instructions(name: str, method: str) -> list[int]:
         # -P and a folder of its own: the working folder is not on the child's path, so it counts the
         # installed commit's engine, never a checkout it happens to be started in.
         proc = subprocess.run([*_counts.command(out), sys.executable, "-P", "-c", CHILD, str(library), name, size,
-                               method, str(COUNT_REPEATS)], cwd=out, env=env, capture_output=True, text=True,
+                               method, str(COUNT_REPEATS), _counts.__file__], cwd=out, env=env, capture_output=True, text=True,
                               timeout=CHILD_TIMEOUT_S)
         got = _counts.read_dumps(out)
         values = [got.get(f"rep{rep}") for rep in range(COUNT_REPEATS)]
