@@ -116,3 +116,7 @@ def test_change_follows_the_gate_policy() -> None:
     assert math.isclose(asv_verdict.floor_of(point, MACHINE, 4.0), 3.0)
     assert asv_verdict.floor_of("bench_counts.Instructions.track_instructions('w', 'engine')", MACHINE, 4.0) \
         == stats.COUNT_FLOOR
+    # an allocator peak is exact too: its own floor, not the unpaired time ratios' 122%
+    peak = "bench_workloads.w.track_alloc_peak_bytes('d=128', 'engine', 'cpu')"
+    assert asv_verdict.floor_of(peak, MACHINE, 1.1) == stats.MEMORY_FLOOR
+    assert asv_verdict.change(peak, [1000.0] * 3, [1100.0] * 3, asv_verdict.floor_of(peak, MACHINE, 1.1)) == "slower"

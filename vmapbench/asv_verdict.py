@@ -6,10 +6,12 @@ shared 2-core machine that judges raw wall times of processes run minutes apart,
 than any change worth catching. Loaded by asv, this module makes asv's comparison what the
 gate's is (measuring.stats, one policy):
 
-- only the gated metrics (stats.GATED_METRICS: instruction counts, ratios of methods timed
-  interleaved in one process) are called better or worse; raw times and memory are measured and stored, never called;
+- only the gated metrics (stats.GATED_METRICS: instruction counts, allocator peaks, ratios of
+  methods timed interleaved in one process) are called better or worse; raw times, resident-set
+  growth and compile times are measured and stored, never called;
 - a gated point is worse when the whole 99% interval of head/base of its samples lies beyond its
-  noise floor: for an instruction count (suite/bench_counts.py) stats.COUNT_FLOOR; for a time
+  noise floor: for an instruction count (suite/bench_counts.py) stats.COUNT_FLOOR, for an
+  allocator peak stats.MEMORY_FLOOR; for a time
   ratio the machine's calibrated one (results/noise/<machine>.json, `make gate-calibrate`), else
   stats.DEFAULT_NOISE_FLOOR, at least `--factor` - 1 and UNPAIRED_TIME_FLOOR (asv's ratios come
   from separate processes: only a gross change of one is called);
@@ -58,11 +60,12 @@ def change(point: str, base: Sequence[float], head: Sequence[float], floor: floa
 
 
 def floor_of(point: str, machine: str | None, factor: float | None) -> float:
-    """The noise floor of `point`: an instruction count's is stats.COUNT_FLOOR (counts do not move
-    between processes); a time ratio's is the largest of the machine's calibrated one (else the
-    policy's default), `factor` - 1 (asv's --factor) and UNPAIRED_TIME_FLOOR."""
-    if stats.is_count(point):
-        return stats.COUNT_FLOOR
+    """The noise floor of `point`: an exact signal's is stats.exact_floor (COUNT_FLOOR for an
+    instruction count, MEMORY_FLOOR for an allocator peak: neither moves between processes); a
+    time ratio's is the largest of the machine's calibrated one (else the policy's default),
+    `factor` - 1 (asv's --factor) and UNPAIRED_TIME_FLOOR."""
+    if stats.is_exact(point):
+        return stats.exact_floor(point)
     floor = stats.noise_floor(point, machine, CHECKOUT)
     return max(floor, (factor or 1.0) - 1.0, UNPAIRED_TIME_FLOOR)
 
@@ -115,7 +118,8 @@ def _print_table(print_table: Callable[..., Any]) -> Callable[..., Any]:
                 _STATE["machine"] = next(iter(seen))
         floors = stats.load_calibration(_STATE["machine"], CHECKOUT) if _STATE["machine"] else None
         print(f"vmapbench: asv's verdict counts only the gated signals ({', '.join(sorted(stats.GATED_METRICS))}); "
-              f"raw times and memory are stored, not called. Floors: counts {stats.COUNT_FLOOR:.0%}; time ratios "
+              f"raw times, resident-set growth and compile times are stored, not called. Floors: counts "
+              f"{stats.COUNT_FLOOR:.0%}; allocator peaks {stats.MEMORY_FLOOR:.0%}; time ratios "
               + (f"results/noise/{_STATE['machine']}.json ({len(floors.get('floors', {}))} points), " if floors else
                  f"no calibration for machine {_STATE['machine']!r}: {stats.DEFAULT_NOISE_FLOOR:.0%} for every point, ")
               + f"at least --factor {factor} - 1 and {UNPAIRED_TIME_FLOOR:.0%} (base and head timed in separate "
