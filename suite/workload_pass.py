@@ -11,9 +11,9 @@ round, whose spread is the interval the dashboard shows (measuring.stats).
 
 Where a pass is kept: `make bench` (vmapbench/bench.py) gives the run a folder in
 VMAPBENCH_PASS_DIR; the first track process of a case measures every method of it there, the
-others of the run read it. Without that folder (a plain `asv run`, a backfill of past commits,
-a test) a process measures only the methods its figure needs: the point and the method it is
-compared with, as every track process did before passes.
+others of the run read it. A plain `asv run` or `asv continuous` (and a backfill of past commits)
+gets one folder per commit's run (`_asv_run_folder`). Off asv (a test) a process measures only
+the methods its figure needs: the point and the method it is compared with.
 """
 from __future__ import annotations
 
@@ -80,8 +80,47 @@ class CasePass:
         return [a / b for a, b in zip(top, bottom)]
 
 
+def _asv_run_folder() -> str:
+    """The pass folder of the asv run this process belongs to, where VMAPBENCH_PASS_DIR is unset
+    (`asv run` or `asv continuous` as asv's users type them), else "".
+
+    asv starts every benchmark of one commit in one environment from one parent (its fork server,
+    or asv itself when it spawns): the commit (ASV_COMMIT), the environment (ASV_ENV_DIR) and that
+    parent, by pid and start time (a later run may get the same pid, never the same start), name
+    one run, so the processes of a run share its passes as `make bench`'s do, another commit or
+    a later run of the same commit measures its own, and folders of runs whose parent is gone are
+    removed. "" off asv, or without /proc (each process measures what it needs)."""
+    commit, env_dir = os.environ.get("ASV_COMMIT", ""), os.environ.get("ASV_ENV_DIR", "")
+    parent = _started(os.getppid())
+    if not commit or not env_dir or parent is None:
+        return ""
+    import hashlib
+    import shutil
+    import tempfile
+
+    root = Path(tempfile.gettempdir()) / "vmapbench-asv-passes"
+    run = hashlib.sha1(f"{env_dir}\0{commit}".encode()).hexdigest()[:12]
+    folder = root / f"{run}-{os.getppid()}-{parent}"
+    if not folder.is_dir():
+        folder.mkdir(parents=True, exist_ok=True)
+        for old in root.iterdir():  # runs whose parent has exited
+            _, pid, start = (old.name.split("-") + ["", ""])[:3]
+            if pid.isdigit() and start.isdigit() and _started(int(pid)) != int(start):
+                shutil.rmtree(old, ignore_errors=True)
+    return str(folder)
+
+
+def _started(pid: int) -> int | None:
+    """The start time of process `pid` in clock ticks since boot (/proc/PID/stat), None if none."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return None
+    return int(stat.rpartition(")")[2].split()[19])
+
+
 def _file(workload: Any, size: str, device: str) -> Path | None:
-    folder = os.environ.get(PASS_DIR_ENV, "").strip()
+    folder = os.environ.get(PASS_DIR_ENV, "").strip() or _asv_run_folder()
     if not folder:
         return None
     name = re.sub(r"[^\w.=,-]+", "_", f"{workload.name}-{size}-{device}")

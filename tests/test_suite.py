@@ -209,6 +209,32 @@ def test_a_pass_is_kept_in_the_runs_folder_and_measures_every_method_once(quick_
     assert set(first.seconds) == {"loop", "torch_func", "closed_form"} and "functional_vectorize" in first.errors
 
 
+def test_an_asv_run_keeps_its_passes_per_commit_and_parent(tmp_path, monkeypatch):
+    """Under asv without VMAPBENCH_PASS_DIR (`asv continuous` as typed), the processes of one
+    commit's run (one parent: asv's fork server) share one folder; another commit, or the same
+    commit under another parent, gets its own; a folder whose parent has exited is removed."""
+    import tempfile
+
+    from suite import workload_pass
+
+    monkeypatch.delenv(workload_pass.PASS_DIR_ENV, raising=False)
+    monkeypatch.setattr(tempfile, "gettempdir", lambda: str(tmp_path))
+    monkeypatch.delenv("ASV_COMMIT", raising=False)
+    assert workload_pass._asv_run_folder() == ""  # off asv: each process measures what it needs
+    monkeypatch.setenv("ASV_COMMIT", "a" * 40)
+    monkeypatch.setenv("ASV_ENV_DIR", str(tmp_path / "env"))
+    dead = tmp_path / "vmapbench-asv-passes" / "0123456789ab-999999999-1"  # no such process
+    dead.mkdir(parents=True)
+    first = workload_pass._asv_run_folder()
+    assert first == workload_pass._asv_run_folder() and Path(first).is_dir() and not dead.exists()
+    assert str(workload_pass._file(_tiny_workload("tiny-asv"), "n=4", "cpu")).startswith(first)
+    monkeypatch.setenv("ASV_COMMIT", "b" * 40)
+    other = workload_pass._asv_run_folder()
+    assert other != first and Path(first).is_dir()  # the other commit's run, its parent alive, is kept
+    monkeypatch.setattr(workload_pass.os, "getppid", lambda: os.getpid())
+    assert workload_pass._asv_run_folder() not in (first, other)
+
+
 def test_a_pass_measures_the_loop_and_torch_func_the_profile_leaves_out(quick_profile, tmp_path, monkeypatch):
     """The compiled family's quick methods leave out loop and torch_func; its ratios still need them."""
     import dataclasses

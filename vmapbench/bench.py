@@ -275,7 +275,8 @@ def pass_folder(env: dict[str, str], keep: bool) -> Iterator[None]:
     """A folder for this run's case passes (suite.workload_pass), named in `env`, removed after.
 
     With it, one process per case measures every method's in-process figures and the other track
-    processes read them. Not for --commits: each commit must measure its own (keep=False)."""
+    processes read them. Not for --commits (keep=False): each commit must measure its own, which
+    the suite's folder per asv run of a commit gives (suite.workload_pass)."""
     from suite.workload_pass import PASS_DIR_ENV
 
     if not keep:
