@@ -18,9 +18,12 @@ the methods its figure needs: the point and the method it is compared with.
 from __future__ import annotations
 
 import functools
+import hashlib
 import json
 import os
 import re
+import shutil
+import tempfile
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Sequence
@@ -91,16 +94,13 @@ def _asv_run_folder() -> str:
     a later run of the same commit measures its own, and folders of runs whose parent is gone are
     removed. "" off asv, or without /proc (each process measures what it needs)."""
     commit, env_dir = os.environ.get("ASV_COMMIT", ""), os.environ.get("ASV_ENV_DIR", "")
-    parent = _started(os.getppid())
+    ppid = os.getppid()
+    parent = _started(ppid)
     if not commit or not env_dir or parent is None:
         return ""
-    import hashlib
-    import shutil
-    import tempfile
-
     root = Path(tempfile.gettempdir()) / "vmapbench-asv-passes"
     run = hashlib.sha1(f"{env_dir}\0{commit}".encode()).hexdigest()[:12]
-    folder = root / f"{run}-{os.getppid()}-{parent}"
+    folder = root / f"{run}-{ppid}-{parent}"
     if not folder.is_dir():
         folder.mkdir(parents=True, exist_ok=True)
         for old in root.iterdir():  # runs whose parent has exited

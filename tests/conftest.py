@@ -3,13 +3,16 @@ from __future__ import annotations
 
 import os
 import random
+import subprocess
+import sys
+from pathlib import Path
 
 # The fused tier (engine.fused) compiles a replayed signature in a worker process and switches to
 # the program when ready; programs left on disk by an earlier run load after a few replays. Tests
 # run on the replay tier, deterministically, unless the environment asks for another
 # (VMAPBENCH_FUSED=force in CI's fused pass); tests/test_fused.py drives the tier itself.
 os.environ.setdefault("VMAPBENCH_FUSED", "0")
-from typing import Iterator
+from typing import Callable, Iterator
 
 import pytest
 import torch
@@ -32,3 +35,13 @@ def backend_flags_unfrozen() -> Iterator[None]:
     starts with the flags as a user process has them, whatever was imported before it."""
     with getattr(torch.backends, "__allow_nonbracketed_mutation")():  # torch's own way to unfreeze them
         yield
+
+
+@pytest.fixture
+def run_in_tree() -> Callable[[Path, str], subprocess.CompletedProcess]:
+    """Runs Python code in a fresh interpreter with `tree` (e.g. a gate-extracted, planted copy of
+    the project) first on its path and as its folder."""
+    def run(tree: Path, code: str) -> subprocess.CompletedProcess:
+        return subprocess.run([sys.executable, "-c", code], cwd=tree, env={**os.environ, "PYTHONPATH": str(tree)},
+                              capture_output=True, text=True, timeout=300)
+    return run

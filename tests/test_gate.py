@@ -540,7 +540,7 @@ def test_every_plant_target_writes_valid_python(tmp_path, target):
 
 
 @pytest.mark.slow  # a fresh interpreter importing torch and the engine
-def test_planted_slowdowns_keep_the_engine_exact(tmp_path):
+def test_planted_slowdowns_keep_the_engine_exact(tmp_path, run_in_tree):
     """The planted copies still compute what torch.func does (they only burn time), and each plant
     is where it says: every engine call, engine.hessian's functions, one family's engine calls."""
     tree = gate.extract(ROOT, gate.resolve(ROOT, "HEAD"), tmp_path / "tree")
@@ -561,8 +561,7 @@ def test_planted_slowdowns_keep_the_engine_exact(tmp_path):
             "torch.testing.assert_close(h(x[0]), torch.func.hessian(f)(x[0]));"
             "from workloads.base import get; w = get('nn_ffnn'); s = w.setup(w.params(w.quick[0] if w.quick else w.sizes[0]), 'cpu');"
             "w.check(s, ['engine']); assert get('mlp_hvp').run.__name__ == 'run'; print('ok')")
-    proc = subprocess.run([sys.executable, "-c", code], cwd=tree, env={**os.environ, "PYTHONPATH": str(tree)},
-                          capture_output=True, text=True, timeout=300)
+    proc = run_in_tree(tree, code)
     assert proc.returncode == 0 and proc.stdout.strip() == "ok", proc.stderr[-2000:]
     (tree / "engine" / "_dispatch.py").write_text("x = 1\n")
     with pytest.raises(SystemExit, match="VmapMode"):

@@ -1,9 +1,6 @@
 """Memory in the regression gate: every workload's allocator peak per method, judged exactly."""
 from __future__ import annotations
 
-import os
-import subprocess
-import sys
 from pathlib import Path
 
 import numpy as np
@@ -98,7 +95,7 @@ def test_the_memory_plant_writes_valid_python(tmp_path):
 
 
 @pytest.mark.slow  # a fresh interpreter importing torch, the engine and the registry
-def test_the_memory_plant_holds_1_2x_the_calls_own_peak_and_keeps_results_exact(tmp_path):
+def test_the_memory_plant_holds_1_2x_the_calls_own_peak_and_keeps_results_exact(tmp_path, run_in_tree):
     tree = gate.extract(ROOT, gate.resolve(ROOT, "HEAD"), tmp_path / "tree")
     gate.plant_slowdown(tree, 1.2, "memory:mlp_hvp")
     code = ("import torch; torch.set_num_threads(1); from workloads.base import get; "
@@ -107,6 +104,5 @@ def test_the_memory_plant_holds_1_2x_the_calls_own_peak_and_keeps_results_exact(
             "own = peak(s.fn('torch_func')); held = peak(lambda: w.run('torch_func', s)); "
             "assert abs(held / own - 1.2) < 0.01, (own, held); w.check(s, ['torch_func']); "
             "o = get('psg_mlp'); assert o.run.__name__ == 'run', o.run.__name__; print('ok')")
-    proc = subprocess.run([sys.executable, "-c", code], cwd=tree, env={**os.environ, "PYTHONPATH": str(tree)},
-                          capture_output=True, text=True, timeout=300)
+    proc = run_in_tree(tree, code)
     assert proc.returncode == 0 and proc.stdout.strip() == "ok", proc.stderr[-2000:]
