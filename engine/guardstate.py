@@ -20,8 +20,10 @@ import gc
 import functools
 import itertools
 import operator
+import os
 import sys
 import threading
+import time
 import types
 import weakref
 from typing import Any, Callable, Collection, Iterable
@@ -223,7 +225,7 @@ class StateGuard:
         self._keys = [name for _, name in self.names]
         self.recorded = self._read()
         self._versions = _dict_versions(self._plain)
-        self._tensor_guard = _tensor_guard(self.tensors)
+        self._tensor_guard = None  # torch's C++ check of the tensors' metadata, built with the native check
         self._fast_misses = 0
         # Whether the tags pay (see holds): calls they served minus _REBUILD_CALLS per rebuild,
         # capped at _CREDIT_CAP. `progress` counts the calls served (AutoTraced sets its trace's
@@ -234,7 +236,16 @@ class StateGuard:
         # The native checks by grad mode (index False/True: each embeds torch's global state, grad
         # mode included, as it was when built), or None where this torch has no C++ guards.
         self._natives: list | None = None
-        native = _NativeGuard.build(self) if self._versions is not None else None
+        # Tags but no native check yet: it is built once native_checks_pay() (see there).
+        self._deferred = self._versions is not None
+        if self._deferred and native_checks_pay():
+            self._go_native()
+
+    def _go_native(self) -> None:
+        """Build the C++ checks (this grad mode's native check, the tensors' metadata guard)."""
+        self._deferred = False
+        self._tensor_guard = _tensor_guard(self.tensors)
+        native = _NativeGuard.build(self)
         if native is not None:
             self._natives = [None, None]
             self._natives[native.grad] = native
@@ -518,6 +529,11 @@ class StateGuard:
         native = None if natives is None else natives[torch.is_grad_enabled()]
         if native is not None and native.holds():
             return True
+        if self._deferred:
+            if native_checks_pay():
+                self._go_native()
+                return self.holds()
+            return self._holds_by_tags()
         if natives is None and self._versions is not None and list(map(_dict_version, self._plain)) == self._versions and self._tensors_hold():
             return self._holds(full=False)
         if not self._holds(full=True):
@@ -537,6 +553,21 @@ class StateGuard:
             if native is not None:
                 natives[native.grad] = native
         return True
+
+    def _holds_by_tags(self) -> bool:
+        """holds() before the native check is built: the tags and the tensors' metadata compared
+        in Python, the rest as always; where a tag moved and the contents held, the tags are taken
+        anew. Its time counts toward native_checks_pay()."""
+        start = time.perf_counter()
+        try:
+            if list(map(_dict_version, self._plain)) == self._versions and self._tensors_hold():
+                return self._holds(full=False)
+            if not self._holds(full=True):
+                return False
+            self._versions = list(map(_dict_version, self._plain))
+            return True
+        finally:
+            _python_checks_s[0] += time.perf_counter() - start
 
     def _tensors_hold(self) -> bool:
         if self._tensor_guard is not None:
@@ -798,6 +829,27 @@ _CREDIT_CAP = 64
 def _no_progress() -> int:
     return 0
 _dict_version = getattr(getattr(torch._C._dynamo, "guards", None), "dict_version", None)
+
+# Building a native check makes torch import Dynamo's guard module (its C++ guard tree reads an
+# enum from there), once per process: `NATIVE_IMPORT_S`, what that import took where measured
+# (docs/lab), more than a small guard's Python check costs in a hundred thousand calls. So guards
+# check in Python until Dynamo is imported anyway (a recording: make_fx imports it; torch.compile)
+# or this process's Python checks have cost `NATIVE_IMPORT_S` in all; then the import is paid, at
+# most twice what the cheaper choice would have cost (the ski-rental rule; tests/test_lazy_imports.py). NATIVE_GUARDS ("auto"; "now": build at once; "never": Python
+# only), from VMAPBENCH_NATIVE_GUARDS, lets tests and benchmarks pick a side.
+NATIVE_IMPORT_S = 0.6
+NATIVE_GUARDS = os.environ.get("VMAPBENCH_NATIVE_GUARDS", "auto")
+if NATIVE_GUARDS not in ("auto", "now", "never"):
+    raise ValueError(f"VMAPBENCH_NATIVE_GUARDS={NATIVE_GUARDS!r}: use auto (the default), now or never")
+_python_checks_s = [0.0]  # seconds spent in StateGuard._holds_by_tags, process-wide
+_NATIVE_NEEDS = "torch._dynamo.guards"  # the module a native check's build imports
+
+
+def native_checks_pay() -> bool:
+    """Whether guards should build their native check now (see NATIVE_IMPORT_S)."""
+    if NATIVE_GUARDS != "auto":
+        return NATIVE_GUARDS == "now"
+    return _NATIVE_NEEDS in sys.modules or _python_checks_s[0] >= NATIVE_IMPORT_S
 
 
 def _dict_versions(dicts: list[dict]) -> list[int] | None:

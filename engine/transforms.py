@@ -120,15 +120,36 @@ def _outer_dependence(outputs: list, entry: tuple) -> bool:
     return any(isinstance(o, torch.Tensor) and o.requires_grad and _is_outer(o, probe) for o in outputs)
 
 
+_run_backward = getattr(torch.autograd.graph, "_engine_run_backward", None)
+
+
+def autograd_vjp(outputs: list, inputs: list, cotangents: list, create_graph: bool, retain_graph: bool) -> tuple:
+    """`torch.autograd.grad(outputs, inputs, cotangents, allow_unused=True, ...)`, less its input
+    checks where they cannot fail. torch.autograd.grad compares each cotangent's size with its
+    output's through torch's symbolic-shape module, whose first import (sympy's) is most of an eager
+    process's first call (tests/test_lazy_imports.py); for plain tensors of equal shapes and matching complexness those
+    checks pass and grad hands its arguments unchanged to the engine call made here. Anything else
+    (a mismatch, a nested tensor, a tensor subclass with __torch_function__) goes to
+    torch.autograd.grad, which decides and words its errors."""
+    if (_run_backward is None or len(outputs) != len(cotangents) or not outputs
+            or torch._C._has_torch_function((*outputs, *inputs, *cotangents))
+            or not all(isinstance(c, torch.Tensor) and isinstance(o, torch.Tensor)
+                       and not o.is_nested and not c.is_nested and c.shape == o.shape
+                       and c.dtype.is_complex == o.dtype.is_complex for o, c in zip(outputs, cotangents))
+            or not all(isinstance(i, torch.Tensor) for i in inputs)):
+        return torch.autograd.grad(outputs, inputs, cotangents, create_graph=create_graph,
+                                   retain_graph=retain_graph, allow_unused=True)
+    return _run_backward(tuple(outputs), tuple(cotangents), retain_graph, create_graph, tuple(inputs), True,
+                         accumulate_grad=False)
+
+
 def _grads(outputs: list, inputs: list, cotangents: list, create_graph: bool, retain_graph: bool | None = None) -> list:
     pairs = [(o, c) for o, c in zip(outputs, cotangents) if isinstance(o, torch.Tensor) and o.requires_grad]
     if not pairs:
         return [torch.zeros_like(i) for i in inputs]
     _gradsum.flush_urgent()
-    gs = torch.autograd.grad(
-        [o for o, _ in pairs], inputs, [c for _, c in pairs],
-        create_graph=create_graph, retain_graph=True if retain_graph is None else retain_graph, allow_unused=True,
-    )
+    gs = autograd_vjp([o for o, _ in pairs], inputs, [c for _, c in pairs], create_graph,
+                      True if retain_graph is None else retain_graph)
     for g in gs:
         _check_no_dead_level(g)
     return [torch.zeros_like(i) if g is None else g for g, i in zip(gs, inputs)]

@@ -38,6 +38,16 @@ def backend_flags_unfrozen() -> Iterator[None]:
 
 
 @pytest.fixture
+def native_guards_now(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Guards build their native check at once (engine.guardstate.NATIVE_GUARDS="now"), as they
+    do in any process that has imported Dynamo: for tests of that check and the memo built on it,
+    which would otherwise depend on whether an earlier test imported Dynamo."""
+    from engine import guardstate
+
+    monkeypatch.setattr(guardstate, "NATIVE_GUARDS", "now")
+
+
+@pytest.fixture
 def run_in_tree() -> Callable[[Path, str], subprocess.CompletedProcess]:
     """Runs Python code in a fresh interpreter with `tree` (e.g. a gate-extracted, planted copy of
     the project) first on its path and as its folder."""

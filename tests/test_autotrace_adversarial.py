@@ -31,8 +31,17 @@ import torch.nn.functional as F
 from torch.utils._pytree import tree_flatten
 
 import engine
+from engine import guardstate
 from engine.autotrace import autotraced_state
 from tests.threads import run_together
+
+@pytest.fixture(autouse=True, params=["now", "never"], ids=["native", "python"])
+def guard_side(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Every case against both checks of a guard: the native one (built at once, as in a process
+    that has imported Dynamo) and the Python one a guard uses until then
+    (engine.guardstate.NATIVE_GUARDS)."""
+    monkeypatch.setattr(guardstate, "NATIVE_GUARDS", request.param)
+
 
 WARM = 4  # calls that take a signature through eager, watched, recorded, replayed
 AFTER = 3  # calls after a change: the first may be the stale replay, later ones a re-recording

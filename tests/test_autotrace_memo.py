@@ -17,7 +17,8 @@ from tests.threads import run_together
 # The memo path is the standard state's (engine.autoswitch.departures empty): a process whose
 # default verifies every replay (VMAPBENCH_AUTO_TRACE=verify, CI's second pass) or is off never
 # takes it, and builds no memo.
-pytestmark = pytest.mark.skipif(bool(autoswitch.departures), reason="automatic tracing is not in the standard state by default")
+pytestmark = [pytest.mark.skipif(bool(autoswitch.departures), reason="automatic tracing is not in the standard state by default"),
+              pytest.mark.usefixtures("native_guards_now")]
 
 SCALE = 2.0
 

@@ -19,6 +19,9 @@ import engine
 from engine import autoswitch, autotrace
 from engine.autotrace import autotraced_state
 
+# These tests inspect the native check and what is built on it: guards build it at once here.
+pytestmark = pytest.mark.usefixtures("native_guards_now")
+
 
 def _replaying(fn, x, calls: int = 4):
     """Call `fn` until it replays; returns its AutoTraced."""

@@ -10,6 +10,9 @@ import torch
 
 from engine.guardstate import StateGuard
 
+# These tests inspect the native check and what is built on it: guards build it at once here.
+pytestmark = pytest.mark.usefixtures("native_guards_now")
+
 
 class Config:
     scale = 2.0

@@ -1,0 +1,98 @@
+"""What the engine's first calls import. torch imports some of its own modules on first use:
+sympy (torch.autograd.grad's size check) and Dynamo (a native guard's build) cost a process about
+a quarter and over half a second. The engine's eager calls import neither; the recording
+(make_fx) imports both, and guards build their native check once Dynamo is there or their Python
+checks have cost as much as its import (engine.guardstate.native_checks_pay)."""
+from __future__ import annotations
+
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+import torch
+
+import engine
+from engine import guardstate
+from engine.guardstate import StateGuard
+from engine.transforms import autograd_vjp
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def _fresh(code: str) -> str:
+    env = {"PYTHONPATH": str(ROOT), "VMAPBENCH_FUSED": "0", "PATH": "/usr/bin:/bin"}
+    out = subprocess.run([sys.executable, "-c", textwrap.dedent(code)], capture_output=True, text=True,
+                         cwd=ROOT, env=env, timeout=300)
+    assert out.returncode == 0, out.stderr[-3000:]
+    return out.stdout
+
+
+def test_eager_calls_import_neither_sympy_nor_dynamo_and_the_replays_are_right():
+    out = _fresh("""
+        import sys, torch, engine
+        from engine.autotrace import autotraced_state
+
+        def rosen(x):
+            return (100 * (x[1:] - x[:-1] ** 2) ** 2 + (1 - x[:-1]) ** 2).sum()
+
+        f = engine.hessian(rosen)
+        x = torch.randn(6, dtype=torch.float64)
+        want = torch.autograd.functional.hessian(rosen, x)
+        # (torch.autograd.functional imported nothing new: it ran before the checks below count)
+        base = {m for m in ("sympy", "torch._dynamo") if m in sys.modules}
+        first = sorted(base)
+        seen = []
+        for call in range(5):
+            got = f(x)
+            assert torch.allclose(got, want), call
+            new = sorted(m for m in ("sympy", "torch._dynamo") if m in sys.modules and m not in base)
+            seen.append(new)
+            base.update(new)
+            if call == 1:
+                guard = autotraced_state(f)._guard
+                assert guard is not None and guard._natives is None and guard._deferred
+        print(first, seen, autotraced_state(f)._guard._natives is not None)
+    """)
+    # torch.autograd.functional.hessian imported neither; calls 1-2 (eager, then watched) import
+    # nothing; call 3 records (make_fx imports both); call 4 builds the native check, Dynamo
+    # being there
+    assert out.strip() == "[] [[], [], ['sympy', 'torch._dynamo'], [], []] True", out
+
+
+def test_autograd_vjp_equals_torch_autograd_grad_and_defers_to_it_on_a_mismatch():
+    x = torch.randn(3, 4, requires_grad=True)
+    w = torch.randn(4, requires_grad=True)
+    out = (x.sin() * w).sum(1)
+    v = torch.randn(3)
+    want = torch.autograd.grad(out, (x, w), v, retain_graph=True, allow_unused=True)
+    got = autograd_vjp([out], [x, w], [v], create_graph=False, retain_graph=True)
+    assert all(torch.equal(a, b) for a, b in zip(got, want))
+    with pytest.raises(RuntimeError, match="Mismatch in shape"):
+        autograd_vjp([out], [x, w], [torch.randn(4)], create_graph=False, retain_graph=True)
+    with pytest.raises(RuntimeError, match="For complex Tensors"):
+        autograd_vjp([out], [x, w], [torch.randn(3, dtype=torch.complex64)], create_graph=False, retain_graph=True)
+
+
+def test_a_guard_checks_in_python_until_its_checks_cost_the_import_then_builds_the_native_check(monkeypatch):
+    monkeypatch.setattr(guardstate, "NATIVE_GUARDS", "auto")
+    monkeypatch.setattr(guardstate, "_NATIVE_NEEDS", "no.module.of.this.name")
+    monkeypatch.setattr(guardstate, "_python_checks_s", [0.0])
+    monkeypatch.setattr(guardstate, "NATIVE_IMPORT_S", float("inf"))
+    net = torch.nn.Linear(3, 2)
+
+    def fn(x):
+        return net(x)
+
+    guard = StateGuard([fn])
+    assert guard._deferred and guard._natives is None
+    assert guard.holds() and guard.holds() and guard._natives is None
+    assert guardstate._python_checks_s[0] > 0  # what the Python checks cost, counted
+    net.weight = torch.nn.Parameter(torch.randn(2, 3))  # a change the Python check sees
+    assert not guard.holds()
+    guard = StateGuard([fn])
+    monkeypatch.setattr(guardstate, "NATIVE_IMPORT_S", guardstate._python_checks_s[0])  # spent as much as the import
+    assert guard.holds() and not guard._deferred and guard._native is not None
+    net.bias = torch.nn.Parameter(torch.randn(2))  # and the native check sees one too
+    assert not guard._native.holds() and not guard.holds()
