@@ -554,6 +554,15 @@ def compile_with_inductor(gm: torch.fx.GraphModule, inputs: list, kwargs: dict) 
     return standalone_compile(gm, inputs, dynamic_shapes="from_example_inputs", options=options)
 
 
+def load_recorder() -> None:
+    """Import what make_fx imports at its first use (torch's symbolic-shape module; inductor's
+    config, and with it Dynamo). engine.autotrace calls this before a recording it watches, so
+    those imports do not run under engine.purity's sys.setprofile hook, which slows every Python
+    call they make several times over."""
+    import torch._inductor.config  # noqa: F401
+    import torch.fx.experimental.symbolic_shapes  # noqa: F401
+
+
 class TracedFunction:
     """Callable returned by `engine.trace`: replays one recorded aten graph per input signature."""
 
