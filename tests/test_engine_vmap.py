@@ -410,6 +410,40 @@ def test_nll_loss_rule_batched_class_weights():
                      loop(torch.func.grad(lambda *a: f(*a).sum()), x, t, W))
 
 
+@pytest.mark.parametrize("reduction", ["none", "mean", "sum"])
+@pytest.mark.parametrize("case", ["same", "target-unbatched", "pos_weight", "weight-batched", "scalar", "target-broadcast"])
+def test_binary_cross_entropy_with_logits_rule(reduction, case):
+    """binary_cross_entropy_with_logits has its own rule (the kernel once over the broadcast
+    operands, the reduction per element), equal to the loop, its gradients to torch.func's."""
+    import torch.func as tf
+
+    from engine.rules._table import RULES
+
+    assert torch.ops.aten.binary_cross_entropy_with_logits.default in RULES
+    torch.manual_seed(0)
+    red = {"none": 0, "mean": 1, "sum": 2}[reduction]
+    shape_x, shape_t = {"scalar": ((), ()), "target-broadcast": ((4,), (3, 4))}.get(case, ((3, 4), (3, 4)))
+    x = torch.randn(B, *shape_x, dtype=torch.float64)
+    t = torch.rand(*shape_t, dtype=torch.float64) if case == "target-unbatched" else torch.rand(B, *shape_t, dtype=torch.float64)
+    w = torch.rand(B, *shape_t, dtype=torch.float64) if case == "weight-batched" else None
+    pw = torch.rand(4, dtype=torch.float64) + 0.5 if case == "pos_weight" else None
+    dims = (0, None if case == "target-unbatched" else 0, 0 if w is not None else None)
+
+    def f(xi, ti, wi):
+        return torch.ops.aten.binary_cross_entropy_with_logits.default(xi, ti, wi, pw, red)
+
+    def scalar(xi, ti, wi):
+        return f(xi, ti, wi).sum()
+
+    if case == "target-broadcast":  # torch's backward and torch.func's gradient differ there: refused
+        with pytest.raises(RuntimeError, match="broadcasts to the loss's"):
+            engine.vmap(f, in_dims=dims)(x, t, w)
+        return
+    with engine.fallback_policy("error"):
+        assert close(engine.vmap(f, in_dims=dims)(x, t, w), loop(f, x, t, w, in_dims=dims))
+        assert close(engine.vmap(engine.grad(scalar), in_dims=dims)(x, t, w), tf.vmap(tf.grad(scalar), in_dims=dims)(x, t, w))
+
+
 def test_slice_select_backward_and_scatter_rules():
     """The backward ops of slicing a flat parameter vector have rules (no decomposition into index ops)."""
     import torch.func as tf

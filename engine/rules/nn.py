@@ -8,6 +8,8 @@ input's is one plain convolution backward with the batch in N.
 """
 from __future__ import annotations
 
+import functools
+
 import torch
 
 from engine.rules._helpers import lrank, materialize, ops_of, pad_batched
@@ -239,3 +241,39 @@ def nll_loss_backward_rule(info, in_dims, grad_out, x, target, weight, reduction
 
 RULES[aten.nll_loss_forward.default] = nll_loss_forward_rule
 RULES[aten.nll_loss_backward.default] = nll_loss_backward_rule
+
+
+# binary_cross_entropy_with_logits: its decomposition runs about ten ops on the batched wrapper
+# (the loss of torch.distributions' Bernoulli and of logistic models). The kernel runs once on
+# every operand broadcast to the examples' common shape with reduction 'none', and the reduction
+# is then done per batch element. Target, weight and pos_weight broadcast to the input's shape; an
+# input that would itself broadcast is refused (below).
+def binary_cross_entropy_with_logits_rule(info, in_dims, x, target, weight=None, pos_weight=None, reduction=_MEAN):
+    B = info.batch_size
+    operands = [(x, in_dims[0]), (target, in_dims[1])]
+    operands += [(t, d) for t, d in zip((weight, pos_weight), in_dims[2:4]) if t is not None]
+    rank = max(t.dim() - (d is not None) for t, d in operands)
+    padded = [pad_batched(t, rank) if d is not None else t for t, d in operands]
+    # (torch._C._infer_size: torch.broadcast_shapes imports torch's symbolic-shape module)
+    shape = (B, *functools.reduce(torch._C._infer_size, [p.shape[1:] if d is not None else p.shape
+                                                        for p, (_, d) in zip(padded, operands)]))
+    logical = list(x.shape[1:] if in_dims[0] is not None else x.shape)
+    if list(shape[1:]) != logical:
+        # torch's backward formula for an input smaller than the loss (it sums the input's gradient
+        # over the broadcast dims without the mean's share) differs from torch.func's gradient
+        raise RuntimeError(
+            f"binary_cross_entropy_with_logits: the input's shape {logical} broadcasts to the loss's "
+            f"{list(shape[1:])}, and its gradient would not be torch.func's. Give the input the target's "
+            "shape, as torch.nn.functional.binary_cross_entropy_with_logits requires.")
+    xe, te = padded[0].expand(shape), padded[1].expand(shape)
+    extra = iter(padded[2:])
+    w = next(extra) if weight is not None else None
+    pw = next(extra) if pos_weight is not None else None
+    loss = aten.binary_cross_entropy_with_logits.default(xe, te, w, pw, _NONE)
+    if reduction == _NONE or loss.dim() == 1:
+        return loss, 0
+    dims = tuple(range(1, loss.dim()))
+    return (loss.mean(dims) if reduction == _MEAN else loss.sum(dims)), 0
+
+
+RULES[aten.binary_cross_entropy_with_logits.default] = binary_cross_entropy_with_logits_rule
