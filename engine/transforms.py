@@ -566,8 +566,8 @@ def _linearize(func: Callable, primals: tuple, api: str, has_aux: bool = False, 
             live = [(g, t) for g, t in zip(gx, flat_t) if g.requires_grad]
             jv = [None] * len(flat_out)
             if live:
-                jv = list(torch.autograd.grad([g for g, _ in live], dummies, [t for _, t in live],
-                                              create_graph=create or _create_graph(flat_t), retain_graph=True, allow_unused=True))
+                jv = list(autograd_vjp([g for g, _ in live], dummies, [t for _, t in live],
+                                       create or _create_graph(flat_t), True))
         if strict and any(j is None for j in jv):
             raise TransformError(
                 f"{api.split('(')[0]}(f, primals, tangents, strict=True): The output of f is independent of the inputs. "
