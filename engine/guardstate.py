@@ -529,35 +529,32 @@ class StateGuard:
         native = None if natives is None else natives[torch.is_grad_enabled()]
         if native is not None and native.holds():
             return True
-        if self._deferred:
-            if native_checks_pay():
-                self._go_native()
-                return self.holds()
-            return self._holds_by_tags()
-        if natives is None and self._versions is not None and list(map(_dict_version, self._plain)) == self._versions and self._tensors_hold():
-            return self._holds(full=False)
+        if self._deferred and native_checks_pay():
+            self._go_native()
+            return self.holds()
+        if natives is None:  # no native check: not built yet, not buildable, or the tags given up
+            return self._holds_by_tags() if self._versions is not None else self._holds(full=True)
         if not self._holds(full=True):
             return False
-        if natives is not None:
-            if native is not None:  # it failed where Python holds: a tag moved, or torch's global state differs from its build's
-                progress = self.progress()
-                self._credit = min(self._credit + progress - self._miss_mark, _CREDIT_CAP) - _REBUILD_CALLS
-                self._miss_mark = progress
-                self._fast_misses += 1
-                if self._credit <= -_FAST_MISSES * _REBUILD_CALLS:
-                    self._versions = self._natives = None
-                    return True
-                self._versions = list(map(_dict_version, self._plain))
-                natives[:] = [None, None]  # they hold the old tags
-            native = _NativeGuard.build(self)  # (a grad mode's first, or anew)
-            if native is not None:
-                natives[native.grad] = native
+        if native is not None:  # it failed where Python holds: a tag moved, or torch's global state differs from its build's
+            progress = self.progress()
+            self._credit = min(self._credit + progress - self._miss_mark, _CREDIT_CAP) - _REBUILD_CALLS
+            self._miss_mark = progress
+            self._fast_misses += 1
+            if self._credit <= -_FAST_MISSES * _REBUILD_CALLS:
+                self._versions = self._natives = None
+                return True
+            self._versions = list(map(_dict_version, self._plain))
+            natives[:] = [None, None]  # they hold the old tags
+        native = _NativeGuard.build(self)  # (a grad mode's first, or anew)
+        if native is not None:
+            natives[native.grad] = native
         return True
 
     def _holds_by_tags(self) -> bool:
-        """holds() before the native check is built: the tags and the tensors' metadata compared
-        in Python, the rest as always; where a tag moved and the contents held, the tags are taken
-        anew. Its time counts toward native_checks_pay()."""
+        """holds() without a native check: the tags and the tensors' metadata compared in Python,
+        the rest as always; where a tag moved and the contents held, the tags are taken anew. Its
+        time counts toward native_checks_pay()."""
         start = time.perf_counter()
         try:
             if list(map(_dict_version, self._plain)) == self._versions and self._tensors_hold():
@@ -835,8 +832,9 @@ _dict_version = getattr(getattr(torch._C._dynamo, "guards", None), "dict_version
 # (docs/lab), more than a small guard's Python check costs in a hundred thousand calls. So guards
 # check in Python until Dynamo is imported anyway (a recording: make_fx imports it; torch.compile)
 # or this process's Python checks have cost `NATIVE_IMPORT_S` in all; then the import is paid, at
-# most twice what the cheaper choice would have cost (the ski-rental rule; tests/test_lazy_imports.py). NATIVE_GUARDS ("auto"; "now": build at once; "never": Python
-# only), from VMAPBENCH_NATIVE_GUARDS, lets tests and benchmarks pick a side.
+# most twice what the cheaper choice would have cost (the ski-rental rule; tests/test_lazy_imports.py).
+# NATIVE_GUARDS ("auto"; "now": build at once; "never": Python only), from VMAPBENCH_NATIVE_GUARDS,
+# lets tests and benchmarks pick a side.
 NATIVE_IMPORT_S = 0.6
 NATIVE_GUARDS = os.environ.get("VMAPBENCH_NATIVE_GUARDS", "auto")
 if NATIVE_GUARDS not in ("auto", "now", "never"):

@@ -126,11 +126,11 @@ _run_backward = getattr(torch.autograd.graph, "_engine_run_backward", None)
 def autograd_vjp(outputs: list, inputs: list, cotangents: list, create_graph: bool, retain_graph: bool) -> tuple:
     """`torch.autograd.grad(outputs, inputs, cotangents, allow_unused=True, ...)`, less its input
     checks where they cannot fail. torch.autograd.grad compares each cotangent's size with its
-    output's through torch's symbolic-shape module, whose first import (sympy's) is most of an eager
-    process's first call (tests/test_lazy_imports.py); for plain tensors of equal shapes and matching complexness those
-    checks pass and grad hands its arguments unchanged to the engine call made here. Anything else
-    (a mismatch, a nested tensor, a tensor subclass with __torch_function__) goes to
-    torch.autograd.grad, which decides and words its errors."""
+    output's through torch's symbolic-shape module, whose first import (sympy's) is most of an
+    eager process's first call (tests/test_lazy_imports.py); for plain tensors of equal shapes and
+    matching complexness those checks pass and grad hands its arguments unchanged to the engine
+    call made here. Anything else (a mismatch, a nested tensor, a tensor subclass with
+    __torch_function__) goes to torch.autograd.grad, which decides and words its errors."""
     if (_run_backward is None or len(outputs) != len(cotangents) or not outputs
             or torch._C._has_torch_function((*outputs, *inputs, *cotangents))
             or not all(isinstance(c, torch.Tensor) and isinstance(o, torch.Tensor)
