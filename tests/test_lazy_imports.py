@@ -13,7 +13,6 @@ from pathlib import Path
 import pytest
 import torch
 
-import engine
 from engine import guardstate
 from engine.guardstate import StateGuard
 from engine.transforms import autograd_vjp

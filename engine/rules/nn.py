@@ -266,9 +266,8 @@ def binary_cross_entropy_with_logits_rule(info, in_dims, x, target, weight=None,
             f"{list(shape[1:])}, and its gradient would not be torch.func's. Give the input the target's "
             "shape, as torch.nn.functional.binary_cross_entropy_with_logits requires.")
     xe, te = padded[0].expand(shape), padded[1].expand(shape)
-    extra = iter(padded[2:])
-    w = next(extra) if weight is not None else None
-    pw = next(extra) if pos_weight is not None else None
+    w = padded[2] if weight is not None else None
+    pw = padded[-1] if pos_weight is not None else None
     loss = aten.binary_cross_entropy_with_logits.default(xe, te, w, pw, _NONE)
     if reduction == _NONE or loss.dim() == 1:
         return loss, 0
