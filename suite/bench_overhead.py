@@ -164,6 +164,7 @@ class PerOpOverhead:
             raise NotImplementedError(f"device {device} is not in this run's devices {','.join(devices)}")
         if device == "cuda" and not torch.cuda.is_available():
             raise NotImplementedError("cuda is not available on this machine (torch.cuda.is_available() is False)")
+        probes.check_fork(device)
         self.device = device
         if self.quick and size != QUICK_SIZE:
             raise NotImplementedError(f"the quick profile times the {QUICK_SIZE} chain only (10 min budget); "

@@ -17,6 +17,7 @@ from __future__ import annotations
 import os
 import shutil
 import statistics
+import sys
 import tempfile
 import threading
 import time
@@ -25,7 +26,7 @@ from typing import Any, Callable, Iterable, Iterator, Mapping
 
 import torch
 
-from measuring import timer
+from measuring import cuda_fork, timer
 
 THREADS_ENV = "OMP_NUM_THREADS"
 DEFAULT_THREADS = 2
@@ -96,6 +97,7 @@ def check_case(workload: Any, size: str, method: str, device: str) -> None:
 def setup_case(workload: Any, size: str, method: str, device: str) -> Any:
     """Common setup of a generated benchmark: `check_case`, then build the state."""
     check_case(workload, size, method, device)
+    check_fork(device)
     return workload.setup(workload.params(size), device)
 
 
@@ -268,11 +270,15 @@ def preload(methods: Iterable[str] | None = None, device: str = "cpu") -> list[s
     a process per benchmark, so everything paid here is paid once, not in each process. It warms
     torch, every installed peer and the engine, but not jax: XLA's thread pools would not survive
     the fork. The warm-up calls use 3-element tensors, so no intra-op worker threads exist yet
-    when asv forks. Given the methods (the CLI, which does not fork), it warms what those need,
-    jax included. An engine or peer that fails here is left alone: the methods that use it report
-    the error.
+    when asv forks. On a CUDA build of torch they run no backward pass either: its first one
+    initializes the CUDA driver (measuring.cuda_fork), and no forked child could use CUDA, nor run
+    a backward pass. Should CUDA be unusable after the fork anyway, it says why on stderr and every
+    CUDA point's setup raises that (`check_fork`). Given the methods (the CLI, which does not
+    fork), it warms what those need, jax included. An engine or peer that fails here is left
+    alone: the methods that use it report the error.
     """
     wanted = None if methods is None else set(methods)
+    forward_only = wanted is None and cuda_fork.cuda_built()
     warmed = ["torch._dynamo", "torch._inductor", "torch.func"]
     import torch._dynamo  # noqa: F401
     import torch._inductor.compile_fx  # noqa: F401
@@ -283,19 +289,50 @@ def preload(methods: Iterable[str] | None = None, device: str = "cpu") -> list[s
     def f(t: torch.Tensor) -> torch.Tensor:
         return (t.sin() * t).sum()
 
-    torch.func.hessian(f)(x)
+    if forward_only:
+        torch.func.jacfwd(f)(x)  # forward mode (vmap of jvp): no backward pass
+    else:
+        torch.func.hessian(f)(x)
     warmed += _preload_peers(wanted)
     if wanted is None or any(m.startswith("engine") for m in wanted):
         try:
             import engine
 
-            engine.hessian(f)(x)
+            if forward_only:
+                engine.vmap(f)(x[:, None])
+            else:
+                engine.hessian(f)(x)
             warmed.append("engine")
         except Exception:  # noqa: BLE001 - reported by the benchmarks that use the engine
             pass
     if wanted is not None and "jax" in wanted:
         warmed += _preload_jax(device)
+    if wanted is None:
+        _note_fork_hazard()
     return warmed
+
+
+_FORK_HAZARD: tuple[int, str] | None = None  # (the fork server's pid, why CUDA will not survive its forks)
+
+
+def _note_fork_hazard() -> None:
+    """Remember (and say on stderr) whether a child forked from this process now could use CUDA."""
+    global _FORK_HAZARD
+    why = cuda_fork.hazard()
+    _FORK_HAZARD = (os.getpid(), why) if why else None
+    if why:
+        print(f"suite: {why}; no process forked from here can use CUDA ({FORK_ADVICE})", file=sys.stderr)
+
+
+FORK_ADVICE = "run asv with --launch-method spawn; vmapbench.bench: VMAPBENCH_LAUNCH=spawn"
+
+
+def check_fork(device: str) -> None:
+    """Raise, in a process forked after the suite's warm-up made CUDA unusable (`preload`), before
+    a CUDA point fails deep in its setup with the driver's "initialization error"."""
+    if _FORK_HAZARD and device == "cuda" and os.getpid() != _FORK_HAZARD[0]:
+        raise RuntimeError(f"CUDA cannot be used in this benchmark's process: asv forked it from a process where "
+                           f"{_FORK_HAZARD[1]}; {FORK_ADVICE}")
 
 
 def _preload_peers(methods: set[str] | None) -> list[str]:

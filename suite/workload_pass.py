@@ -171,6 +171,7 @@ def measure_case(workload: Any, size: str, device: str, methods: list[str] | Non
     probes.pin_threads()
     methods = _methods(workload, device) if methods is None else methods
     result = CasePass()
+    probes.check_fork(device)
     try:
         state = workload.setup(workload.params(size), device)
     except NotImplementedError as exc:  # e.g. no cuda here: a skip of every point, as in setup_case

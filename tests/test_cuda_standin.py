@@ -204,6 +204,101 @@ def test_the_suite_leaves_cuda_alone_in_the_process_asv_forks_from() -> None:
     assert "used: None" in out.stdout, out.stdout
 
 
+BACKWARD_THEN_FORK = """
+    import os, torch, workloads
+    from measuring import cuda_fork
+    from workloads.cuda_standin import tensor_device
+    {before}
+    print("hazard:", cuda_fork.hazard(), flush=True)
+    leaf = torch.ones(2, requires_grad=True)
+    pid = os.fork()
+    if pid == 0:
+        for name, use in (("cuda", lambda: torch.ones(2, device=tensor_device("cuda"))),
+                          ("backward", lambda: torch.autograd.grad((leaf ** 2).sum(), leaf))):
+            try:
+                use()
+                print("child", name, "ok", flush=True)
+            except RuntimeError as exc:
+                print("child", name, "refused:", exc, flush=True)
+        os._exit(0)
+    os.waitpid(pid, 0)
+"""
+
+
+def test_a_backward_pass_on_a_cuda_build_leaves_no_cuda_to_forked_children() -> None:
+    """As a CUDA build of torch does: the autograd engine's first backward pass initializes the
+    CUDA driver (it counts the devices to start a thread per device), so a child forked after it
+    can use neither CUDA nor autograd. A forward-mode warm-up (jacfwd) leaves both alone."""
+    backward = _python(BACKWARD_THEN_FORK.format(before="torch.func.hessian(lambda t: (t.sin() * t).sum())(torch.ones(3))"),
+                       **{cuda_standin.NVML_CHECK_ENV: "1"})
+    assert backward.returncode == 0, backward.stderr
+    assert "hazard: the CUDA stand-in was used here first through" in backward.stdout, backward.stdout
+    assert "autograd's device threads" in backward.stdout
+    assert "child cuda refused: Cannot re-initialize CUDA in forked subprocess" in backward.stdout, backward.stdout
+    assert "child backward refused: Unable to handle autograd's threading" in backward.stdout, backward.stdout
+    forward = _python(BACKWARD_THEN_FORK.format(before="torch.func.jacfwd(lambda t: (t.sin() * t).sum())(torch.ones(3))"),
+                      **{cuda_standin.NVML_CHECK_ENV: "1"})
+    assert "hazard: None" in forward.stdout, forward.stdout + forward.stderr
+    assert "child cuda ok" in forward.stdout and "child backward ok" in forward.stdout, forward.stdout
+
+
+def test_a_cuda_point_forked_from_an_unusable_parent_says_why_and_what_to_do() -> None:
+    """Should the fork server's parent have made CUDA unusable all the same (a warm-up that ran a
+    backward pass, as the CLI's does), it says so on stderr and each CUDA point's setup raises
+    that, instead of failing deep inside with the driver's "initialization error"."""
+    out = _python("""
+        import os
+        from suite import probes
+        probes.preload(["engine", "torch_func"])  # the CLI's warm-up: backward passes included
+        probes._note_fork_hazard()
+        pid = os.fork()
+        if pid == 0:
+            probes.check_fork("cpu")
+            try:
+                probes.check_fork("cuda")
+            except RuntimeError as exc:
+                print("child:", exc, flush=True)
+            os._exit(0)
+        os.waitpid(pid, 0)
+        probes.check_fork("cuda")  # the parent itself is not refused
+        print("parent ok")
+    """, **{cuda_standin.NVML_CHECK_ENV: "1"})
+    assert out.returncode == 0, out.stderr
+    assert "no process forked from here can use CUDA" in out.stderr, out.stderr
+    assert "child: CUDA cannot be used in this benchmark's process" in out.stdout, out.stdout
+    assert "--launch-method spawn" in out.stdout and "parent ok" in out.stdout
+
+
+def test_the_driver_check_initializes_nothing(monkeypatch) -> None:
+    """cuda_fork.driver_initialized asks the driver only where something loaded it, and reads
+    CUDA_ERROR_NOT_INITIALIZED (3) as 'not initialized'."""
+    from measuring import cuda_fork
+
+    asked: list[str] = []
+
+    class Driver:
+        def __init__(self, answer: int) -> None:
+            self.answer = answer
+
+        def cuDeviceGetCount(self, count: Any) -> int:  # noqa: N802 - the driver's name
+            asked.append("count")
+            return self.answer
+
+    def cdll(name: str, mode: int = 0) -> Any:
+        assert mode & os.RTLD_NOLOAD, "must not load the driver"
+        if loaded is None:
+            raise OSError(f"{name}: not loaded")
+        return loaded
+
+    monkeypatch.setattr(cuda_fork.ctypes, "CDLL", cdll)
+    loaded = None
+    assert cuda_fork.driver_initialized() is False and asked == []
+    loaded = Driver(cuda_fork.CUDA_ERROR_NOT_INITIALIZED)
+    assert cuda_fork.driver_initialized() is False
+    loaded = Driver(0)
+    assert cuda_fork.driver_initialized() is True and asked == ["count", "count"]
+
+
 def test_standin_results_cannot_pass_for_cuda_results(standin, monkeypatch) -> None:
     from vmapbench import bench
 

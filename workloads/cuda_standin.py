@@ -7,7 +7,10 @@ and the GPU command then runs end to end, and each call is counted (`CALLS`) so 
 that every timed call is synchronised and every peak reset per call. Like torch, the stand-in
 refuses CUDA in a process forked after its parent used CUDA, `torch.cuda.is_available()` included
 unless PYTORCH_NVML_BASED_CUDA_CHECK=1 (torch's check then asks NVML and leaves CUDA alone): asv's
-fork server failing every CUDA point on a GPU fails the dry run too.
+fork server failing every CUDA point on a GPU fails the dry run too. It stands in for a CUDA build
+of torch in one more way: a backward pass (the autograd engine's first run starts a thread per
+device, counting devices through the CUDA driver) uses CUDA too, and a child forked after it can
+run no backward pass ("autograd's threading in combination with fork").
 
 Nothing it measures is a CUDA figure: the machine name it gives says 'dry-run'
 (vmapbench.bench.machine_name) and the GPU command writes its results to a temporary folder.
@@ -28,6 +31,8 @@ ENV = "VMAPBENCH_CUDA_STANDIN"
 DEVICE_NAME = "CUDA stand-in (CPU dry run)"
 MACHINE_SUFFIX = "cuda-standin-dry-run"
 NVML_CHECK_ENV = "PYTORCH_NVML_BASED_CUDA_CHECK"
+AUTOGRAD_FORK_ERROR = ("Unable to handle autograd's threading in combination with fork-based multiprocessing "
+                       "(the CUDA stand-in: the parent ran a backward pass first, at {where})")
 FORK_ERROR = ("Cannot re-initialize CUDA in forked subprocess. To use CUDA with multiprocessing, you must use "
               "the 'spawn' start method (the CUDA stand-in: this process was forked after its parent used CUDA, "
               "first through {where})")
@@ -40,6 +45,7 @@ _installed = False
 _used_in: int | None = None  # the pid of the process that used the stand-in first
 _first_use = ""  # the call and the line that used it first (what a forked child's error names)
 _bad_fork = False
+_autograd_threads_in: int | None = None  # the pid whose backward pass started autograd's device threads
 _peak_base = 0  # the allocator's 'allocated' figure when its peak was last reset
 
 
@@ -71,14 +77,16 @@ def _use(what: str, poisons: bool = True) -> None:
             _poison(what)
 
 
-def _poison(what: str) -> None:
+def _poison(what: str, what_for: str = "") -> None:
     global _used_in, _first_use
     if _used_in is None:
         import traceback
 
         _used_in = os.getpid()
-        caller = next((f for f in reversed(traceback.extract_stack()[:-3]) if "cuda_standin" not in f.filename), None)
-        _first_use = f"torch.cuda.{what}()" + (f" at {caller.filename}:{caller.lineno}" if caller else "")
+        caller = next((f for f in reversed(traceback.extract_stack()[:-3])
+                       if "cuda_standin" not in f.filename and "/torch/" not in f.filename), None)
+        _first_use = (f"torch.cuda.{what}()" + (f" for {what_for}" if what_for else "")
+                      + (f" at {caller.filename}:{caller.lineno}" if caller else ""))
 
 
 def is_available() -> bool:
@@ -94,6 +102,49 @@ def _after_fork_in_child() -> None:
     global _bad_fork
     if _used_in is not None:
         _bad_fork = True
+    if _autograd_threads_in is not None:
+        _variable()._execution_engine = _AutogradEngine(_torch_engine(), refuse=True)
+
+
+class _AutogradEngine:
+    """torch's autograd engine (`Variable._execution_engine`), as on a CUDA build: its first backward
+    pass starts a worker thread per device, counting the devices through the CUDA driver (which
+    initializes it), and every process forked afterwards can run no backward pass (`refuse`).
+
+    It stands in only until that first pass, then puts torch's engine back: left in place, it would
+    be user code inside every recording the engine makes, whose counting engine.purity would
+    rightly find an effect."""
+
+    def __init__(self, engine: Any, refuse: bool = False) -> None:
+        self._engine = engine
+        self._refuse = refuse
+
+    def run_backward(self, *args: Any, **kwargs: Any) -> Any:
+        global _autograd_threads_in
+        if self._refuse:
+            raise RuntimeError(AUTOGRAD_FORK_ERROR.format(where=_first_use))
+        with _lock:
+            if _autograd_threads_in is None:
+                CALLS["autograd_device_threads"] += 1
+                _poison("device_count", what_for="autograd's device threads (a backward pass)")
+                _autograd_threads_in = os.getpid()
+        if _variable()._execution_engine is self:
+            _variable()._execution_engine = self._engine
+        return self._engine.run_backward(*args, **kwargs)
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._engine, name)
+
+
+def _variable() -> Any:
+    from torch.autograd.variable import Variable
+
+    return Variable
+
+
+def _torch_engine() -> Any:
+    engine = _variable()._execution_engine
+    return engine._engine if isinstance(engine, _AutogradEngine) else engine
 
 
 def synchronize(device: Any = None) -> None:
@@ -206,8 +257,11 @@ def install() -> None:
 def patches() -> list[tuple[Any, str, Any]]:
     """(object or dict, name, stand-in) for everything `install` replaces: a test applies them with
     pytest's monkeypatch, which undoes them after it."""
+    engine = _variable()._execution_engine
+    if not isinstance(engine, _AutogradEngine) and _autograd_threads_in is None:
+        engine = _AutogradEngine(engine)
     return [*((torch.cuda, name, fn) for name, fn in _TORCH_CUDA.items()), (sys.modules, "pynvml", _nvml_module()),
-            (sys.modules[__name__], "_installed", True)]
+            (_variable(), "_execution_engine", engine), (sys.modules[__name__], "_installed", True)]
 
 
 def install_if_requested() -> bool:
@@ -220,4 +274,8 @@ def install_if_requested() -> bool:
 def tensor_device(device: str | torch.device) -> torch.device:
     """Where tensors of `device` live: the CPU for 'cuda' under the stand-in, else `device`."""
     dev = torch.device(device)
-    return torch.device("cpu") if _installed and dev.type == "cuda" else dev
+    if _installed and dev.type == "cuda":
+        if _bad_fork:  # the driver refuses a process forked after its parent initialized it
+            raise RuntimeError(FORK_ERROR.format(where=_first_use))
+        return torch.device("cpu")
+    return dev
