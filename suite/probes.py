@@ -279,11 +279,17 @@ def preload(methods: Iterable[str] | None = None, device: str = "cpu") -> list[s
     """
     wanted = None if methods is None else set(methods)
     forward_only = wanted is None and cuda_fork.cuda_built()
+
+    def done(step: str) -> None:  # in the fork server: did this step leave CUDA unusable to children?
+        if wanted is None:
+            _note_fork_hazard(step)
+
     warmed = ["torch._dynamo", "torch._inductor", "torch.func"]
     import torch._dynamo  # noqa: F401
     import torch._inductor.compile_fx  # noqa: F401
     import torch.func
 
+    done("importing torch._dynamo, torch._inductor.compile_fx and torch.func")
     x = torch.linspace(0.1, 0.3, 3)
 
     def f(t: torch.Tensor) -> torch.Tensor:
@@ -293,7 +299,9 @@ def preload(methods: Iterable[str] | None = None, device: str = "cpu") -> list[s
         torch.func.jacfwd(f)(x)  # forward mode (vmap of jvp): no backward pass
     else:
         torch.func.hessian(f)(x)
+    done("torch.func's warm-up call")
     warmed += _preload_peers(wanted)
+    done("importing the peers")
     if wanted is None or any(m.startswith("engine") for m in wanted):
         try:
             import engine
@@ -305,23 +313,25 @@ def preload(methods: Iterable[str] | None = None, device: str = "cpu") -> list[s
             warmed.append("engine")
         except Exception:  # noqa: BLE001 - reported by the benchmarks that use the engine
             pass
+        done("the engine's warm-up call")
     if wanted is not None and "jax" in wanted:
         warmed += _preload_jax(device)
-    if wanted is None:
-        _note_fork_hazard()
     return warmed
 
 
 _FORK_HAZARD: tuple[int, str] | None = None  # (the fork server's pid, why CUDA will not survive its forks)
 
 
-def _note_fork_hazard() -> None:
-    """Remember (and say on stderr) whether a child forked from this process now could use CUDA."""
+def _note_fork_hazard(step: str) -> None:
+    """Remember (and say on stderr, once) whether a child forked from this process now could use
+    CUDA, naming the warm-up step after which it was first found unusable."""
     global _FORK_HAZARD
+    if _FORK_HAZARD is not None and _FORK_HAZARD[0] == os.getpid():
+        return
     why = cuda_fork.hazard()
-    _FORK_HAZARD = (os.getpid(), why) if why else None
     if why:
-        print(f"suite: {why}; no process forked from here can use CUDA ({FORK_ADVICE})", file=sys.stderr)
+        _FORK_HAZARD = (os.getpid(), f"{why} (found after the suite's warm-up step: {step})")
+        print(f"suite: {_FORK_HAZARD[1]}; no process forked from here can use CUDA ({FORK_ADVICE})", file=sys.stderr)
 
 
 FORK_ADVICE = "run asv with --launch-method spawn; vmapbench.bench: VMAPBENCH_LAUNCH=spawn"

@@ -250,7 +250,7 @@ def test_a_cuda_point_forked_from_an_unusable_parent_says_why_and_what_to_do() -
         import os
         from suite import probes
         probes.preload(["engine", "torch_func"])  # the CLI's warm-up: backward passes included
-        probes._note_fork_hazard()
+        probes._note_fork_hazard("the CLI's warm-up")
         pid = os.fork()
         if pid == 0:
             probes.check_fork("cpu")
@@ -265,8 +265,18 @@ def test_a_cuda_point_forked_from_an_unusable_parent_says_why_and_what_to_do() -
     """, **{cuda_standin.NVML_CHECK_ENV: "1"})
     assert out.returncode == 0, out.stderr
     assert "no process forked from here can use CUDA" in out.stderr, out.stderr
+    assert "found after the suite's warm-up step: the CLI's warm-up" in out.stderr
     assert "child: CUDA cannot be used in this benchmark's process" in out.stdout, out.stdout
     assert "--launch-method spawn" in out.stdout and "parent ok" in out.stdout
+    # The suite's own warm-up, had it run backward passes (as it did before it knew): the step is named.
+    old = _python("""
+        from measuring import cuda_fork
+        cuda_fork.cuda_built = lambda: False
+        from suite import probes
+        probes.preload()
+    """, **{cuda_standin.NVML_CHECK_ENV: "1"})
+    assert old.returncode == 0, old.stderr
+    assert "found after the suite's warm-up step: torch.func's warm-up call" in old.stderr, old.stderr
 
 
 def test_the_driver_check_initializes_nothing(monkeypatch) -> None:
