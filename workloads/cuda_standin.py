@@ -32,7 +32,8 @@ DEVICE_NAME = "CUDA stand-in (CPU dry run)"
 MACHINE_SUFFIX = "cuda-standin-dry-run"
 NVML_CHECK_ENV = "PYTORCH_NVML_BASED_CUDA_CHECK"
 AUTOGRAD_FORK_ERROR = ("Unable to handle autograd's threading in combination with fork-based multiprocessing "
-                       "(the CUDA stand-in: the parent ran a backward pass first, at {where})")
+                       "(the CUDA stand-in: the parent ran a backward pass, which started autograd's device threads; "
+                       "CUDA was first used there through {where})")
 FORK_ERROR = ("Cannot re-initialize CUDA in forked subprocess. To use CUDA with multiprocessing, you must use "
               "the 'spawn' start method (the CUDA stand-in: this process was forked after its parent used CUDA, "
               "first through {where})")
