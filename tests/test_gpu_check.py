@@ -1,8 +1,8 @@
 """The GPU command end to end on a CPU: `.ci/gpu-check --dry-run all` with CUDA stood in.
 
 A GPU is lent for minutes now and then; this run keeps its script from rotting in between: every
-step (the CUDA tests, the engine smoke, the ASV bench on cuda, peer_ratios on cuda, a profile with
-its NVML timeline, the dashboard) must run and write what it writes, and nothing it writes may
+step (the CUDA tests, the engine smoke, the ASV bench on cuda, peer_ratios on cuda, time to N with
+the first calls' imports, a profile with its NVML timeline, the dashboard) must run and write what it writes, and nothing it writes may
 pass for a CUDA result (a temporary folder, a machine name and a field saying dry run).
 About 4 minutes on 2 cores.
 """
@@ -19,8 +19,8 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
-STEPS = ("facts", "engine-smoke", "pytest-cuda", "bench rosenbrock_hessian", "peers rosenbrock_hessian", "profile",
-         "dashboard", "report")
+STEPS = ("facts", "engine-smoke", "pytest-cuda", "bench rosenbrock_hessian", "peers rosenbrock_hessian", "first-calls",
+         "profile", "dashboard", "report")
 
 
 @pytest.mark.slow
@@ -53,6 +53,12 @@ def test_the_gpu_command_runs_every_step_on_a_cpu(tmp_path: Path) -> None:
     (row,) = peers["rows"]
     assert row["tier"] in ("replay", "fused") and "engine" in row["seconds"], row
 
+    (ttn_file,) = (results / "time_to_n" / machine_dir.name).glob("*.json")
+    ttn = json.loads(ttn_file.read_text())
+    assert ttn["device"] == "cuda" and ttn["machine"] == machine_dir.name
+    ours = next(c for c in ttn["curves"] if c["method"] == "engine" and c["cache"] == "cold")
+    assert [k["n"] for k in ours["first_calls"]][:3] == [1, 2, 3], ours
+
     (profile,) = (results / "profiles").iterdir()
     assert (profile / "summary.json").is_file() and (profile / "nvml_timeline.html").is_file()
     junit = ET.parse(results / "out" / "pytest-cuda.xml").getroot()
@@ -62,5 +68,6 @@ def test_the_gpu_command_runs_every_step_on_a_cpu(tmp_path: Path) -> None:
     assert f"rosenbrock_hessian [d=128] · cpu: {machine_dir.name} · cuda: {machine_dir.name}" in devices
     page = (machine_dir / "gpu-run.md").read_text()
     assert "**DRY RUN" in page and "| rosenbrock_hessian |" in page
+    assert "## Time to N from the first call" in page and "Each of the first calls" in page
     assert re.search(r"\| existing-py[\d.]+-torch[^|]+ \| [1-9]\d* \| 0 \|", page), page  # values, 0 failed
     assert sorted(p.name for p in (ROOT / "results").iterdir()) == before  # nothing went to results/

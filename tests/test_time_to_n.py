@@ -41,6 +41,14 @@ def build(method):
     elif method == "broken":
         def fn(t):
             raise ValueError("the model's forward is broken")
+    elif method == "lazy_import":
+        calls = []
+
+        def fn(t):
+            calls.append(t)
+            if len(calls) == 2:
+                import wave  # noqa: F401 - a module nothing here imports before: the second call's import
+            return t
     elif method == "not_callable":
         return 42
     elif method == "absent":
@@ -62,6 +70,22 @@ def factory_env(tmp_path_factory: pytest.TempPathFactory) -> dict[str, str]:
 def _measure(env: dict[str, str], methods: list[tuple[str, str]], ns=(1, 2, 5, 30), max_seconds=60.0):
     return ttn.measure(None, None, methods, factory="ttn_user_model:build", ns=ns, max_seconds=max_seconds,
                        grace_s=240.0, env=env)
+
+
+def test_first_calls_name_what_each_call_imported(factory_env: dict[str, str]) -> None:
+    """--first-calls K: each of the first K calls' own seconds and the modules it imported, by
+    package; none recorded without it."""
+    curve, = ttn.measure(None, None, [("lazy_import", "cold")], factory="ttn_user_model:build", ns=(1, 5),
+                         max_seconds=60.0, grace_s=240.0, env=factory_env, first_calls=3)
+    assert curve.status == "done", curve.note
+    assert [c["n"] for c in curve.first_calls] == [1, 2, 3]
+    assert [c["imported"] for c in curve.first_calls] == [[], ["wave"], []]
+    assert curve.first_calls[1]["modules"] >= 1 and all(c["s"] >= 0 for c in curve.first_calls)
+    assert sum(c["s"] for c in curve.first_calls) <= curve.points[-1][1]
+    plain, = ttn.measure(None, None, [("lazy_import", "cold")], factory="ttn_user_model:build", ns=(1, 2),
+                         max_seconds=60.0, grace_s=240.0, env=factory_env)
+    assert plain.first_calls == [] and plain.status == "done"
+    assert ttn.Curve(**{k: v for k, v in ttn.asdict(curve).items() if k != "first_calls"}).first_calls == []
 
 
 @pytest.mark.slow

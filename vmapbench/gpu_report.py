@@ -5,7 +5,8 @@
 Reads DIR/<machine>/machine.json (device, driver, Python, torch and where they differ from the
 pins: vmapbench.bench.software_facts), the ASV result files of the machine (per commit: values
 measured and failed), DIR/peer_ratios/<machine>/ (the default path against torch.func and jax.jit,
-with the tier it ran and each skipped or failed method's reason) and DIR/profiles/<machine>-*/.
+with the tier it ran and each skipped or failed method's reason), the machine's newest
+DIR/time_to_n/<machine>/ file (with its first calls' imports) and DIR/profiles/<machine>-*/.
 Writes Markdown (default DIR/<machine>/gpu-run.md); `.ci/gpu-check all` runs it last.
 """
 from __future__ import annotations
@@ -105,6 +106,35 @@ def skipped_section(device: str) -> list[str]:
     return lines + (["None: every peer method could run."] if len(lines) == 2 else []) + [""]
 
 
+def time_to_n_section(results: Path, machine: str) -> list[str]:
+    """The machine's newest time-to-N file: seconds from the first call per curve and N, and each
+    of the first calls' own seconds with what it imported (`vmapbench time-to-n --first-calls`)."""
+    from vmapbench import time_to_n
+
+    lines = ["## Time to N from the first call", ""]
+    files = [p for p in time_to_n.newest(results) if p.parent.name == machine]
+    if not files:
+        return lines + ["No time-to-N results.", ""]
+    doc, curves = time_to_n.load(files[0])
+    ns = doc["ns"]
+    lines += [f"`{files[0].relative_to(results)}` ({doc['device']}, {doc['threads']} thread(s), "
+              f"{doc['max_seconds']:g} s of calls per curve).", "",
+              "| workload | curve | status | " + " | ".join(f"N={n}" for n in ns) + " |",
+              "| --- | --- | --- | " + " | ".join("---" for _ in ns) + " |"]
+    for c in curves:
+        cells = ["-" if c.at(n) is None else f"{c.at(n):.3g}" for n in ns]
+        lines.append(f"| {c.workload} | {c.label} | {c.status} | " + " | ".join(cells) + " |")
+    calls = [c for c in curves if c.first_calls]
+    if calls:
+        lines += ["", "Each of the first calls (its own seconds; the packages it imported):", ""]
+        for c in calls:
+            per = "; ".join(f"{k['n']}: {k['s']:.3g} s" + (f" ({', '.join(k['imported'][:8])}"
+                                                              + (", ..." if len(k["imported"]) > 8 else "") + ")"
+                                                              if k["modules"] else "") for k in c.first_calls)
+            lines.append(f"- {c.workload} {c.label}: {per}")
+    return lines + [""]
+
+
 def profiles_section(results: Path, machine: str) -> list[str]:
     lines = ["## Profiles", ""]
     found = sorted((results / "profiles").glob(f"{machine}-*"))
@@ -142,7 +172,8 @@ def report(results: Path, machine: str, env_check: bool = True) -> str:
               f"| torch | {facts.get('torch', '(not recorded)')} |",
               f"| pins | {facts.get('pins', 'as pinned (asv.conf.json)')} |",
               f"| host | {cpu.split('; GPU ', 1)[0]}, {facts.get('ram', '?')} RAM, {facts.get('os', '?')} |", ""]
-    lines += asv_section(results, machine) + peers_section(results, machine) + profiles_section(results, machine)
+    lines += (asv_section(results, machine) + peers_section(results, machine) + time_to_n_section(results, machine)
+              + profiles_section(results, machine))
     if env_check:
         lines += skipped_section(device="cuda")
     return "\n".join(lines)

@@ -83,6 +83,9 @@ class Curve:
     cache_dir: str | None = None
     cache_entries: int | None = None  # files in the cache folder when the process started
     cache_entries_after: int | None = None
+    # With --first-calls K: per call of the first K, {n, s (that call's seconds), modules (how many it
+    # imported), imported (their packages)}
+    first_calls: list[dict[str, Any]] = field(default_factory=list)
 
     @property
     def label(self) -> str:
@@ -147,6 +150,8 @@ def measure_curve(spec: dict[str, Any], cache_dir: str, timeout_s: float,
             curve.cache_entries = event["cache_entries"]
         elif event["event"] == "point":
             grid_points.append([event["n"], event["s"]])
+        elif event["event"] == "call":
+            curve.first_calls.append({k: event[k] for k in ("n", "s", "modules", "imported")})
         elif event["event"] == "end":
             curve.status, curve.note = event["status"], event.get("note")
             for key in ("calls", "imported_s", "built_s", "first_call_at_s", "cache_entries_after"):
@@ -173,16 +178,17 @@ def _kill_group(pgid: int) -> None:
 def measure(workload: str | None, size: str | None, methods: Sequence[tuple[str, str]], *,
             factory: str | None = None, ns: Sequence[int] = DEFAULT_NS, max_seconds: float = DEFAULT_MAX_SECONDS,
             threads: int = 1, device: str = "cpu", grace_s: float = DEFAULT_GRACE_S, check: bool = True,
-            progress: Any = None, env: dict[str, str] | None = None) -> list[Curve]:
+            progress: Any = None, env: dict[str, str] | None = None, first_calls: int = 0) -> list[Curve]:
     """Every (method, cache) curve of one workload at `size` (or of the `factory`'s methods), one
     fresh process each (`env` added to its environment). A cold curve gets a new empty cache folder;
     the warm curve of the same method runs next, on the folder its cold curve left. The folders are
-    removed afterwards."""
+    removed afterwards. `first_calls` K: the first K calls' own seconds and imports (Curve.first_calls)."""
     ns = sorted(set(int(n) for n in ns))
     if not ns or ns[0] < 1:
         raise ValueError(f"N must be positive integers, got {list(ns)}")
     base = {"workload": workload, "size": size, "factory": factory, "ns": ns, "record": record_grid(ns),
-            "max_seconds": max_seconds, "threads": threads, "device": device, "check": check}
+            "max_seconds": max_seconds, "threads": threads, "device": device, "check": check,
+            "first_calls": first_calls}
     folders: dict[str, str] = {}
     curves = []
     try:
@@ -236,11 +242,12 @@ def document(curves: Sequence[Curve], *, ns: Sequence[int], max_seconds: float, 
 
 
 def write(doc: dict[str, Any], root: Path | None = None) -> Path:
-    """results/time_to_n/<machine>/<commit8>.json under the repository root."""
-    from vmapbench.bench import repo_root
+    """results/time_to_n/<machine>/<commit8>.json under the repository root `root`, by default the
+    results folder `make bench` writes (VMAPBENCH_RESULTS_DIR where set: a GPU dry run's)."""
+    from vmapbench.bench import results_dir
 
-    root = repo_root() if root is None else root
-    path = root / "results" / RESULTS_DIR / doc["machine"] / f"{doc['commit'][:8]}.json"
+    base = results_dir() if root is None else root / "results"
+    path = base / RESULTS_DIR / doc["machine"] / f"{doc['commit'][:8]}.json"
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(json.dumps(doc, indent=1) + "\n")
     return path
@@ -378,6 +385,9 @@ def configure(parser: argparse.ArgumentParser) -> None:
                         help=f"a process is killed after --max-seconds plus this (default {DEFAULT_GRACE_S:g})")
     parser.add_argument("--threads", type=int, default=1, help="torch (and XLA) intra-op threads (default 1)")
     parser.add_argument("--device", default="cpu", help="cpu (default) or cuda")
+    parser.add_argument("--first-calls", type=int, default=0, metavar="K",
+                        help="print each of the first K calls' own seconds and the packages it imported "
+                             "(the lazy imports a call pays; default 0: the snapshots would be timed too)")
     parser.add_argument("--no-check", action="store_true",
                         help="skip the float64-loop check that follows each registry curve")
     parser.add_argument("--write", action="store_true",
@@ -447,11 +457,14 @@ def main(args: argparse.Namespace) -> int:
     for workload, size, methods in jobs:
         got = measure(workload, size, methods, factory=args.fn, ns=ns, max_seconds=args.max_seconds,
                       threads=args.threads, device=args.device, grace_s=args.grace_s, check=not args.no_check,
-                      progress=progress)
+                      progress=progress, first_calls=args.first_calls)
         curves += got
         for c in got:
             progress(f"  {c.label}: {c.status} " + " ".join(f"N={n}:{s:.3g}s" for n, s in zip(c.ns, c.seconds))
                      + (f" ({c.note})" if c.note else ""))
+            for call in c.first_calls:
+                progress(f"    call {call['n']}: {call['s']:.4f} s" + (
+                    f", imported {call['modules']} modules: {', '.join(call['imported'])}" if call["modules"] else ""))
     doc = document(curves, ns=ns, max_seconds=args.max_seconds, threads=args.threads, device=args.device,
                    load=(load_before, list(os.getloadavg())), note=args.note)
     print(header(doc))

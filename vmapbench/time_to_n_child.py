@@ -7,6 +7,9 @@ Only the standard library is imported before the first clock reading, so the pro
 workload and size (or a `module:function` factory), the method, the N points, the budget and the
 file to write. That file gets one JSON line per event as it happens (`start`, one `point` per
 recorded N, `end`), so a curve killed by the parent's timeout still keeps the points it reached.
+With `first_calls` K in the spec, each of the first K calls also gets a `call` event: its own
+seconds and the modules it imported (what a lazy import costs a call; the sys.modules snapshots
+around those calls are inside the timed span, so K stays 0 for the published curves).
 """
 from __future__ import annotations
 
@@ -70,6 +73,13 @@ def _build(spec: dict[str, Any]) -> tuple[Callable[[], Any], Callable[[], str | 
     return call, (check if spec.get("check", True) else (lambda: None)), str(getattr(state, "device", "cpu")), imported
 
 
+def imported_groups(names: set[str]) -> list[str]:
+    """Newly imported modules, by package: their first dotted component, the first two for torch's
+    own (`torch._dynamo`, `torch.fx`), sorted."""
+    groups = {".".join(n.split(".")[:2]) if n.startswith("torch.") else n.split(".")[0] for n in names}
+    return sorted(groups)
+
+
 def main(spec: dict[str, Any]) -> int:
     launched = float(spec["launched"])
     ns = sorted(int(n) for n in spec["ns"])
@@ -91,13 +101,20 @@ def main(spec: dict[str, Any]) -> int:
             return 0
         built = time.monotonic()
         calls, note, status = 0, None, "done"
-        first = time.monotonic()
+        watched = int(spec.get("first_calls") or 0)
+        first = previous = time.monotonic()
         try:
             for n in range(1, ns[-1] + 1):
+                modules = set(sys.modules) if n <= watched else None
                 call()
                 sync()
                 now = time.monotonic()
                 calls = n
+                if modules is not None:
+                    new = set(sys.modules) - modules
+                    _write(out, event="call", n=n, s=now - previous, modules=len(new), imported=imported_groups(new))
+                    now = time.monotonic()  # the next call's own time starts after the snapshot
+                previous = now
                 stopping = now - first > budget and n < ns[-1]
                 if n in record or stopping:  # the last call made ends the curve's line
                     _write(out, event="point", n=n, s=now - first)
