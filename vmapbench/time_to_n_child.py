@@ -102,19 +102,19 @@ def main(spec: dict[str, Any]) -> int:
         built = time.monotonic()
         calls, note, status = 0, None, "done"
         watched = int(spec.get("first_calls") or 0)
-        first = previous = time.monotonic()
+        first = time.monotonic()
         try:
             for n in range(1, ns[-1] + 1):
                 modules = set(sys.modules) if n <= watched else None
+                started = time.monotonic()
                 call()
                 sync()
                 now = time.monotonic()
                 calls = n
                 if modules is not None:
                     new = set(sys.modules) - modules
-                    _write(out, event="call", n=n, s=now - previous, modules=len(new), imported=imported_groups(new))
-                    now = time.monotonic()  # the next call's own time starts after the snapshot
-                previous = now
+                    _write(out, event="call", n=n, s=now - started, modules=len(new), imported=imported_groups(new))
+                    now = time.monotonic()
                 stopping = now - first > budget and n < ns[-1]
                 if n in record or stopping:  # the last call made ends the curve's line
                     _write(out, event="point", n=n, s=now - first)
