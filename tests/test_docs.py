@@ -86,6 +86,28 @@ def test_a_changed_results_file_makes_its_table_stale(tmp_path: Path) -> None:
     assert docs_tables.stale(tmp_path) == [f"README.md: noise {source}"]
 
 
+def test_the_time_to_n_headline_is_the_per_family_geomean_of_ours_over_jax() -> None:
+    """The README's first headline: per family, the geometric mean of the workloads' ours/jax.jit
+    time to N from the first call, counting only workloads where both curves reached N."""
+    import math
+
+    from vmapbench import time_to_n
+    from workloads.base import get
+
+    source = next(iter(sorted((docs_tables.ROOT / "results" / "time_to_n" / "amd-epyc-2cpu").glob("*.json"))))
+    table = docs_tables.time_to_n_headline(source).splitlines()
+    doc, curves = time_to_n.load(source)
+    groups = time_to_n.by_workload(curves)
+    hessians = [g for (w, _), g in groups.items() if get(w).family == "hessians"]
+    n = doc["ns"][-1]
+    ratios = [r for r in (time_to_n.ours_over_jax(g, n) for g in hessians) if r is not None]
+    want = math.exp(sum(math.log(r) for r in ratios) / len(ratios))
+    row = next(line for line in table if line.startswith("| hessians |"))
+    assert row.split(" | ")[-1].rstrip(" |") == f"{want:.2f} ({len(ratios)})"
+    assert table[0] == "| family | " + " | ".join(f"N={k}" for k in doc["ns"]) + " |"
+    assert table[-1].startswith(f"| **all** | ") and f"({len(groups)})" in table[-1]
+
+
 def test_a_marker_in_a_code_block_is_an_example(tmp_path: Path) -> None:
     text = "```\n<!-- table: KIND results/x.json -->\n<!-- /table -->\n```\n"
     assert docs_tables.render(text, tmp_path) == text

@@ -77,6 +77,37 @@ def peers_headline(source: Path) -> str:
     return "\n".join(lines)
 
 
+def time_to_n_headline(source: Path) -> str:
+    """Per workload family: geometric means of the default path's (cold cache) time to N over
+    jax.jit's, counted from the first call, at each N of a stored time-to-N run; a workload counts
+    at an N where both curves reached it (how many: the cell's second figure)."""
+    from vmapbench import time_to_n
+    from workloads.base import get
+
+    doc, curves = time_to_n.load(source)
+    ns = doc["ns"]
+    by_family: dict[str, list[list[Any]]] = defaultdict(list)
+    for (workload, _), group in time_to_n.by_workload(curves).items():
+        try:
+            family = get(workload).family
+        except KeyError:
+            family = "(no longer in the registry)"
+        by_family[family].append(group)
+
+    def line(name: str, groups: list[list[Any]]) -> str:
+        cells = []
+        for n in ns:
+            ratios = [r for r in (time_to_n.ours_over_jax(g, n) for g in groups) if r is not None]
+            cells.append(f"{_geomean(ratios):.2f} ({len(ratios)})" if ratios else "-")
+        return f"| {name} | " + " | ".join(cells) + " |"
+
+    lines = ["| family | " + " | ".join(f"N={n}" for n in ns) + " |",
+             "| --- | " + " | ".join("---" for _ in ns) + " |"]
+    lines += [line(f, g) for f, g in sorted(by_family.items())]
+    lines.append(line("**all**", [g for groups in by_family.values() for g in groups]))
+    return "\n".join(lines)
+
+
 def noise(source: Path) -> str:
     """The gate's calibrated noise floors of one machine, per signal family."""
     doc = json.loads(source.read_text())
@@ -121,6 +152,7 @@ KINDS: dict[str, Callable[[Path], str]] = {
     "peers": peers,
     "peers-compile": peers_compile,
     "peers-headline": peers_headline,
+    "time-to-n-headline": time_to_n_headline,
     "noise": noise,
     "coverage": coverage,
     "memlimit": memlimit,
