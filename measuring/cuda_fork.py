@@ -39,7 +39,8 @@ def cuda_built() -> bool:
 def driver_initialized() -> bool | None:
     """Whether the CUDA driver is initialized in this process, without initializing it: a driver
     call made before `cuInit` answers CUDA_ERROR_NOT_INITIALIZED. False where the driver library
-    is not even loaded; None where it cannot be asked (no libcuda, or not Linux)."""
+    is not loaded into this process (or not installed); None where it cannot be asked (no
+    RTLD_NOLOAD: not a POSIX system)."""
     if not hasattr(os, "RTLD_NOLOAD"):
         return None
     try:

@@ -128,10 +128,7 @@ def time_to_n_section(results: Path, machine: str) -> list[str]:
     if calls:
         lines += ["", "Each of the first calls (its own seconds; the packages it imported):", ""]
         for c in calls:
-            per = "; ".join(f"{k['n']}: {k['s']:.3g} s" + (f" ({', '.join(k['imported'][:8])}"
-                                                              + (", ..." if len(k["imported"]) > 8 else "") + ")"
-                                                              if k["modules"] else "") for k in c.first_calls)
-            lines.append(f"- {c.workload} {c.label}: {per}")
+            lines.append(f"- {c.workload} {c.label}: " + "; ".join(time_to_n.describe_call(k, 8) for k in c.first_calls))
     return lines + [""]
 
 

@@ -96,6 +96,17 @@ class Curve:
         return dict(zip(self.ns, self.seconds)).get(n)
 
 
+def describe_call(call: dict[str, Any], packages: int | None = None) -> str:
+    """One of a curve's first calls in words: 'call N: S s', and what it imported (the first
+    `packages` of its packages, all when None)."""
+    text = f"call {call['n']}: {call['s']:.3g} s"
+    if call["modules"]:
+        shown = call["imported"] if packages is None else call["imported"][:packages]
+        more = ", ..." if len(shown) < len(call["imported"]) else ""
+        text += f", imported {call['modules']} modules: {', '.join(shown)}{more}"
+    return text
+
+
 def curve_label(method: str, cache: str) -> str:
     name = LABELS.get(method, method)
     return f"{name}, {cache} cache" if method in INDUCTOR_METHODS else name
@@ -463,8 +474,7 @@ def main(args: argparse.Namespace) -> int:
             progress(f"  {c.label}: {c.status} " + " ".join(f"N={n}:{s:.3g}s" for n, s in zip(c.ns, c.seconds))
                      + (f" ({c.note})" if c.note else ""))
             for call in c.first_calls:
-                progress(f"    call {call['n']}: {call['s']:.4f} s" + (
-                    f", imported {call['modules']} modules: {', '.join(call['imported'])}" if call["modules"] else ""))
+                progress(f"    {describe_call(call)}")
     doc = document(curves, ns=ns, max_seconds=args.max_seconds, threads=args.threads, device=args.device,
                    load=(load_before, list(os.getloadavg())), note=args.note)
     print(header(doc))
