@@ -10,10 +10,11 @@ from functools import lru_cache
 from typing import Any, Callable
 
 import torch
-from torch.utils._python_dispatch import TorchDispatchMode, _disable_current_modes
+from torch.utils._python_dispatch import _disable_current_modes
 
 from engine import _gradsum
 from engine._batched import BatchedTensor, LevelInfo, _active, _make_wrapper, add_batch_dim, install_dispatch, wrap
+from engine._modes import EngineMode
 from engine._fallbacks import FallbackRecord, _note_fallback, fallback_policy, record_fallbacks  # noqa: F401  (engine's API)
 from engine._opmeta import _OpMeta, op_meta, op_name, out_of_place_view  # noqa: F401  (read here and by engine.trace)
 from engine._view_copies import LIVE as _VIEW_COPIES, check_writes, note_copy
@@ -803,18 +804,12 @@ def _checked_plain(call: Any, mutated: tuple, name: str) -> Any:
     return checked
 
 
-class VmapMode(TorchDispatchMode):
+class VmapMode(EngineMode):
     """Active while a vmapped function runs; decides what random ops without batched inputs do."""
 
     def __init__(self, info: LevelInfo):
         super().__init__()
         self.info = info
-
-    @classmethod
-    def _should_skip_dynamo(cls) -> bool:
-        # The engine never runs under dynamo (engine.compile compiles the traced graph), so the
-        # per-op dynamo-disable wrapper PyTorch puts around modes is pure overhead here.
-        return False
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         kwargs = kwargs or _NO_KWARGS

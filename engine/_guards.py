@@ -53,7 +53,7 @@ _Depth = _DepthLocal()
 
 def requires_grad(t: torch.Tensor, flag: bool = True) -> torch.Tensor:
     """`t.requires_grad_(flag)` for the engine's own leaves, allowed inside transforms. A
-    __torch_function__ mode (make_fx while engine.trace records) re-dispatches the call through
+    __torch_function__ mode (make_fx, a user's mode) re-dispatches the call through
     `torch.Tensor.requires_grad_`, the checking wrapper: the flag lets it through there."""
     own = _State.own
     _State.own = True

@@ -71,7 +71,7 @@ from engine.fused import _local as fused_mode
 from engine.errors import ReplayMismatchError
 from engine import replay_contract
 from engine.guardstate import StateGuard, _Distribution, _NativeGuard, torch_globals
-from engine.trace import _PLAIN, TracedFunction, _GuardFailed, _fast_signature, _signature, exact_value, load_recorder
+from engine.trace import _PLAIN, TracedFunction, _GuardFailed, _fast_signature, _signature, exact_value
 
 __all__ = ["AutoTraced", "auto_trace", "autotraced_state", "traced_transform", "transform_entry"]
 
@@ -336,7 +336,6 @@ class AutoTraced:
         recording (the guard did not cover what they read): the signature is verified again."""
         if not purity.can_watch():
             return self._eager(args, kwargs)
-        load_recorder()  # (the tracer's lazy imports, outside the watch)
         with purity.watch() as seen:
             out = running(self.traced._call, args, kwargs, fast)
         modules = {k: m for k, m in seen.modules.items() if k not in self._modules}

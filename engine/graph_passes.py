@@ -366,10 +366,11 @@ def _simplify(gm: torch.fx.GraphModule) -> None:
                 keep = src
         elif node.target in (aten.ones_like.default, aten.zeros_like.default):
             val = _node_val(node)
-            if isinstance(val, torch.Tensor) and val.is_contiguous():
+            device = node.meta.get("device", getattr(val, "device", None))
+            if isinstance(val, torch.Tensor) and val.is_contiguous() and device is not None and device.type != "meta":
                 make = aten.ones.default if node.target is aten.ones_like.default else aten.zeros.default
                 node.target, node.args = make, (list(val.shape),)
-                node.kwargs = {"dtype": val.dtype, "layout": val.layout, "device": val.device, "pin_memory": False}
+                node.kwargs = {"dtype": val.dtype, "layout": val.layout, "device": device, "pin_memory": False}
         if keep is None and (key := _cse_key(node)) is not None:
             first = seen.setdefault(key, node)
             if first is not node:
@@ -401,7 +402,7 @@ def _out_of_place_views(gm: torch.fx.GraphModule) -> None:
 
     Autograd's formulas apply them to fresh results (matmul's backward squeezes its product in
     place); they only change the metadata of their tensor, yet they count as mutations, which
-    keeps the other passes away from the whole graph. make_fx points every later use of the
+    keeps the other passes away from the whole graph. the recording points every later use of the
     tensor at the in-place node, so when the tensor is made inside the graph (not an input, whose
     caller would see the change) and nothing reads it after the op except through the op, the
     out-of-place view computes the same thing.

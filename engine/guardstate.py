@@ -830,7 +830,7 @@ _dict_version = getattr(getattr(torch._C._dynamo, "guards", None), "dict_version
 # Building a native check makes torch import Dynamo's guard module (its C++ guard tree reads an
 # enum from there), once per process: `NATIVE_IMPORT_S`, what that import took where measured
 # (docs/lab), more than a small guard's Python check costs in a hundred thousand calls. So guards
-# check in Python until Dynamo is imported anyway (a recording: make_fx imports it; torch.compile)
+# check in Python until Dynamo is imported anyway (torch.compile, a user's import)
 # or this process's Python checks have cost `NATIVE_IMPORT_S` in all; then the import is paid, at
 # most twice what the cheaper choice would have cost (the ski-rental rule; tests/test_lazy_imports.py).
 # NATIVE_GUARDS ("auto"; "now": build at once; "never": Python only), from VMAPBENCH_NATIVE_GUARDS,

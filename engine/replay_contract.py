@@ -19,8 +19,10 @@ from typing import Any, Hashable
 
 import torch
 from torch.multiprocessing.reductions import StorageWeakRef
-from torch.utils._python_dispatch import TorchDispatchMode, _disable_current_modes
+from torch.utils._python_dispatch import _disable_current_modes
 from torch.utils._pytree import tree_flatten
+
+from engine._modes import EngineMode, decompose
 
 __all__ = ["Numbering", "OpLog", "departures", "logs"]
 
@@ -154,11 +156,11 @@ class Numbering:
         return self._ids.setdefault(key, len(self._ids))
 
 
-class OpLog(TorchDispatchMode):
+class OpLog(EngineMode):
     """Records the rounding ops a call runs on plain tensors, each with its operands' numbers.
 
     Tensor subclasses (the engine's batched tensor) are let through to their own dispatch, which
-    runs the plain ops this mode then sees, and composite ops are decomposed: the level make_fx
+    runs the plain ops this mode then sees, and composite ops are decomposed: the level engine.recorder
     records a trace at."""
 
     def __init__(self, numbering: Numbering) -> None:
@@ -210,9 +212,8 @@ class OpLog(TorchDispatchMode):
         kwargs = kwargs or {}
         if any(t not in _PLAIN for t in types):
             return NotImplemented
-        # A composite op is logged as the ops it decomposes into, as make_fx records it.
-        with self:
-            out = func.decompose(*args, **kwargs)
+        # A composite op is logged as the ops it decomposes into, as engine.recorder records it.
+        out = decompose(self, func, args, kwargs)
         if out is not NotImplemented:
             return out
         tensors = [t for t in tree_flatten((args, kwargs))[0] if isinstance(t, torch.Tensor)]

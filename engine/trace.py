@@ -3,7 +3,7 @@
 The engine pays tens of microseconds of Python per op (the batched tensor's dispatch, the rules,
 autograd's bookkeeping). For a fixed input signature all of that decides the same thing every
 call, so it is run once: the whole computation (batching rules and the backward passes included)
-is recorded with `make_fx` as an FX graph of aten ops on plain tensors, cleaned of the
+is recorded (`engine.recorder`) as an FX graph of aten ops on plain tensors, cleaned of the
 bookkeeping the transforms leave behind (shape-only chains, transpose pairs, the forward value a
 backward seed only needs the shape of, repeated ops), and later calls replay that graph.
 `engine.compile` hands the same graph to inductor directly (see `compile`).
@@ -46,14 +46,15 @@ from typing import Any, Callable, Hashable, Iterator
 
 import torch
 import torch.fx
-from torch.fx.experimental.proxy_tensor import make_fx
-from torch.utils._python_dispatch import TorchDispatchMode, _disable_current_modes
+from torch.utils._python_dispatch import _disable_current_modes
 from torch.utils._pytree import tree_flatten, tree_map_only, tree_unflatten
 
 from engine import fused
+from engine._modes import EngineMode
 from engine.autoswitch import running
 from engine.errors import DataDependentError
 from engine.graph_passes import Fold, clean_up, fold_constants
+from engine.recorder import record
 
 aten = torch.ops.aten
 _fused_switch = fused._local
@@ -211,7 +212,7 @@ def _fast_signature(args: tuple, kwargs: dict, strides: bool) -> tuple[Hashable,
 _PLAIN = (torch.Tensor, torch.nn.Parameter)
 
 
-class _DataGuard(TorchDispatchMode):
+class _DataGuard(EngineMode):
     """Watches the ops that hand tensor data to Python or give data-dependent shapes while tracing.
 
     A Python bool read off a tensor (`if torch._is_all_true(valid):` in torch.distributions'
@@ -554,15 +555,6 @@ def compile_with_inductor(gm: torch.fx.GraphModule, inputs: list, kwargs: dict) 
     return standalone_compile(gm, inputs, dynamic_shapes="from_example_inputs", options=options)
 
 
-def load_recorder() -> None:
-    """Import what make_fx imports at its first use (torch's symbolic-shape module; inductor's
-    config, and with it Dynamo). engine.autotrace calls this before a recording it watches, so
-    those imports do not run under engine.purity's sys.setprofile hook, which slows every Python
-    call they make several times over."""
-    import torch._inductor.config  # noqa: F401
-    import torch.fx.experimental.symbolic_shapes  # noqa: F401
-
-
 class TracedFunction:
     """Callable returned by `engine.trace`: replays one recorded aten graph per input signature."""
 
@@ -747,7 +739,7 @@ class TracedFunction:
         return entry
 
     def _trace(self, flat: list, spec: Any, args: tuple, kwargs: dict) -> Entry:
-        with _RECORDING:  # make_fx patches process-wide state: one recording at a time
+        with _RECORDING:  # one recording at a time (the guard's undo log, the grad-mode pins)
             return self._record(flat, spec, args, kwargs)
 
     def _record(self, flat: list, spec: Any, args: tuple, kwargs: dict) -> Entry:
@@ -776,7 +768,7 @@ class TracedFunction:
 
         start = time.perf_counter()
         try:
-            gm = make_fx(flat_fn, tracing_mode="real")(*[flat[i] for i in entry.tensor_pos])
+            gm = record(flat_fn, [flat[i] for i in entry.tensor_pos])
         except DataDependentError as err:
             # The eager rerun that follows must not see the writes the aborted run already made.
             guard.undo_writes()

@@ -12,6 +12,7 @@ import functools
 from typing import Any, Callable, Iterator
 
 import torch
+from torch.utils._python_dispatch import _disable_current_modes
 from torch.utils._pytree import tree_flatten, tree_map, tree_unflatten
 
 from engine import _gradsum
@@ -620,6 +621,13 @@ def _check_tangent_dtypes(flat_p: list, flat_t: list, api: str) -> None:
             )
 
 
+def _same_rng_state(before: torch.Tensor) -> bool:
+    """Whether the CPU generator's state is still `before`: compared outside any TorchDispatchMode,
+    as engine bookkeeping (a trace's guard mode would refuse the comparison as a read of values)."""
+    with _disable_current_modes():
+        return torch.equal(before, torch.get_rng_state())
+
+
 def jacfwd(func: Callable, argnums: Any = 0, has_aux: bool = False, *, randomness: str = "error") -> Callable:
     """Jacobian by forward mode: a vmapped jvp over the input basis (torch.func.jacfwd)."""
 
@@ -643,7 +651,7 @@ def jacfwd(func: Callable, argnums: Any = 0, has_aux: bool = False, *, randomnes
         # still raise as torch.func's (which runs f inside that vmap): the global stream moved
         before = torch.get_rng_state() if randomness == "error" else None
         out, jvp_fn, _ = _linearize(partial, tuple(diff), "jacfwd(f, ...)")
-        if before is not None and not torch.equal(before, torch.get_rng_state()):
+        if before is not None and not _same_rng_state(before):
             raise RandomnessError(
                 f"jacfwd({getattr(func, '__name__', 'f')}, ...): called random operation while in randomness error "
                 f"mode. Pass randomness='same' or 'different' to jacfwd, or draw outside the transformed function.")

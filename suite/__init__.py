@@ -16,7 +16,14 @@ import sys as _sys
 # it) measures the eager and replay tiers; the fused tier's figures come from
 # `python -m vmapbench.peer_ratios`, which settles its compiles first. VMAPBENCH_FUSED=1 (or force)
 # in the environment overrides this.
+# Guards likewise: automatic tracing's guards check in Python until those checks have cost what
+# building their native check costs (engine.guardstate.NATIVE_IMPORT_S, a time), then build it, so
+# a timing could switch in the middle; the suite times the settled (native) check.
+# GUARDS_SET: whether this module set it (time-to-N points take it back: they measure guards as a
+# user's process gets them).
+GUARDS_SET = "VMAPBENCH_NATIVE_GUARDS" not in _os.environ
 _os.environ.setdefault("VMAPBENCH_FUSED", "0")
+_os.environ.setdefault("VMAPBENCH_NATIVE_GUARDS", "now")
 
 
 def _own_measuring() -> None:

@@ -74,7 +74,8 @@ def count_instructions(name: str, method: str) -> list[int]:
     with tempfile.TemporaryDirectory(prefix="vmapbench-counts-") as folder:
         out = Path(folder)
         library = _counts.build_requests(out / "lib")
-        env = dict(os.environ, OMP_NUM_THREADS="1", MKL_NUM_THREADS="1", PYTHONHASHSEED="0", VMAPBENCH_FUSED="0")
+        env = dict(os.environ, OMP_NUM_THREADS="1", MKL_NUM_THREADS="1", PYTHONHASHSEED="0", VMAPBENCH_FUSED="0",
+                   VMAPBENCH_NATIVE_GUARDS="now")
         try:
             from measuring import malloc
 

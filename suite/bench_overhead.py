@@ -230,6 +230,12 @@ def auto_and_traced(model: str) -> tuple[Callable[[], Any], Callable[[], Any]]:
         raise NotImplementedError("automatic tracing (engine.auto_tracing) does not exist at this commit")
     from engine.autotrace import autotraced_state
 
+    try:  # the settled state: a long-running process's guards check natively (guardstate.NATIVE_IMPORT_S)
+        from engine import guardstate
+
+        guardstate.NATIVE_GUARDS = "now"
+    except ImportError:
+        pass
     torch.manual_seed(0)
     loss = auto_model(model)
     auto = engine.vmap(engine.grad(loss))

@@ -102,11 +102,13 @@ def measure_point(workload: Workload, curve: str, device: str, profile: str) -> 
     from vmapbench import time_to_n
     from vmapbench.peer_ratios import default_size
 
+    from . import GUARDS_SET
+
     method, cache = method_of(workload, curve), CURVES[curve][1]
     pairs = [(method, "cold")] + ([(method, "warm")] if cache == "warm" else [])
     measured = time_to_n.measure(workload.name, default_size(workload), pairs, ns=PROFILE_NS[profile],
                                  max_seconds=PROFILE_MAX_SECONDS[profile], threads=1, device=device,
-                                 check=False)[-1]
+                                 check=False, env={"VMAPBENCH_NATIVE_GUARDS": None} if GUARDS_SET else None)[-1]
     got = {"seconds": dict(zip(measured.ns, measured.seconds)), "status": measured.status, "note": measured.note}
     if path is not None:
         tmp = path.with_suffix(f".{os.getpid()}.tmp")

@@ -1,8 +1,8 @@
 """What the engine's first calls import. torch imports some of its own modules on first use:
 sympy (torch.autograd.grad's size check) and Dynamo (a native guard's build) cost a process about
-a quarter and over half a second. The engine's eager calls import neither; the recording
-(make_fx) imports both, and guards build their native check once Dynamo is there or their Python
-checks have cost as much as its import (engine.guardstate.native_checks_pay)."""
+a quarter and over half a second. Neither the engine's eager calls nor its recording
+(engine.recorder) import either; guards build their native check once Dynamo is there or their
+Python checks have cost as much as its import (engine.guardstate.native_checks_pay)."""
 from __future__ import annotations
 
 import subprocess
@@ -54,10 +54,9 @@ def test_eager_calls_import_neither_sympy_nor_dynamo_and_the_replays_are_right()
                 assert guard is not None and guard._natives is None and guard._deferred
         print(first, seen, autotraced_state(f)._guard._natives is not None)
     """)
-    # torch.autograd.functional.hessian imported neither; calls 1-2 (eager, then watched) import
-    # nothing; call 3 records (make_fx imports both); call 4 builds the native check, Dynamo
-    # being there
-    assert out.strip() == "[] [[], [], ['sympy', 'torch._dynamo'], [], []] True", out
+    # torch.autograd.functional.hessian imported neither; calls 1-2 (eager, then watched), 3
+    # (the recording) and 4-5 (replays) import nothing, and the guard still checks in Python
+    assert out.strip() == "[] [[], [], [], [], []] False", out
 
 
 def test_autograd_vjp_equals_torch_autograd_grad_and_defers_to_it_on_a_mismatch():

@@ -9,6 +9,7 @@ import torch
 from torch.func import functional_call
 
 import engine
+from engine.recorder import record
 from engine.trace import TraceFallbackWarning, UntraceableError
 
 ATOL = 1e-5
@@ -224,7 +225,7 @@ def test_bmm_of_a_broadcast_matrix_is_folded_into_one_mm(k):
         return torch.bmm(left.expand(4, 5, 6), ys), torch.bmm(xs, right.unsqueeze(0).expand(4, 6, k)) * 2
 
     args = (left, right, xs, ys)
-    gm = torch.fx.experimental.proxy_tensor.make_fx(fn)(*args)
+    gm = record(lambda *a: list(fn(*a)), args)
     _fold_broadcast_bmm(gm)
     gm.graph.eliminate_dead_code()
     gm.recompile()

@@ -30,6 +30,7 @@ from typing import Any, Callable, Sequence
 import torch
 
 import engine
+from engine import guardstate
 from engine.autotrace import autotraced_state
 from measuring import counts
 
@@ -56,6 +57,7 @@ def _cpu(fn: Callable[[], Any], number: int) -> float:
 
 def _pair(blocks: int) -> tuple[Callable, Callable, Any, torch.Tensor]:
     """(auto-traced, engine.trace'd, the AutoTraced, input) of one model size, both replaying."""
+    guardstate.NATIVE_GUARDS = "now"  # the settled state: a long run's guards check natively (NATIVE_IMPORT_S)
     loss = _model(blocks)
     auto = engine.vmap(engine.grad(loss))
     traced = engine.trace(engine.vmap(engine.grad(loss)))

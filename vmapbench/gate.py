@@ -335,6 +335,9 @@ def probe_env() -> dict[str, str]:
     # The replay tier, never a fused program loaded mid-timing from what an earlier run left on
     # disk (see suite/__init__.py): a fresh runner and this machine measure the same paths.
     env["VMAPBENCH_FUSED"] = "0"
+    # Guards' native check built at once (engine.guardstate.NATIVE_GUARDS), not after a time: the
+    # counts repeat and both sides measure the settled check.
+    env["VMAPBENCH_NATIVE_GUARDS"] = "now"
     env.setdefault("TORCHINDUCTOR_CACHE_DIR", str(Path.cwd() / ".inductor-cache"))
     return env
 

@@ -127,15 +127,16 @@ def curves_of(methods: Sequence[str]) -> list[tuple[str, str]]:
 
 
 def measure_curve(spec: dict[str, Any], cache_dir: str, timeout_s: float,
-                  env: dict[str, str] | None = None) -> Curve:
+                  env: dict[str, str | None] | None = None) -> Curve:
     """Run one curve in a fresh process (`spec` as vmapbench.time_to_n_child reads it, without the
-    launch time and output file, which this adds) with TORCHINDUCTOR_CACHE_DIR=`cache_dir`."""
+    launch time and output file, which this adds) with TORCHINDUCTOR_CACHE_DIR=`cache_dir`; `env`
+    is added to this process's environment (a None value removes the variable)."""
     curve = Curve(spec.get("workload") or spec.get("factory") or "?", spec.get("size") or "-", spec["method"],
                   spec["cache"], cache_dir=cache_dir)
     with tempfile.TemporaryDirectory(prefix="vmapbench-ttn-out-") as folder:
         out = Path(folder) / "events.jsonl"
-        child_env = {**os.environ, **(env or {}), "TORCHINDUCTOR_CACHE_DIR": cache_dir,
-                     "OMP_NUM_THREADS": str(spec["threads"])}
+        child_env = {k: v for k, v in {**os.environ, **(env or {})}.items() if v is not None}
+        child_env.update(TORCHINDUCTOR_CACHE_DIR=cache_dir, OMP_NUM_THREADS=str(spec["threads"]))
         launched = time.monotonic()
         full = {**spec, "launched": launched, "out": str(out)}
         # A session of its own, so that a kill on timeout also ends what the child started
@@ -189,9 +190,9 @@ def _kill_group(pgid: int) -> None:
 def measure(workload: str | None, size: str | None, methods: Sequence[tuple[str, str]], *,
             factory: str | None = None, ns: Sequence[int] = DEFAULT_NS, max_seconds: float = DEFAULT_MAX_SECONDS,
             threads: int = 1, device: str = "cpu", grace_s: float = DEFAULT_GRACE_S, check: bool = True,
-            progress: Any = None, env: dict[str, str] | None = None, first_calls: int = 0) -> list[Curve]:
+            progress: Any = None, env: dict[str, str | None] | None = None, first_calls: int = 0) -> list[Curve]:
     """Every (method, cache) curve of one workload at `size` (or of the `factory`'s methods), one
-    fresh process each (`env` added to its environment). A cold curve gets a new empty cache folder;
+    fresh process each (`env` added to its environment; None removes a variable). A cold curve gets a new empty cache folder;
     the warm curve of the same method runs next, on the folder its cold curve left. The folders are
     removed afterwards. `first_calls` K: the first K calls' own seconds and imports (Curve.first_calls)."""
     ns = sorted(set(int(n) for n in ns))
