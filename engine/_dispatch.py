@@ -14,7 +14,7 @@ from torch.utils._python_dispatch import _disable_current_modes
 
 from engine import _gradsum
 from engine._batched import BatchedTensor, LevelInfo, _active, _make_wrapper, add_batch_dim, install_dispatch, wrap
-from engine._modes import EngineMode
+from engine._modes import EngineMode, composite_kernel
 from engine._fallbacks import FallbackRecord, _note_fallback, fallback_policy, record_fallbacks  # noqa: F401  (engine's API)
 from engine._opmeta import _OpMeta, op_meta, op_name, out_of_place_view  # noqa: F401  (read here and by engine.trace)
 from engine._view_copies import LIVE as _VIEW_COPIES, check_writes, note_copy
@@ -463,7 +463,7 @@ def _without_rule(func: Any, info: LevelInfo, args: tuple, kwargs: dict) -> Any:
         custom = run_custom_op(func, args, kwargs)
         if custom is not NotImplemented:
             return custom
-        decomposed = _try_decomposition(func, args, kwargs, info.level)
+        decomposed = _try_decomposition(func, args, kwargs, info)
         if decomposed is not NotImplemented:
             return decomposed
     else:
@@ -603,30 +603,35 @@ def _randomness_error(func: Any) -> RandomnessError:
 # Decomposition: prefer running a composite op as its parts (each batched by a rule) to looping.
 @lru_cache(maxsize=None)
 def _decomposition_for(func: Any) -> Any:
+    """A composite op's C++ decomposition (engine._modes.composite_kernel), else torch's Python one."""
+    kernel = composite_kernel(func)
+    if kernel is not None:
+        return kernel
     from torch._decomp import decomposition_table
 
-    decomp = decomposition_table.get(func)
-    if decomp is not None:
-        return decomp
-    if torch._C._dispatch_has_kernel_for_dispatch_key(func.name(), "CompositeImplicitAutograd"):
-        return func.decompose
-    return None
+    return decomposition_table.get(func)
 
 
 class _DecompositionFailed(Exception):
     pass
 
 
-def _try_decomposition(func: Any, args: tuple, kwargs: dict, level: int) -> Any:
+def _try_decomposition(func: Any, args: tuple, kwargs: dict, info: LevelInfo) -> Any:
+    """`func` run as its parts, each batched by its rule; NotImplemented where it has no
+    decomposition or the decomposition fails (the fallback then decides). The parts run under the
+    level's VmapMode, as the op's own call did: without a mode, torch dispatches each part on the
+    batched tensor by its subclass, which first asks whether it is a DTensor and so imports
+    torch.distributed.tensor (with sympy, a third of a second) at the first."""
     decomp = _decomposition_for(func)
     if decomp is None:
         return NotImplemented
-    _check_arguments(func, args, kwargs, level)
+    _check_arguments(func, args, kwargs, info.level)
     _DecompGuard.depth += 1
     try:
         if _DecompGuard.depth > 8:  # a decomposition that calls itself back: give up on decomposing
             return NotImplemented
-        out = decomp(*args, **kwargs)
+        with VmapMode(info):
+            out = decomp(*args, **kwargs)
     except (FallbackError, DataDependentError, RandomnessError):
         raise
     except Exception:  # noqa: BLE001 - the loop below raises the real error if there is one

@@ -1,13 +1,15 @@
 """The base of the engine's TorchDispatchModes, and how they see composite ops."""
 from __future__ import annotations
 
-from typing import Any
+import functools
+from typing import Any, Callable
 
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
 _COMPOSITE_KEY = torch._C.DispatchKey.CompositeImplicitAutograd
-_composite: dict[Any, bool] = {}
+_UNSET = object()
+_kernels: dict[Any, Any] = {}
 
 
 class EngineMode(TorchDispatchMode):
@@ -24,16 +26,28 @@ class EngineMode(TorchDispatchMode):
         return False
 
 
+def composite_kernel(func: Any) -> Callable[..., Any] | None:
+    """The C++ decomposition of a composite op (CompositeImplicitAutograd), or None for other ops.
+
+    It is what an eager call of the op runs, and what torch.func's transforms run; torch's Python
+    decomposition that some of these ops also have (make_fx's and `OpOverload.decompose`'s
+    choice) imports torch's symbolic-shape module (sympy, a quarter of a second) at its first call.
+    """
+    kernel = _kernels.get(func, _UNSET)
+    if kernel is _UNSET:
+        kernel = None
+        if torch._C._dispatch_has_kernel_for_dispatch_key(func.name(), _COMPOSITE_KEY):
+            kernel = functools.partial(func._op_dk, _COMPOSITE_KEY)
+        _kernels[func] = kernel
+    return kernel
+
+
 def decompose(mode: TorchDispatchMode, func: Any, args: tuple, kwargs: dict) -> Any:
-    """`func` run as the ops it decomposes into, which reach `mode` again; NotImplemented when it
-    is not a composite op (CompositeImplicitAutograd). A composite op reaches a mode when called
-    below autograd (a batching rule, inference mode, a backward formula). Its C++ decomposition is
-    run, the one an eager call runs (the Python one some ops also have imports torch's
-    symbolic-shape module, sympy, at its first call)."""
-    known = _composite.get(func)
-    if known is None:
-        known = _composite[func] = torch._C._dispatch_has_kernel_for_dispatch_key(func.name(), _COMPOSITE_KEY)
-    if not known:
+    """`func` run as the ops it decomposes into (`composite_kernel`), which reach `mode` again;
+    NotImplemented when it is not a composite op. A composite op reaches a mode when called below
+    autograd (a batching rule, inference mode, a backward formula)."""
+    kernel = composite_kernel(func)
+    if kernel is None:
         return NotImplemented
     with mode:
-        return func._op_dk(_COMPOSITE_KEY, *args, **kwargs)
+        return kernel(*args, **kwargs)

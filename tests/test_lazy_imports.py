@@ -94,3 +94,18 @@ def test_a_guard_checks_in_python_until_its_checks_cost_the_import_then_builds_t
     assert guard.holds() and not guard._deferred and guard._native is not None
     net.bias = torch.nn.Parameter(torch.randn(2))  # and the native check sees one too
     assert not guard._native.holds() and not guard.holds()
+
+
+def test_a_decomposed_op_imports_neither_sympy_nor_dtensor_and_equals_torch_func():
+    # matmul called by a batching rule on a tensor batched at an inner level reaches the engine as
+    # a composite op, which it decomposes: by the op's C++ decomposition, its parts dispatched
+    # through the level's VmapMode (torch's Python decomposition imports the symbolic-shape
+    # module; parts dispatched by subclass make torch import torch.distributed.tensor)
+    out = _fresh("""
+        import sys, torch, engine
+        a, b = torch.randn(2, 3, 4, 5, dtype=torch.float64), torch.randn(2, 3, 5, dtype=torch.float64)
+        got = engine.vmap(engine.vmap(lambda x, y: x @ y))(a, b)
+        want = torch.func.vmap(torch.func.vmap(lambda x, y: x @ y))(a, b)
+        print(torch.allclose(got, want, rtol=1e-12, atol=1e-12), sorted(m for m in ("sympy", "torch.distributed.tensor") if m in sys.modules))
+    """)
+    assert out.strip() == "True []", out
