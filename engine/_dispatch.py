@@ -809,6 +809,21 @@ def _checked_plain(call: Any, mutated: tuple, name: str) -> Any:
     return checked
 
 
+class BatchedRoute(EngineMode):
+    """Routes ops on batched tensors to their plans while no vmap level is alive: a backward pass
+    through nodes a returned vmap recorded (engine.transforms.autograd_vjp). Without a mode, torch
+    dispatches them by subclass, whose check for DTensor imports torch.distributed.tensor (with
+    sympy, a third of a second) at its first use; the plan is the same either way."""
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        if BatchedTensor in types:
+            plan = PLANS.get(func)
+            if plan is None:
+                plan = _build_plan(func)
+            return plan(args, kwargs or _NO_KWARGS)
+        return func(*args, **(kwargs or _NO_KWARGS))
+
+
 class VmapMode(EngineMode):
     """Active while a vmapped function runs; decides what random ops without batched inputs do."""
 

@@ -34,6 +34,9 @@ _queued_for_task = [-1]  # the backward pass (graph task id) whose end already f
 # The newest record still holds its output tensor: autograd attaches the node to it only after the
 # op returns, so the node is read off it at the next batched op (or flush) and the tensor let go.
 _last: list = []
+# Whether autograd has recorded a node of a batched op in this process (a backward pass may then
+# run ops on batched tensors after their vmap returned: engine.transforms.autograd_vjp).
+BATCHED_NODES = [False]
 
 
 def levels_of(x: Any) -> tuple[int, ...]:
@@ -53,6 +56,7 @@ def note(args: tuple, kwargs: dict, out: Any, level: int) -> None:
             break
     else:
         return  # the cheap common exit: autograd records nothing
+    BATCHED_NODES[0] = True
     per = [(a, levels_of(a)) for a in tensors]
     first = per[0][1]
     for _, lv in per:

@@ -17,6 +17,8 @@ from torch.utils._pytree import tree_flatten, tree_map, tree_unflatten
 
 from engine import _gradsum
 from engine._batched import LevelInfo, _active, _is_outer, batch_levels, clock, mark_inner
+from engine._dispatch import BatchedRoute
+from engine._gradsum import BATCHED_NODES
 from engine._guards import _Depth, requires_grad, transform_scope
 from engine._repr import mark_grad_input, pop_grad, push_grad
 from engine._vmap import vmap
@@ -131,7 +133,15 @@ def autograd_vjp(outputs: list, inputs: list, cotangents: list, create_graph: bo
     eager process's first call (tests/test_lazy_imports.py); for plain tensors of equal shapes and
     matching complexness those checks pass and grad hands its arguments unchanged to the engine
     call made here. Anything else (a mismatch, a nested tensor, a tensor subclass with
-    __torch_function__) goes to torch.autograd.grad, which decides and words its errors."""
+    __torch_function__) goes to torch.autograd.grad, which decides and words its errors. A pass that
+    may run ops on batched tensors with no vmap level alive runs under engine._dispatch.BatchedRoute."""
+    if BATCHED_NODES[0] and not _active:
+        with BatchedRoute():
+            return _autograd_vjp(outputs, inputs, cotangents, create_graph, retain_graph)
+    return _autograd_vjp(outputs, inputs, cotangents, create_graph, retain_graph)
+
+
+def _autograd_vjp(outputs: list, inputs: list, cotangents: list, create_graph: bool, retain_graph: bool) -> tuple:
     if (_run_backward is None or len(outputs) != len(cotangents) or not outputs
             or torch._C._has_torch_function((*outputs, *inputs, *cotangents))
             or not all(isinstance(c, torch.Tensor) and isinstance(o, torch.Tensor)

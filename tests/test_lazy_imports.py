@@ -109,3 +109,20 @@ def test_a_decomposed_op_imports_neither_sympy_nor_dtensor_and_equals_torch_func
         print(torch.allclose(got, want, rtol=1e-12, atol=1e-12), sorted(m for m in ("sympy", "torch.distributed.tensor") if m in sys.modules))
     """)
     assert out.strip() == "True []", out
+
+
+def test_a_backward_pass_after_its_vmap_returned_imports_no_dtensor_and_equals_torch_func():
+    # grad of a function that vmaps inside: the backward pass runs ops on batched tensors after the
+    # vmap returned (engine._dispatch.BatchedRoute routes them; by subclass, torch would import
+    # torch.distributed.tensor to ask whether they are DTensors)
+    out = _fresh("""
+        import sys, torch, engine
+        w = torch.randn(4, dtype=torch.float64)
+        xs = torch.randn(8, 4, dtype=torch.float64)
+        f = lambda eng: (lambda w: eng.vmap(lambda x: torch.tanh(x @ w))(xs).sum())
+        got = engine.grad(f(engine))(w)
+        imported = sorted(m for m in ("sympy", "torch.distributed.tensor") if m in sys.modules)
+        want = torch.func.grad(f(torch.func))(w)  # (torch.func imports sympy itself)
+        print(torch.allclose(got, want, rtol=1e-12, atol=1e-12), imported)
+    """)
+    assert out.strip() == "True []", out
