@@ -444,6 +444,44 @@ def test_binary_cross_entropy_with_logits_rule(reduction, case):
         assert close(engine.vmap(engine.grad(scalar), in_dims=dims)(x, t, w), tf.vmap(tf.grad(scalar), in_dims=dims)(x, t, w))
 
 
+@pytest.mark.parametrize("reduction", ["none", "mean", "sum"])
+@pytest.mark.parametrize("shapes", [((3, 4), (3, 4)), ((3, 4), (4,)), ((4,), (3, 4)), ((), ())])
+@pytest.mark.parametrize("batched", [(0, 0), (0, None), (None, 0)])
+def test_mse_loss_rule(reduction, shapes, batched):
+    """mse_loss and its backward have their own rules (the kernel over the broadcast operands, the
+    reduction per element; the backward's own formula per element): equal to the loop, and so
+    are the gradients (either operand, either batched) and second derivatives, per element by
+    torch.func (whose vmap of a broadcast target's gradient raises)."""
+    import torch.func as tf
+    import torch.nn.functional as F
+
+    from engine.rules._table import RULES
+
+    assert {torch.ops.aten.mse_loss.default, torch.ops.aten.mse_loss_backward.default} <= set(RULES)
+    torch.manual_seed(0)
+    x = torch.randn(((B,) if batched[0] == 0 else ()) + shapes[0], dtype=torch.float64)
+    t = torch.randn(((B,) if batched[1] == 0 else ()) + shapes[1], dtype=torch.float64)
+
+    def f(a, b):
+        return torch.ops.aten.mse_loss.default(a.sin(), b, {"none": 0, "mean": 1, "sum": 2}[reduction])
+
+    def scalar(a, b):
+        return f(a, b).sum()
+
+    with engine.fallback_policy("error"):
+        assert close(engine.vmap(f, in_dims=batched)(x, t), loop(f, x, t, in_dims=batched))
+        for argnums in (0, 1):
+            got = engine.vmap(engine.grad(scalar, argnums=argnums), in_dims=batched)(x, t)
+            assert close(got, loop(tf.grad(scalar, argnums=argnums), x, t, in_dims=batched))
+        if shapes[0] == shapes[1] and reduction != "none":
+            got = engine.vmap(engine.hessian(scalar), in_dims=batched)(x, t)
+            assert close(got, loop(tf.hessian(scalar), x, t, in_dims=batched))
+    # F.mse_loss on a batch of examples' outputs, differentiated outside the vmap (grad of a mean)
+    w, X, y = torch.randn(4, dtype=torch.float64), torch.randn(B, 4, dtype=torch.float64), torch.randn(B, dtype=torch.float64)
+    per = lambda v, vmap: vmap(lambda xi, yi: F.mse_loss(xi @ v, yi, reduction=reduction))(X, y).sum()
+    assert close(engine.grad(lambda v: per(v, engine.vmap))(w), tf.grad(lambda v: per(v, tf.vmap))(w))
+
+
 def test_slice_select_backward_and_scatter_rules():
     """The backward ops of slicing a flat parameter vector have rules (no decomposition into index ops)."""
     import torch.func as tf

@@ -276,3 +276,44 @@ def binary_cross_entropy_with_logits_rule(info, in_dims, x, target, weight=None,
 
 
 RULES[aten.binary_cross_entropy_with_logits.default] = binary_cross_entropy_with_logits_rule
+
+
+# mse_loss: its Python decomposition (which imports torch's symbolic-shape module at its first
+# call) runs on the batched wrapper otherwise. The kernel runs once on both operands broadcast to
+# the examples' common shape with reduction 'none', and the reduction is done per batch element;
+# the backward computes the kernel's own formula, 2 (input - target) grad, over each example's
+# input size for 'mean'.
+def _mse_operands(info, in_dims, x, target):
+    B = info.batch_size
+    operands = [(x, in_dims[0]), (target, in_dims[1])]
+    rank = max(t.dim() - (d is not None) for t, d in operands)
+    padded = [pad_batched(t, rank) if d is not None else t for t, d in operands]
+    # (torch._C._infer_size: torch.broadcast_shapes imports torch's symbolic-shape module)
+    shape = (B, *functools.reduce(torch._C._infer_size, [p.shape[1:] if d is not None else p.shape
+                                                        for p, (_, d) in zip(padded, operands)]))
+    return padded[0], padded[1], shape
+
+
+def mse_loss_rule(info, in_dims, x, target, reduction=_MEAN):
+    xp, tp, shape = _mse_operands(info, in_dims, x, target)
+    loss = aten.mse_loss.default(xp.expand(shape), tp.expand(shape), _NONE)
+    if reduction == _NONE or loss.dim() == 1:
+        return loss, 0
+    dims = tuple(range(1, loss.dim()))
+    return (loss.mean(dims) if reduction == _MEAN else loss.sum(dims)), 0
+
+
+def mse_loss_backward_rule(info, in_dims, grad, x, target, reduction):
+    B = info.batch_size
+    xp, tp, shape = _mse_operands(info, in_dims[1:3], x, target)
+    g = materialize(grad, in_dims[0], B)
+    g = g.reshape((B,) + (1,) * (len(shape) - 1)) if reduction != _NONE else pad_batched(g, len(shape) - 1)
+    numel = 1
+    for s in (x.shape[1:] if in_dims[1] is not None else x.shape):
+        numel *= s
+    norm = 2.0 / numel if reduction == _MEAN else 2.0
+    return norm * (xp - tp) * g, 0
+
+
+RULES[aten.mse_loss.default] = mse_loss_rule
+RULES[aten.mse_loss_backward.default] = mse_loss_backward_rule
