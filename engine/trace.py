@@ -739,7 +739,7 @@ class TracedFunction:
         return entry
 
     def _trace(self, flat: list, spec: Any, args: tuple, kwargs: dict) -> Entry:
-        with _RECORDING:  # one recording at a time (the guard's undo log, the grad-mode pins)
+        with _RECORDING:  # one recording at a time, process-wide
             return self._record(flat, spec, args, kwargs)
 
     def _record(self, flat: list, spec: Any, args: tuple, kwargs: dict) -> Entry:
