@@ -817,10 +817,7 @@ class BatchedRoute(EngineMode):
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         if BatchedTensor in types:
-            plan = PLANS.get(func)
-            if plan is None:
-                plan = _build_plan(func)
-            return plan(args, kwargs or _NO_KWARGS)
+            return _torch_dispatch(BatchedTensor, func, types, args, kwargs)
         return func(*args, **(kwargs or _NO_KWARGS))
 
 

@@ -69,22 +69,24 @@ class _Recorder(EngineMode):
         super().__init__()
         self.graph = graph
         self.nodes: WeakIdKeyDictionary = WeakIdKeyDictionary()  # tensor -> the node that holds it now
-        self.constants: dict[str, torch.Tensor] = {}
-        self._constant_names: WeakIdKeyDictionary = WeakIdKeyDictionary()
-        self._opaque_names: dict[int, str] = {}  # (the objects are held by self.constants)
+        self.constants: dict[str, Any] = {}  # attribute name -> the tensor or object it holds
+        self._names: dict[int, str] = {}  # id of a held object -> its name (held: the ids stay its)
 
     def node_of(self, t: torch.Tensor) -> torch.fx.Node:
         node = self.nodes.get(t)
         if node is None:
-            name = self._constant_names.get(t)
-            if name is None:
-                name = f"_tensor_constant{len(self.constants)}"
-                self.constants[name] = t
-                self._constant_names[t] = name
-            node = self.graph.get_attr(name)
+            node = self._attribute(t, "_tensor_constant")
             _set_meta(node, t)
             self.nodes[t] = node
         return node
+
+    def _attribute(self, x: Any, prefix: str) -> torch.fx.Node:
+        """A get_attr node of an attribute holding `x` itself (one attribute per object)."""
+        name = self._names.get(id(x))
+        if name is None:
+            name = self._names[id(x)] = f"{prefix}{sum(n.startswith(prefix) for n in self.constants)}"
+            self.constants[name] = x
+        return self.graph.get_attr(name)
 
     def _arg(self, x: Any) -> Any:
         if isinstance(x, torch.Tensor):
@@ -93,15 +95,7 @@ class _Recorder(EngineMode):
             return type(x)(self._arg(v) for v in x) if type(x) in (list, tuple) else [self._arg(v) for v in x]
         if isinstance(x, _LITERALS):
             return x
-        return self._opaque(x)
-
-    def _opaque(self, x: Any) -> torch.fx.Node:
-        """A non-literal argument (a torch.Generator): an attribute holding the object itself."""
-        name = self._opaque_names.get(id(x))
-        if name is None:
-            name = self._opaque_names[id(x)] = f"_opaque_obj{len(self._opaque_names)}"
-            self.constants[name] = x
-        return self.graph.get_attr(name)
+        return self._attribute(x, "_opaque_obj")  # a non-literal argument (a torch.Generator)
 
     def _track(self, value: Any, node: torch.fx.Node) -> None:
         _set_meta(node, value)

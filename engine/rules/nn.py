@@ -248,15 +248,29 @@ RULES[aten.nll_loss_backward.default] = nll_loss_backward_rule
 # every operand broadcast to the examples' common shape with reduction 'none', and the reduction
 # is then done per batch element. Target, weight and pos_weight broadcast to the input's shape; an
 # input that would itself broadcast is refused (below).
-def binary_cross_entropy_with_logits_rule(info, in_dims, x, target, weight=None, pos_weight=None, reduction=_MEAN):
-    B = info.batch_size
-    operands = [(x, in_dims[0]), (target, in_dims[1])]
-    operands += [(t, d) for t, d in zip((weight, pos_weight), in_dims[2:4]) if t is not None]
+def _broadcast_operands(B: int, operands: list) -> tuple[list, tuple]:
+    """The (tensor, in_dim) operands of a pointwise loss, batched ones padded to a common rank, and
+    the shape [B, *the examples' common shape] they broadcast to."""
     rank = max(t.dim() - (d is not None) for t, d in operands)
     padded = [pad_batched(t, rank) if d is not None else t for t, d in operands]
     # (torch._C._infer_size: torch.broadcast_shapes imports torch's symbolic-shape module)
     shape = (B, *functools.reduce(torch._C._infer_size, [p.shape[1:] if d is not None else p.shape
                                                         for p, (_, d) in zip(padded, operands)]))
+    return padded, shape
+
+
+def _reduced_per_element(loss, reduction):
+    """A [B, ...] loss of reduction 'none' reduced per batch element, as `reduction` asks."""
+    if reduction == _NONE or loss.dim() == 1:
+        return loss, 0
+    dims = tuple(range(1, loss.dim()))
+    return (loss.mean(dims) if reduction == _MEAN else loss.sum(dims)), 0
+
+
+def binary_cross_entropy_with_logits_rule(info, in_dims, x, target, weight=None, pos_weight=None, reduction=_MEAN):
+    operands = [(x, in_dims[0]), (target, in_dims[1])]
+    operands += [(t, d) for t, d in zip((weight, pos_weight), in_dims[2:4]) if t is not None]
+    padded, shape = _broadcast_operands(info.batch_size, operands)
     logical = list(x.shape[1:] if in_dims[0] is not None else x.shape)
     if list(shape[1:]) != logical:
         # torch's backward formula for an input smaller than the loss (it sums the input's gradient
@@ -268,11 +282,7 @@ def binary_cross_entropy_with_logits_rule(info, in_dims, x, target, weight=None,
     xe, te = padded[0].expand(shape), padded[1].expand(shape)
     w = padded[2] if weight is not None else None
     pw = padded[-1] if pos_weight is not None else None
-    loss = aten.binary_cross_entropy_with_logits.default(xe, te, w, pw, _NONE)
-    if reduction == _NONE or loss.dim() == 1:
-        return loss, 0
-    dims = tuple(range(1, loss.dim()))
-    return (loss.mean(dims) if reduction == _MEAN else loss.sum(dims)), 0
+    return _reduced_per_element(aten.binary_cross_entropy_with_logits.default(xe, te, w, pw, _NONE), reduction)
 
 
 RULES[aten.binary_cross_entropy_with_logits.default] = binary_cross_entropy_with_logits_rule
@@ -284,23 +294,13 @@ RULES[aten.binary_cross_entropy_with_logits.default] = binary_cross_entropy_with
 # the backward computes the kernel's own formula, 2 (input - target) grad, over each example's
 # input size for 'mean'.
 def _mse_operands(info, in_dims, x, target):
-    B = info.batch_size
-    operands = [(x, in_dims[0]), (target, in_dims[1])]
-    rank = max(t.dim() - (d is not None) for t, d in operands)
-    padded = [pad_batched(t, rank) if d is not None else t for t, d in operands]
-    # (torch._C._infer_size: torch.broadcast_shapes imports torch's symbolic-shape module)
-    shape = (B, *functools.reduce(torch._C._infer_size, [p.shape[1:] if d is not None else p.shape
-                                                        for p, (_, d) in zip(padded, operands)]))
-    return padded[0], padded[1], shape
+    (xp, tp), shape = _broadcast_operands(info.batch_size, [(x, in_dims[0]), (target, in_dims[1])])
+    return xp, tp, shape
 
 
 def mse_loss_rule(info, in_dims, x, target, reduction=_MEAN):
     xp, tp, shape = _mse_operands(info, in_dims, x, target)
-    loss = aten.mse_loss.default(xp.expand(shape), tp.expand(shape), _NONE)
-    if reduction == _NONE or loss.dim() == 1:
-        return loss, 0
-    dims = tuple(range(1, loss.dim()))
-    return (loss.mean(dims) if reduction == _MEAN else loss.sum(dims)), 0
+    return _reduced_per_element(aten.mse_loss.default(xp.expand(shape), tp.expand(shape), _NONE), reduction)
 
 
 def mse_loss_backward_rule(info, in_dims, grad, x, target, reduction):
