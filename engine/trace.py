@@ -49,7 +49,7 @@ import torch.fx
 from torch.utils._python_dispatch import _disable_current_modes
 from torch.utils._pytree import tree_flatten, tree_map_only, tree_unflatten
 
-from engine import fused
+from engine import fused, script_replay
 from engine._modes import EngineMode
 from engine.autoswitch import running
 from engine.errors import DataDependentError
@@ -808,7 +808,7 @@ class TracedFunction:
         self._traces += 1
         self.trace_seconds = time.perf_counter() - start
         entry.gm = gm
-        entry.run = gm.forward
+        entry.run = script_replay.replay_runner(entry, gm.forward)
         entry.out_spec = out_info["spec"]
         entry.out_consts = out_info["consts"]
         entry.build = _output_builder(entry.out_spec, entry.out_consts)

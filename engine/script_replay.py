@@ -1,0 +1,177 @@
+"""A replayed graph run by torch's C++ interpreter instead of its Python forward.
+
+An FX graph's generated forward costs a Python call per aten op: the line itself, the
+OpOverload's `__call__`, the arguments parsed against the schema. On the small graphs a Hessian or
+a gradient records, that is more than the kernels cost. torch.jit's interpreter runs the same ops
+from a stack of values in C++. `Warmup` stands in for a signature's forward: it counts the
+replays and, once their time has paid for the build (`BUILD_S`), records the graph once more
+with `torch.jit.trace` (a straight-line graph of aten calls: the trace is the graph, op for op,
+with the same arguments) and keeps the result only if its first outputs equal the forward's bit
+for bit, with the same layouts and the same aliasing of inputs. It runs with torch's graph
+optimizer off (the "no-opt" pipeline: no fusion, no rewrites, no autodiff of its own): the same
+kernels, on the same arguments, in the same order.
+
+What stays on the Python forward: graphs with other than aten ops (the grad-mode pins of
+engine.trace), in-place or random ops, opaque objects (generators), and a call made while a
+torch-function or dispatch mode is active (the interpreter does not consult them) or, for a graph
+whose inputs require grad, with grad enabled. `VMAPBENCH_SCRIPTED_REPLAY=0` turns it off
+(docs/guide/environment.md). torch.jit is deprecated upstream; where it is missing or refuses a
+graph, the forward runs as before.
+"""
+from __future__ import annotations
+
+import copy
+import operator
+import os
+import time
+import warnings
+import weakref
+from typing import Any, Callable
+
+import torch
+import torch.fx
+
+from engine.graph_passes import _same_bits
+
+__all__ = ["ENABLED", "Warmup", "replay_runner", "scripted"]
+
+ENABLED = os.environ.get("VMAPBENCH_SCRIPTED_REPLAY", "1").strip().lower() not in ("0", "false", "off", "no")
+# What a build costs besides running the graph twice more (the trace and the check): the trace's
+# own bookkeeping and the interpreter's first plan, a few hundred microseconds for a small graph
+# where measured (docs/lab). Replays are counted until their time reaches it and twice their mean.
+BUILD_S = 0.002
+MIN_CALLS = 4
+
+_get_optimize = getattr(torch._C, "_get_graph_executor_optimize", None)
+_set_optimize = getattr(torch._C, "_set_graph_executor_optimize", None)
+_function_mode = getattr(torch._C, "_is_torch_function_mode_enabled", None)
+_dispatch_modes = torch._C._len_torch_dispatch_stack
+_grad_enabled = torch.is_grad_enabled
+_perf = time.perf_counter
+
+
+class Warmup:
+    """The forward of a recorded graph, counted until a scripted run pays; then `entry.run` is
+    replaced by the scripted runner (or by the forward itself where none can be built). Made by
+    `replay_runner`."""
+
+    __slots__ = ("entry", "forward", "spent", "calls")
+
+    def __init__(self, entry: Any, forward: Callable) -> None:
+        self.entry = weakref.ref(entry)  # (the entry holds this object as its `run`)
+        self.forward = forward
+        self.spent = 0.0
+        self.calls = 0
+
+    def __call__(self, *inputs: Any) -> Any:
+        start = _perf()
+        outs = self.forward(*inputs)
+        self.spent += _perf() - start
+        self.calls += 1
+        if self.calls >= MIN_CALLS and self.spent >= BUILD_S + 2 * self.spent / self.calls:
+            entry = self.entry()
+            if entry is not None and entry.run is self:
+                entry.run = scripted(entry.gm, self.forward, inputs, outs) or self.forward
+        return outs
+
+
+def replay_runner(entry: Any, forward: Callable) -> Callable:
+    """What a new entry replays with: a Warmup where its graph could be scripted, else `forward`."""
+    return Warmup(entry, forward) if ENABLED and _eligible_graph(entry.gm) else forward
+
+
+def _eligible(gm: torch.fx.GraphModule, inputs: tuple) -> bool:
+    """Plain strided tensors into an eligible graph (`_eligible_graph`)."""
+    return all(type(t) in (torch.Tensor, torch.nn.Parameter) and t.layout == torch.strided for t in inputs) \
+        and _eligible_graph(gm)
+
+
+def _eligible_graph(gm: torch.fx.GraphModule) -> bool:
+    """A straight-line graph of functional, deterministic aten ops."""
+    if _get_optimize is None or _set_optimize is None or _function_mode is None:
+        return False
+    for node in gm.graph.nodes:
+        if node.op in ("placeholder", "output"):
+            continue
+        if node.op != "call_function":
+            return False
+        target = node.target
+        if target is operator.getitem:
+            continue
+        if not isinstance(target, torch._ops.OpOverload) or target._schema.is_mutable:
+            return False
+        if torch.Tag.nondeterministic_seeded in target.tags or torch.Tag.nondeterministic_bitwise in target.tags:
+            return False
+    return True
+
+
+def _same_outputs(outs: Any, got: Any, inputs: tuple) -> bool:
+    if not isinstance(outs, (list, tuple)) or len(outs) != len(got):
+        return False
+    held = {t.untyped_storage().data_ptr() for t in inputs if t.numel()}
+    for a, b in zip(outs, got):
+        if not (isinstance(a, torch.Tensor) and isinstance(b, torch.Tensor)):
+            return False
+        if (a.dtype, a.shape, a.stride(), a.device, a.storage_offset()) != (b.dtype, b.shape, b.stride(), b.device, b.storage_offset()):
+            return False
+        if a.numel() and (a.untyped_storage().data_ptr() in held) != (b.untyped_storage().data_ptr() in held):
+            return False  # one is a view of an input, the other not
+        if not _same_bits(b, a):
+            return False
+    return True
+
+
+def scripted(gm: torch.fx.GraphModule, forward: Callable, inputs: tuple, outs: Any) -> Callable | None:
+    """A runner of `gm` through torch.jit's interpreter that returned, on `inputs`, exactly what
+    `forward` returned (`outs`); None where the graph is not eligible, cannot be traced, or differs."""
+    if not ENABLED or not _eligible(gm, inputs):
+        return None
+    needs_grad = any(t.requires_grad for t in inputs)
+    try:
+        with warnings.catch_warnings(), torch.no_grad():
+            warnings.simplefilter("ignore")  # torch.jit's deprecation notices, tracer warnings
+            traced = _traceable(gm) or forward
+            function = torch.jit.trace(lambda *args: tuple(traced(*args)), inputs, check_trace=False, strict=False)
+            run = _runner(function, forward, needs_grad)
+            got = run(*inputs)
+    except Exception:  # noqa: BLE001 - a graph the tracer or the interpreter refuses keeps its forward
+        return None
+    return run if _same_outputs(outs, got, inputs) else None
+
+
+# Comparisons with a bool scalar (`x == True`, what torch.distributions' support checks record):
+# the tracer keeps the scalar a bool, and no TorchScript schema takes (Tensor, bool). Compared as
+# the int it equals, the result is the same in every dtype (a bool tensor is compared as integers
+# either way); the outputs are checked against the forward's all the same.
+_COMPARISONS = frozenset(
+    getattr(torch.ops.aten, name).Scalar for name in ("eq", "ne", "lt", "le", "gt", "ge")
+)
+
+
+def _traceable(gm: torch.fx.GraphModule) -> Callable | None:
+    """A forward of `gm` with its comparisons' bool scalars as ints, or None where it has none."""
+    nodes = [n for n in gm.graph.nodes if n.target in _COMPARISONS and type(n.args[1]) is bool]
+    if not nodes:
+        return None
+    graph = copy.deepcopy(gm.graph)
+    for node in graph.nodes:
+        if node.target in _COMPARISONS and type(node.args[1]) is bool:
+            node.args = (node.args[0], int(node.args[1]), *node.args[2:])
+    return torch.fx.GraphModule(gm, graph).forward
+
+
+def _runner(function: Any, forward: Callable, needs_grad: bool) -> Callable:
+    get_optimize, set_optimize, function_mode = _get_optimize, _set_optimize, _function_mode
+
+    def run(*inputs: Any) -> Any:
+        if function_mode() or _dispatch_modes() or (needs_grad and _grad_enabled()):
+            return forward(*inputs)
+        optimize = get_optimize()
+        set_optimize(False)  # thread-local: the no-opt pipeline, the recorded ops as they are
+        try:
+            return function(*inputs)
+        finally:
+            set_optimize(optimize)
+
+    run.forward = forward  # type: ignore[attr-defined]  # (for inspection and tests)
+    return run
