@@ -314,6 +314,14 @@ def _cse_key(node: torch.fx.Node) -> Hashable | None:
         return None
 
 
+def _kept_operand(node: torch.fx.Node, src: Any) -> Any:
+    """`src` where `node` computes the same values as it (x * 1, x ** 1) and has its shape and
+    dtype; else None."""
+    if isinstance(src, torch.fx.Node) and _same_shape(src, node) and _node_val(src).dtype == _node_val(node).dtype:
+        return src
+    return None
+
+
 def _simplify(gm: torch.fx.GraphModule) -> None:
     """Remove the bookkeeping that batching rules and backward formulas leave in a recorded graph.
 
@@ -323,8 +331,9 @@ def _simplify(gm: torch.fx.GraphModule) -> None:
     - chains of reshape-like ops (reshape, squeeze, unsqueeze, same-shape expand, a one-piece
       split or cat) -> one reshape of the chain's source, or the source itself if its shape is kept;
     - a transpose of the same transpose -> its input;
-    - x * 1 -> x (same dtype and shape);
-    - ones_like/zeros_like(x) -> ones/zeros of x's shape, so the value of x is no longer needed;
+    - x * 1, x * ones, x ** 1 -> x (same dtype and shape);
+    - ones_like/zeros_like(x), x ** 0 -> ones/zeros of x's shape, so the value of x is no longer
+      needed (backward formulas of powers leave x ** 1 and x ** 0 in second derivatives);
     - repeated identical ops (deterministic ones only) -> the first (common subexpressions).
     The dead code these leave is removed by `_drop_no_ops`.
 
@@ -361,14 +370,20 @@ def _simplify(gm: torch.fx.GraphModule) -> None:
             if inner is not None and inner[1] == outer[1]:
                 keep, view_only = inner[0], True
         elif node.target in (aten.mul.Tensor, aten.mul.Scalar) and _is_one(node.args[1]):
-            src = node.args[0]
-            if _same_shape(src, node) and _node_val(src).dtype == _node_val(node).dtype:
-                keep = src
-        elif node.target in (aten.ones_like.default, aten.zeros_like.default):
+            keep = _kept_operand(node, node.args[0])
+        elif node.target is aten.mul.Tensor and _is_call(node.args[1], aten.ones.default):
+            keep = _kept_operand(node, node.args[0])
+        elif node.target is aten.mul.Tensor and _is_call(node.args[0], aten.ones.default):
+            keep = _kept_operand(node, node.args[1])
+        elif node.target is aten.pow.Tensor_Scalar and _is_one(node.args[1]):
+            keep = _kept_operand(node, node.args[0])  # ATen copies the base for an exponent of 1
+        elif node.target in (aten.ones_like.default, aten.zeros_like.default) or (
+                node.target is aten.pow.Tensor_Scalar and type(node.args[1]) in (int, float) and node.args[1] == 0):
+            # (pow(x, 0): ATen fills its result with ones, NaNs and infinities of x included)
             val = _node_val(node)
             device = node.meta.get("device", getattr(val, "device", None))
             if isinstance(val, torch.Tensor) and val.is_contiguous() and device is not None and device.type != "meta":
-                make = aten.ones.default if node.target is aten.ones_like.default else aten.zeros.default
+                make = aten.zeros.default if node.target is aten.zeros_like.default else aten.ones.default
                 node.target, node.args = make, (list(val.shape),)
                 node.kwargs = {"dtype": val.dtype, "layout": val.layout, "device": device, "pin_memory": False}
         if keep is None and (key := _cse_key(node)) is not None:

@@ -99,7 +99,8 @@ _TIMES_ONE = frozenset({
 
 
 def _copied(func: Any, args: tuple, kwargs: dict) -> torch.Tensor | None:
-    """The tensor whose values the op writes unchanged (a copy, `x * 1`, `x / 1`), or None."""
+    """The tensor whose values the op writes unchanged (a copy, `x * 1`, `x / 1`, `x * ones`,
+    `x ** 1`), or None."""
     if func in _COPIES and kwargs.get("dtype") in (None, args[0].dtype):
         return args[0]
     if func is aten.copy_.default or func is aten.copy.default:
@@ -109,7 +110,19 @@ def _copied(func: Any, args: tuple, kwargs: dict) -> torch.Tensor | None:
         x, y = args
         if isinstance(x, torch.Tensor) and type(y) in (int, float) and y == 1 and x.is_floating_point():
             return x
+    if func is aten.pow.Tensor_Scalar and type(args[1]) in (int, float) and args[1] == 1 and args[0].is_floating_point():
+        return args[0]  # ATen copies the base for an exponent of 1
+    if func is aten.mul.Tensor and len(args) == 2 and all(isinstance(a, torch.Tensor) for a in args):
+        for x, ones in (args, args[::-1]):  # x * a tensor of ones that neither broadcasts x nor promotes it
+            if x.is_floating_point() and _all_ones(ones, x):
+                return x
     return None
+
+
+def _all_ones(ones: torch.Tensor, x: torch.Tensor) -> bool:
+    with _disable_current_modes():
+        return (torch.result_type(x, ones) == x.dtype and torch.broadcast_shapes(x.shape, ones.shape) == x.shape
+                and bool((ones == 1).all()))
 
 
 def _whole(t: torch.Tensor) -> bool:
