@@ -425,6 +425,32 @@ def test_hessian_graph_does_not_recompute_the_function_value():
     assert torch.ops.aten.softplus.default not in targets and torch.ops.aten.ones_like.default not in targets
 
 
+def test_second_derivatives_of_powers_drop_their_powers_of_one_and_zero():
+    def rosenbrock(x):
+        return (100 * (x[1:] - x[:-1] ** 2) ** 2 + (1 - x[:-1]) ** 2).sum()
+
+    traced = engine.trace(engine.hessian(rosenbrock))
+    for seed in range(3):
+        x = torch.randn(12, dtype=torch.float64, generator=torch.Generator().manual_seed(seed))
+        torch.testing.assert_close(traced(x), torch.func.hessian(rosenbrock)(x), rtol=1e-12, atol=1e-12)
+    nodes = [n for n in traced.graphs()[0].graph.nodes if n.op == "call_function"]
+    exponents = [n.args[1] for n in nodes if n.target is torch.ops.aten.pow.Tensor_Scalar]
+    assert exponents and not any(e in (0, 1) for e in exponents), exponents
+    assert not any(n.target is torch.ops.aten.mul.Tensor and torch.ops.aten.ones.default in
+                   [getattr(a, "target", None) for a in n.args] for n in nodes)
+
+
+def test_a_product_with_ones_that_broadcasts_or_is_the_output_stays():
+    widen = engine.trace(lambda x: x * torch.ones(3, 4))
+    x = torch.randn(4)
+    assert widen(x).shape == (3, 4) and torch.equal(widen(x), x.expand(3, 4))
+    same = engine.trace(lambda x: x * torch.ones_like(x))
+    out = same(x)
+    assert out is not x and out.data_ptr() != x.data_ptr() and torch.equal(out, x)
+    promote = engine.trace(lambda x: x * torch.ones(4, dtype=torch.float64))
+    assert promote(x).dtype == torch.float64
+
+
 def test_simplify_keeps_random_draws_and_distinct_outputs():
     traced = engine.trace(lambda x: x + torch.randn(3) - torch.randn(3))
     assert traced(torch.zeros(3)).abs().sum() > 0  # two draws, not one shared by CSE
