@@ -102,6 +102,7 @@ class AutoTraced:
         self._modules: dict[int, torch.nn.Module] = {}  # Modules seen running, guarded from then on
         self._slots: dict[tuple[int, str], tuple[dict, str]] = {}  # global names user code read
         self._ran: set[types.CodeType] = set()  # user code the watched runs executed
+        self._state_dicts = False  # a watched run ran torch's state-dict code (guardstate._STATE_DICT_TABLES)
         self._narrow = False  # the guards walk only `_ran` (the full walk was unprovable); recordings are watched
         self._memo: _NativeGuard | None = None  # the native check of the last replayed signature's arguments (see _call)
         self._memo_builds = 0  # memos built under the current guard
@@ -284,7 +285,7 @@ class AutoTraced:
         # the watched runs executed (`_narrow`), and the recording is watched as well. Then the
         # guard taken after the run decides, and a change made by the run fails it at the next call.
         before = StateGuard([self.fn, *self._modules.values()], self._slots.values(),
-                            self._ran if self._narrow else None)
+                            self._ran if self._narrow else None, self._state_dicts)
         if before.unprovable is not None and not self._narrow:
             self._narrow = True
         self.eager_calls += 1
@@ -309,8 +310,9 @@ class AutoTraced:
         self._modules.update(seen.modules)
         self._slots.update(seen.global_slots)
         self._ran |= {code for code in seen.user_codes if not purity.generated(code)}
+        self._state_dicts |= seen.state_dicts
         guard = StateGuard([self.fn, *self._modules.values()], self._slots.values(),
-                           self._ran if self._narrow else None)
+                           self._ran if self._narrow else None, self._state_dicts)
         if guard.unprovable is not None:
             self._mark_impure(guard.unprovable)
             return out
@@ -351,9 +353,10 @@ class AutoTraced:
         effects = [why for code, why in seen.effect_codes.items() if code in self._ran or code in reached]
         if effects:
             self._mark_impure(f"it has an effect besides its result: {effects[0]}")
-        elif modules or any(not purity.generated(code) for code in reached):
+        elif modules or any(not purity.generated(code) for code in reached) or (seen.state_dicts and not self._state_dicts):
             self._ran |= {code for code in reached if not purity.generated(code)}
             self._modules.update(modules)
+            self._state_dicts |= seen.state_dicts
             self._reset()
         else:
             self._signatures[key] = _REPLAY

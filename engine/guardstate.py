@@ -43,6 +43,18 @@ _MODULE_DICTS = (
     "_parameters", "_buffers", "_modules", "_forward_hooks", "_forward_pre_hooks", "_backward_hooks",
     "_backward_pre_hooks", "_forward_hooks_with_kwargs", "_forward_pre_hooks_with_kwargs", "_forward_hooks_always_called",
 )
+# A Module's tables that only some of torch's code reads: the state-dict hooks and the
+# non-persistent buffer names (Module.state_dict/_save_to_state_dict, load_state_dict/
+# _load_from_state_dict), and the per-hook flags of forward hooks (Module._call_impl reads them for
+# the ids of the module's and the global forward (pre-)hooks it runs). They are left unguarded
+# where no such reader can run on the recorded path: no watched run ran the state-dict code
+# (`StateGuard(state_dicts=False)`), the module and torch's global tables hold no forward (pre-)
+# hook (those tables are guarded: a hook registered later fails the guard first), and no walked
+# user code names the table. Each module has eight of them: most of a large model's guard.
+_STATE_DICT_TABLES = ("_state_dict_hooks", "_state_dict_pre_hooks", "_load_state_dict_pre_hooks",
+                      "_load_state_dict_post_hooks", "_non_persistent_buffers_set")
+_FORWARD_HOOK_FLAGS = ("_forward_hooks_with_kwargs", "_forward_hooks_always_called")
+_FORWARD_PRE_HOOK_FLAGS = ("_forward_pre_hooks_with_kwargs",)
 _ATOMS = (int, float, bool, complex, str, bytes, type(None), torch.dtype, torch.device, torch.layout, torch.memory_format)
 _BUFFERS = (bytearray, memoryview, array.array)
 _MAPPING_VIEWS = (types.MappingProxyType, type({}.keys()), type({}.values()), type({}.items()))
@@ -138,7 +150,7 @@ def _global_hook_dicts() -> list[dict]:
     from torch.nn.modules import module as nn_module
 
     names = ("_global_forward_hooks", "_global_forward_pre_hooks", "_global_backward_hooks",
-             "_global_backward_pre_hooks", "_global_forward_hooks_always_called")
+             "_global_backward_pre_hooks", "_global_forward_hooks_always_called", "_global_forward_hooks_with_kwargs")
     return [getattr(nn_module, n) for n in names if isinstance(getattr(nn_module, n, None), dict)]
 
 
@@ -148,8 +160,10 @@ class StateGuard:
     _names_done = 0
 
     def __init__(self, roots: Iterable[Any], slots: Iterable[tuple[dict, str]] = (),
-                 ran: Collection[types.CodeType] | None = None) -> None:
+                 ran: Collection[types.CodeType] | None = None, state_dicts: bool = True) -> None:
         self._ran = ran  # the user code that ran (engine.purity); None: walk every function reached
+        self._state_dicts = state_dicts  # torch's state-dict code may run (see _STATE_DICT_TABLES)
+        self._tables: list[tuple[str, Any]] = []  # (name, table) of Modules, left unwalked (see _unread_tables)
         self.walked: set[types.CodeType] = set()  # the code of the functions walked (reached, and run where `ran` is given)
         self._skipped: dict[int, types.FunctionType] = {}  # functions not walked: their code did not run
         self._wrapped: set[int] = set()  # functions another callable wraps (`__wrapped__`): walked whether or not they ran
@@ -195,6 +209,10 @@ class StateGuard:
                 hooks_guarded = True
                 for d in _global_hook_dicts():
                     self._dict(d, stack)
+            if not stack and self._tables:  # a table walked user code names is guarded after all
+                named = [t for name, t in self._tables if name in self._attr_names]
+                self._tables = [(name, t) for name, t in self._tables if name not in self._attr_names]
+                stack.extend(named)
             if not stack and self._meta and self._dataclass_meta_read():
                 stack, self._meta = self._meta, None  # walked from now on, like any object
                 self._seen.difference_update(id(m) for m in stack)
@@ -404,12 +422,14 @@ class StateGuard:
         if isinstance(obj, types.GeneratorType) or (hasattr(type(obj), "__next__") and not isinstance(obj, torch.nn.Module)):
             self.unprovable = f"it reaches an iterator ({type(obj).__name__}), which a replay would not advance"
             return
+        unread: frozenset[str] = frozenset()
         if isinstance(obj, torch.nn.Module):
             self._module_reached = True
             self._library_types.add(type(obj))
+            unread = self._unread_tables(obj)
             for name in _MODULE_DICTS:
                 d = obj.__dict__.get(name)
-                if isinstance(d, dict):
+                if isinstance(d, dict) and name not in unread:
                     self._dict(d, stack)
             stack.append(type(obj).forward)
         attrs = getattr(obj, "__dict__", None)
@@ -419,7 +439,16 @@ class StateGuard:
                 self._wrapped.add(id(wrapped))
                 if self._skipped.pop(id(wrapped), None) is not None:
                     self._function(wrapped, stack)
-            self._dict(attrs, stack)
+            if unread and id(attrs) not in self._seen:
+                self._seen.add(id(attrs))
+                self.dicts.append(attrs)  # (its version tag still moves when a table is rebound)
+                for name, value in attrs.items():
+                    if name in unread:
+                        self._tables.append((name, value))
+                    else:
+                        stack.append(value)
+            else:
+                self._dict(attrs, stack)
             self.objects.append(obj)
             self.slotted.append((obj, "__dict__"))  # `obj.__dict__ = {...}` replaces the dict guarded above
         for name in _slot_names(type(obj)):
@@ -431,6 +460,19 @@ class StateGuard:
         call = getattr(type(obj), "__call__", None)
         if isinstance(call, types.FunctionType) and not _is_library(call):
             stack.append(call)
+
+    def _unread_tables(self, module: torch.nn.Module) -> frozenset[str]:
+        """The names of `module`'s tables no reader can reach on the recorded path (see
+        _STATE_DICT_TABLES)."""
+        from torch.nn.modules import module as nn_module
+
+        attrs = module.__dict__
+        unread: list[str] = [] if self._state_dicts else list(_STATE_DICT_TABLES)
+        if not attrs.get("_forward_hooks") and not nn_module._global_forward_hooks:
+            unread += _FORWARD_HOOK_FLAGS
+        if not attrs.get("_forward_pre_hooks") and not nn_module._global_forward_pre_hooks:
+            unread += _FORWARD_PRE_HOOK_FLAGS
+        return frozenset(unread)
 
     def _function(self, fn: types.FunctionType, stack: list) -> None:
         if self._ran is not None and fn.__code__ not in self._ran and id(fn) not in self._wrapped and not (

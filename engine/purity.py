@@ -346,6 +346,7 @@ class Observation:
         self.modules: dict[int, torch.nn.Module] = {}
         self.global_slots: dict[tuple[int, str], tuple[dict, str]] = {}
         self.user_codes: set[types.CodeType] = set()
+        self.state_dicts = False  # torch's state-dict code ran (engine.guardstate._STATE_DICT_TABLES)
 
     @property
     def pure(self) -> bool:
@@ -360,6 +361,14 @@ def generated(code: types.CodeType) -> bool:
 
 _MODULE_CALL_CODES = frozenset(
     f.__code__ for f in (torch.nn.Module._call_impl, torch.nn.Module._wrapped_call_impl) if hasattr(f, "__code__")
+)
+
+
+# The nn.Module methods that read a module's state-dict hooks and non-persistent buffer names.
+_STATE_DICT_CODES = frozenset(
+    getattr(torch.nn.Module, name).__code__ for name in (
+        "state_dict", "_save_to_state_dict", "load_state_dict", "_load_from_state_dict",
+    ) if hasattr(getattr(torch.nn.Module, name, None), "__code__")
 )
 
 
@@ -413,6 +422,8 @@ class _Profiler:
                 module = frame.f_locals.get("self")
                 if isinstance(module, torch.nn.Module):
                     self.obs.modules[id(module)] = module
+            elif code in _STATE_DICT_CODES:
+                self.obs.state_dicts = True
             if self._trusted(frame):
                 back = frame.f_back
                 while back is not None and back.f_code.co_filename in _WRAPPER_FILES:
