@@ -806,8 +806,9 @@ class _NativeGuard:
                     same(m.list_getitem_manager(j, f"[{j}]", None, kind), item, f"[{j}]")
             elif len(q):
                 self.rest_seqs.append((q, list(q)))
-        for obj in guard.objects:
-            manager(obj, "object").add_type_match_guard(id(type(obj)), ["type"], None)
+        for obj in guard.objects:  # (on the node of its slots where it has one: one item fewer)
+            node = owners.get(id(obj))
+            (manager(obj, "object") if node is None else node).add_type_match_guard(id(type(obj)), ["type"], None)
         self.rest = bool(self.rest_cells or self.rest_slotted or self.rest_seqs or guard.buffers
                          or (guard._others and self.rest_others))
         if not root.check(values if args is None else (args, values)):
