@@ -418,6 +418,17 @@ class AutoTraced:
         with eager_ops:
             ref = running(self.fn, *args, **kwargs)
         problem = stale or _difference(out, ref, exact=False)
+        if contract and problem is None and entry.run is not getattr(entry.gm, "forward", None):
+            # The op logs are modes, under which a replay runs the graph's Python forward; where its
+            # replays run through torch.jit's interpreter (engine.script_replay, built here, outside
+            # them), that run is compared with the forward's, from the same random state.
+            torch.set_rng_state(rng)
+            for g, state in zip(generators, states):
+                g.set_state(state)
+            scripted = running(self.traced._call, args, kwargs, fast)
+            differs = _difference(scripted, out, exact=False)
+            if differs is not None:
+                problem = f"its run through torch.jit's interpreter differs from the graph's forward: {differs}"
         if contract and problem is None:
             extra = replay_contract.departures(replay_ops, eager_ops)
             rounding = _difference(out, ref, exact=True)

@@ -256,13 +256,13 @@ class OpLog(EngineMode):
                 continue
             if func in _UNINITIALIZED:
                 self._hold(t, (self.number(("uninitialized",)), True, None))
-            elif pure and not rounds:
-                self._hold(t, (self.number(("data", _digest(t))), True, None))
             elif image is not None and image[1] == _layout(t):  # byte for byte the source's storage
                 self._hold(t, image[0])
-            elif copied is not None and _whole(t):
+            elif copied is not None and _whole(t):  # (of pure data too: `x[:-1] ** 1` reads as x[:-1])
                 layout = _layout(t)
-                self._hold(t, (self.number(("copy", copied, layout)), False, (copied, layout)))
+                self._hold(t, (self.number(("copy", copied, layout)), pure, (copied, layout)))
+            elif pure and not rounds:
+                self._hold(t, (self.number(("data", _digest(t))), True, None))
             else:
                 self._hold(t, (self.number((key, i)), False, None))
         return out

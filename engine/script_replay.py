@@ -33,7 +33,7 @@ import torch.fx
 
 from engine.graph_passes import _same_bits
 
-__all__ = ["ENABLED", "Warmup", "replay_runner", "scripted"]
+__all__ = ["ENABLED", "Warmup", "replay_runner", "scripted", "scripted_entries"]
 
 ENABLED = os.environ.get("VMAPBENCH_SCRIPTED_REPLAY", "1").strip().lower() not in ("0", "false", "off", "no")
 # What a build costs besides running the graph twice more (the trace and the check): the trace's
@@ -48,6 +48,14 @@ _function_mode = getattr(torch._C, "_is_torch_function_mode_enabled", None)
 _dispatch_modes = torch._C._len_torch_dispatch_stack
 _grad_enabled = torch.is_grad_enabled
 _perf = time.perf_counter
+
+
+_SCRIPTED: "weakref.WeakSet[Any]" = weakref.WeakSet()  # entries whose replays run scripted
+
+
+def scripted_entries() -> list[Any]:
+    """The live trace entries whose replays run through the interpreter (for benchmarks and tests)."""
+    return list(_SCRIPTED)
 
 
 class Warmup:
@@ -68,10 +76,14 @@ class Warmup:
         outs = self.forward(*inputs)
         self.spent += _perf() - start
         self.calls += 1
-        if self.calls >= MIN_CALLS and self.spent >= BUILD_S + 2 * self.spent / self.calls:
+        if (self.calls >= MIN_CALLS and self.spent >= BUILD_S + 2 * self.spent / self.calls
+                and not _function_mode() and not _dispatch_modes()):  # (a mode would see the build's trace)
             entry = self.entry()
             if entry is not None and entry.run is self:
-                entry.run = scripted(entry.gm, self.forward, inputs, outs) or self.forward
+                runner = scripted(entry.gm, self.forward, inputs, outs)
+                entry.run = runner or self.forward
+                if runner is not None:
+                    _SCRIPTED.add(entry)
         return outs
 
 

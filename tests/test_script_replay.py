@@ -131,3 +131,12 @@ def test_the_switch_turns_it_off():
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True,
                          env={**__import__("os").environ, "VMAPBENCH_SCRIPTED_REPLAY": "0"})
     assert out.stdout.split() == ["False", "method"], out.stdout
+
+
+def test_bench_replay_measures_both_sides_of_a_workload():
+    from vmapbench import bench_replay
+
+    with engine.fused_tier(False):
+        row = bench_replay.measure("rosenbrock_hessian", rounds=3, budget=0.002)
+    assert row["scripted"] >= 1 and row["forward_us"] > 0 and row["script_us"] > 0 and row["ratio"] > 0
+    assert script_replay.BUILD_S == 0.0  # (this module's fixture; measure restores what it found)
