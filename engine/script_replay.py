@@ -5,11 +5,12 @@ OpOverload's `__call__`, the arguments parsed against the schema. On the small g
 a gradient records, that is more than the kernels cost. torch.jit's interpreter runs the same ops
 from a stack of values in C++. `Warmup` stands in for a signature's forward: it counts the
 replays and, once their time has paid for the build (`BUILD_S`), records the graph once more
-with `torch.jit.trace` (a straight-line graph of aten calls: the trace is the graph, op for op,
-with the same arguments) and keeps the result only if its first outputs equal the forward's bit
-for bit, with the same layouts and the same aliasing of inputs. It runs with torch's graph
-optimizer off (the "no-opt" pipeline: no fusion, no rewrites, no autodiff of its own): the same
-kernels, on the same arguments, in the same order.
+with torch.jit's tracer (a straight-line graph of aten calls: the trace is the graph, op for op,
+with the same arguments), makes it a function of a compilation unit of its own (freed with the
+entry; `torch.jit.trace` would keep it in torch's global unit for good), and keeps it only if its
+first outputs equal the forward's bit for bit, with the same layouts and the same aliasing of
+inputs. It runs with torch's graph optimizer off (the "no-opt" pipeline: no fusion, no
+rewrites, no autodiff of its own): the same kernels, on the same arguments, in the same order.
 
 What stays on the Python forward: graphs with other than aten ops (the grad-mode pins of
 engine.trace), in-place or random ops, opaque objects (generators), and a call made while a
@@ -143,8 +144,12 @@ def scripted(gm: torch.fx.GraphModule, forward: Callable, inputs: tuple, outs: A
         with warnings.catch_warnings(), torch.no_grad():
             warnings.simplefilter("ignore")  # torch.jit's deprecation notices, tracer warnings
             traced = _traceable(gm) or forward
-            function = torch.jit.trace(lambda *args: tuple(traced(*args)), inputs, check_trace=False, strict=False)
-            run = _runner(function, forward, needs_grad)
+            # The tracer's graph, made a function of a unit of its own (torch.jit.trace would keep
+            # every function it makes in torch's global unit for the life of the process).
+            graph, outs_traced = torch.jit._get_trace_graph(lambda *args: tuple(traced(*args)), inputs)
+            unit = torch._C.CompilationUnit()
+            function = unit.create_function("replay", graph)
+            run = _runner(function, forward, needs_grad, single=len(outs_traced) == 1)
             got = run(*inputs)
     except Exception:  # noqa: BLE001 - a graph the tracer or the interpreter refuses keeps its forward
         return None
@@ -172,7 +177,9 @@ def _traceable(gm: torch.fx.GraphModule) -> Callable | None:
     return torch.fx.GraphModule(gm, graph).forward
 
 
-def _runner(function: Any, forward: Callable, needs_grad: bool) -> Callable:
+def _runner(function: Any, forward: Callable, needs_grad: bool, single: bool) -> Callable:
+    """`function` run with the optimizer off (a tuple of outputs, as the forward's list), or
+    `forward` where a mode is active or autograd would record (see the module docstring)."""
     get_optimize, set_optimize, function_mode = _get_optimize, _set_optimize, _function_mode
 
     def run(*inputs: Any) -> Any:
@@ -181,9 +188,10 @@ def _runner(function: Any, forward: Callable, needs_grad: bool) -> Callable:
         optimize = get_optimize()
         set_optimize(False)  # thread-local: the no-opt pipeline, the recorded ops as they are
         try:
-            return function(*inputs)
+            out = function(*inputs)
         finally:
             set_optimize(optimize)
+        return (out,) if single else out
 
     run.forward = forward  # type: ignore[attr-defined]  # (for inspection and tests)
     return run

@@ -140,3 +140,19 @@ def test_bench_replay_measures_both_sides_of_a_workload():
         row = bench_replay.measure("rosenbrock_hessian", rounds=3, budget=0.002)
     assert row["scripted"] >= 1 and row["forward_us"] > 0 and row["script_us"] > 0 and row["ratio"] > 0
     assert script_replay.BUILD_S == 0.0  # (this module's fixture; measure restores what it found)
+
+
+def test_built_functions_live_and_die_with_their_entries():
+    import gc
+    import weakref
+
+    global_unit = torch.jit._state._python_cu
+    before = len(global_unit.get_functions())
+    traced = engine.trace(engine.hessian(_rosenbrock))
+    entry = _warm(traced, torch.randn(16, dtype=torch.float64))
+    assert _is_scripted(entry.run)
+    assert len(global_unit.get_functions()) == before  # nothing kept in torch's global unit
+    gone = weakref.ref(entry)
+    del traced, entry
+    gc.collect()
+    assert gone() is None
