@@ -42,6 +42,9 @@ ENABLED = os.environ.get("VMAPBENCH_SCRIPTED_REPLAY", "1").strip().lower() not i
 # where measured (docs/lab). Replays are counted until their time reaches it and twice their mean.
 BUILD_S = 0.002
 MIN_CALLS = 4
+# A call into the interpreter costs a few microseconds more than a Python call of the forward;
+# each op then saves about one (docs/lab): graphs of fewer ops stay on the forward.
+MIN_OPS = 4
 
 _get_optimize = getattr(torch._C, "_get_graph_executor_optimize", None)
 _set_optimize = getattr(torch._C, "_set_graph_executor_optimize", None)
@@ -100,8 +103,10 @@ def _eligible(gm: torch.fx.GraphModule, inputs: tuple) -> bool:
 
 
 def _eligible_graph(gm: torch.fx.GraphModule) -> bool:
-    """A straight-line graph of functional, deterministic aten ops."""
+    """A straight-line graph of at least MIN_OPS functional, deterministic aten ops."""
     if _get_optimize is None or _set_optimize is None or _function_mode is None:
+        return False
+    if sum(node.op == "call_function" and node.target is not operator.getitem for node in gm.graph.nodes) < MIN_OPS:
         return False
     for node in gm.graph.nodes:
         if node.op in ("placeholder", "output"):
