@@ -21,26 +21,29 @@ graph, the forward runs as before.
 """
 from __future__ import annotations
 
+import contextlib
 import copy
 import operator
 import os
 import time
 import warnings
 import weakref
-from typing import Any, Callable
+from typing import Any, Callable, Iterator
 
 import torch
 import torch.fx
 
 from engine.graph_passes import _same_bits
 
-__all__ = ["ENABLED", "Warmup", "replay_runner", "scripted", "scripted_entries"]
+__all__ = ["ENABLED", "Warmup", "build_at_once", "replay_runner", "scripted", "scripted_entries"]
 
 ENABLED = os.environ.get("VMAPBENCH_SCRIPTED_REPLAY", "1").strip().lower() not in ("0", "false", "off", "no")
-# What a build costs besides running the graph twice more (the trace and the check): the trace's
-# own bookkeeping and the interpreter's first plan, a few hundred microseconds for a small graph
-# where measured (docs/lab). Replays are counted until their time reaches it and twice their mean.
+# What a build is assumed to cost: BUILD_S, plus BUILD_REPLAYS replays' time (the tracer runs the
+# graph, the check runs it again, and the interpreter's first runs of a large graph took as long
+# as ten replays each where measured: docs/lab). Replays are counted until their time reaches it
+# (the ski-rental rule: a graph that never pays cost at most twice what it would have).
 BUILD_S = 0.002
+BUILD_REPLAYS = 30
 MIN_CALLS = 4
 # A call into the interpreter costs a few microseconds more than a Python call of the forward;
 # each op then saves about one (docs/lab): graphs of fewer ops stay on the forward.
@@ -52,6 +55,19 @@ _function_mode = getattr(torch._C, "_is_torch_function_mode_enabled", None)
 _dispatch_modes = torch._C._len_torch_dispatch_stack
 _grad_enabled = torch.is_grad_enabled
 _perf = time.perf_counter
+
+
+@contextlib.contextmanager
+def build_at_once() -> Iterator[None]:
+    """Inside the block, a graph is built at its MIN_CALLS-th replay whatever it costs (benchmarks
+    and tests that must reach the interpreter in a few calls); process-wide, not thread-local."""
+    global BUILD_S, BUILD_REPLAYS
+    saved = BUILD_S, BUILD_REPLAYS
+    BUILD_S, BUILD_REPLAYS = 0.0, 0
+    try:
+        yield
+    finally:
+        BUILD_S, BUILD_REPLAYS = saved
 
 
 _SCRIPTED: "weakref.WeakSet[Any]" = weakref.WeakSet()  # entries whose replays run scripted
@@ -80,7 +96,7 @@ class Warmup:
         outs = self.forward(*inputs)
         self.spent += _perf() - start
         self.calls += 1
-        if (self.calls >= MIN_CALLS and self.spent >= BUILD_S + 2 * self.spent / self.calls
+        if (self.calls >= MIN_CALLS and self.spent >= BUILD_S + BUILD_REPLAYS * self.spent / self.calls
                 and not _function_mode() and not _dispatch_modes()):  # (a mode would see the build's trace)
             entry = self.entry()
             if entry is not None and entry.run is self:

@@ -3,7 +3,7 @@ graph's Python forward and on torch.jit's interpreter (engine.script_replay), al
 one process (python -m vmapbench.bench_replay).
 
 Each workload's `engine` method (the default path, fused tier off) is called until its signatures
-replay and their interpreter runners are built (at once here: `script_replay.BUILD_S` is 0). Then
+replay and their interpreter runners are built (at once here: `script_replay.build_at_once`). Then
 every round times a batch of calls with every scripted entry switched to its forward, and a
 batch with them switched back, in alternating order, in CPU seconds of this process
 (time.process_time). Reported: the median per call of each side and the median [quartiles] of the
@@ -43,12 +43,9 @@ def measure(name: str, rounds: int = 15, budget: float = 0.05) -> dict[str, Any]
     build = getattr(state, "fn", None)
     call = build("engine") if build is not None else (lambda: w.run("engine", state))
     before = set(map(id, script_replay.scripted_entries()))
-    saved, script_replay.BUILD_S = script_replay.BUILD_S, 0.0
-    try:
+    with script_replay.build_at_once():
         for _ in range(WARM_CALLS):
             call()
-    finally:
-        script_replay.BUILD_S = saved
     entries = [e for e in script_replay.scripted_entries() if id(e) not in before]
     runners = [(e, e.run) for e in entries if getattr(e.run, "forward", None) is not None]
     row: dict[str, Any] = {"workload": name, "size": default_size(w), "scripted": len(runners)}
