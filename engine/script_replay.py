@@ -46,8 +46,12 @@ BUILD_S = 0.002
 BUILD_REPLAYS = 30
 MIN_CALLS = 4
 # A call into the interpreter costs a few microseconds more than a Python call of the forward;
-# each op then saves about one (docs/lab): graphs of fewer ops stay on the forward.
+# each op then saves about one (docs/lab): graphs of fewer ops stay on the forward. So do graphs
+# whose ops take more than MAX_OP_S each on average, where that saving is noise: there a run in
+# the interpreter, which frees its intermediates in another order, could be several times slower
+# than the forward's for glibc's heap (psg_mlp's replays: 3.6 ms against 0.8, docs/lab).
 MIN_OPS = 4
+MAX_OP_S = 10e-6
 
 _get_optimize = getattr(torch._C, "_get_graph_executor_optimize", None)
 _set_optimize = getattr(torch._C, "_set_graph_executor_optimize", None)
@@ -83,24 +87,29 @@ class Warmup:
     replaced by the scripted runner (or by the forward itself where none can be built). Made by
     `replay_runner`."""
 
-    __slots__ = ("entry", "forward", "spent", "calls")
+    __slots__ = ("entry", "forward", "spent", "best", "calls")
 
     def __init__(self, entry: Any, forward: Callable) -> None:
         self.entry = weakref.ref(entry)  # (the entry holds this object as its `run`)
         self.forward = forward
         self.spent = 0.0
+        self.best = float("inf")
         self.calls = 0
 
     def __call__(self, *inputs: Any) -> Any:
         start = _perf()
         outs = self.forward(*inputs)
-        self.spent += _perf() - start
+        took = _perf() - start
+        self.spent += took
+        self.best = min(self.best, took)
         self.calls += 1
         if (self.calls >= MIN_CALLS and self.spent >= BUILD_S + BUILD_REPLAYS * self.spent / self.calls
                 and not _function_mode() and not _dispatch_modes()):  # (a mode would see the build's trace)
             entry = self.entry()
             if entry is not None and entry.run is self:
-                runner = scripted(entry.gm, self.forward, inputs, outs)
+                ops = sum(n.op == "call_function" and n.target is not operator.getitem for n in entry.gm.graph.nodes)
+                heavy = self.best > MAX_OP_S * ops  # (its fastest replay: the first ones warm up)
+                runner = None if heavy else scripted(entry.gm, self.forward, inputs, outs)
                 entry.run = runner or self.forward
                 if runner is not None:
                     _SCRIPTED.add(entry)
