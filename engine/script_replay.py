@@ -4,20 +4,20 @@ An FX graph's generated forward costs a Python call per aten op: the line itself
 OpOverload's `__call__`, the arguments parsed against the schema. On the small graphs a Hessian or
 a gradient records, that is more than the kernels cost. torch.jit's interpreter runs the same ops
 from a stack of values in C++. `Warmup` stands in for a signature's forward: it counts the
-replays and, once their time has paid for the build (`BUILD_S`), records the graph once more
-with torch.jit's tracer (a straight-line graph of aten calls: the trace is the graph, op for op,
-with the same arguments), makes it a function of a compilation unit of its own (freed with the
-entry; `torch.jit.trace` would keep it in torch's global unit for good), and keeps it only if its
-first outputs equal the forward's bit for bit, with the same layouts and the same aliasing of
-inputs. It runs with torch's graph optimizer off (the "no-opt" pipeline: no fusion, no
-rewrites, no autodiff of its own): the same kernels, on the same arguments, in the same order.
+replays and, once their time has paid for the build (`BUILD_S`, `BUILD_REPLAYS`), records the
+graph once more with torch.jit's tracer (a straight-line graph of aten calls: the trace is the
+graph, op for op, with the same arguments), makes it a function of a compilation unit of its own
+(freed with the entry; `torch.jit.trace` would keep it in torch's global unit for good), and keeps
+it only if its first outputs equal the forward's bit for bit, with the same layouts and the same
+aliasing of inputs. It runs with torch's graph optimizer off (the "no-opt" pipeline: no fusion,
+no rewrites, no autodiff of its own): the same kernels, on the same arguments, in the same order.
 
-What stays on the Python forward: graphs with other than aten ops (the grad-mode pins of
-engine.trace), in-place or random ops, opaque objects (generators), and a call made while a
-torch-function or dispatch mode is active (the interpreter does not consult them) or, for a graph
-whose inputs require grad, with grad enabled. `VMAPBENCH_SCRIPTED_REPLAY=0` turns it off
-(docs/guide/environment.md). torch.jit is deprecated upstream; where it is missing or refuses a
-graph, the forward runs as before.
+What stays on the Python forward: graphs of few ops (`MIN_OPS`) or of heavy ones (`MAX_OP_S`),
+graphs with other than aten ops (the grad-mode pins of engine.trace), in-place or random ops or
+opaque objects (generators), and each call made while a torch-function or dispatch mode is active
+(the interpreter does not consult them) or, for a graph whose inputs require grad, with grad
+enabled. `VMAPBENCH_SCRIPTED_REPLAY=0` turns it off (docs/guide/environment.md). torch.jit is
+deprecated upstream; where it is missing or refuses a graph, the forward runs as before.
 """
 from __future__ import annotations
 

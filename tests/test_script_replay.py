@@ -124,6 +124,14 @@ def test_graphs_of_a_few_ops_stay_on_the_forward():
     assert getattr(entry.run, "__self__", None) is entry.gm  # never counted: too small to pay
 
 
+def test_graphs_of_heavy_ops_stay_on_the_forward(monkeypatch):
+    monkeypatch.setattr(script_replay, "MAX_OP_S", 1e-9)  # every op counts as heavy
+    traced = engine.trace(engine.hessian(_rosenbrock))
+    entry = _warm(traced, torch.randn(16, dtype=torch.float64))
+    assert getattr(entry.run, "__self__", None) is entry.gm  # counted, then left on the forward unbuilt
+    assert entry not in script_replay.scripted_entries()
+
+
 def test_outputs_that_differ_in_layout_or_aliasing_are_refused():
     x = torch.randn(4, 4)
     same = [x * 2]
