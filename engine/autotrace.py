@@ -418,7 +418,7 @@ class AutoTraced:
         with eager_ops:
             ref = running(self.fn, *args, **kwargs)
         problem = stale or _difference(out, ref, exact=False)
-        if contract and problem is None and entry.run is not getattr(entry.gm, "forward", None):
+        if contract and problem is None and entry.run != getattr(entry.gm, "forward", None):  # (== : a bound method)
             # The op logs are modes, under which a replay runs the graph's Python forward; where its
             # replays run through torch.jit's interpreter (engine.script_replay, built here, outside
             # them), that run is compared with the forward's, from the same random state.

@@ -47,9 +47,9 @@ BUILD_REPLAYS = 30
 MIN_CALLS = 4
 # A call into the interpreter costs a few microseconds more than a Python call of the forward;
 # each op then saves about one (docs/lab): graphs of fewer ops stay on the forward. So do graphs
-# whose ops take more than MAX_OP_S each on average, where that saving is noise: there a run in
+# whose fastest replay took more than MAX_OP_S an op, where that saving is noise: there a run in
 # the interpreter, which frees its intermediates in another order, could be several times slower
-# than the forward's for glibc's heap (psg_mlp's replays: 3.6 ms against 0.8, docs/lab).
+# than the forward's for glibc's heap (docs/lab; tests/test_script_replay.py pins the floor).
 MIN_OPS = 4
 MAX_OP_S = 10e-6
 
@@ -107,8 +107,7 @@ class Warmup:
                 and not _function_mode() and not _dispatch_modes()):  # (a mode would see the build's trace)
             entry = self.entry()
             if entry is not None and entry.run is self:
-                ops = sum(n.op == "call_function" and n.target is not operator.getitem for n in entry.gm.graph.nodes)
-                heavy = self.best > MAX_OP_S * ops  # (its fastest replay: the first ones warm up)
+                heavy = self.best > MAX_OP_S * _op_count(entry.gm)  # (its fastest replay: the first ones warm up)
                 runner = None if heavy else scripted(entry.gm, self.forward, inputs, outs)
                 entry.run = runner or self.forward
                 if runner is not None:
@@ -121,6 +120,10 @@ def replay_runner(entry: Any, forward: Callable) -> Callable:
     return Warmup(entry, forward) if ENABLED and _eligible_graph(entry.gm) else forward
 
 
+def _op_count(gm: torch.fx.GraphModule) -> int:
+    return sum(node.op == "call_function" and node.target is not operator.getitem for node in gm.graph.nodes)
+
+
 def _eligible(gm: torch.fx.GraphModule, inputs: tuple) -> bool:
     """Plain strided tensors into an eligible graph (`_eligible_graph`)."""
     return all(type(t) in (torch.Tensor, torch.nn.Parameter) and t.layout == torch.strided for t in inputs) \
@@ -131,7 +134,7 @@ def _eligible_graph(gm: torch.fx.GraphModule) -> bool:
     """A straight-line graph of at least MIN_OPS functional, deterministic aten ops."""
     if _get_optimize is None or _set_optimize is None or _function_mode is None:
         return False
-    if sum(node.op == "call_function" and node.target is not operator.getitem for node in gm.graph.nodes) < MIN_OPS:
+    if _op_count(gm) < MIN_OPS:
         return False
     for node in gm.graph.nodes:
         if node.op in ("placeholder", "output"):
