@@ -5,32 +5,27 @@ one process (python -m vmapbench.bench_replay).
 Each workload's `engine` method (the default path, fused tier off) is called until its signatures
 replay and their interpreter runners are built (at once here: `script_replay.build_at_once`). Then
 every round times a batch of calls with every scripted entry switched to its forward, and a
-batch with them switched back, in alternating order, in CPU seconds of this process
-(time.process_time). Reported: the median per call of each side and the median [quartiles] of the
-per-round ratio interpreter / forward, with how many of the workload's graphs run scripted.
+batch with them switched back, in alternating order (measuring.timer.rounds), in CPU seconds of
+this process (time.process_time). Reported: the median per call of each side and the median
+[quartiles] of the per-round ratio interpreter / forward, with how many of the workload's graphs
+run scripted.
 """
 from __future__ import annotations
 
 import argparse
 import statistics
 import time
-from typing import Any, Callable, Sequence
+from typing import Any, Sequence
 
 import torch
 
 import engine
 from engine import script_replay
+from measuring import timer
 
 # The families issue #44's item 2 holds to jax.jit: what runs by default.
 FAMILIES = ("bayes_logreg", "bayes_models", "hessians")
 WARM_CALLS = 12
-
-
-def _cpu(fn: Callable[[], Any], number: int) -> float:
-    start = time.process_time()
-    for _ in range(number):
-        fn()
-    return (time.process_time() - start) / number
 
 
 def measure(name: str, rounds: int = 15, budget: float = 0.05) -> dict[str, Any]:
@@ -56,19 +51,17 @@ def measure(name: str, rounds: int = 15, budget: float = 0.05) -> dict[str, Any]
         for entry, runner in runners:
             entry.run = runner if scripted else runner.forward
 
-    number = max(1, int(budget / max(_cpu(call, 3), 1e-7)))
-    t_forward, t_script, ratios = [], [], []
-    for r in range(rounds):
-        times = {}
-        for scripted in ((False, True) if r % 2 else (True, False)):
-            side(scripted)
-            times[scripted] = _cpu(call, number)
+    sides = {False: call, True: call}  # the same call; `side` switches the entries before each batch
+    once = timer.single_calls({True: call}, clock=time.process_time)[True]
+    number = timer.batch_for(once, budget, max_calls=1_000_000).calls
+    try:
+        samples = timer.rounds(sides, rounds, batches={k: timer.Batch(number, number) for k in sides},
+                               clock=time.process_time, alternate=True, before=side)
+    finally:
         side(True)
-        t_forward.append(times[False])
-        t_script.append(times[True])
-        ratios.append(times[True] / times[False])
+    ratios = [s / f for f, s in zip(samples[False], samples[True])]
     q = statistics.quantiles(ratios, n=4)
-    row.update(forward_us=statistics.median(t_forward) * 1e6, script_us=statistics.median(t_script) * 1e6,
+    row.update(forward_us=statistics.median(samples[False]) * 1e6, script_us=statistics.median(samples[True]) * 1e6,
                ratio=statistics.median(ratios), ratio_q1=q[0], ratio_q3=q[-1])
     return row
 
