@@ -8,7 +8,7 @@ import types
 import pytest
 import torch
 
-from engine.guardstate import StateGuard
+from engine.guardstate import StateGuard, _standard_dict
 
 # These tests inspect the native check and what is built on it: guards build it at once here.
 pytestmark = pytest.mark.usefixtures("native_guards_now")
@@ -42,12 +42,13 @@ def _make_state():
     slotted = Slotted()
     empty_later = None
     ns = Holder()
+    options: dict = {}
 
     def fn(x):
         del empty_later  # noqa: F821 - makes `empty_later` a cell the function reads
-        return net(x) * items[0] * cfg.scale * slotted.factor + ns.offset + len(seen)
+        return net(x) * items[0] * cfg.scale * slotted.factor + ns.offset + len(seen) + len(options)
 
-    return fn, net, items, seen, cfg, slotted, ns
+    return fn, net, items, seen, cfg, slotted, ns, options
 
 
 def _guard(fn) -> StateGuard:
@@ -59,12 +60,13 @@ def _guard(fn) -> StateGuard:
     return guard
 
 
-def _changes(fn, net, items, seen, cfg, slotted, ns):
+def _changes(fn, net, items, seen, cfg, slotted, ns, options):
     """(what changes, change, undo) for each kind of guarded state."""
     linear = net[0]
     weight = linear.weight
     data = weight.data
     cell = next(c for name, c in zip(fn.__code__.co_freevars, fn.__closure__) if name == "items")
+    saved = weight.__dict__
     hook = []
 
     def add_hook():
@@ -88,10 +90,18 @@ def _changes(fn, net, items, seen, cfg, slotted, ns):
         ("a namespace attribute", lambda: setattr(ns, "offset", 1.5), lambda: setattr(ns, "offset", 0.5)),
         ("a function's code", lambda: setattr(fn, "__code__", fn.__code__.replace()), None),
         ("a torch setting", lambda: torch.set_default_dtype(torch.float64), lambda: torch.set_default_dtype(torch.float32)),
+        # Empty dicts are checked together (all still empty), instance dicts through their slot:
+        ("an empty captured dict filled", lambda: options.__setitem__("k", 1), lambda: options.pop("k")),
+        ("an empty hook table written directly", lambda: linear._backward_hooks.__setitem__(99, print),
+         lambda: linear._backward_hooks.pop(99)),
+        ("an empty submodule table written directly", lambda: net[1]._modules.__setitem__("inner", torch.nn.Tanh()),
+         lambda: net[1]._modules.pop("inner")),
+        ("a parameter's attribute", lambda: setattr(weight, "tag", 1), lambda: delattr(weight, "tag")),
+        ("a parameter's __dict__ replaced", lambda: setattr(weight, "__dict__", {}), lambda: setattr(weight, "__dict__", saved)),
     ]
 
 
-@pytest.mark.parametrize("index", range(16))
+@pytest.mark.parametrize("index", range(21))
 def test_the_native_check_fails_on_every_kind_of_change(index):
     state = _make_state()
     fn = state[0]
@@ -106,6 +116,24 @@ def test_the_native_check_fails_on_every_kind_of_change(index):
             undo()
     if undo is not None:  # restored: the same objects again, so the Python comparison holds
         assert guard.holds(), f"restoring {what} did not hold"
+
+
+def test_every_kind_of_change_is_listed():
+    assert len(_changes(*_make_state())) == 21
+
+
+def test_instance_dicts_read_through_their_slot_only_where_getattr_reads_the_same():
+    class OwnDict:
+        @property
+        def __dict__(self):  # noqa: PLE0237 - a class that answers `__dict__` itself
+            return {"made": "up"}
+
+    class Intercepting:
+        def __getattribute__(self, name):
+            return object.__getattribute__(self, name)
+
+    assert _standard_dict(torch.nn.Linear) and _standard_dict(torch.nn.Parameter) and _standard_dict(Holder)
+    assert not _standard_dict(OwnDict) and not _standard_dict(Intercepting) and not _standard_dict(Slotted)
 
 
 def test_a_write_that_restores_the_contents_holds_and_retakes_the_tags():
