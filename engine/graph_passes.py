@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import math
 import operator
+import time
 from typing import Any, Callable, Hashable
 
 import torch
@@ -514,10 +515,14 @@ class Fold:
     (sizes, strides, dtype, device, conjugate/negative bits), or contents that differ bit for bit
     from those the values were computed from. The contents are compared, not version counters,
     because not every write moves one: BatchNorm's kernels update its running statistics in place
-    without it, and a write through `t.data` moves another counter. A source larger than FOLD_WATCH_ELEMENTS is not
-    compared, so the values are recomputed on every call; and whenever a source requires grad
-    under grad mode, they are recomputed on every call (their autograd graph belongs to that
-    call), as the unfolded graph would.
+    without it, and a write through `t.data` moves another counter. Sources up to
+    FOLD_WATCH_ELEMENTS each are always compared. Larger ones (up to FOLD_WATCH_BYTES in all) are
+    compared where that pays: at their first computation the values' time is set against one
+    comparison's, and the sources are watched from then on only if recomputing cost more than
+    FOLD_WATCH_GAIN comparisons (a Jacobian's basis times a wide layer's weight), else the values
+    are recomputed on every call, as they always are beyond FOLD_WATCH_BYTES (the comparison keeps
+    a copy of the sources). Whenever a source requires grad under grad mode, they are recomputed
+    on every call (their autograd graph belongs to that call), as the unfolded graph would.
     """
 
     __slots__ = ("gm", "sources", "_layout", "_ptrs", "_values", "_contents", "_live", "_watchable")
@@ -540,7 +545,13 @@ class Fold:
         # a buffer, without a copy) instead of torch.equal's dispatch and kernel (a fifth of the
         # time on a few KB); None where a source needs _same_bits (see _byte_views).
         self._live: list[memoryview] | None = None
-        self._watchable = all(t.layout == torch.strided and t.numel() <= FOLD_WATCH_ELEMENTS for t in sources)
+        # True: compared; False: recomputed on every call; None: large, decided at the first computation.
+        self._watchable: bool | None = False
+        if all(t.layout == torch.strided for t in sources):
+            if all(t.numel() <= FOLD_WATCH_ELEMENTS for t in sources):
+                self._watchable = True
+            elif sum(t.numel() * t.element_size() for t in sources) <= FOLD_WATCH_BYTES:
+                self._watchable = None
 
     def values(self) -> tuple:
         """The folded values for the sources as they are now.
@@ -560,8 +571,10 @@ class Fold:
                     else all(map(_same_bits, sources, self._contents))):
                 if not torch.is_grad_enabled() or not any(t.requires_grad for t in sources):
                     return self._values
+        start = time.perf_counter()
         values = tuple(self.gm(*sources))
-        if not self._watchable or (torch.is_grad_enabled() and any(t.requires_grad for t in sources)):
+        spent = time.perf_counter() - start
+        if self._watchable is False or (torch.is_grad_enabled() and any(t.requires_grad for t in sources)):
             self._layout = None
         else:
             self._ptrs = list(map(_data_ptr, sources))
@@ -571,6 +584,14 @@ class Fold:
                 self._contents = [bytearray(v) for v in self._live]
             else:
                 self._contents = [t.detach().clone() for t in sources]
+            if self._watchable is None:  # large sources: watched only where comparing them pays
+                live = self._live
+                start = time.perf_counter()
+                same = (all(map(operator.eq, self._contents, live)) if live is not None
+                        else all(map(_same_bits, sources, self._contents)))
+                self._watchable = same and spent > FOLD_WATCH_GAIN * (time.perf_counter() - start)
+                if not self._watchable:
+                    self._layout, self._live, self._contents = None, None, []
         self._values = values
         return values
 
@@ -606,6 +627,8 @@ def _layout_of(t: torch.Tensor) -> tuple:
 
 
 FOLD_WATCH_ELEMENTS = 1 << 16  # sources up to this size are compared to keep their folded values
+FOLD_WATCH_BYTES = 1 << 26  # larger sources, up to this many bytes in all, where comparing pays (Fold)
+FOLD_WATCH_GAIN = 4  # ... where recomputing the values cost more than this many comparisons of them
 
 
 _BITS = {1: torch.uint8, 2: torch.int16, 4: torch.int32, 8: torch.int64}

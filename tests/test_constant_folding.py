@@ -173,3 +173,45 @@ def test_folded_values_follow_a_new_dtype_over_the_same_memory(check, monkeypatc
     weight.data = weight.view(torch.int32)
     assert (weight._version, weight.data_ptr()) == (version, ptr)
     torch.testing.assert_close(traced(x), x + weight * 2)
+
+
+def _large_fold(monkeypatch, gain: float):
+    """A traced function whose fold reads one captured tensor above FOLD_WATCH_ELEMENTS, with the
+    pay rule's threshold set to `gain` (0: always watched; inf: never), after its first replay."""
+    from engine import graph_passes
+
+    monkeypatch.setattr(graph_passes, "FOLD_WATCH_GAIN", gain)
+    weight = torch.randn(graph_passes.FOLD_WATCH_ELEMENTS + 7)
+    traced = engine.trace(lambda x: x + weight.tanh() * 2)  # the fold: weight.tanh() * 2
+    x = torch.randn(weight.shape)
+    traced(x)  # the recording
+    traced(x)  # the first replay computes the folded values and decides
+    fold = _entry(traced).fold
+    assert fold is not None
+    return traced, fold, weight, x
+
+
+def test_a_large_source_is_watched_where_comparing_pays_and_writes_still_refresh(monkeypatch):
+    traced, fold, weight, x = _large_fold(monkeypatch, 0.0)
+    assert fold._watchable is True
+    assert fold.values() is fold.values()  # kept: not recomputed while the source is unchanged
+    version = weight._version
+    weight.data[5] = -weight.data[5]  # a write that moves no version counter
+    assert weight._version == version
+    torch.testing.assert_close(traced(x), x + weight.tanh() * 2, rtol=0, atol=0)
+
+
+def test_a_large_source_is_recomputed_where_comparing_does_not_pay(monkeypatch):
+    traced, fold, weight, x = _large_fold(monkeypatch, float("inf"))
+    assert fold._watchable is False and fold._contents == []  # no copy of the source kept
+    assert fold.values() is not fold.values()
+    weight.mul_(2)
+    torch.testing.assert_close(traced(x), x + weight.tanh() * 2, rtol=0, atol=0)
+
+
+def test_sources_beyond_the_byte_limit_are_never_copied(monkeypatch):
+    from engine import graph_passes
+
+    monkeypatch.setattr(graph_passes, "FOLD_WATCH_BYTES", 0)
+    traced, fold, weight, x = _large_fold(monkeypatch, 0.0)
+    assert fold._watchable is False and fold._contents == []
