@@ -879,12 +879,11 @@ def _no_progress() -> int:
     return 0
 
 
-@functools.lru_cache(maxsize=None)
 def _standard_dict(cls: type) -> bool:
     """Whether `getattr(obj, "__dict__")` of a `cls` instance is the dict at its instance-dict slot
     (what a native check's generic-dict accessor reads without an attribute lookup): the class's
     `__dict__` is the descriptor Python gives a class defined in Python, and attribute access is
-    not overridden."""
+    not overridden. Asked at every build, not cached: a class's attributes can be rebound."""
     if cls.__getattribute__ is not object.__getattribute__:
         return False
     for klass in cls.__mro__:
