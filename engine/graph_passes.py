@@ -516,8 +516,8 @@ class Fold:
     from those the values were computed from. The contents are compared, not version counters,
     because not every write moves one: BatchNorm's kernels update its running statistics in place
     without it, and a write through `t.data` moves another counter. Sources up to
-    FOLD_WATCH_ELEMENTS each are always compared. Larger ones (up to FOLD_WATCH_BYTES in all) are
-    compared where that pays: at their first computation the values' time is set against one
+    FOLD_WATCH_ELEMENTS each are always compared. Larger ones (CPU tensors, up to FOLD_WATCH_BYTES
+    in all) are compared where that pays: at their first computation the values' time is set against one
     comparison's, and the sources are watched from then on only if recomputing cost more than
     FOLD_WATCH_GAIN comparisons (a Jacobian's basis times a wide layer's weight), else the values
     are recomputed on every call, as they always are beyond FOLD_WATCH_BYTES (the comparison keeps
@@ -550,7 +550,8 @@ class Fold:
         if all(t.layout == torch.strided for t in sources):
             if all(t.numel() <= FOLD_WATCH_ELEMENTS for t in sources):
                 self._watchable = True
-            elif sum(t.numel() * t.element_size() for t in sources) <= FOLD_WATCH_BYTES:
+            elif (all(t.device.type == "cpu" for t in sources)  # (a copy in host memory, not on a device)
+                  and sum(t.numel() * t.element_size() for t in sources) <= FOLD_WATCH_BYTES):
                 self._watchable = None
 
     def values(self) -> tuple:

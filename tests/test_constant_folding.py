@@ -215,3 +215,14 @@ def test_sources_beyond_the_byte_limit_are_never_copied(monkeypatch):
     monkeypatch.setattr(graph_passes, "FOLD_WATCH_BYTES", 0)
     traced, fold, weight, x = _large_fold(monkeypatch, 0.0)
     assert fold._watchable is False and fold._contents == []
+
+
+def test_large_sources_off_the_cpu_are_never_copied():
+    """The comparison of a large source keeps a copy of it: on a device that would be device
+    memory (a peak the suite reports), so large sources there are recomputed as before."""
+    from engine import graph_passes
+
+    gm = torch.fx.symbolic_trace(lambda w: w * 2)
+    large = torch.empty(graph_passes.FOLD_WATCH_ELEMENTS + 1, device="meta")
+    assert graph_passes.Fold(gm, [large])._watchable is False
+    assert graph_passes.Fold(gm, [torch.empty(large.shape)])._watchable is None  # the same on the CPU: decided later
