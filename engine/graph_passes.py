@@ -567,9 +567,7 @@ class Fold:
         # write moves no counter where it goes through `.data`.)
         layout = self._layout
         if layout is not None and list(map(_data_ptr, sources)) == self._ptrs and layout(*sources):
-            live = self._live
-            if (all(map(operator.eq, self._contents, live)) if live is not None
-                    else all(map(_same_bits, sources, self._contents))):
+            if self._contents_hold(sources):
                 if not torch.is_grad_enabled() or not any(t.requires_grad for t in sources):
                     return self._values
         start = time.perf_counter()
@@ -586,15 +584,20 @@ class Fold:
             else:
                 self._contents = [t.detach().clone() for t in sources]
             if self._watchable is None:  # large sources: watched only where comparing them pays
-                live = self._live
                 start = time.perf_counter()
-                same = (all(map(operator.eq, self._contents, live)) if live is not None
-                        else all(map(_same_bits, sources, self._contents)))
+                same = self._contents_hold(sources)
                 self._watchable = same and spent > FOLD_WATCH_GAIN * (time.perf_counter() - start)
                 if not self._watchable:
                     self._layout, self._live, self._contents = None, None, []
         self._values = values
         return values
+
+    def _contents_hold(self, sources: list[torch.Tensor]) -> bool:
+        """Whether the sources' contents are bit for bit the saved ones (memcmp on the byte path)."""
+        live = self._live
+        if live is not None:
+            return all(map(operator.eq, self._contents, live))
+        return all(map(_same_bits, sources, self._contents))
 
 
 _data_ptr = torch.Tensor.data_ptr
