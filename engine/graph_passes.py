@@ -332,7 +332,7 @@ def _simplify(gm: torch.fx.GraphModule) -> None:
     - chains of reshape-like ops (reshape, squeeze, unsqueeze, same-shape expand, a one-piece
       split or cat) -> one reshape of the chain's source, or the source itself if its shape is kept;
     - a transpose of the same transpose -> its input;
-    - x * 1, x * ones, x ** 1 -> x (same dtype and shape);
+    - x * 1, x * ones, x ** 1, b == True (b bool) -> x, b (same dtype and shape);
     - ones_like/zeros_like(x), x ** 0 -> ones/zeros of x's shape, so the value of x is no longer
       needed (backward formulas of powers leave x ** 1 and x ** 0 in second derivatives);
     - repeated identical ops (deterministic ones only) -> the first (common subexpressions).
@@ -376,6 +376,8 @@ def _simplify(gm: torch.fx.GraphModule) -> None:
             keep = _kept_operand(node, node.args[0])
         elif node.target is aten.mul.Tensor and _is_call(node.args[0], aten.ones.default):
             keep = _kept_operand(node, node.args[1])
+        elif node.target is aten.eq.Scalar and node.args[1] is True:
+            keep = _kept_operand(node, node.args[0])  # (b == True is b where b is bool: a condition read off a tensor)
         elif node.target is aten.pow.Tensor_Scalar and _is_one(node.args[1]):
             keep = _kept_operand(node, node.args[0])  # ATen copies the base for an exponent of 1
         elif node.target in (aten.ones_like.default, aten.zeros_like.default) or (
@@ -677,6 +679,47 @@ def _foldable(node: torch.fx.Node) -> bool:
     )
 
 
+def _is_condition(x: Any) -> bool:
+    val = _node_val(x)
+    return isinstance(val, torch.Tensor) and val.dtype == torch.bool and val.dim() == 0
+
+
+def _split_conjunctions(graph: torch.fx.Graph, const: set[torch.fx.Node]) -> None:
+    """all(stack(conditions)), the replay's guard (engine.trace's `all_hold`), with the conditions
+    that read only captured tensors (`const`) joined apart, so that the fold computes their
+    conjunction once; two conditions left are joined by one logical_and instead of a stack and a
+    reduction. A conjunction of bools in any order and grouping is the same bool."""
+    for node in _calls(graph, aten.all.default):
+        stack = node.args[0]
+        if not (_is_call(stack, aten.stack.default) and len(stack.users) == 1 and not node.kwargs):
+            continue
+        items = list(stack.args[0])
+        if len(items) < 2 or not all(_is_condition(i) for i in items) \
+                or len({_node_val(i).device for i in items}) != 1:
+            continue
+        fixed = [i for i in items if i in const]
+        live = list(dict.fromkeys(i for i in items if i not in const))  # (b and b is b)
+        if not live:
+            continue  # (folded whole)
+        call = _inserter(graph)
+        with graph.inserting_before(node):
+            if len(fixed) > 1:
+                joined = call(aten.all.default, (call(aten.stack.default, (fixed,)),))
+                const.update((joined, joined.args[0]))
+                fixed = [joined]
+            items = fixed + live
+            if len(items) == 2:
+                both = call(aten.logical_and.default, tuple(items))
+            elif len(fixed) == 1 or len(items) < len(stack.args[0]):
+                both = call(aten.all.default, (call(aten.stack.default, (items,)),))
+            else:
+                continue
+        both.meta = {**node.meta, **both.meta}
+        node.replace_all_uses_with(both)
+        graph.erase_node(node)
+        graph.erase_node(stack)
+
+
 def fold_constants(gm: torch.fx.GraphModule, n_args: int, constants: list[torch.Tensor]) -> Fold | None:
     """Move every op that reads no argument (only captured tensors and constants) out of `gm`
     into a `Fold`; its results become new trailing placeholders of `gm`, after the captured ones.
@@ -696,6 +739,7 @@ def fold_constants(gm: torch.fx.GraphModule, n_args: int, constants: list[torch.
     for node in graph.nodes:
         if _foldable(node) and all(i in const or i in captured for i in node.all_input_nodes):
             const.add(node)
+    _split_conjunctions(graph, const)
     frontier = [n for n in graph.nodes if n in const and any(u not in const for u in n.users)]
     if not frontier:
         return None

@@ -66,6 +66,56 @@ def test_an_invalid_captured_value_written_in_place_still_raises_the_distributio
         traced(x)
 
 
+def _guard_inputs(entry) -> list:
+    """The conditions the replay's guard (the graph's last output) joins."""
+    (out,) = [n for n in entry.gm.graph.nodes if n.op == "output"]
+    guard = out.args[0][-1]
+    if guard.target is torch.ops.aten.logical_and.default:
+        return list(guard.args)
+    assert guard.target is torch.ops.aten.all.default
+    return list(guard.args[0].args[0])
+
+
+def test_the_guard_joins_the_checks_of_captured_values_once_and_still_fails_on_either_side():
+    # Normal(loc, scale) checks loc and scale (captured), the value (the argument); Bernoulli
+    # checks y (captured) and its logits (computed from the argument).
+    X, y, _ = _logreg()
+    loc, scale = torch.zeros(5), torch.ones(5)
+
+    def log_joint(w: torch.Tensor) -> torch.Tensor:
+        return D.Normal(loc, scale).log_prob(w).sum() + D.Bernoulli(logits=X @ w).log_prob(y).sum()
+
+    traced = engine.trace(engine.grad(log_joint))
+    w = torch.randn(5)
+    traced(w), traced(w)
+    entry = _entry(traced)
+    joined = _guard_inputs(entry)
+    folded = [n for n in joined if n.op == "placeholder"]
+    assert len(folded) == 1  # the captured values' checks: one folded conjunction
+    assert not any(n.target is torch.ops.aten.eq.Scalar for n in entry.gm.graph.nodes)  # (b == True is b)
+    torch.testing.assert_close(traced(w), torch.func.grad(log_joint)(w))
+    with pytest.raises(ValueError, match="value"):
+        traced(torch.full((5,), float("nan")))  # an argument's check
+    traced(w)
+    scale[0] = -1.0  # a captured value's check
+    with pytest.raises(ValueError, match="scale"):
+        traced(w)
+    scale[0] = 1.0
+    torch.testing.assert_close(traced(w), torch.func.grad(log_joint)(w))
+
+
+def test_a_comparison_with_true_is_dropped_only_where_it_compares_bools():
+    def f(x: torch.Tensor) -> torch.Tensor:
+        return torch.eq(x, True).float() * x + torch.eq(x > 0, True).float()
+
+    traced = engine.trace(engine.vmap(f))
+    x = torch.tensor([[1.0, 2.0, 0.0], [-1.0, 1.0, 0.5]])
+    traced(x), traced(x)
+    assert torch.equal(traced(x), torch.vmap(f)(x))
+    kept = [n for n in _entry(traced).gm.graph.nodes if n.target is torch.ops.aten.eq.Scalar]
+    assert len(kept) == 1  # the float comparison stays
+
+
 def test_a_captured_tensor_that_requires_grad_keeps_its_gradient():
     weight = torch.randn(4, requires_grad=True)
     scale = torch.tensor(3.0)
