@@ -210,7 +210,8 @@ def _identities(graph: torch.fx.Graph) -> set[torch.fx.Node]:
 def _fold_identity_mm(gm: torch.fx.GraphModule) -> bool:
     """mm(I, x) -> x and mm(x, I) -> x: the one-hot basis that reverse-mode Jacobians push through
     the backward pass meets the first matmul as an identity, a full matmul of the data for nothing.
-    (The matmul adds products with zero: an inf or NaN of x spreads there, not here.)"""
+    (The matmul adds products with zero: an inf or NaN of x spreads there, not here.) Where x is
+    laid out otherwise than the product (a transposed weight), it becomes a contiguous copy."""
     graph = gm.graph
     ident = _identities(graph)
     changed = False
@@ -222,6 +223,13 @@ def _fold_identity_mm(gm: torch.fx.GraphModule) -> bool:
         keep_val, out_val = keep.meta.get("val"), node.meta.get("val")
         if not (isinstance(keep_val, torch.Tensor) and isinstance(out_val, torch.Tensor)) or keep_val.shape != out_val.shape:
             continue
+        if keep_val.stride() != out_val.stride():
+            # x in the product's layout: what reads it then reads it as the eager call did (a
+            # transposed x would make every pointwise op after it stride through memory, and the
+            # reshapes after them copy). Of a captured x, the fold makes the copy once.
+            with graph.inserting_before(node):
+                keep = _inserter(graph)(aten.clone.default, (keep,), {"memory_format": torch.contiguous_format})
+            keep.meta["device"] = node.meta.get("device")
         node.replace_all_uses_with(keep)
         graph.erase_node(node)
         changed = True
@@ -229,9 +237,9 @@ def _fold_identity_mm(gm: torch.fx.GraphModule) -> bool:
 
 
 def _views_as_reshapes(gm: torch.fx.GraphModule) -> None:
-    """view -> reshape. The rewrites above change the strides of some tensors (mm(I, x) -> x keeps
-    x's layout), so a view that was valid at trace time may not be at replay; reshape is the same
-    view whenever one exists and copies only when none does."""
+    """view -> reshape. The rewrites above may change the strides of some tensors (a bmm made one
+    mm, a product made a multiply), so a view that was valid at trace time may not be at replay;
+    reshape is the same view whenever one exists and copies only when none does."""
     for node in gm.graph.nodes:
         if node.op == "call_function" and node.target in (aten.view.default, aten._unsafe_view.default):
             node.target = aten.reshape.default

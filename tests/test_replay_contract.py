@@ -80,6 +80,35 @@ def test_a_pass_that_changes_the_arithmetic_names_itself_on_the_entry():
         torch.testing.assert_close(h(t), torch.func.hessian(loss)(t))
 
 
+def test_dropping_the_identity_matmul_keeps_the_layout_the_eager_call_had():
+    # hessian's one-hot basis meets W1.T (a transposed captured weight) in a matmul whose product
+    # is contiguous; W1.T in its place would make the broadcast multiply after it, and every
+    # pointwise op after that, compute in W1.T's layout, and the reshape feeding the last matmul copy.
+    g = torch.Generator().manual_seed(0)
+    W1, b1, w2 = torch.randn(16, 3, generator=g), torch.randn(16, generator=g), torch.randn(16, generator=g)
+
+    def u(x):
+        return torch.tanh(W1 @ x + b1) @ w2
+
+    f = engine.vmap(engine.hessian(u))
+    points = torch.randn(8, 3, generator=g)
+    state = _replayed(f, points)
+    (entry,) = state.traced._cache.values()
+    assert "fold_identity_mm" in entry.rewrites
+
+    class Layouts(torch.fx.Interpreter):
+        def run_node(self, n):
+            out = super().run_node(n)
+            recorded = n.meta.get("val")
+            if n.op == "call_function" and isinstance(out, torch.Tensor) and isinstance(recorded, torch.Tensor):
+                assert out.stride() == recorded.stride(), f"{n.format_node()}: {out.stride()} != {recorded.stride()}"
+            return out
+
+    with torch.no_grad():
+        Layouts(entry.gm).run(*entry.inputs([points]))
+    torch.testing.assert_close(f(points), torch.func.vmap(torch.func.hessian(u))(points))
+
+
 def test_strides_are_part_of_a_signature():
     def f(x):
         return (x @ x.t()).sum(0)
