@@ -692,6 +692,18 @@ def _is_condition(x: Any) -> bool:
     return isinstance(val, torch.Tensor) and val.dtype == torch.bool and val.dim() == 0
 
 
+def _condition(graph: torch.fx.Graph, target: Any, args: tuple) -> torch.fx.Node:
+    """A node of a 0-d bool value (a stack of them: 1-d), its meta value made directly: the meta
+    kernels of these ops are Python decompositions whose first use imports sympy (most of a
+    second, in the recording call)."""
+    node = graph.call_function(target, args)
+    first = args[0][0] if target is aten.stack.default else args[0]
+    shape = (len(args[0]),) if target is aten.stack.default else ()
+    node.meta["val"] = torch.empty(shape, dtype=torch.bool, device="meta")
+    node.meta["device"] = first.meta.get("device")
+    return node
+
+
 def _split_conjunctions(graph: torch.fx.Graph, const: set[torch.fx.Node]) -> None:
     """all(stack(conditions)), the replay's guard (engine.trace's `all_hold`), with the conditions
     that read only captured tensors (`const`) joined apart, so that the fold computes their
@@ -703,26 +715,25 @@ def _split_conjunctions(graph: torch.fx.Graph, const: set[torch.fx.Node]) -> Non
             continue
         items = list(stack.args[0])
         if len(items) < 2 or not all(_is_condition(i) for i in items) \
-                or len({_node_val(i).device for i in items}) != 1:
+                or len({i.meta.get("device") for i in items}) != 1:
             continue
         fixed = [i for i in items if i in const]
         live = list(dict.fromkeys(i for i in items if i not in const))  # (b and b is b)
         if not live:
             continue  # (folded whole)
-        call = _inserter(graph)
         with graph.inserting_before(node):
             if len(fixed) > 1:
-                joined = call(aten.all.default, (call(aten.stack.default, (fixed,)),))
+                joined = _condition(graph, aten.all.default, (_condition(graph, aten.stack.default, (fixed,)),))
                 const.update((joined, joined.args[0]))
                 fixed = [joined]
             items = fixed + live
             if len(items) == 2:
-                both = call(aten.logical_and.default, tuple(items))
+                both = _condition(graph, aten.logical_and.default, tuple(items))
             elif len(fixed) == 1 or len(items) < len(stack.args[0]):
-                both = call(aten.all.default, (call(aten.stack.default, (items,)),))
+                both = _condition(graph, aten.all.default, (_condition(graph, aten.stack.default, (items,)),))
             else:
                 continue
-        both.meta = {**node.meta, **both.meta}
+        both.meta.update(node.meta)
         node.replace_all_uses_with(both)
         graph.erase_node(node)
         graph.erase_node(stack)

@@ -59,6 +59,32 @@ def test_eager_calls_import_neither_sympy_nor_dynamo_and_the_replays_are_right()
     assert out.strip() == "[] [[], [], [], [], []] False", out
 
 
+def test_the_graph_passes_import_neither_sympy_nor_dynamo():
+    # the guard's conjunction regrouped (distribution checks on captured values and on the
+    # argument) and the identity's matmul dropped against a transposed weight: nodes the passes
+    # add get their meta values without meta kernels written in Python (which import sympy)
+    out = _fresh("""
+        import sys, torch, engine
+        import torch.distributions as D
+        X, y = torch.randn(30, 4), (torch.rand(30) > 0.5).float()
+        W1 = torch.randn(8, 3)
+
+        def log_joint(w):
+            return D.Normal(torch.zeros(4), torch.ones(4)).log_prob(w).sum() + D.Bernoulli(logits=X @ w).log_prob(y).sum()
+
+        def u(x):
+            return torch.tanh(W1 @ x).sum()
+
+        fs = [(engine.vmap(engine.grad(log_joint)), torch.randn(5, 4)), (engine.vmap(engine.hessian(u)), torch.randn(5, 3))]
+        base = {m for m in ("sympy", "torch._dynamo") if m in sys.modules}
+        for f, x in fs:
+            for call in range(5):
+                f(x)
+        print(sorted(base), sorted(m for m in ("sympy", "torch._dynamo") if m in sys.modules))
+    """)
+    assert out.strip() == "[] []", out
+
+
 def test_autograd_vjp_equals_torch_autograd_grad_and_defers_to_it_on_a_mismatch():
     x = torch.randn(3, 4, requires_grad=True)
     w = torch.randn(4, requires_grad=True)
