@@ -704,11 +704,13 @@ def _condition(graph: torch.fx.Graph, target: Any, args: tuple) -> torch.fx.Node
     return node
 
 
-def _split_conjunctions(graph: torch.fx.Graph, const: set[torch.fx.Node]) -> None:
+def _split_conjunctions(graph: torch.fx.Graph, const: set[torch.fx.Node]) -> bool:
     """all(stack(conditions)), the replay's guard (engine.trace's `all_hold`), with the conditions
     that read only captured tensors (`const`) joined apart, so that the fold computes their
     conjunction once; two conditions left are joined by one logical_and instead of a stack and a
-    reduction. A conjunction of bools in any order and grouping is the same bool."""
+    reduction. A conjunction of bools in any order and grouping is the same bool. Returns whether
+    it rewrote the graph."""
+    changed = False
     for node in _calls(graph, aten.all.default):
         stack = node.args[0]
         if not (_is_call(stack, aten.stack.default) and len(stack.users) == 1 and not node.kwargs):
@@ -737,6 +739,8 @@ def _split_conjunctions(graph: torch.fx.Graph, const: set[torch.fx.Node]) -> Non
         node.replace_all_uses_with(both)
         graph.erase_node(node)
         graph.erase_node(stack)
+        changed = True
+    return changed
 
 
 def fold_constants(gm: torch.fx.GraphModule, n_args: int, constants: list[torch.Tensor]) -> Fold | None:
@@ -758,9 +762,11 @@ def fold_constants(gm: torch.fx.GraphModule, n_args: int, constants: list[torch.
     for node in graph.nodes:
         if _foldable(node) and all(i in const or i in captured for i in node.all_input_nodes):
             const.add(node)
-    _split_conjunctions(graph, const)
+    split = _split_conjunctions(graph, const)
     frontier = [n for n in graph.nodes if n in const and any(u not in const for u in n.users)]
     if not frontier:
+        if split:
+            gm.recompile()
         return None
     # the folding graph: the captured placeholders it reads, then the const nodes the frontier needs
     needed: set[torch.fx.Node] = set()

@@ -276,3 +276,21 @@ def test_large_sources_off_the_cpu_are_never_copied():
     large = torch.empty(graph_passes.FOLD_WATCH_ELEMENTS + 1, device="meta")
     assert graph_passes.Fold(gm, [large])._watchable is False
     assert graph_passes.Fold(gm, [torch.empty(large.shape)])._watchable is None  # the same on the CPU: decided later
+
+
+def test_a_guard_regrouped_in_a_graph_with_nothing_to_fold_runs_as_rewritten():
+    from engine.graph_passes import fold_constants
+    from engine.recorder import record
+
+    aten = torch.ops.aten
+
+    def checks(x, y):
+        a = aten._is_all_true.default(aten.eq.Tensor(x, x))
+        b = aten._is_all_true.default(aten.gt.Scalar(y, 0))
+        return [x + y, aten.all.default(aten.stack.default([a, b]))]
+
+    gm = record(checks, [torch.randn(3), torch.rand(3)])
+    assert fold_constants(gm, 2, []) is None  # nothing reads only captured tensors
+    assert "logical_and" in gm.code and "stack" not in gm.code  # the forward is the graph as rewritten
+    x, y = torch.randn(3), torch.rand(3)
+    assert gm(x, y)[1].item() and not gm(x, -y)[1].item() and not gm(torch.full((3,), float("nan")), y)[1].item()
