@@ -12,6 +12,7 @@ from __future__ import annotations
 import contextlib
 import functools
 import hashlib
+import importlib.util
 import itertools
 import operator
 import os
@@ -157,6 +158,27 @@ def graph_key(description: list, inputs_meta: list, patches: dict) -> str:
     return hashlib.sha256(text.encode()).hexdigest()[:40]
 
 
+def _inductor_cache_dir() -> str:
+    """Inductor's cache directory as inductor finds it: TORCHINDUCTOR_CACHE_DIR, else its
+    `default_cache_dir()`. Its module (torch/_inductor/runtime/cache_dir_utils.py, written without
+    torch dependencies) is loaded on its own: imported through its package it would run
+    torch._inductor's __init__, which imports Dynamo and sympy, most of a second in the process
+    that first asks (every process at a signature's MIN_REPLAYS-th replay, `Tier._known`)."""
+    base = os.environ.get("TORCHINDUCTOR_CACHE_DIR")
+    if base:
+        return os.path.abspath(base)
+    path = Path(torch.__file__).parent / "_inductor" / "runtime" / "cache_dir_utils.py"
+    try:
+        spec = importlib.util.spec_from_file_location("vmapbench_inductor_cache_dir_utils", path)
+        module = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(module)
+        return os.path.abspath(module.default_cache_dir())
+    except Exception:  # noqa: BLE001 - moved or changed upstream: ask inductor, at the import's cost
+        from torch._inductor.runtime.cache_dir_utils import cache_dir
+
+        return cache_dir()
+
+
 class GraphIndex:
     """Generated program sources by graph key, under inductor's cache directory
     (TORCHINDUCTOR_CACHE_DIR; the kernels the sources load are in inductor's own caches there),
@@ -168,12 +190,7 @@ class GraphIndex:
     @property
     def root(self) -> Path:
         if self._root is None:
-            base = os.environ.get("TORCHINDUCTOR_CACHE_DIR")
-            if not base:
-                from torch._inductor.runtime.cache_dir_utils import cache_dir
-
-                base = cache_dir()
-            self._root = Path(base) / "vmapbench-fused"
+            self._root = Path(_inductor_cache_dir()) / "vmapbench-fused"
         return self._root
 
     def get(self, key: str) -> str | None:

@@ -85,6 +85,27 @@ def test_the_graph_passes_import_neither_sympy_nor_dynamo():
     assert out.strip() == "[] []", out
 
 
+def test_the_fused_tiers_disk_lookup_imports_neither_sympy_nor_dynamo(tmp_path):
+    # the fused tier asks, at a signature's MIN_REPLAYS-th replay, whether its program is on disk
+    # under inductor's cache directory; without TORCHINDUCTOR_CACHE_DIR that directory is
+    # inductor's default, found without importing torch._inductor (whose __init__ imports both)
+    code = textwrap.dedent("""
+        import sys, torch, engine
+        from engine import fused
+        f = engine.hessian(lambda x: (x.sin() ** 2).sum())
+        x = torch.randn(4)
+        for call in range(3 + fused.MIN_REPLAYS + 2):
+            f(x)
+        imported = sorted(m for m in ("sympy", "torch._dynamo") if m in sys.modules)
+        from torch._inductor.runtime.cache_dir_utils import cache_dir
+        print(imported, fused.INDEX.root == fused.Path(cache_dir()) / "vmapbench-fused")
+    """)
+    env = {"PYTHONPATH": str(ROOT), "PATH": "/usr/bin:/bin", "TMPDIR": str(tmp_path)}
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT, env=env, timeout=300)
+    assert out.returncode == 0, out.stderr[-3000:]
+    assert out.stdout.strip() == "[] True", out.stdout
+
+
 def test_autograd_vjp_equals_torch_autograd_grad_and_defers_to_it_on_a_mismatch():
     x = torch.randn(3, 4, requires_grad=True)
     w = torch.randn(4, requires_grad=True)
