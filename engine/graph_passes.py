@@ -731,7 +731,7 @@ def _split_conjunctions(graph: torch.fx.Graph, const: set[torch.fx.Node]) -> boo
             items = fixed + live
             if len(items) == 2:
                 both = _condition(graph, aten.logical_and.default, tuple(items))
-            elif len(fixed) == 1 or len(items) < len(stack.args[0]):
+            elif len(items) < len(stack.args[0]):  # (joined or deduplicated: else it is as it was)
                 both = _condition(graph, aten.all.default, (_condition(graph, aten.stack.default, (items,)),))
             else:
                 continue

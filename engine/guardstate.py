@@ -900,6 +900,8 @@ _HEAPTYPE = 1 << 9  # Py_TPFLAGS_HEAPTYPE: a class made by a class statement or 
 def _all_empty(dicts: list[dict]) -> bool:
     """Whether every dict of `dicts` is empty (a native check's lambda guard)."""
     return not any(dicts)
+
+
 _dict_version = getattr(getattr(torch._C._dynamo, "guards", None), "dict_version", None)
 
 # Building a native check makes torch import Dynamo's guard module (its C++ guard tree reads an
