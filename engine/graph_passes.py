@@ -18,6 +18,7 @@ from typing import Any, Callable, Hashable
 import torch
 import torch.fx
 from torch.utils._pytree import tree_map
+from torch.utils._python_dispatch import _disable_current_modes
 
 from engine._dispatch import out_of_place_view
 
@@ -46,8 +47,10 @@ def _lift_constants(gm: torch.fx.GraphModule) -> list[torch.Tensor]:
         with graph.inserting_before(anchor):
             ph = graph.placeholder(f"lifted_{node.target}")
         ph.meta.update(node.meta)
+        value = getattr(gm, node.target)
+        ph.meta["captured_requires_grad"] = value.requires_grad  # (a captured tensor: engine.graph_passes._captured)
         by_target[node.target] = ph
-        values.append(getattr(gm, node.target))
+        values.append(value)
     for node in lifted:
         node.replace_all_uses_with(by_target[node.target])
         graph.erase_node(node)
@@ -232,6 +235,128 @@ def _fold_identity_mm(gm: torch.fx.GraphModule) -> bool:
             keep.meta["device"] = node.meta.get("device")
         node.replace_all_uses_with(keep)
         graph.erase_node(node)
+        changed = True
+    return changed
+
+
+# A captured matmul operand is copied into its other layout where the matmul then took at most
+# _LAYOUT_GAIN of the time and _LAYOUT_SAVING seconds less (timed once per process and layout, so
+# that timing noise on small matmuls decides nothing; matmuls beyond _LAYOUT_MAX_FLOPS are not
+# timed: the layout matters to skinny ones).
+_LAYOUT_GAIN = 0.75
+_LAYOUT_SAVING = 2e-6
+_LAYOUT_MAX_FLOPS = 1 << 22
+_layout_choices: dict[Hashable, tuple[bool, bool]] = {}
+
+
+def _captured(graph: torch.fx.Graph) -> set[torch.fx.Node]:
+    """The nodes fold_constants computes once: the captured tensors (placeholders _lift_constants
+    made, of tensors that do not require grad) and the foldable ops that read only them."""
+    if any(n.op == "call_function" and isinstance(n.target, torch._ops.OpOverload) and n.target._schema.is_mutable
+           for n in graph.nodes):
+        return set()  # (fold_constants leaves such graphs alone)
+    const: set[torch.fx.Node] = set()
+    for node in graph.nodes:
+        if node.op == "placeholder":
+            if node.meta.get("captured_requires_grad") is False:
+                const.add(node)
+        elif _foldable(node) and all(i in const for i in node.all_input_nodes):
+            const.add(node)
+    return const
+
+
+def _flipped_strides(val: Any) -> tuple[int, int] | None:
+    """The strides of a dense matrix's other layout (row-major <-> column-major); None where it has
+    no other (a size-1 dim, or neither layout)."""
+    if not isinstance(val, torch.Tensor) or val.dim() != 2 or min(val.shape) < 2 or val.numel() > FOLD_WATCH_ELEMENTS:
+        return None
+    rows, cols = (int(s) for s in val.shape)
+    return {(cols, 1): (1, rows), (1, rows): (cols, 1)}.get(tuple(val.stride()))
+
+
+def _faster_layouts(a: Any, b: Any, options: list[tuple[bool, bool]]) -> tuple[bool, bool]:
+    """Which of mm(a, b)'s operands to lay out otherwise ((flip a, flip b)), by timing mm on random
+    operands of those layouts against the recorded ones, interleaved, best of 5 rounds."""
+    key = (tuple(a.shape), a.stride(), tuple(b.shape), b.stride(), a.dtype, tuple(options), torch.get_num_threads())
+    if key in _layout_choices:
+        return _layout_choices[key]
+
+    def operand(val: Any, flip: bool) -> torch.Tensor:
+        stride = _flipped_strides(val) if flip else val.stride()
+        return torch.empty_strided(val.shape, stride, dtype=val.dtype).uniform_(-1, 1)
+
+    none = (False, False)
+    with _disable_current_modes(), torch.no_grad():
+        pairs = {o: (operand(a, o[0]), operand(b, o[1])) for o in [none, *options]}
+        for x, y in pairs.values():
+            torch.mm(x, y)  # (first calls pay for lazy set-up)
+        start = time.perf_counter()
+        torch.mm(*pairs[none])
+        once = time.perf_counter() - start
+        number = max(1, min(100, int(1e-4 / max(once, 1e-7))))
+        best = dict.fromkeys(pairs, math.inf)
+        for _ in range(5):
+            for o, (x, y) in pairs.items():
+                start = time.perf_counter()
+                for _ in range(number):
+                    torch.mm(x, y)
+                best[o] = min(best[o], time.perf_counter() - start)
+    choice = min(pairs, key=best.__getitem__)
+    if best[choice] > _LAYOUT_GAIN * best[none] or best[none] - best[choice] < _LAYOUT_SAVING * number:
+        choice = none
+    _layout_choices[key] = choice
+    return choice
+
+
+def _relayout(graph: torch.fx.Graph, node: torch.fx.Node, x: torch.fx.Node) -> torch.fx.Node:
+    """x copied into its other layout, inserted before `node` (meta values made directly)."""
+    val = x.meta["val"]
+    rows, cols = (int(s) for s in val.shape)
+
+    def call(target: Any, args: tuple, shape: tuple[int, int], stride: tuple[int, int], **kwargs: Any) -> torch.fx.Node:
+        new = graph.call_function(target, args, kwargs)
+        new.meta["val"] = torch.empty_strided(shape, stride, dtype=val.dtype, device="meta")
+        new.meta["device"] = node.meta.get("device")
+        return new
+
+    with graph.inserting_before(node):
+        if tuple(val.stride()) == (1, rows):  # column-major -> row-major
+            return call(aten.clone.default, (x,), (rows, cols), (cols, 1), memory_format=torch.contiguous_format)
+        xt = call(aten.t.default, (x,), (cols, rows), (1, cols))
+        copy = call(aten.clone.default, (xt,), (cols, rows), (rows, 1), memory_format=torch.contiguous_format)
+        return call(aten.t.default, (copy,), (rows, cols), (1, rows))
+
+
+def _mm_operand_layout(gm: torch.fx.GraphModule) -> bool:
+    """mm(a, W) with W captured: W copied once (by the fold) into its other layout where the
+    matmul runs faster so, timed on this machine (a CPU matmul's speed depends on its operands'
+    layouts, several times over for skinny ones: a tall matrix times a row-major matrix of a few
+    columns). The same sums, by another kernel path (so rounded otherwise: ARITHMETIC_PASSES);
+    the choice may differ from machine to machine."""
+    graph = gm.graph
+    const = None
+    changed = False
+    for node in _calls(graph, aten.mm.default):
+        if getattr(node.meta.get("device"), "type", None) != "cpu":
+            continue
+        a, b = node.args[:2]
+        va, vb = _node_val(a), _node_val(b)
+        if not (isinstance(va, torch.Tensor) and isinstance(vb, torch.Tensor) and va.dtype == vb.dtype
+                and va.dtype in (torch.float32, torch.float64) and va.dim() == vb.dim() == 2):
+            continue
+        if va.shape[0] * va.shape[1] * vb.shape[1] > _LAYOUT_MAX_FLOPS:
+            continue
+        if const is None:
+            const = _captured(graph)
+        flip_a = a in const and _flipped_strides(va) is not None
+        flip_b = b in const and _flipped_strides(vb) is not None
+        options = [o for o in ((True, False), (False, True), (True, True)) if (flip_a or not o[0]) and (flip_b or not o[1])]
+        if not options:
+            continue
+        fa, fb = _faster_layouts(va, vb, options)
+        if not (fa or fb):
+            continue
+        node.args = (_relayout(graph, node, a) if fa else a, _relayout(graph, node, b) if fb else b, *node.args[2:])
         changed = True
     return changed
 
@@ -498,6 +623,7 @@ ARITHMETIC_PASSES: dict[str, Callable[[torch.fx.GraphModule], bool]] = {
     "fold_broadcast_bmm": _fold_broadcast_bmm,
     "outer_bmm_to_mul": _outer_bmm_to_mul,
     "fold_identity_mm": _fold_identity_mm,
+    "mm_operand_layout": _mm_operand_layout,
 }
 
 

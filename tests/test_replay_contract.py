@@ -8,7 +8,7 @@ import torch
 from torch.utils._python_dispatch import _disable_current_modes
 
 import engine
-from engine import autotrace
+from engine import autotrace, graph_passes
 from engine.autotrace import autotraced_state
 from engine.errors import ReplayMismatchError
 from engine.graph_passes import ARITHMETIC_PASSES
@@ -107,6 +107,63 @@ def test_dropping_the_identity_matmul_keeps_the_layout_the_eager_call_had():
     with torch.no_grad():
         Layouts(entry.gm).run(*entry.inputs([points]))
     torch.testing.assert_close(f(points), torch.func.vmap(torch.func.hessian(u))(points))
+
+
+def _skinny_product():
+    # under vmap, a [64] row times a row-major [64, 3] weight becomes one [768, 64] @ [64, 3] mm
+    g = torch.Generator().manual_seed(0)
+    W, x = torch.randn(64, 3, generator=g), torch.randn(768, 64, generator=g)
+    return W, x, (lambda row: torch.tanh(row) @ W)
+
+
+def test_a_captured_matmul_operand_takes_the_layout_its_matmul_runs_faster_in(monkeypatch):
+    asked = []
+
+    def faster(a, b, options):  # the timing, decided here: the weight column-major
+        asked.append(options)
+        return (False, True) if (False, True) in options else (False, False)
+
+    monkeypatch.setattr(graph_passes, "_faster_layouts", faster)
+    W, x, u = _skinny_product()
+    f = engine.vmap(u)
+    state = _replayed(f, x)
+    (entry,) = state.traced._cache.values()
+    assert asked == [[(False, True)]]  # the weight is captured, the rows are not
+    assert "mm_operand_layout" in entry.rewrites
+    assert any(v.shape == (64, 3) and v.stride() == (1, 64) for v in entry.fold.values())  # copied once, by the fold
+    with engine.auto_tracing(verify=True):  # held to the tolerance: the pass names itself
+        torch.testing.assert_close(f(x), torch.func.vmap(u)(x))
+    W.mul_(-2)  # the copy follows the captured weight's contents
+    torch.testing.assert_close(f(x), torch.func.vmap(u)(x))
+
+
+def test_layouts_stay_where_the_other_is_not_faster_or_the_operand_needs_grad(monkeypatch):
+    asked = []
+    monkeypatch.setattr(graph_passes, "_faster_layouts", lambda a, b, options: asked.append(options) or (False, False))
+    W, x, u = _skinny_product()
+    f = engine.vmap(u)
+    (entry,) = _replayed(f, x).traced._cache.values()
+    assert asked and "mm_operand_layout" not in entry.rewrites
+    assert all(v.stride() != (1, 64) for v in (entry.fold.values() if entry.fold else ()))
+    asked.clear()
+    W.requires_grad_()  # (the fold would recompute a copy of it on every call)
+    g = engine.vmap(u)
+    with torch.no_grad():
+        (entry,) = _replayed(g, x).traced._cache.values()
+        torch.testing.assert_close(g(x), x.tanh() @ W)
+    assert asked == [] and "mm_operand_layout" not in entry.rewrites
+
+
+def test_the_layout_choice_is_timed_once_per_pair_of_layouts():
+    a = torch.empty(768, 64, device="meta")
+    b = torch.empty(64, 3, device="meta")
+    graph_passes._layout_choices.clear()
+    first = graph_passes._faster_layouts(a, b, [(False, True)])
+    assert first in ((False, False), (False, True))
+    (key,) = graph_passes._layout_choices
+    graph_passes._layout_choices[key] = (True, True)  # what the next ask gets: the kept choice, not a new timing
+    assert graph_passes._faster_layouts(a, b, [(False, True)]) == (True, True)
+    graph_passes._layout_choices.clear()
 
 
 def test_strides_are_part_of_a_signature():
