@@ -361,6 +361,83 @@ def _mm_operand_layout(gm: torch.fx.GraphModule) -> bool:
     return changed
 
 
+def _slice_range(node: torch.fx.Node) -> tuple[tuple, int, int, int] | None:
+    """(input sizes, dim, start, end) of slice_backward(grad, sizes, dim, start, end, 1), the
+    range normalised as Python slicing does; None if it is not one, or its grad's length differs."""
+    if not _is_call(node, aten.slice_backward.default) or node.kwargs or len(node.args) != 6:
+        return None
+    grad, sizes, dim, start, end, step = node.args
+    val = _node_val(grad)
+    if step != 1 or not isinstance(val, torch.Tensor) or not all(type(x) is int for x in (dim, start, end)):
+        return None
+    sizes = tuple(sizes)
+    if not all(type(x) is int for x in sizes) or not -len(sizes) <= dim < len(sizes):
+        return None
+    dim %= len(sizes)
+    start, end, _ = slice(start, end).indices(sizes[dim])
+    if end <= start or tuple(val.shape) != sizes[:dim] + (end - start,) + sizes[dim + 1:]:
+        return None
+    return sizes, dim, start, end
+
+
+def _slice_sums_to_cat(gm: torch.fx.GraphModule) -> bool:
+    """A sum of slice_backwards of one size over disjoint ranges -> a cat of their gradients (zeros
+    in any gap) plus 0.0: the gradient of a flat vector cut into parts, assembled without a
+    zero-filled full-size tensor and a full-size add per part. Each element of the sum is one
+    part's value plus zeros, which is that value plus 0.0, bit for bit (-0.0 included); the add
+    runs on other operands than the eager call's adds (ARITHMETIC_PASSES)."""
+    graph = gm.graph
+    changed = False
+    for node in reversed(list(graph.nodes)):  # (outermost sums first; the inner ones go with them)
+        if node.graph is not graph or not _is_call(node, aten.add.Tensor) or node.kwargs or len(node.args) != 2:
+            continue
+        val = node.meta.get("val")
+        if not (isinstance(val, torch.Tensor) and val.dtype in (torch.float16, torch.bfloat16, torch.float32, torch.float64)):
+            continue
+        inner, leaves, todo = [], [], list(node.args)
+        while todo:
+            x = todo.pop()
+            if _is_call(x, aten.add.Tensor) and not x.kwargs and len(x.args) == 2 and len(x.users) == 1:
+                inner.append(x)
+                todo.extend(x.args)
+            else:
+                leaves.append(x)
+        ranges = [_slice_range(x) for x in leaves]
+        if any(r is None for r in ranges) or any(len(x.users) != 1 for x in leaves):
+            continue
+        sizes, dim = ranges[0][:2]
+        if any(r[:2] != (sizes, dim) for r in ranges) or tuple(val.shape) != sizes \
+                or any(_node_val(x.args[0]).dtype != val.dtype for x in leaves):
+            continue
+        parts = sorted(zip(ranges, leaves), key=lambda p: p[0][2])
+        if any(a[0][3] > b[0][2] for a, b in zip(parts, parts[1:])):
+            continue  # overlapping ranges add up: not a cat
+        device = node.meta.get("device")
+        pieces, at = [], 0
+        with graph.inserting_before(node):
+            for (_, _, start, end), leaf in [*parts, (((), 0, sizes[dim], sizes[dim]), None)]:
+                if start > at:  # a gap: zeros (built once, by the fold)
+                    shape = list(sizes[:dim] + (start - at,) + sizes[dim + 1:])
+                    gap = graph.call_function(aten.zeros.default, (shape,), {
+                        "dtype": val.dtype, "layout": torch.strided, "device": device, "pin_memory": False})
+                    gap.meta["val"] = torch.empty(shape, dtype=val.dtype, device="meta")
+                    gap.meta["device"] = device
+                    pieces.append(gap)
+                if leaf is not None:
+                    pieces.append(leaf.args[0])
+                at = end
+            cat = graph.call_function(aten.cat.default, (pieces, dim))
+            total = graph.call_function(aten.add.Tensor, (cat, 0.0))
+        for new in (cat, total):
+            new.meta["val"] = torch.empty(sizes, dtype=val.dtype, device="meta")
+            new.meta["device"] = device
+        node.replace_all_uses_with(total)
+        for dead in (node, *inner, *leaves):
+            graph.erase_node(dead)
+        changed = True
+    return changed
+
+
 def _views_as_reshapes(gm: torch.fx.GraphModule) -> None:
     """view -> reshape. The rewrites above may change the strides of some tensors (a bmm made one
     mm, a product made a multiply), so a view that was valid at trace time may not be at replay;
@@ -624,6 +701,7 @@ ARITHMETIC_PASSES: dict[str, Callable[[torch.fx.GraphModule], bool]] = {
     "outer_bmm_to_mul": _outer_bmm_to_mul,
     "fold_identity_mm": _fold_identity_mm,
     "mm_operand_layout": _mm_operand_layout,
+    "slice_sums_to_cat": _slice_sums_to_cat,
 }
 
 

@@ -166,6 +166,42 @@ def test_the_layout_choice_is_timed_once_per_pair_of_layouts():
     graph_passes._layout_choices.clear()
 
 
+def test_a_flat_vectors_gradient_is_one_cat_with_the_eager_calls_bits():
+    # the gradient of a vector cut into parts is a sum of zero-padded parts (slice_backward);
+    # a cat of the parts plus 0.0 gives its bits, -0.0 made +0.0 as the adds make it, and a
+    # range no part reads (7:8) stays zero.
+    c = torch.tensor([-0.0, 1.0, -2.0])
+
+    def f(theta):
+        return (theta[:3] * c).sum() + theta[3:7].sin().sum() + theta[8:].exp().sum()
+
+    g = engine.grad(f)
+    theta = torch.randn(11)
+    state = _replayed(g, theta)
+    (entry,) = state.traced._cache.values()
+    assert "slice_sums_to_cat" in entry.rewrites
+    assert not any(n.target is torch.ops.aten.slice_backward.default for n in entry.gm.graph.nodes)
+    with engine.auto_tracing(False):
+        eager = g(theta)
+    got = g(theta)
+    assert torch.equal(got, eager) and torch.equal(got.signbit(), eager.signbit())
+    assert not got[0].signbit() and got[7] == 0
+
+
+def test_overlapping_parts_of_a_gradient_still_add_up():
+    def f(theta):
+        return (theta[:-1] * theta[1:]).sum() + theta[2:].sum()  # overlapping ranges: a sum, not a cat
+
+    g = engine.grad(f)
+    theta = torch.randn(9)
+    state = _replayed(g, theta)
+    (entry,) = state.traced._cache.values()
+    assert "slice_sums_to_cat" not in entry.rewrites
+    got = g(theta)
+    with engine.auto_tracing(False):
+        assert torch.equal(got, g(theta))
+
+
 def test_strides_are_part_of_a_signature():
     def f(x):
         return (x @ x.t()).sum(0)
