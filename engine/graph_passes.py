@@ -389,7 +389,7 @@ def _slice_sums_to_cat(gm: torch.fx.GraphModule) -> bool:
     graph = gm.graph
     changed = False
     for node in reversed(list(graph.nodes)):  # (outermost sums first; the inner ones go with them)
-        if node.graph is not graph or not _is_call(node, aten.add.Tensor) or node.kwargs or len(node.args) != 2:
+        if node._erased or not _is_call(node, aten.add.Tensor) or node.kwargs or len(node.args) != 2:
             continue
         val = node.meta.get("val")
         if not (isinstance(val, torch.Tensor) and val.dtype in (torch.float16, torch.bfloat16, torch.float32, torch.float64)):

@@ -31,6 +31,12 @@ every function eager). These are trusted: they are the machinery whose ops the t
 they call back (the transformed function, a Module's forward, a hook) is checked like any user
 code. Third-party packages other than torch are user code.
 
+Code the garbage collector runs in the middle of the watched run (the callbacks of `gc.callbacks`,
+finalizers and weakref callbacks of the objects a collection frees) is not checked: it runs on top
+of whatever frame an allocation interrupted, at a time the function does not decide (a test
+framework timing collections with a `gc.callbacks` entry made every function it ran through a
+collection eager for good). A `gc.collect()` the function calls is a C call like any other.
+
 `watch()` also reports the nn.Modules that ran (their state is then guarded by the caller) and the
 global names user frames read or write through their module's namespace (by the
 instructions that do: an attribute that shares a global's name is not one).
@@ -38,6 +44,7 @@ instructions that do: an attribute that shares a global's name is not one).
 from __future__ import annotations
 
 import dis
+import gc
 import os
 import sys
 import sysconfig
@@ -379,6 +386,7 @@ class _Profiler:
         self.obs = obs
         self.trust: dict[types.CodeType, bool] = {}  # code -> torch/engine code (True) or not
         self.frames: dict[int, bool] = {}  # id(frame) -> trusted, for the frames on the stack
+        self.collecting = False  # a garbage collection is running (its callbacks and finalizers)
 
     def _trusted(self, frame: types.FrameType) -> bool:
         trusted = self.frames.get(id(frame))
@@ -415,6 +423,8 @@ class _Profiler:
         self.obs.effect_codes.setdefault(code, why)
 
     def __call__(self, frame: types.FrameType, event: str, arg: Any) -> None:
+        if self.collecting:
+            return
         if event == "call":
             self.frames.pop(id(frame), None)  # a new frame may reuse a dead one's id
             code = frame.f_code
@@ -461,15 +471,36 @@ def can_watch() -> bool:
     return sys.getprofile() is None and not getattr(_watching, "active", False)
 
 
+def _collection_starts(phase: str, info: dict) -> None:
+    """First of gc.callbacks while a watch runs: what runs from here to `_collection_ends` is the
+    collector's, not the watched function's (on the thread the collection runs on)."""
+    profiler = getattr(_watching, "profiler", None)
+    if phase == "start" and profiler is not None:
+        profiler.collecting = True
+
+
+def _collection_ends(phase: str, info: dict) -> None:
+    """Last of gc.callbacks while a watch runs (see `_collection_starts`)."""
+    profiler = getattr(_watching, "profiler", None)
+    if phase == "stop" and profiler is not None:
+        profiler.collecting = False
+
+
 @contextlib.contextmanager
 def watch() -> Iterator[Observation]:
     """Observe the code run inside the block (this thread). Check `can_watch()` first."""
     obs = Observation()
     profiler = _Profiler(obs)
     _watching.active = True
+    _watching.profiler = profiler
+    gc.callbacks.insert(0, _collection_starts)
+    gc.callbacks.append(_collection_ends)
     sys.setprofile(profiler)
     try:
         yield obs
     finally:
         sys.setprofile(None)
+        gc.callbacks.remove(_collection_starts)
+        gc.callbacks.remove(_collection_ends)
+        _watching.profiler = None
         _watching.active = False

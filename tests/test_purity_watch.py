@@ -130,3 +130,75 @@ def test_on_a_python_whose_bytecode_was_not_reviewed_no_code_is_proven_pure(monk
     monkeypatch.setattr(purity, "_PYTHON", (3, 99))
     code = (lambda x: x + 1).__code__
     assert "Python 3.99's bytecode has not been reviewed" in purity.code_effect(code)
+
+
+_PHASES: list[str] = []
+
+
+def _timing_callback(phase: str, info: dict) -> None:  # a test framework's: state written per collection
+    global _LAST_PHASE
+    _LAST_PHASE = phase
+    _PHASES.append(phase)
+
+
+def _collecting_often(run):
+    """Run `run()` with a gc.callbacks entry that writes state, and a collection at nearly every
+    container allocation."""
+    import gc
+
+    threshold = gc.get_threshold()
+    gc.callbacks.append(_timing_callback)
+    gc.set_threshold(1)
+    try:
+        return run()
+    finally:
+        gc.set_threshold(*threshold)
+        gc.callbacks.remove(_timing_callback)
+
+
+def test_code_the_garbage_collector_runs_in_a_watched_run_is_not_the_runs():
+    def user(x: float) -> list:
+        return [[x, x] for _ in range(20)]  # allocations: collections start in the middle of it
+
+    def watched():
+        _PHASES.clear()
+        with purity.watch() as obs:
+            user(0.5)
+        return obs
+
+    obs = _collecting_often(watched)
+    assert "start" in _PHASES and "stop" in _PHASES  # collections ran inside the watch
+    # (the watch's own exit, contextlib's, is called from this test's frame: not the run's code)
+    assert _timing_callback.__code__ not in obs.effect_codes and user.__code__ not in obs.effect_codes, obs.effects
+    assert purity._collection_starts not in __import__("gc").callbacks  # removed after the watch
+
+
+def test_a_collection_the_function_asks_for_is_still_an_effect():
+    import gc
+
+    def user() -> None:
+        gc.collect()
+
+    with purity.watch() as obs:
+        user()
+    assert not obs.pure and "collect" in obs.effects[0]
+
+
+def test_a_collection_during_the_watched_call_leaves_the_function_replaying():
+    import torch
+
+    import engine
+    from engine.autotrace import autotraced_state
+
+    w = torch.randn(4, 3)
+    f = engine.vmap(lambda row: torch.tanh(row @ w))
+    x = torch.randn(5, 4)
+
+    def calls():
+        with engine.auto_tracing(True):
+            for _ in range(5):
+                f(x)
+
+    _collecting_often(calls)
+    state = autotraced_state(f)
+    assert state.impure is None and len(state.traced._cache) == 1
