@@ -94,6 +94,12 @@ def _inserter(graph: torch.fx.Graph) -> Callable:
     return call
 
 
+def _writes(graph: torch.fx.Graph) -> bool:
+    """Whether the graph has an op that writes into a tensor (in place or out=)."""
+    return any(n.op == "call_function" and isinstance(n.target, torch._ops.OpOverload) and n.target._schema.is_mutable
+               for n in graph.nodes)
+
+
 def _calls(graph: torch.fx.Graph, target: Any) -> list[torch.fx.Node]:
     """The nodes calling `target`, listed up front so a pass may replace them as it goes."""
     return [n for n in graph.nodes if n.op == "call_function" and n.target is target]
@@ -252,8 +258,7 @@ _layout_choices: dict[Hashable, tuple[bool, bool]] = {}
 def _captured(graph: torch.fx.Graph) -> set[torch.fx.Node]:
     """The nodes fold_constants computes once: the captured tensors (placeholders _lift_constants
     made, of tensors that do not require grad) and the foldable ops that read only them."""
-    if any(n.op == "call_function" and isinstance(n.target, torch._ops.OpOverload) and n.target._schema.is_mutable
-           for n in graph.nodes):
+    if _writes(graph):
         return set()  # (fold_constants leaves such graphs alone)
     const: set[torch.fx.Node] = set()
     for node in graph.nodes:
@@ -387,6 +392,8 @@ def _slice_sums_to_cat(gm: torch.fx.GraphModule) -> bool:
     part's value plus zeros, which is that value plus 0.0, bit for bit (-0.0 included); the add
     runs on other operands than the eager call's adds (ARITHMETIC_PASSES)."""
     graph = gm.graph
+    if _writes(graph):
+        return False  # (the cat reads the parts later than the slice_backwards did)
     changed = False
     for node in reversed(list(graph.nodes)):  # (outermost sums first; the inner ones go with them)
         if node._erased or not _is_call(node, aten.add.Tensor) or node.kwargs or len(node.args) != 2:
@@ -413,6 +420,9 @@ def _slice_sums_to_cat(gm: torch.fx.GraphModule) -> bool:
         if any(a[0][3] > b[0][2] for a, b in zip(parts, parts[1:])):
             continue  # overlapping ranges add up: not a cat
         device = node.meta.get("device")
+        if device is None and (parts[0][0][2] > 0 or parts[-1][0][3] < sizes[dim]
+                               or any(a[0][3] < b[0][2] for a, b in zip(parts, parts[1:]))):
+            continue  # (a gap's zeros need the device)
         pieces, at = [], 0
         with graph.inserting_before(node):
             for (_, _, start, end), leaf in [*parts, (((), 0, sizes[dim], sizes[dim]), None)]:
@@ -957,8 +967,7 @@ def fold_constants(gm: torch.fx.GraphModule, n_args: int, constants: list[torch.
     folds.
     """
     graph = gm.graph
-    if any(n.op == "call_function" and isinstance(n.target, torch._ops.OpOverload) and n.target._schema.is_mutable
-           for n in graph.nodes):
+    if _writes(graph):
         return None
     placeholders = [n for n in graph.nodes if n.op == "placeholder"]
     captured = {ph: constants[i] for i, ph in enumerate(placeholders[n_args:n_args + len(constants)])}
