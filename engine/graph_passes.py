@@ -257,13 +257,16 @@ _layout_choices: dict[Hashable, tuple[bool, bool]] = {}
 
 def _captured(graph: torch.fx.Graph) -> set[torch.fx.Node]:
     """The nodes fold_constants computes once: the captured tensors (placeholders _lift_constants
-    made, of tensors that do not require grad) and the foldable ops that read only them."""
+    made, of tensors that do not require grad, small enough that the fold always keeps what it
+    computed from them: see Fold) and the foldable ops that read only them."""
     if _writes(graph):
         return set()  # (fold_constants leaves such graphs alone)
     const: set[torch.fx.Node] = set()
     for node in graph.nodes:
         if node.op == "placeholder":
-            if node.meta.get("captured_requires_grad") is False:
+            val = node.meta.get("val")
+            if node.meta.get("captured_requires_grad") is False and isinstance(val, torch.Tensor) \
+                    and val.numel() <= FOLD_WATCH_ELEMENTS:
                 const.add(node)
         elif _foldable(node) and all(i in const for i in node.all_input_nodes):
             const.add(node)
