@@ -31,6 +31,7 @@ from typing import Any, Callable, Collection, Iterable
 import torch
 from torch.distributions import Distribution as _Distribution
 
+from engine.graph_passes import layout_guard
 from engine.purity import _ENGINE_DIR, _is_torch_or_engine, generated, global_names
 
 __all__ = ["StateGuard"]
@@ -241,9 +242,20 @@ class StateGuard:
         self._seqs_checked = [q for q in self.seqs if not isinstance(q, (tuple, frozenset))]
         self._namespaces = [ns for ns, _ in self.names]
         self._keys = [name for _, name in self.names]
+        self._slot_objects = [o for o, _ in self.slotted]
+        self._slot_names = [n for _, n in self.slotted]
         self.recorded = self._read()
         self._versions = _dict_versions(self._plain)
         self._tensor_guard = None  # torch's C++ check of the tensors' metadata, built with the native check
+        # The Python check's shortcuts (see _holds_by_tags): the classes' namespaces behind their
+        # mappingproxies by version tag (None: some proxy is not a class's plain dict), and the
+        # tensors' layouts by torch's TensorGuards (one C call; no Dynamo import).
+        behind = [gc.get_referents(proxy) for proxy in self._others]
+        self._class_dicts = [refs[0] for refs in behind] \
+            if self._versions is not None and all(len(refs) == 1 and type(refs[0]) is dict for refs in behind) else None
+        self._class_versions = None if self._class_dicts is None else list(map(_dict_version, self._class_dicts))
+        self._rest_items = self.recorded[4][2 * sum(map(len, self._others)):]  # items less the classes' keys and values
+        self._layouts = layout_guard(self.tensors) if self.tensors else None
         self._fast_misses = 0
         # Whether the tags pay (see holds): calls they served minus _REBUILD_CALLS per rebuild,
         # capped at _CREDIT_CAP. `progress` counts the calls served (AutoTraced sets its trace's
@@ -550,7 +562,7 @@ class StateGuard:
             list(map(dict.get, self._namespaces, self._keys, itertools.repeat(_EMPTY))),
             [*map(len, plain), *_chain(plain), *_chain(map(dict.values, plain))],
             [*_chain(others), *_chain(d.values() for d in others), *_chain(self._seqs_checked),
-             *map(type, self.objects), *(getattr(o, n, _EMPTY) for o, n in self.slotted)],
+             *map(type, self.objects), *map(getattr, self._slot_objects, self._slot_names, itertools.repeat(_EMPTY))],
             list(map(_tensor_meta, self.tensors)),
         )
 
@@ -599,21 +611,33 @@ class StateGuard:
         time counts toward native_checks_pay()."""
         start = time.perf_counter()
         try:
-            if list(map(_dict_version, self._plain)) == self._versions and self._tensors_hold():
-                return self._holds(full=False)
+            classes = self._class_dicts
+            if list(map(_dict_version, self._plain)) == self._versions and self._tensors_hold() \
+                    and (classes is None or list(map(_dict_version, classes)) == self._class_versions):
+                return self._holds(full=False, classes=classes is None)
             if not self._holds(full=True):
                 return False
             self._versions = list(map(_dict_version, self._plain))
+            if classes is not None:
+                self._class_versions = list(map(_dict_version, classes))
             return True
         finally:
             _python_checks_s[0] += time.perf_counter() - start
 
     def _tensors_hold(self) -> bool:
+        """The tensors' layouts as recorded: by the native check's tensor guard where built, else by
+        TensorGuards (which checks their dispatch keys and type too: a difference there sends
+        _holds_by_tags to the full comparison), else in Python."""
         if self._tensor_guard is not None:
             return self._tensor_guard.check(self.tensors)
+        if self._layouts is not None:
+            return self._layouts(*self.tensors)
         return list(map(_tensor_meta, self.tensors)) == self.recorded[-1]
 
-    def _holds(self, full: bool) -> bool:
+    def _holds(self, full: bool, classes: bool = True) -> bool:
+        """The state compared with the recorded one; `full`: the plain dicts' entries and the
+        tensors' metadata too (else their tags were compared); `classes`: the classes' namespaces
+        item by item (else their tags were compared)."""
         sizes, cells, names, plain_entries, items, metas = self.recorded
         plain, others, seqs = self._plain, self._others, self._seqs_checked
         if sizes[0] != torch_globals() or not all(map(operator.eq, map(len, itertools.chain(others, seqs)), sizes[1:])):
@@ -634,8 +658,12 @@ class StateGuard:
                 return False
             if metas and list(map(_tensor_meta, self.tensors)) != metas:
                 return False
-        now = itertools.chain(_chain(others), _chain(d.values() for d in others), _chain(seqs),
-                              map(type, self.objects), (getattr(o, n, _EMPTY) for o, n in self.slotted))
+        rest = (_chain(seqs), map(type, self.objects),
+                map(getattr, self._slot_objects, self._slot_names, itertools.repeat(_EMPTY)))
+        if classes:
+            now = itertools.chain(_chain(others), _chain(d.values() for d in others), *rest)
+        else:
+            now, items = itertools.chain(*rest), self._rest_items
         if not all(map(operator.is_, now, items)):
             return False
         return all(_buffer_state(memoryview(o)) == recorded for o, recorded in self.buffers)
