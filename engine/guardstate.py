@@ -247,13 +247,15 @@ class StateGuard:
         self.recorded = self._read()
         self._versions = _dict_versions(self._plain)
         self._tensor_guard = None  # torch's C++ check of the tensors' metadata, built with the native check
-        # The Python check's shortcuts (see _holds_by_tags): the classes' namespaces behind their
-        # mappingproxies by version tag (None: some proxy is not a class's plain dict), and the
+        # The classes' namespaces, the plain dicts behind their mappingproxies (a write to one,
+        # `Cls.attr = v`, moves its version tag; None: some proxy is not a class's plain dict),
+        # checked by tag by both checks; and, for the Python check (see _holds_by_tags), the
         # tensors' layouts by torch's TensorGuards (one C call; no Dynamo import).
         behind = [gc.get_referents(proxy) for proxy in self._others]
         self._class_dicts = [refs[0] for refs in behind] \
-            if self._versions is not None and all(len(refs) == 1 and type(refs[0]) is dict for refs in behind) else None
-        self._class_versions = None if self._class_dicts is None else list(map(_dict_version, self._class_dicts))
+            if all(len(refs) == 1 and type(refs[0]) is dict for refs in behind) else None
+        self._class_versions = None if self._class_dicts is None or self._versions is None \
+            else list(map(_dict_version, self._class_dicts))
         self._rest_items = self.recorded[4][2 * sum(map(len, self._others)):]  # items less the classes' keys and values
         self._layouts = layout_guard(self.tensors) if self.tensors else None
         self._fast_misses = 0
@@ -813,9 +815,8 @@ class _NativeGuard:
         # Classes' mappingproxies: the plain dict behind each (a class's namespace; a write to it,
         # `Cls.attr = v`, moves its version tag) by version, not item by item in `_rest` on every
         # call; all or none, as `_rest` compares them as one run.
-        behind = [gc.get_referents(proxy) for proxy in guard._others]
-        if all(len(refs) == 1 and type(refs[0]) is dict for refs in behind):
-            for (d,) in behind:
+        if guard._class_dicts is not None:
+            for d in guard._class_dicts:
                 manager(d, "class namespace").add_dict_version_guard(d, ["dict version"], None)
             self.rest_others = False
         for i, t in enumerate(guard.tensors):
