@@ -419,26 +419,24 @@ def _slice_sums_to_cat(gm: torch.fx.GraphModule) -> bool:
         if any(r[:2] != (sizes, dim) for r in ranges) or tuple(val.shape) != sizes \
                 or any(_node_val(x.args[0]).dtype != val.dtype for x in leaves):
             continue
-        parts = sorted(zip(ranges, leaves), key=lambda p: p[0][2])
-        if any(a[0][3] > b[0][2] for a, b in zip(parts, parts[1:])):
+        parts = sorted(((r[2], r[3], leaf) for r, leaf in zip(ranges, leaves)), key=operator.itemgetter(0))
+        if any(a[1] > b[0] for a, b in zip(parts, parts[1:])):
             continue  # overlapping ranges add up: not a cat
+        ends = [(0, 0), *((a, b) for a, b, _ in parts), (sizes[dim], sizes[dim])]
+        gaps = [(a[1], b[0]) for a, b in zip(ends, ends[1:]) if b[0] > a[1]]
         device = node.meta.get("device")
-        if device is None and (parts[0][0][2] > 0 or parts[-1][0][3] < sizes[dim]
-                               or any(a[0][3] < b[0][2] for a, b in zip(parts, parts[1:]))):
+        if gaps and device is None:
             continue  # (a gap's zeros need the device)
-        pieces, at = [], 0
+        pieces = [(a, leaf.args[0]) for a, _, leaf in parts]
         with graph.inserting_before(node):
-            for (_, _, start, end), leaf in [*parts, (((), 0, sizes[dim], sizes[dim]), None)]:
-                if start > at:  # a gap: zeros (built once, by the fold)
-                    shape = list(sizes[:dim] + (start - at,) + sizes[dim + 1:])
-                    gap = graph.call_function(aten.zeros.default, (shape,), {
-                        "dtype": val.dtype, "layout": torch.strided, "device": device, "pin_memory": False})
-                    gap.meta["val"] = torch.empty(shape, dtype=val.dtype, device="meta")
-                    gap.meta["device"] = device
-                    pieces.append(gap)
-                if leaf is not None:
-                    pieces.append(leaf.args[0])
-                at = end
+            for a, b in gaps:  # zeros (built once, by the fold)
+                shape = list(sizes[:dim] + (b - a,) + sizes[dim + 1:])
+                gap = graph.call_function(aten.zeros.default, (shape,), {
+                    "dtype": val.dtype, "layout": torch.strided, "device": device, "pin_memory": False})
+                gap.meta["val"] = torch.empty(shape, dtype=val.dtype, device="meta")
+                gap.meta["device"] = device
+                pieces.append((a, gap))
+            pieces = [piece for _, piece in sorted(pieces, key=operator.itemgetter(0))]
             cat = graph.call_function(aten.cat.default, (pieces, dim))
             total = graph.call_function(aten.add.Tensor, (cat, 0.0))
         for new in (cat, total):
