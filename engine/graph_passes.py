@@ -635,6 +635,85 @@ def _drop_no_ops(gm: torch.fx.GraphModule) -> None:
     gm.recompile()
 
 
+# Binary ops and comparisons given a Python number -> their overload taking the number as a tensor
+# (engine.replay_contract logs both forms alike).
+SCALAR_TWINS = {
+    aten.mul.Tensor: aten.mul.Tensor, aten.mul.Scalar: aten.mul.Tensor,
+    aten.add.Tensor: aten.add.Tensor, aten.add.Scalar: aten.add.Tensor,
+    aten.sub.Tensor: aten.sub.Tensor, aten.sub.Scalar: aten.sub.Tensor,
+    aten.div.Tensor: aten.div.Tensor, aten.div.Scalar: aten.div.Tensor,
+    aten.rsub.Scalar: aten.rsub.Tensor, aten.rsub.Tensor: aten.rsub.Tensor,
+    aten.eq.Scalar: aten.eq.Tensor, aten.ne.Scalar: aten.ne.Tensor, aten.lt.Scalar: aten.lt.Tensor,
+    aten.le.Scalar: aten.le.Tensor, aten.gt.Scalar: aten.gt.Tensor, aten.ge.Scalar: aten.ge.Tensor,
+    aten.eq.Tensor: aten.eq.Tensor, aten.ne.Tensor: aten.ne.Tensor, aten.lt.Tensor: aten.lt.Tensor,
+    aten.le.Tensor: aten.le.Tensor, aten.gt.Tensor: aten.gt.Tensor, aten.ge.Tensor: aten.ge.Tensor,
+}
+_SCALAR_COMPARES = frozenset({aten.eq.Tensor, aten.ne.Tensor, aten.lt.Tensor, aten.le.Tensor, aten.gt.Tensor, aten.ge.Tensor})
+_SCALAR_FLOATS = (torch.float32, torch.float64)
+
+
+def scalar_operand(x: Any, number: Any) -> bool:
+    """Whether `x op number` (op in SCALAR_TWINS) may take `number` as a 0-d tensor of x's dtype:
+    x a float32/float64 CPU tensor, `number` an int64-range int or a float."""
+    if type(number) not in (int, float) or (type(number) is int and not -(1 << 63) <= number < (1 << 63)):
+        return False
+    return isinstance(x, torch.Tensor) and x.dtype in _SCALAR_FLOATS and x.device.type in ("cpu", "meta")
+
+
+def _scalars_as_tensors(gm: torch.fx.GraphModule, captured_fixed: bool) -> bool:
+    """x * 2.0 (add, sub, div, rsub and the comparisons alike) on a float32/float64 CPU tensor ->
+    x * c, c a 0-d tensor of x's dtype made once by the fold. A Python number reaches the kernel as
+    a float64 or int64 0-d tensor that TensorIterator converts to x's dtype at every call (an
+    allocation and a copy, about as long as the op itself on a small tensor); c is that
+    conversion's result, made by the same cast, so the kernel reads the same operand: the same
+    bits (tests/test_graph_pass_properties.py). c's dtype is x's when recorded: x must not depend
+    on a captured tensor, whose dtype a replay of engine.trace follows, unless `captured_fixed`
+    (automatic tracing, whose guard fails on a captured tensor's new dtype). Graphs with writes
+    are left alone (the fold, which makes c once, leaves them alone too)."""
+    graph = gm.graph
+    if _writes(graph):
+        return False
+    varying: set[torch.fx.Node] = set()  # nodes whose dtype follows a captured tensor's
+    if not captured_fixed:
+        for node in graph.nodes:
+            if "captured_requires_grad" in node.meta or any(i in varying for i in node.all_input_nodes):
+                varying.add(node)
+    made: dict[tuple, torch.fx.Node] = {}
+    first = next(n for n in graph.nodes if n.op != "placeholder")
+    changed = False
+    for node in [n for n in graph.nodes if n.op == "call_function" and n.target in SCALAR_TWINS]:
+        if len(node.args) != 2 or set(node.kwargs) - {"alpha"}:
+            continue
+        x, number = node.args
+        val, xval = _node_val(node), _node_val(x)
+        device = node.meta.get("device")
+        out_dtype = torch.bool if SCALAR_TWINS[node.target] in _SCALAR_COMPARES else getattr(xval, "dtype", None)
+        if x in varying or device != _CPU or not scalar_operand(xval, number) \
+                or not (isinstance(val, torch.Tensor) and val.dtype == out_dtype):
+            continue
+        key = (type(number), number, math.copysign(1.0, number), xval.dtype)  # (0.0 and -0.0 differ)
+        c = made.get(key)
+        if c is None:
+            with graph.inserting_before(first):
+                src = graph.call_function(aten.scalar_tensor.default, (number,), {
+                    "dtype": torch.int64 if type(number) is int else torch.float64, "layout": torch.strided,
+                    "device": device, "pin_memory": False})
+                c = graph.call_function(aten._to_copy.default, (src,), {"dtype": xval.dtype})
+            for new, dtype in ((src, src.kwargs["dtype"]), (c, xval.dtype)):
+                new.meta["val"] = torch.empty((), dtype=dtype, device="meta")
+                new.meta["device"] = device
+            made[key] = c
+        node.target = SCALAR_TWINS[node.target]
+        node.args = (x, c)
+        changed = True
+    if changed:
+        gm.recompile()
+    return changed
+
+
+_CPU = torch.device("cpu")
+
+
 def _out_of_place_views(gm: torch.fx.GraphModule) -> None:
     """In-place view ops (squeeze_, unsqueeze_, transpose_ ...) on tensors made inside the graph
     -> their out-of-place views.
@@ -716,9 +795,11 @@ ARITHMETIC_PASSES: dict[str, Callable[[torch.fx.GraphModule], bool]] = {
 }
 
 
-def clean_up(gm: torch.fx.GraphModule) -> tuple[list[torch.Tensor], tuple[str, ...]]:
+def clean_up(gm: torch.fx.GraphModule, captured_fixed: bool = False) -> tuple[list[torch.Tensor], tuple[str, ...]]:
     """Run every pass on `gm` in place, in order. Return the closed-over tensors that became its
-    trailing inputs (to be fed, live, at every replay) and the ARITHMETIC_PASSES that rewrote it."""
+    trailing inputs (to be fed, live, at every replay) and the ARITHMETIC_PASSES that rewrote it.
+    `captured_fixed`: a replay runs only with the captured tensors' recorded dtypes (automatic
+    tracing's guard checks them)."""
     constants = _lift_constants(gm)
     _out_of_place_views(gm)
     _out_of_place_writes(gm)
@@ -726,6 +807,7 @@ def clean_up(gm: torch.fx.GraphModule) -> tuple[list[torch.Tensor], tuple[str, .
     _views_as_reshapes(gm)
     _simplify(gm)
     _drop_no_ops(gm)
+    _scalars_as_tensors(gm, captured_fixed)
     return constants, rewrites
 
 

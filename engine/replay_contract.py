@@ -23,6 +23,7 @@ from torch.utils._python_dispatch import _disable_current_modes
 from torch.utils._pytree import tree_flatten
 
 from engine._modes import EngineMode, decompose
+from engine.graph_passes import SCALAR_TWINS, scalar_operand
 
 __all__ = ["Numbering", "OpLog", "departures", "logs"]
 
@@ -74,6 +75,31 @@ def _writes(func: Any) -> bool:
     return bool(args) and args[0].alias_info is not None and args[0].alias_info.is_write
 
 
+_BITS = {torch.float32: torch.int32, torch.float64: torch.int64}
+
+
+_SCALAR_NAMES = {_name(op): _name(twin) for op, twin in SCALAR_TWINS.items()}
+
+
+def _scalar_key(func: Any, args: tuple) -> tuple | None:
+    """`x op number` and `x op c`, c a 0-d tensor of x's dtype, as one key where the kernel reads
+    the same operand: the number converted to x's dtype, as TensorIterator converts it (the form
+    engine.graph_passes._scalars_as_tensors turns the first into). None for other calls."""
+    twin = _SCALAR_NAMES.get(_name(func))  # (in-place forms too: x /= 2 rounds as x / 2)
+    if twin is None or len(args) != 2:
+        return None
+    x, c = args
+    if type(c) in _PLAIN and c.dim() == 0 and type(x) in _PLAIN and c.dtype == x.dtype and c.device == x.device:
+        c = c.item()  # (exact: a float32 widens to a float64 exactly, and converts back to itself)
+    elif type(c) is bool or type(c) not in (int, float):
+        return None
+    if not (type(x) in _PLAIN and scalar_operand(x, c) and x.device.type == "cpu"):
+        return None
+    with _disable_current_modes():
+        value = torch.tensor(c, dtype=torch.int64 if type(c) is int else torch.float64).to(x.dtype)
+        return twin, ("k", str(x.dtype), value.reshape(1).view(_BITS[x.dtype]).item())
+
+
 def _rounds(func: Any, out: list[torch.Tensor]) -> bool:
     """Whether the op computes floating-point values (not a copy, a rearrangement or a factory)."""
     if func in _EXACT or torch.Tag.view_copy in func.tags:
@@ -100,7 +126,7 @@ _TIMES_ONE = frozenset({
 
 def _copied(func: Any, args: tuple, kwargs: dict) -> torch.Tensor | None:
     """The tensor whose values the op writes unchanged (a copy, `x * 1`, `x / 1`, `x * ones`,
-    `x ** 1`), or None."""
+    `x / ones`, `x ** 1`), or None."""
     if func in _COPIES and kwargs.get("dtype") in (None, args[0].dtype):
         return args[0]
     if func is aten.copy_.default or func is aten.copy.default:
@@ -112,8 +138,10 @@ def _copied(func: Any, args: tuple, kwargs: dict) -> torch.Tensor | None:
             return x
     if func is aten.pow.Tensor_Scalar and type(args[1]) in (int, float) and args[1] == 1 and args[0].is_floating_point():
         return args[0]  # ATen copies the base for an exponent of 1
-    if func is aten.mul.Tensor and len(args) == 2 and all(isinstance(a, torch.Tensor) for a in args):
-        for x, ones in (args, args[::-1]):  # x * a tensor of ones that neither broadcasts x nor promotes it
+    if func in (aten.mul.Tensor, aten.div.Tensor) and len(args) == 2 and all(isinstance(a, torch.Tensor) for a in args):
+        # x * or / a tensor of ones that neither broadcasts x nor promotes it (a number 1 made a
+        # 0-d tensor by engine.graph_passes._scalars_as_tensors among them)
+        for x, ones in (args, args[::-1]) if func is aten.mul.Tensor else (args,):
             if x.is_floating_point() and _all_ones(ones, x):
                 return x
     return None
@@ -230,8 +258,10 @@ class OpLog(EngineMode):
         if out is not NotImplemented:
             return out
         tensors = [t for t in tree_flatten((args, kwargs))[0] if isinstance(t, torch.Tensor)]
-        operands = (_name(func), tuple(self._operand(a) for a in args),
-                    tuple((k, self._operand(v)) for k, v in sorted(kwargs.items())))
+        scalar = _scalar_key(func, args)
+        name, logged = (_name(func), tuple(self._operand(a) for a in args)) if scalar is None \
+            else (scalar[0], (self._operand(args[0]), scalar[1]))
+        operands = (name, logged, tuple((k, self._operand(v)) for k, v in sorted(kwargs.items())))
         pure = func in _SHAPE_ONLY or all(self._data(t)[1] for t in tensors)
         read = {_storage(t) for t in tensors}
         source = _copied(func, args, kwargs)
@@ -275,6 +305,8 @@ class OpLog(EngineMode):
                 return self._described.get(x[1], "a tensor")
             if isinstance(x, tuple) and len(x) == 2 and x[0] == "f":
                 return repr(float.fromhex(x[1]))
+            if isinstance(x, tuple) and len(x) == 3 and x[0] == "k":  # (_scalar_key)
+                return f"a {x[1].replace('torch.', '')} number"
             if isinstance(x, tuple):
                 return "[" + ", ".join(text(y) for y in x) + "]"
             return repr(x)

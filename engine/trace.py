@@ -777,7 +777,7 @@ class TracedFunction:
             return self._refuse(entry, UntraceableError(
                 "the grad mode of its grad-mode-dependent kernels (" + ", ".join(sorted(op.name() for op in GRAD_MODE_KERNELS))
                 + ") could not be matched to the recorded graph"))
-        constants, entry.rewrites = clean_up(gm)
+        constants, entry.rewrites = clean_up(gm, captured_fixed=self._auto)
         entry.constants = tuple(constants)
         entry.fold = fold_constants(gm, len(entry.tensor_pos), list(entry.constants))
         read = () if entry.fold is None else {id(t) for t in entry.fold.sources}

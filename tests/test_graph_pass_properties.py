@@ -1,7 +1,7 @@
-"""Properties of the graph passes that change a replay's ops (engine.graph_passes.ARITHMETIC_PASSES),
-checked on random functions: a replay gives the eager call's bits where the pass claims them
-(slice_sums_to_cat), and stays within the dtype's tolerance and follows captured tensors written
-in place where it claims only that (mm_operand_layout, whatever layouts it picks)."""
+"""Properties of the graph passes that change a replay's ops, checked on random functions: a
+replay gives the eager call's bits where the pass claims them (slice_sums_to_cat, the numbers
+made tensors by _scalars_as_tensors), and stays within the dtype's tolerance and follows captured
+tensors written in place where it claims only that (mm_operand_layout, whatever layouts it picks)."""
 from __future__ import annotations
 
 from unittest import mock
@@ -82,3 +82,42 @@ def test_a_relaid_captured_operand_keeps_the_product_and_follows_writes(m, k, n,
         torch.testing.assert_close(f(x), torch.func.vmap(u)(x))
         stored.mul_(-0.5)  # a write into the captured weight: the fold's copy must follow it
         torch.testing.assert_close(f(x), torch.func.vmap(u)(x))
+
+
+SCALAR_OPS = {
+    "mul": lambda x, s: x * s,
+    "add": lambda x, s: x + s,
+    "add_alpha": lambda x, s: torch.add(x, s, alpha=-3),
+    "sub_alpha": lambda x, s: torch.sub(x, s, alpha=0.3),
+    "div": lambda x, s: x / s,
+    "rsub": lambda x, s: s - x,
+    "lt": lambda x, s: x < s,
+    "ge": lambda x, s: x >= s,
+    "eq": lambda x, s: x == s,
+}
+NUMBERS = st.one_of(st.integers(-(2**63), 2**63 - 1), st.floats(allow_nan=True, allow_infinity=True),
+                    st.sampled_from([0.1, -0.0, 1e-40, 1e-310, 3.5e38, 1e300, 1 / 3]))
+
+
+def _bits(t: torch.Tensor) -> torch.Tensor:
+    return t.view(torch.uint8) if t.dtype == torch.bool else t.view({4: torch.int32, 8: torch.int64}[t.element_size()])
+
+
+@settings(max_examples=60, deadline=None)
+@given(op=st.sampled_from(sorted(SCALAR_OPS)), number=NUMBERS, dtype=st.sampled_from([torch.float32, torch.float64]),
+       transposed=st.booleans(), seed=st.integers(0, 2**16))
+def test_a_number_made_a_tensor_gives_the_eager_bits(op, number, dtype, transposed, seed):
+    gen = torch.Generator().manual_seed(seed)
+    x = (torch.randn(6, 5, generator=gen) * torch.randn(6, 5, generator=gen).mul(30).exp()).to(dtype)
+    x.view(-1)[:8] = torch.tensor([0.0, -0.0, float("inf"), -float("inf"), float("nan"), 1e-45, 1e-310, -3e38])
+    x = x.t() if transposed else x
+    f = SCALAR_OPS[op]
+    traced = engine.trace(lambda x: f(x, number))
+    traced(x)
+    got = traced(x)
+    (entry,) = traced._cache.values()
+    numbers = [n for n in entry.gm.graph.nodes
+               if n.target in graph_passes.SCALAR_TWINS and type(n.args[1]) in (int, float, bool)]
+    assert not numbers, entry.gm.code  # the pass took every number
+    want = f(x, number)
+    assert got.dtype == want.dtype and got.stride() == want.stride() and torch.equal(_bits(got), _bits(want))

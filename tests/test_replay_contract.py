@@ -57,6 +57,19 @@ def test_other_values_are_departures():
     assert _departures(lambda: x * old, lambda: x * same) == []  # equal contents are the same data
 
 
+def test_a_number_and_the_tensor_the_kernel_converts_it_to_are_the_same_operand():
+    x, y = torch.randn(4, 3), torch.randn(4, 3, dtype=torch.float64)
+    f32 = lambda v: torch.tensor(v, dtype=torch.float64).float()  # noqa: E731 (TensorIterator's cast)
+    assert _departures(lambda: x * f32(0.1), lambda: x * 0.1) == []
+    assert _departures(lambda: y / torch.tensor(3.0, dtype=torch.float64), lambda: y / 3) == []
+    assert _departures(lambda: torch.add(x, f32(2.0), alpha=3), lambda: torch.add(x, 2, alpha=3)) == []
+    assert _departures(lambda: (x / f32(1.0)) @ x.t(), lambda: x.clone().div_(1) @ x.t()) == []  # x / 1: a copy
+    assert _departures(lambda: x < f32(0.5), lambda: x < 0.5) == []
+    found = _departures(lambda: x * torch.tensor(0.1, dtype=torch.float32), lambda: x * 0.2)
+    assert found and "a float32 number" in found[0], found  # another value is still another operand
+    assert _departures(lambda: y * torch.tensor(0.1, dtype=torch.float32), lambda: y * 0.1)  # float32's 0.1, widened
+
+
 def _replayed(f, *args):
     with engine.auto_tracing(True):
         for _ in range(CALLS):
@@ -200,6 +213,29 @@ def test_overlapping_parts_of_a_gradient_still_add_up():
     got = g(theta)
     with engine.auto_tracing(False):
         assert torch.equal(got, g(theta))
+
+
+def test_numbers_become_tensors_made_once_and_replays_keep_the_eager_bits():
+    w = torch.randn(5)
+
+    def f(x):
+        return ((x * 2.5 - 1) / 3 > 0.25).float() * x - 0.5 + w * 0.1  # (w * 0.1: the fold's)
+
+    g = engine.vmap(f)
+    x = torch.randn(7, 5)
+    with engine.auto_tracing(verify=True):  # (each replay's ops checked against its eager call's)
+        state = _replayed(g, x)
+        got = g(x)
+    (entry,) = state.traced._cache.values()
+    assert entry.fold is not None and not entry.rewrites
+    assert not [n for n in entry.gm.graph.nodes if n.target in graph_passes.SCALAR_TWINS
+                and type(n.args[1]) in (int, float)], entry.gm.code
+    with engine.auto_tracing(False):
+        assert torch.equal(got, g(x))
+    w.data = w.double()  # a captured tensor's new dtype: the guard fails, the next call is right
+    with engine.auto_tracing(False):
+        want = g(x)
+    assert want.dtype == torch.float64 and torch.equal(g(x), want)
 
 
 def test_strides_are_part_of_a_signature():
