@@ -511,7 +511,9 @@ class Tier:
         self.replay_seconds += seconds
         if mode == FORCE:
             self.promote(inputs, wait=True)
-        elif self.replays >= MIN_REPLAYS:
+        # (on every replay: `pays` and `_known` inline, the entry looked up only where either may hold)
+        elif self.replays == MIN_REPLAYS or (self.replays > MIN_REPLAYS
+                                             and self.replay_seconds * EXPECTED_SAVING >= COLD_COMPILE_S):
             entry = self._entry()
             if entry is None:
                 return

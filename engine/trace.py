@@ -59,6 +59,7 @@ from engine.recorder import record
 aten = torch.ops.aten
 _fused_switch = fused._local
 _FUSED_OFF = fused.OFF
+_perf_counter = time.perf_counter
 
 __all__ = ["CacheInfo", "Entry", "TracedFunction", "UntraceableError", "compile", "compile_with_inductor", "trace"]
 
@@ -474,25 +475,19 @@ class Entry:
                 outs = self.run(*flat, *self.feed())
             else:
                 outs = self.run(*[flat[i] for i in select], *self.feed())
-        else:
-            outs = self._tiered(flat, mode)
+        else:  # a replay while the signature may still move up to the fused tier, timed for its counters
+            select = self.select
+            inputs = [*flat, *self.feed()] if select is None else [*[flat[i] for i in select], *self.feed()]
+            start = _perf_counter()
+            outs = self.run(*inputs)
+            tier = self.tier
+            if tier is not None:
+                tier.seen(_perf_counter() - start, inputs, mode)
         if self.guards:
             if not outs[-1]:
                 raise _GuardFailed()
             outs = outs[:-1]
         return self.build(outs)
-
-    def _tiered(self, flat: list | tuple, mode: str) -> Any:
-        """A replay while the signature may still move up to the fused tier, timed for the tier's
-        counters. (A ready program runs inline in `call`: it is only a check and the call.)"""
-        select = self.select
-        inputs = [*flat, *self.feed()] if select is None else [*[flat[i] for i in select], *self.feed()]
-        start = time.perf_counter()
-        outs = self.run(*inputs)
-        tier = self.tier
-        if tier is not None:
-            tier.seen(time.perf_counter() - start, inputs, mode)
-        return outs
 
 
 # torch.compile keywords the direct inductor path can honour: `mode` and `options` become inductor
