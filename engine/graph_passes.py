@@ -660,55 +660,53 @@ def scalar_operand(x: Any, number: Any) -> bool:
     return isinstance(x, torch.Tensor) and x.dtype in _SCALAR_FLOATS and x.device.type in ("cpu", "meta")
 
 
-def _scalars_as_tensors(gm: torch.fx.GraphModule, captured_fixed: bool) -> bool:
+def _scalars_as_tensors(gm: torch.fx.GraphModule, captured_fixed: bool) -> list[torch.Tensor]:
     """x * 2.0 (add, sub, div, rsub and the comparisons alike) on a float32/float64 CPU tensor ->
-    x * c, c a 0-d tensor of x's dtype made once by the fold. A Python number reaches the kernel as
-    a float64 or int64 0-d tensor that TensorIterator converts to x's dtype at every call (an
-    allocation and a copy, about as long as the op itself on a small tensor); c is that
-    conversion's result, made by the same cast, so the kernel reads the same operand: the same
-    bits (tests/test_graph_pass_properties.py). c's dtype is x's when recorded: x must not depend
-    on a captured tensor, whose dtype a replay of engine.trace follows, unless `captured_fixed`
-    (automatic tracing, whose guard fails on a captured tensor's new dtype). Graphs with writes
-    are left alone (the fold, which makes c once, leaves them alone too)."""
+    x * c, c a 0-d tensor of x's dtype fed like a captured tensor (the new trailing placeholders'
+    values are returned). A Python number reaches the kernel as a float64 or int64 0-d tensor that
+    TensorIterator converts to x's dtype at every call (an allocation and a copy, about as long as
+    the op itself on a small tensor); c is that conversion's result, made once by the same cast, so
+    the kernel reads the same operand: the same bits (tests/test_graph_pass_properties.py). c's
+    dtype is x's when recorded: x must not depend on a captured tensor, whose dtype a replay of
+    engine.trace follows, unless `captured_fixed` (automatic tracing, whose guard fails on a
+    captured tensor's new dtype). Numbers the fold reads are left to it (it converts them once), as
+    are graphs with writes, which it leaves alone."""
     graph = gm.graph
     if _writes(graph):
-        return False
+        return []
     varying: set[torch.fx.Node] = set()  # nodes whose dtype follows a captured tensor's
-    if not captured_fixed:
-        for node in graph.nodes:
-            if "captured_requires_grad" in node.meta or any(i in varying for i in node.all_input_nodes):
-                varying.add(node)
+    folded: set[torch.fx.Node] = set()  # nodes fold_constants computes once (their numbers with them)
+    for node in graph.nodes:
+        captured = "captured_requires_grad" in node.meta
+        if captured or (_foldable(node) and all(i in folded for i in node.all_input_nodes)):
+            folded.add(node)
+        if not captured_fixed and (captured or any(i in varying for i in node.all_input_nodes)):
+            varying.add(node)
     made: dict[tuple, torch.fx.Node] = {}
-    first = next(n for n in graph.nodes if n.op != "placeholder")
-    changed = False
+    values: list[torch.Tensor] = []
+    anchor = next(n for n in graph.nodes if n.op != "placeholder")
     for node in [n for n in graph.nodes if n.op == "call_function" and n.target in SCALAR_TWINS]:
         if len(node.args) != 2 or set(node.kwargs) - {"alpha"}:
             continue
         x, number = node.args
         val, xval = _node_val(node), _node_val(x)
-        device = node.meta.get("device")
         out_dtype = torch.bool if SCALAR_TWINS[node.target] in _SCALAR_COMPARES else getattr(xval, "dtype", None)
-        if x in varying or device != _CPU or not scalar_operand(xval, number) \
+        if node in folded or x in varying or node.meta.get("device") != _CPU or not scalar_operand(xval, number) \
                 or not (isinstance(val, torch.Tensor) and val.dtype == out_dtype):
             continue
         key = (type(number), number, math.copysign(1.0, number), xval.dtype)  # (0.0 and -0.0 differ)
         c = made.get(key)
         if c is None:
-            with graph.inserting_before(first):
-                src = graph.call_function(aten.scalar_tensor.default, (number,), {
-                    "dtype": torch.int64 if type(number) is int else torch.float64, "layout": torch.strided,
-                    "device": device, "pin_memory": False})
-                c = graph.call_function(aten._to_copy.default, (src,), {"dtype": xval.dtype})
-            for new, dtype in ((src, src.kwargs["dtype"]), (c, xval.dtype)):
-                new.meta["val"] = torch.empty((), dtype=dtype, device="meta")
-                new.meta["device"] = device
-            made[key] = c
+            with _disable_current_modes():
+                source = torch.tensor(number, dtype=torch.int64 if type(number) is int else torch.float64)
+                values.append(source.to(xval.dtype))  # (TensorIterator's cast)
+            with graph.inserting_before(anchor):
+                c = made[key] = graph.placeholder(f"number_{len(values) - 1}")
+            c.meta["val"] = torch.empty((), dtype=xval.dtype, device="meta")
+            c.meta["device"] = _CPU
         node.target = SCALAR_TWINS[node.target]
         node.args = (x, c)
-        changed = True
-    if changed:
-        gm.recompile()
-    return changed
+    return values
 
 
 _CPU = torch.device("cpu")
@@ -797,7 +795,8 @@ ARITHMETIC_PASSES: dict[str, Callable[[torch.fx.GraphModule], bool]] = {
 
 def clean_up(gm: torch.fx.GraphModule, captured_fixed: bool = False) -> tuple[list[torch.Tensor], tuple[str, ...]]:
     """Run every pass on `gm` in place, in order. Return the closed-over tensors that became its
-    trailing inputs (to be fed, live, at every replay) and the ARITHMETIC_PASSES that rewrote it.
+    trailing inputs (to be fed, live, at every replay; then the numbers made tensors) and the
+    ARITHMETIC_PASSES that rewrote it.
     `captured_fixed`: a replay runs only with the captured tensors' recorded dtypes (automatic
     tracing's guard checks them)."""
     constants = _lift_constants(gm)
@@ -806,8 +805,8 @@ def clean_up(gm: torch.fx.GraphModule, captured_fixed: bool = False) -> tuple[li
     rewrites = tuple(name for name, rewrite in ARITHMETIC_PASSES.items() if rewrite(gm))
     _views_as_reshapes(gm)
     _simplify(gm)
-    _drop_no_ops(gm)
-    _scalars_as_tensors(gm, captured_fixed)
+    constants += _scalars_as_tensors(gm, captured_fixed)
+    _drop_no_ops(gm)  # (recompiles the graph's code for all of them)
     return constants, rewrites
 
 

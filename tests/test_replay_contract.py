@@ -219,7 +219,7 @@ def test_numbers_become_tensors_made_once_and_replays_keep_the_eager_bits():
     w = torch.randn(5)
 
     def f(x):
-        return ((x * 2.5 - 1) / 3 > 0.25).float() * x - 0.5 + w * 0.1  # (w * 0.1: the fold's)
+        return ((x * 2.5 - 1) / 3 > 0.25).float() * x - 0.5 + (x + w) * 0.1 + w * 3  # (w * 3: the fold's)
 
     g = engine.vmap(f)
     x = torch.randn(7, 5)
@@ -230,12 +230,27 @@ def test_numbers_become_tensors_made_once_and_replays_keep_the_eager_bits():
     assert entry.fold is not None and not entry.rewrites
     assert not [n for n in entry.gm.graph.nodes if n.target in graph_passes.SCALAR_TWINS
                 and type(n.args[1]) in (int, float)], entry.gm.code
+    # what the fold computes once keeps its number (a 0-d tensor there would be one more source to watch)
+    assert [n for n in entry.fold.gm.graph.nodes if n.op == "call_function" and n.args[1:] == (3,)], entry.fold.gm.code
     with engine.auto_tracing(False):
         assert torch.equal(got, g(x))
     w.data = w.double()  # a captured tensor's new dtype: the guard fails, the next call is right
     with engine.auto_tracing(False):
         want = g(x)
     assert want.dtype == torch.float64 and torch.equal(g(x), want)
+
+
+def test_a_number_beside_a_captured_tensor_follows_its_new_dtype_under_engine_trace():
+    # engine.trace has no guard on captured tensors' dtypes: its replays follow them, so a number
+    # whose operand depends on one stays a number there
+    w = torch.randn(5)
+    traced = engine.trace(lambda x: (x + w) * 0.1)
+    x = torch.randn(5)
+    for _ in range(3):
+        traced(x)
+    w.data = w.double()
+    got, want = traced(x), (x + w) * 0.1
+    assert got.dtype == want.dtype == torch.float64 and torch.equal(got, want)
 
 
 def test_strides_are_part_of_a_signature():
