@@ -674,6 +674,7 @@ def _scalars_as_tensors(gm: torch.fx.GraphModule, captured_fixed: bool) -> list[
     graph = gm.graph
     if _writes(graph):
         return []
+    graph.eliminate_dead_code()  # (a placeholder for a dead op's number would be fed for nothing)
     varying: set[torch.fx.Node] = set()  # nodes whose dtype follows a captured tensor's
     folded: set[torch.fx.Node] = set()  # nodes fold_constants computes once (their numbers with them)
     for node in graph.nodes:

@@ -230,6 +230,7 @@ def test_numbers_become_tensors_made_once_and_replays_keep_the_eager_bits():
     assert entry.fold is not None and not entry.rewrites
     assert not [n for n in entry.gm.graph.nodes if n.target in graph_passes.SCALAR_TWINS
                 and type(n.args[1]) in (int, float)], entry.gm.code
+    assert all(n.users for n in entry.gm.graph.nodes if n.op == "placeholder" and n.name.startswith("number_"))
     # what the fold computes once keeps its number (a 0-d tensor there would be one more source to watch)
     assert [n for n in entry.fold.gm.graph.nodes if n.op == "call_function" and n.args[1:] == (3,)], entry.fold.gm.code
     with engine.auto_tracing(False):
