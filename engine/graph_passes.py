@@ -261,16 +261,19 @@ def _captured(graph: torch.fx.Graph) -> set[torch.fx.Node]:
     computed from them: see Fold) and the foldable ops that read only them."""
     if _writes(graph):
         return set()  # (fold_constants leaves such graphs alone)
-    const: set[torch.fx.Node] = set()
+    return _computed_from(graph, {
+        node for node in graph.nodes if node.op == "placeholder" and node.meta.get("captured_requires_grad") is False
+        and isinstance(node.meta.get("val"), torch.Tensor) and node.meta["val"].numel() <= FOLD_WATCH_ELEMENTS})
+
+
+def _computed_from(graph: torch.fx.Graph, roots: set[torch.fx.Node]) -> set[torch.fx.Node]:
+    """`roots` and the foldable ops that read nothing else (factory ops included): what
+    fold_constants computes once when `roots` are the captured tensors."""
+    done = set(roots)
     for node in graph.nodes:
-        if node.op == "placeholder":
-            val = node.meta.get("val")
-            if node.meta.get("captured_requires_grad") is False and isinstance(val, torch.Tensor) \
-                    and val.numel() <= FOLD_WATCH_ELEMENTS:
-                const.add(node)
-        elif _foldable(node) and all(i in const for i in node.all_input_nodes):
-            const.add(node)
-    return const
+        if node not in done and _foldable(node) and all(i in done for i in node.all_input_nodes):
+            done.add(node)
+    return done
 
 
 def _flipped_strides(val: Any) -> tuple[int, int] | None:
@@ -648,7 +651,8 @@ SCALAR_TWINS = {
     aten.eq.Tensor: aten.eq.Tensor, aten.ne.Tensor: aten.ne.Tensor, aten.lt.Tensor: aten.lt.Tensor,
     aten.le.Tensor: aten.le.Tensor, aten.gt.Tensor: aten.gt.Tensor, aten.ge.Tensor: aten.ge.Tensor,
 }
-_SCALAR_COMPARES = frozenset({aten.eq.Tensor, aten.ne.Tensor, aten.lt.Tensor, aten.le.Tensor, aten.gt.Tensor, aten.ge.Tensor})
+_SCALAR_COMPARES = frozenset({
+    aten.eq.Tensor, aten.ne.Tensor, aten.lt.Tensor, aten.le.Tensor, aten.gt.Tensor, aten.ge.Tensor})
 _SCALAR_FLOATS = (torch.float32, torch.float64)
 
 
@@ -675,14 +679,13 @@ def _scalars_as_tensors(gm: torch.fx.GraphModule, captured_fixed: bool) -> list[
     if _writes(graph):
         return []
     graph.eliminate_dead_code()  # (a placeholder for a dead op's number would be fed for nothing)
+    captured = {node for node in graph.nodes if "captured_requires_grad" in node.meta}
+    folded = _computed_from(graph, captured)  # (their numbers go with them into the fold)
     varying: set[torch.fx.Node] = set()  # nodes whose dtype follows a captured tensor's
-    folded: set[torch.fx.Node] = set()  # nodes fold_constants computes once (their numbers with them)
-    for node in graph.nodes:
-        captured = "captured_requires_grad" in node.meta
-        if captured or (_foldable(node) and all(i in folded for i in node.all_input_nodes)):
-            folded.add(node)
-        if not captured_fixed and (captured or any(i in varying for i in node.all_input_nodes)):
-            varying.add(node)
+    if not captured_fixed:
+        for node in graph.nodes:
+            if node in captured or any(i in varying for i in node.all_input_nodes):
+                varying.add(node)
     made: dict[tuple, torch.fx.Node] = {}
     values: list[torch.Tensor] = []
     anchor = next(n for n in graph.nodes if n.op != "placeholder")
@@ -1054,10 +1057,7 @@ def fold_constants(gm: torch.fx.GraphModule, n_args: int, constants: list[torch.
         return None
     placeholders = [n for n in graph.nodes if n.op == "placeholder"]
     captured = {ph: constants[i] for i, ph in enumerate(placeholders[n_args:n_args + len(constants)])}
-    const: set[torch.fx.Node] = set()
-    for node in graph.nodes:
-        if _foldable(node) and all(i in const or i in captured for i in node.all_input_nodes):
-            const.add(node)
+    const = _computed_from(graph, set(captured)) - set(captured)
     split = _split_conjunctions(graph, const)
     frontier = [n for n in graph.nodes if n in const and any(u not in const for u in n.users)]
     if not frontier:
