@@ -23,7 +23,7 @@ from torch.utils._python_dispatch import _disable_current_modes
 from torch.utils._pytree import tree_flatten
 
 from engine._modes import EngineMode, decompose
-from engine.graph_passes import SCALAR_TWINS, scalar_operand
+from engine.graph_passes import _BITS, SCALAR_TWINS, scalar_operand
 
 __all__ = ["Numbering", "OpLog", "departures", "logs"]
 
@@ -75,9 +75,6 @@ def _writes(func: Any) -> bool:
     return bool(args) and args[0].alias_info is not None and args[0].alias_info.is_write
 
 
-_BITS = {torch.float32: torch.int32, torch.float64: torch.int64}
-
-
 _SCALAR_NAMES = {_name(op): _name(twin) for op, twin in SCALAR_TWINS.items()}
 
 
@@ -97,7 +94,7 @@ def _scalar_key(func: Any, args: tuple) -> tuple | None:
         return None
     with _disable_current_modes():
         value = torch.tensor(c, dtype=torch.int64 if type(c) is int else torch.float64).to(x.dtype)
-        return twin, ("k", str(x.dtype), value.reshape(1).view(_BITS[x.dtype]).item())
+        return twin, ("k", str(x.dtype), value.reshape(1).view(_BITS[value.element_size()]).item())
 
 
 def _rounds(func: Any, out: list[torch.Tensor]) -> bool:
