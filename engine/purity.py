@@ -487,6 +487,22 @@ def _collection_ends(phase: str, info: dict) -> None:
 
 
 @contextlib.contextmanager
+def paused() -> Iterator[None]:
+    """Inside the block, a watch of this thread sees nothing: for the engine's own work within a
+    watched run (a recorded graph's passes and generated code), which runs none of the watched
+    function's code and would otherwise pay a Python callback per call it makes."""
+    profiler = getattr(_watching, "profiler", None)
+    if profiler is None or sys.getprofile() is not profiler:
+        yield
+        return
+    sys.setprofile(None)
+    try:
+        yield
+    finally:
+        sys.setprofile(profiler)
+
+
+@contextlib.contextmanager
 def watch() -> Iterator[Observation]:
     """Observe the code run inside the block (this thread). Check `can_watch()` first."""
     obs = Observation()

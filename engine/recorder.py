@@ -31,6 +31,7 @@ from typing import Any, Callable, Sequence
 
 import torch
 import torch.fx
+from torch.fx._lazy_graph_module import _LazyGraphModule
 from torch.utils._pytree import tree_flatten
 from torch.utils.weak import WeakIdKeyDictionary
 
@@ -154,4 +155,6 @@ def record(fn: Callable[..., Sequence[torch.Tensor]], inputs: Sequence[torch.Ten
     with mode:
         outs = fn(*inputs)
     graph.output([mode.node_of(o) for o in outs])
-    return torch.fx.GraphModule(mode.constants, graph)
+    # Its code is generated when first needed (engine.trace: once, after the passes that rewrite
+    # the graph, each of which would otherwise regenerate code that nothing runs).
+    return _LazyGraphModule(mode.constants, graph)

@@ -46,10 +46,11 @@ from typing import Any, Callable, Hashable, Iterator
 
 import torch
 import torch.fx
+from torch.fx._lazy_graph_module import _LazyGraphModule
 from torch.utils._python_dispatch import _disable_current_modes
 from torch.utils._pytree import tree_flatten, tree_map_only, tree_unflatten
 
-from engine import fused, script_replay
+from engine import fused, purity, script_replay
 from engine._modes import EngineMode
 from engine.autoswitch import running
 from engine.errors import DataDependentError
@@ -768,13 +769,18 @@ class TracedFunction:
             # The eager rerun that follows must not see the writes the aborted run already made.
             guard.undo_writes()
             return self._refuse(entry, err)
-        if not _pin_grad_modes(gm, guard.grad_modes):
+        # The graph's passes run none of the function's code: a watched recording (engine.autotrace)
+        # need not observe them, call by call.
+        with purity.paused():
+            pinned = _pin_grad_modes(gm, guard.grad_modes)
+            if pinned:
+                constants, entry.rewrites = clean_up(gm, captured_fixed=self._auto)
+                entry.constants = tuple(constants)
+                entry.fold = fold_constants(gm, len(entry.tensor_pos), list(entry.constants))
+        if not pinned:
             return self._refuse(entry, UntraceableError(
                 "the grad mode of its grad-mode-dependent kernels (" + ", ".join(sorted(op.name() for op in GRAD_MODE_KERNELS))
                 + ") could not be matched to the recorded graph"))
-        constants, entry.rewrites = clean_up(gm, captured_fixed=self._auto)
-        entry.constants = tuple(constants)
-        entry.fold = fold_constants(gm, len(entry.tensor_pos), list(entry.constants))
         read = () if entry.fold is None else {id(t) for t in entry.fold.sources}
         entry.live = (*range(len(entry.tensor_pos)),
                       *(len(entry.tensor_pos) + i for i, t in enumerate(entry.constants) if id(t) not in read))
@@ -802,6 +808,8 @@ class TracedFunction:
             return entry
         self._traces += 1
         self.trace_seconds = time.perf_counter() - start
+        with purity.paused():
+            _LazyGraphModule.force_recompile(gm)  # its code, once, now that the passes are done
         entry.gm = gm
         entry.run = script_replay.replay_runner(entry, gm.forward)
         entry.out_spec = out_info["spec"]

@@ -202,3 +202,43 @@ def test_a_collection_during_the_watched_call_leaves_the_function_replaying():
     _collecting_often(calls)
     state = autotraced_state(f)
     assert state.impure is None and len(state.traced._cache) == 1
+
+
+def test_a_pause_hides_its_block_from_the_watch_and_only_its_block():
+    import gc
+
+    def before() -> None:
+        pass
+
+    def hidden() -> None:
+        gc.collect()  # an effect: seen by a watch, were it watching
+
+    def after() -> None:
+        gc.collect()
+
+    with purity.watch() as obs:
+        before()
+        with purity.paused():
+            hidden()
+        after()
+    assert before.__code__ in obs.user_codes and after.__code__ in obs.user_codes
+    assert hidden.__code__ not in obs.user_codes and hidden.__code__ not in obs.effect_codes
+    assert after.__code__ in obs.effect_codes  # the watch is back after the block
+
+
+def test_a_pause_outside_a_watch_leaves_another_profiler_alone():
+    import sys
+
+    seen = []
+
+    def other(frame, event, arg):
+        seen.append(event)
+
+    sys.setprofile(other)
+    try:
+        with purity.paused():
+            len([])
+        assert sys.getprofile() is other
+    finally:
+        sys.setprofile(None)
+    assert "c_call" in seen  # still profiling inside the block

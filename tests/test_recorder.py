@@ -134,3 +134,23 @@ def test_a_first_recording_imports_neither_sympy_nor_dynamo():
                          env={"PYTHONPATH": str(ROOT), "VMAPBENCH_FUSED": "0", "PATH": "/usr/bin:/bin"})
     assert out.returncode == 0, out.stderr[-3000:]
     assert out.stdout.strip() == "[] []"
+
+
+def test_a_traced_graphs_code_is_generated_once_after_its_passes(monkeypatch):
+    # The passes that follow a recording rewrite its graph; regenerating its code after each cost
+    # most of a recording call. It is generated once, and the replay runs the generated forward,
+    # not the lazy module's stand-in (which calls Module.__call__ at every replay).
+    from torch.fx._lazy_graph_module import _LazyGraphModule
+
+    generated = []
+    real = _LazyGraphModule._real_recompile
+    monkeypatch.setattr(_LazyGraphModule, "_real_recompile", lambda self: generated.append(self) or real(self))
+    traced = engine.trace(engine.grad(_rosen))
+    want = engine.grad(_rosen)(X[0])
+    assert torch.equal(traced(X[0]), want)
+    (gm,) = traced.graphs()
+    assert generated == [gm]
+    (entry,) = traced._cache.values()
+    forward = getattr(entry.run, "forward", entry.run)  # (script_replay's Warmup holds it)
+    assert getattr(forward, "__func__", None) is not _LazyGraphModule._lazy_forward
+    assert torch.equal(traced(X[0]), want) and generated == [gm]  # the replay generates nothing
