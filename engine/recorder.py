@@ -32,7 +32,6 @@ from typing import Any, Callable, Sequence
 import torch
 import torch.fx
 from torch.fx._lazy_graph_module import _LazyGraphModule
-from torch.utils._pytree import tree_flatten
 from torch.utils.weak import WeakIdKeyDictionary
 
 from engine._modes import EngineMode, decompose
@@ -61,6 +60,21 @@ def _set_meta(node: torch.fx.Node, value: Any) -> None:
     node.meta["val"] = _meta_val(value)
     if isinstance(value, torch.Tensor):
         node.meta["device"] = value.device
+
+
+def _has_subclass(values: Any) -> bool:
+    """Whether a tensor subclass is among an aten op's arguments (tensors, or lists of them: the
+    deepest an op's schema nests them). A loop, not a pytree flatten: this runs at every recorded
+    op, under the purity watch's profiler when automatic tracing records."""
+    for x in values:
+        if isinstance(x, torch.Tensor):
+            if type(x) not in _PLAIN:
+                return True
+        elif type(x) in (list, tuple):
+            for v in x:
+                if isinstance(v, torch.Tensor) and type(v) not in _PLAIN:
+                    return True
+    return False
 
 
 class _Recorder(EngineMode):
@@ -109,8 +123,7 @@ class _Recorder(EngineMode):
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}
-        leaves, _ = tree_flatten((args, kwargs))
-        if any(isinstance(x, torch.Tensor) and type(x) not in _PLAIN for x in leaves):
+        if _has_subclass(args) or (kwargs and _has_subclass(kwargs.values())):
             return NotImplemented  # the subclass runs the op; the plain ops it runs come back here
         if func in _VALUE_READS:
             # engine.trace's guard mode, above this one, turns reads of tensor values into guards or
