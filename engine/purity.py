@@ -229,6 +229,31 @@ _GLOBAL_OPS = frozenset({
     "LOAD_FROM_DICT_OR_GLOBALS", "IMPORT_NAME",
 })
 _global_cache: dict[types.CodeType, frozenset[str]] = {}
+_GLOBAL_OPCODES = frozenset(dis.opmap[name] for name in _GLOBAL_OPS if name in dis.opmap)
+# LOAD_GLOBAL's argument holds its name's index shifted left by one from Python 3.11 on (the low
+# bit says whether a NULL is pushed too).
+_LOAD_GLOBAL_SHIFT = 1 if sys.version_info >= (3, 11) else 0
+_LOAD_GLOBAL = dis.opmap["LOAD_GLOBAL"]
+_EXTENDED_ARG = dis.EXTENDED_ARG
+
+
+def _scan_global_names(code: types.CodeType) -> set[str]:
+    """The names `_GLOBAL_OPS` instructions of `code` (not its nested code) name: what
+    `dis.get_instructions` gives as their argval, read from the raw bytecode (two bytes an
+    instruction; inline caches read as CACHE, an opcode outside the set) without building an
+    Instruction per instruction: a guard's first walk reads hundreds of code objects."""
+    raw, names, found = code.co_code, code.co_names, set()
+    ext = 0
+    for i in range(0, len(raw), 2):
+        op = raw[i]
+        if op == _EXTENDED_ARG:
+            ext = (ext | raw[i + 1]) << 8
+            continue
+        if op in _GLOBAL_OPCODES:
+            arg = ext | raw[i + 1]
+            found.add(names[arg >> _LOAD_GLOBAL_SHIFT if op == _LOAD_GLOBAL else arg])
+        ext = 0
+    return found
 
 
 def global_names(code: types.CodeType) -> frozenset[str]:
@@ -242,7 +267,7 @@ def global_names(code: types.CodeType) -> frozenset[str]:
     cached = _global_cache.get(code)
     if cached is not None:
         return cached
-    names = {ins.argval for ins in dis.get_instructions(code) if ins.opname in _GLOBAL_OPS}
+    names = _scan_global_names(code)
     for const in code.co_consts:
         if isinstance(const, types.CodeType):
             names |= global_names(const)

@@ -242,3 +242,32 @@ def test_a_pause_outside_a_watch_leaves_another_profiler_alone():
     finally:
         sys.setprofile(None)
     assert "c_call" in seen  # still profiling inside the block
+
+
+def test_global_names_read_from_raw_bytecode_match_dis():
+    # global_names scans the bytecode itself instead of building a dis.Instruction per
+    # instruction; it must name what dis names, on code of every shape (extended arguments,
+    # inline caches, nested code, class bodies, imports): torch's, the engine's, the standard
+    # library's.
+    import dis
+    import gc
+    import types
+
+    import torch.distributions  # noqa: F401  (more code to compare on)
+
+    codes, stack = set(), [f.__code__ for f in gc.get_objects() if isinstance(f, types.FunctionType)]
+    while stack:
+        code = stack.pop()
+        if code not in codes:
+            codes.add(code)
+            stack.extend(c for c in code.co_consts if isinstance(c, types.CodeType))
+    # Over 256 names: their indices (LOAD_NAME/STORE_NAME at module level, LOAD_GLOBAL shifted in a
+    # function) need EXTENDED_ARG.
+    many = "".join(f"v{i} = g{i}\n" for i in range(300)) + "def f():\n    return " + " + ".join(f"h{i}" for i in range(300))
+    probe = compile(many, "<probe>", "exec")
+    codes |= {probe, *(c for c in probe.co_consts if isinstance(c, types.CodeType))}
+    assert any(ins.opname == "EXTENDED_ARG" for c in (probe, probe.co_consts[-2]) for ins in dis.get_instructions(c))
+    assert len(codes) > 5000
+    for code in codes:
+        want = {ins.argval for ins in dis.get_instructions(code) if ins.opname in purity._GLOBAL_OPS}
+        assert purity._scan_global_names(code) == want, code
