@@ -36,9 +36,9 @@ import contextlib
 import functools
 import operator
 import struct
+import sys
 import threading
 import time
-import traceback
 import warnings
 from collections import OrderedDict
 from dataclasses import dataclass
@@ -363,13 +363,17 @@ def _shape_is_static(func: Any, args: tuple, kwargs: dict) -> bool:
 
 
 def _user_frame() -> str:
-    """The innermost caller outside torch and the engine (a check's location, for messages)."""
-    for frame in reversed(traceback.extract_stack()):
-        path = frame.filename.replace("\\", "/")
+    """The innermost caller outside torch and the engine (a check's location, for messages). Read
+    from the frames themselves: traceback.extract_stack would read every frame's source line."""
+    frame = sys._getframe(1)
+    while frame is not None:
+        code = frame.f_code
+        path = code.co_filename.replace("\\", "/")
         if "/torch/" not in path and "/engine/" not in path:
-            return f"{frame.filename}:{frame.lineno} ({frame.name})"
-    frame = traceback.extract_stack()[-3]
-    return f"{frame.filename}:{frame.lineno} ({frame.name})"
+            return f"{code.co_filename}:{frame.f_lineno} ({code.co_name})"
+        frame = frame.f_back
+    frame = sys._getframe(2)
+    return f"{frame.f_code.co_filename}:{frame.f_lineno} ({frame.f_code.co_name})"
 
 
 class _GuardFailed(Exception):

@@ -167,6 +167,14 @@ def test_untraceable_function_raises_a_clear_error():
         engine.trace(lambda x: x[x > 0].sum())(torch.randn(6))
 
 
+def test_a_branch_is_named_by_the_line_of_user_code_that_read_the_tensor():
+    traced = engine.trace(engine.grad(_data_dependent))
+    traced(torch.full((3,), 0.1))
+    line = _data_dependent.__code__.co_firstlineno + 2  # `if s > 1.0:`
+    with pytest.raises(UntraceableError, match=rf"test_trace.py:{line} \(_data_dependent\)"):
+        traced(torch.full((3,), 2.0))
+
+
 def test_untraceable_function_falls_back_to_eager_with_one_warning():
     traced = engine.trace(engine.grad(_data_dependent), fallback="eager")
     with warnings.catch_warnings(record=True) as caught:
