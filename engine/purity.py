@@ -410,6 +410,10 @@ class _Profiler:
     def __init__(self, obs: Observation) -> None:
         self.obs = obs
         self.trust: dict[types.CodeType, bool] = {}  # code -> torch/engine code (True) or not
+        # Torch/engine code a call event needs nothing more of than its frame noted as trusted: not
+        # Module.__call__, the state-dict methods or a stateful entry point (most events of a
+        # watched run are the engine's and torch's own calls).
+        self.plain: set[types.CodeType] = set()
         self.frames: dict[int, bool] = {}  # id(frame) -> trusted, for the frames on the stack
         self.collecting = False  # a garbage collection is running (its callbacks and finalizers)
 
@@ -448,11 +452,14 @@ class _Profiler:
         self.obs.effect_codes.setdefault(code, why)
 
     def __call__(self, frame: types.FrameType, event: str, arg: Any) -> None:
-        if self.collecting:
+        if self.collecting or event == "c_return":
             return
         if event == "call":
-            self.frames.pop(id(frame), None)  # a new frame may reuse a dead one's id
             code = frame.f_code
+            if code in self.plain:
+                self.frames[id(frame)] = True  # (a new frame may reuse a dead one's id)
+                return
+            self.frames.pop(id(frame), None)  # a new frame may reuse a dead one's id
             if code in _MODULE_CALL_CODES:
                 module = frame.f_locals.get("self")
                 if isinstance(module, torch.nn.Module):
@@ -460,6 +467,9 @@ class _Profiler:
             elif code in _STATE_DICT_CODES:
                 self.obs.state_dicts = True
             if self._trusted(frame):
+                if self.trust.get(code) and code.co_name not in _STATEFUL_TORCH_NAMES \
+                        and code not in _MODULE_CALL_CODES and code not in _STATE_DICT_CODES:
+                    self.plain.add(code)
                 back = frame.f_back
                 while back is not None and back.f_code.co_filename in _WRAPPER_FILES:
                     back = back.f_back
@@ -479,7 +489,7 @@ class _Profiler:
                     if name in namespace:
                         self.obs.global_slots[(id(namespace), name)] = (namespace, name)
         elif event == "c_call":
-            if self._trusted(frame):
+            if self.frames.get(id(frame)) or self._trusted(frame):
                 return
             why = c_call_effect(arg)
             if why is not None and not self._fresh_mutation(frame, arg):
