@@ -70,7 +70,7 @@ from engine.fused import OFF as fused_off
 from engine.fused import _local as fused_mode
 from engine.errors import ReplayMismatchError
 from engine import replay_contract
-from engine.guardstate import StateGuard, _Distribution, _NativeGuard, torch_globals
+from engine.guardstate import MAX_MODULES, StateGuard, _Distribution, _NativeGuard, torch_globals
 from engine.trace import _PLAIN, TracedFunction, _GuardFailed, _fast_signature, _signature, exact_value
 
 __all__ = ["AutoTraced", "auto_trace", "autotraced_state", "traced_transform", "transform_entry"]
@@ -281,11 +281,13 @@ class AutoTraced:
         if not purity.can_watch():  # another profiler (cProfile) is installed: nothing is proven
             return self._eager(args, kwargs)
         # The guards walk all that is reachable; where that is unprovable (state the function
-        # holds but never reads: a JAX twin beside the torch function), they walk only the code
-        # the watched runs executed (`_narrow`), and the recording is watched as well. Then the
+        # holds but never reads: a JAX twin beside the torch function; or more than MAX_MODULES
+        # Python modules, where the first walk stops), they walk only the code the watched runs
+        # executed (`_narrow`), and the recording is watched as well. Then the
         # guard taken after the run decides, and a change made by the run fails it at the next call.
         before = StateGuard([self.fn, *self._modules.values()], self._slots.values(),
-                            self._ran if self._narrow else None, self._state_dicts)
+                            self._ran if self._narrow else None, self._state_dicts,
+                            max_modules=None if self._narrow else MAX_MODULES)
         if before.unprovable is not None and not self._narrow:
             self._narrow = True
         self.eager_calls += 1

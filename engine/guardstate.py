@@ -37,6 +37,11 @@ from engine.purity import _ENGINE_DIR, _is_torch_or_engine, generated, global_na
 __all__ = ["StateGuard"]
 
 MAX_ITEMS = 20000
+# A walk given `max_modules` (engine.autotrace's first, full walk) stops, unprovable, past this many
+# Python modules: state that reaches that much of the interpreter (a JAX twin's lazy `jax` proxy
+# reaches sys.modules) is guarded by the narrower walk of the code that ran, which the caller
+# takes instead; walking it all first cost tens of milliseconds only to fail on some iterator.
+MAX_MODULES = 256
 MAX_BUFFER_BYTES = 1 << 18  # a buffer (numpy array, bytearray, ...) guarded by content up to this size
 _LIBRARIES = frozenset({"torch", "engine", "functools", "builtins", "typing", "collections", "abc", "numpy", "math"})
 _EMPTY = object()
@@ -161,8 +166,10 @@ class StateGuard:
     _names_done = 0
 
     def __init__(self, roots: Iterable[Any], slots: Iterable[tuple[dict, str]] = (),
-                 ran: Collection[types.CodeType] | None = None, state_dicts: bool = True) -> None:
+                 ran: Collection[types.CodeType] | None = None, state_dicts: bool = True,
+                 max_modules: int | None = None) -> None:
         self._ran = ran  # the user code that ran (engine.purity); None: walk every function reached
+        self._max_modules = max_modules  # (see MAX_MODULES)
         self._state_dicts = state_dicts  # torch's state-dict code may run (see _STATE_DICT_TABLES)
         self._tables: list[tuple[str, Any]] = []  # (name, table) of Modules, left unwalked (see _unread_tables)
         self.walked: set[types.CodeType] = set()  # the code of the functions walked (reached, and run where `ran` is given)
@@ -197,6 +204,8 @@ class StateGuard:
                 self._visit(stack.pop(), stack)
                 if len(self._seen) > MAX_ITEMS:
                     self.unprovable = f"more than {MAX_ITEMS} objects of state are reachable from the function"
+                elif self._max_modules is not None and len(self._pymodules) > self._max_modules:
+                    self.unprovable = f"more than {self._max_modules} Python modules are reachable from the function"
             # Attribute reads through the modules reached: new modules or names may come from
             # what these slots hold, so repeat until nothing new is reached.
             for module in self._pymodules[done:] if len(self._attr_names) == self._names_done else self._pymodules:

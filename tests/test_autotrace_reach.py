@@ -104,6 +104,36 @@ def test_a_function_held_beside_the_one_that_runs_is_not_walked():
     assert _hits(g, points) >= CALLS - 2
 
 
+def _sees_every_module() -> Any:
+    import sys
+
+    return sys.modules  # never called: its code reaches every module the process imported
+
+
+def test_a_first_walk_reaching_much_of_the_interpreter_stops_early(monkeypatch):
+    # The full walk that precedes the watched run gives up past MAX_MODULES Python modules (it used
+    # to walk them all, then fail on some iterator); the walk of the code that ran guards instead,
+    # and the function replays, its state still guarded.
+    from engine import guardstate
+
+    walks = []
+    init = guardstate.StateGuard.__init__
+
+    def spy(self, *args, **kwargs):
+        init(self, *args, **kwargs)
+        walks.append((len(self._pymodules), self.unprovable))
+
+    monkeypatch.setattr(guardstate.StateGuard, "__init__", spy)
+    model = _Model(_log_joint, _sees_every_module)
+    points = torch.randn(8, 3)
+    g = engine.vmap(engine.grad(lambda theta: model.log_joint(theta)))
+    _calls(g, points)
+    assert _hits(g, points) >= CALLS - 2
+    first, *rest = walks
+    assert first == (guardstate.MAX_MODULES + 1, f"more than {guardstate.MAX_MODULES} Python modules are reachable from the function")
+    assert rest and all(unprovable is None and n < 10 for n, unprovable in rest)
+
+
 def test_state_read_by_the_function_that_runs_is_still_guarded():
     global scale
     model = _Model(_log_joint, _twin)
