@@ -40,7 +40,7 @@ MAX_ITEMS = 20000
 # A walk given `max_modules` (engine.autotrace's first, full walk) stops, unprovable, past this many
 # Python modules: state that reaches that much of the interpreter (a JAX twin's lazy `jax` proxy
 # reaches sys.modules) is guarded by the narrower walk of the code that ran, which the caller
-# takes instead; walking it all first cost tens of milliseconds only to fail on some iterator.
+# takes instead: such a walk nearly always ends unprovable (an iterator, a thread-local) anyway.
 MAX_MODULES = 256
 MAX_BUFFER_BYTES = 1 << 18  # a buffer (numpy array, bytearray, ...) guarded by content up to this size
 _LIBRARIES = frozenset({"torch", "engine", "functools", "builtins", "typing", "collections", "abc", "numpy", "math"})
