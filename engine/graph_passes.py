@@ -492,18 +492,24 @@ def _reshape_source(node: torch.fx.Node) -> tuple[Any, bool] | None:
     return None
 
 
-def _transpose_of(node: Any) -> tuple[Any, tuple[int, int]] | None:
-    """(input, the two swapped dims) if `node` is a transpose (t of a matrix, or transpose.int)."""
+def _permutation_of(node: Any) -> tuple[Any, tuple[int, ...]] | None:
+    """(input, the permutation of its dims) if `node` is a permute, a transpose or a t: the dim i of
+    the result is the dim perm[i] of the input."""
     if not (isinstance(node, torch.fx.Node) and node.op == "call_function" and node.args):
         return None
     val = _node_val(node)
-    if not isinstance(val, torch.Tensor) or val.dim() < 2:
+    if not isinstance(val, torch.Tensor) or val.dim() < 1:
         return None
+    nd = val.dim()
     if node.target is aten.t.default:
-        return node.args[0], (0, 1)
+        return (node.args[0], (1, 0)) if nd == 2 else None
     if node.target is aten.transpose.int:
-        nd = val.dim()
-        return node.args[0], tuple(sorted((node.args[1] % nd, node.args[2] % nd)))
+        perm = list(range(nd))
+        i, j = node.args[1] % nd, node.args[2] % nd
+        perm[i], perm[j] = j, i
+        return node.args[0], tuple(perm)
+    if node.target is aten.permute.default:
+        return node.args[0], tuple(d % nd for d in node.args[1])
     return None
 
 
@@ -555,7 +561,8 @@ def _simplify(gm: torch.fx.GraphModule) -> None:
     take ones_like of it (the seed of the backward pass). Rewrites, in one forward sweep:
     - chains of reshape-like ops (reshape, squeeze, unsqueeze, same-shape expand, a one-piece
       split or cat) -> one reshape of the chain's source, or the source itself if its shape is kept;
-    - a transpose of the same transpose -> its input;
+    - a permutation (permute, transpose, t) of a permutation -> one permute of the first's input,
+      or that input where the two cancel;
     - x * 1, x * ones, x ** 1, b == True (b bool) -> x, b (same dtype and shape);
     - ones_like/zeros_like(x), x ** 0 -> ones/zeros of x's shape, so the value of x is no longer
       needed (backward formulas of powers leave x ** 1 and x ** 0 in second derivatives);
@@ -590,10 +597,17 @@ def _simplify(gm: torch.fx.GraphModule) -> None:
                     val = _node_val(node)
                     if isinstance(val, torch.Tensor):
                         node.target, node.args, node.kwargs = aten.reshape.default, (root, list(val.shape)), {}
-        elif (outer := _transpose_of(node)) is not None:
-            inner = _transpose_of(outer[0])
-            if inner is not None and inner[1] == outer[1]:
-                keep, view_only = inner[0], True
+        elif (outer := _permutation_of(node)) is not None and (inner := _permutation_of(outer[0])) is not None:
+            # A permutation of a permutation: one view of the first's input with the same sizes
+            # and strides (none at all where they cancel), so what reads it reads the same.
+            # (An output stays a view of its own where its input may not stand in for it.)
+            composed = tuple(inner[1][d] for d in outer[1])
+            source = inner[0]
+            if composed == tuple(range(len(composed))) and (not is_output or (
+                    _fresh(source) and not any(u.op == "output" for u in source.users))):
+                keep, view_only = source, True
+            else:
+                node.target, node.args, node.kwargs = aten.permute.default, (source, list(composed)), {}
         elif node.target in (aten.mul.Tensor, aten.mul.Scalar) and _is_one(node.args[1]):
             keep = _kept_operand(node, node.args[0])
         elif node.target is aten.mul.Tensor and _is_call(node.args[1], aten.ones.default):

@@ -413,6 +413,24 @@ def test_shape_chains_are_folded_but_outputs_stay_distinct():
     assert targets.count(torch.ops.aten.reshape.default) <= 3
 
 
+def test_chains_of_permutations_are_one_permute_or_none():
+    def fn(x, w):
+        a = x.permute(2, 0, 1).transpose(0, 2).permute(1, 0, 2)  # one permute of x
+        b = x.transpose(1, 2).permute(0, 2, 1)  # x itself
+        m = (w * 2).t().transpose(0, 1).t()  # one t
+        return a * 3, b + 1, m @ w, a
+
+    traced = engine.trace(fn)
+    x, w = torch.randn(2, 3, 4), torch.randn(5, 5)
+    for _ in range(2):
+        outs = traced(x, w)
+        for got, want in zip(outs, fn(x, w)):
+            assert torch.equal(got, want) and got.stride() == want.stride()
+    views = [n.target for n in traced.graphs()[0].graph.nodes
+             if n.target in (torch.ops.aten.permute.default, torch.ops.aten.transpose.int, torch.ops.aten.t.default)]
+    assert len(views) == 2, views
+
+
 def test_jacrev_graph_has_no_leftover_shape_ops():
     model = _mlp()
     traced = engine.trace(engine.jacrev(lambda x: model(x)))
