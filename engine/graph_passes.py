@@ -513,6 +513,12 @@ def _permutation_of(node: Any) -> tuple[Any, tuple[int, ...]] | None:
     return None
 
 
+def _may_stand_in_for_output(node: torch.fx.Node) -> bool:
+    """Whether `node` may replace an output it is viewed as: it allocates its result (fresh at
+    every replay, no view of a graph input) and is not an output itself (outputs stay distinct)."""
+    return _fresh(node) and not any(u.op == "output" for u in node.users)
+
+
 def _fresh(node: Any) -> bool:
     """Whether `node` allocates its result (an op whose schema returns no alias of an input), so
     that the tensor is new at every replay and no view of a graph input."""
@@ -603,8 +609,7 @@ def _simplify(gm: torch.fx.GraphModule) -> None:
             # (An output stays a view of its own where its input may not stand in for it.)
             composed = tuple(inner[1][d] for d in outer[1])
             source = inner[0]
-            if composed == tuple(range(len(composed))) and (not is_output or (
-                    _fresh(source) and not any(u.op == "output" for u in source.users))):
+            if composed == tuple(range(len(composed))) and (not is_output or _may_stand_in_for_output(source)):
                 keep, view_only = source, True
             else:
                 node.target, node.args, node.kwargs = aten.permute.default, (source, list(composed)), {}
@@ -633,7 +638,7 @@ def _simplify(gm: torch.fx.GraphModule) -> None:
                 keep, view_only = first, True  # the same op on the same inputs: the same aliasing
         if not isinstance(keep, torch.fx.Node):
             continue
-        if is_output and not (view_only and _fresh(keep) and not any(u.op == "output" for u in keep.users)):
+        if is_output and not (view_only and _may_stand_in_for_output(keep)):
             continue
         node.replace_all_uses_with(keep)
         graph.erase_node(node)
