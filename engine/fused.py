@@ -21,6 +21,7 @@ import subprocess
 import sys
 import threading
 import time
+import warnings
 import weakref
 from pathlib import Path
 from typing import Any, Callable, Iterator
@@ -31,7 +32,7 @@ import torch.fx
 from engine.fused_worker import LOWERING, encode, read_message, write_message
 from engine.graph_passes import layout_guard
 
-__all__ = ["FusedProgram", "Tier", "compile_now", "fused_mode", "fused_tier", "pays", "settle"]
+__all__ = ["FusedProgram", "Tier", "compile_now", "fused_backend", "fused_mode", "fused_tier", "pays", "settle"]
 
 OFF, ON, FORCE = "off", "on", "force"
 
@@ -41,6 +42,12 @@ OFF, ON, FORCE = "off", "on", "force"
 # MIN_REPLAYS replays before anything is spent on it (a function called a few times never compiles).
 COLD_COMPILE_S = 20.0
 EXPECTED_SAVING = 0.5
+# The in-process XLA backend (engine.fused_xla) compiles in a fraction of a second on a thread of
+# this process; the caller keeps replaying but shares the GIL and the cores with it, so a compile is
+# taken to cost its own seconds: XLA_COMPILE_S until this process has timed one, then the median of
+# those timed. A process that has not imported jax yet pays the import (mostly holding the GIL) too.
+XLA_COMPILE_S = 0.3
+JAX_IMPORT_S = 1.0
 MIN_REPLAYS = 8
 # A CPU program's first calls are timed against the replay's, alternated (Trial): it is kept unless
 # its median call is SLOWER times the replay's or more.
@@ -63,6 +70,13 @@ def _mode_from(value: str) -> str:
 
 
 _DEFAULT = _mode_from(os.environ.get("VMAPBENCH_FUSED", "1"))
+
+# Which compiler makes CPU programs: "auto" (XLA where jax is usable and has a rule for every op
+# of the graph, else inductor), "xla" (XLA or nothing), "inductor". CUDA programs are inductor's.
+BACKENDS = ("auto", "xla", "inductor")
+BACKEND = os.environ.get("VMAPBENCH_FUSED_BACKEND", "auto").strip().lower() or "auto"
+if BACKEND not in BACKENDS:
+    raise ValueError(f"VMAPBENCH_FUSED_BACKEND={BACKEND!r}: expected one of {', '.join(BACKENDS)}")
 
 
 class _Local(threading.local):
@@ -354,8 +368,12 @@ class Job:
     """One signature's compile: requested by the calling thread, done by the compiler thread."""
 
     def __init__(self, tier: "Tier | None", description: list, meta: list, key: str, known: str | None,
-                 patches: dict[str, Any] | None = None) -> None:
+                 patches: dict[str, Any] | None = None, backend: str = "inductor", gm: Any = None,
+                 inputs: list | None = None, arguments: int = 0) -> None:
         self.tier = tier
+        self.backend = backend
+        # the XLA backend compiles in this process, from the graph and the inputs of one replay
+        self.gm, self.inputs, self.arguments = gm, inputs, arguments
         self.patches = PATCHES if patches is None else patches
         self.description = description
         self.meta = meta
@@ -407,23 +425,33 @@ class _Compiler:
             job = self._queue.get()
             start = time.perf_counter()
             try:
-                source = job.known if job.known is not None else self._compile(job)
-                call = load_program(source)
+                if job.backend == "xla":
+                    call, source = self._compile_xla(job), "xla"
+                else:
+                    source = job.known if job.known is not None else self._compile(job)
+                    call = load_program(source)
                 job.seconds = time.perf_counter() - start
                 job.program = FusedProgram(call, tuple(m[1] for m in job.meta), job.key, job.seconds, source,
                                            tuple((torch.Size(m[0]), m[2], m[3]) for m in job.meta))
-                if job.known is None:
+                if job.known is None and job.backend != "xla":
                     INDEX.put(job.key, source)
             except Exception as exc:  # noqa: BLE001 - the signature keeps replaying; the error is kept
                 job.error = f"{type(exc).__name__}: {exc}"
                 job.seconds = time.perf_counter() - start
             if job.tier is not None:
                 job.tier.finished(job)
+            job.gm = job.inputs = None
             HISTORY.append({"key": job.key, "seconds": job.seconds, "from_disk": job.known is not None,
-                            "error": job.error})
+                            "error": job.error, "backend": job.backend})
             with self._lock:
                 self._pending.discard(job)
             job.done.set()
+
+    @staticmethod
+    def _compile_xla(job: Job) -> Callable:
+        from engine import fused_xla
+
+        return fused_xla.compile_graph(job.gm, job.inputs, job.arguments)
 
     def _worker(self) -> subprocess.Popen:
         if self._process is None or self._process.poll() is not None:
@@ -449,7 +477,8 @@ class _Compiler:
         return payload
 
 
-_COMPILER = _Compiler()
+_COMPILER = _Compiler()  # inductor's jobs, through the worker process
+_XLA = _Compiler()  # XLA's jobs, compiled on its thread (XLA's compile releases the GIL)
 # Every finished job of this process, in order: what benchmarks read to put compile cost on the record.
 HISTORY: list[dict[str, Any]] = []
 # Every program its trial found slower than the replay, in order (Tier.slower's message).
@@ -460,7 +489,37 @@ def settle(timeout: float | None = None) -> bool:
     """Wait until every fused-tier compile started so far is done (ready or failed); True if all
     are, False if `timeout` seconds passed first. Benchmarks call it before timing, so no timing
     mixes the replay and fused tiers."""
-    return _COMPILER.settle(timeout)
+    deadline = None if timeout is None else time.monotonic() + timeout
+    if not _XLA.settle(timeout):
+        return False
+    return _COMPILER.settle(None if deadline is None else max(0.0, deadline - time.monotonic()))
+
+
+def fused_backend() -> str:
+    """The CPU backend the tier would use for a graph XLA can lower: 'xla' or 'inductor', with
+    VMAPBENCH_FUSED_BACKEND and whether jax is usable here."""
+    if BACKEND == "inductor":
+        return "inductor"
+    from engine import fused_xla
+
+    return "xla" if fused_xla.available() is None else "inductor"
+
+
+def _xla_cost() -> float:
+    """What an XLA compile is expected to cost the caller (see XLA_COMPILE_S)."""
+    measured = sorted(h["seconds"] for h in HISTORY if h.get("backend") == "xla" and h["error"] is None
+                      and h["seconds"] is not None)
+    cost = measured[len(measured) // 2] if measured else XLA_COMPILE_S
+    return cost if "jax" in sys.modules else cost + JAX_IMPORT_S
+
+
+_SAID: set[str] = set()
+
+
+def _say_once(message: str) -> None:
+    if message not in _SAID:
+        _SAID.add(message)
+        warnings.warn(message, RuntimeWarning, stacklevel=3)
 
 
 def compile_now(gm: torch.fx.GraphModule, inputs: list, patches: dict[str, Any]) -> FusedProgram:
@@ -481,7 +540,7 @@ def compile_now(gm: torch.fx.GraphModule, inputs: list, patches: dict[str, Any])
 
 def pending() -> int:
     """Compiles started and not finished."""
-    return _COMPILER.pending()
+    return _COMPILER.pending() + _XLA.pending()
 
 
 # ------------------------------------------------------------------------------------------------
@@ -495,7 +554,7 @@ class Tier:
     compile job. `entry` is held weakly: an evicted signature's compile finishes into nothing.
     """
 
-    __slots__ = ("replays", "replay_seconds", "state", "job", "error", "_entry", "__weakref__")
+    __slots__ = ("replays", "replay_seconds", "state", "job", "error", "backend", "cost", "_entry", "__weakref__")
 
     def __init__(self, entry: Any) -> None:
         self.replays = 0
@@ -503,6 +562,8 @@ class Tier:
         self.state = "replay"  # -> pending -> fused | failed; or ineligible
         self.job: Job | None = None
         self.error: str | None = None
+        self.backend: str | None = None  # chosen at the MIN_REPLAYS-th replay ("xla" or "inductor")
+        self.cost = COLD_COMPILE_S  # what the compile is expected to cost the caller, in seconds
         self._entry = weakref.ref(entry)
 
     def seen(self, seconds: float, inputs: list, mode: str) -> None:
@@ -511,19 +572,32 @@ class Tier:
         self.replay_seconds += seconds
         if mode == FORCE:
             self.promote(inputs, wait=True)
-        # (on every replay: `pays` and `_known` inline, the entry looked up only where either may hold)
+        # (on every replay: `pays` inline, the entry looked up only where it may hold)
         elif self.replays == MIN_REPLAYS or (self.replays > MIN_REPLAYS
-                                             and self.replay_seconds * EXPECTED_SAVING >= COLD_COMPILE_S):
+                                             and self.replay_seconds * EXPECTED_SAVING >= self.cost):
             entry = self._entry()
             if entry is None:
                 return
-            if pays(self.replays, self.replay_seconds, COLD_COMPILE_S) or self._known(entry, inputs):
+            if self.backend is None:
+                self._choose(entry, inputs)
+            if pays(self.replays, self.replay_seconds, self.cost):
                 self.promote(inputs, wait=False)
 
+    def _choose(self, entry: Any, inputs: list) -> None:
+        """The backend for this signature and what its compile is expected to cost: XLA's measured
+        compile time, or for inductor nothing when the program is on disk (checked once)."""
+        self.backend = _backend_for(entry.gm, inputs)
+        if self.backend == "xla":
+            self.cost = _xla_cost()
+        elif self.backend == "inductor":
+            self.cost = 0.0 if self._known(entry, inputs) else COLD_COMPILE_S
+        else:  # VMAPBENCH_FUSED_BACKEND=xla and XLA cannot take it: no more counting
+            self.state, self.error = "ineligible", _backend_refusal(entry.gm)
+            self.cost = float("inf")
+            entry.tier = None
+
     def _known(self, entry: Any, inputs: list) -> bool:
-        """Whether the graph's program is on disk already (checked once, at MIN_REPLAYS)."""
-        if self.replays != MIN_REPLAYS:
-            return False
+        """Whether the graph's inductor program is on disk already."""
         try:
             key = graph_key(describe_graph(entry.gm), _inputs_meta(inputs), PATCHES)
         except ValueError:
@@ -539,6 +613,12 @@ class Tier:
             self.state = "ineligible"  # the call builds an autograd graph, which the program does not
             entry.tier = None
             return
+        if self.backend is None:
+            self.backend = _backend_for(entry.gm, inputs)
+        if self.backend is None:
+            self.state, self.error = "ineligible", _backend_refusal(entry.gm)
+            entry.tier = None
+            return
         try:
             description = describe_graph(entry.gm)
         except ValueError as exc:
@@ -548,9 +628,15 @@ class Tier:
         meta = _inputs_meta(inputs)
         key = graph_key(description, meta, PATCHES)
         self.state = "pending"
-        self.job = Job(self, description, meta, key, INDEX.get(key))
+        if self.backend == "xla":
+            self.job = Job(self, description, meta, key, None, backend="xla", gm=entry.gm, inputs=list(inputs),
+                           arguments=len(entry.tensor_pos))
+            compiler = _XLA
+        else:
+            self.job = Job(self, description, meta, key, INDEX.get(key))
+            compiler = _COMPILER
         entry.tier = None  # no more counting: the entry replays until the program is ready
-        _COMPILER.submit(self.job)
+        compiler.submit(self.job)
         if wait:
             self.job.done.wait()
 
@@ -558,6 +644,14 @@ class Tier:
         """Called by the compiler thread: switch the entry to the program (or record the failure)."""
         if job.program is None:
             self.state, self.error = "failed", job.error
+            if job.backend == "xla" and BACKEND == "auto":
+                # XLA refused this graph: it counts on toward inductor, under inductor's cost
+                entry = self._entry()
+                if entry is not None:
+                    self.state, self.backend, self.job = "replay", "inductor", None
+                    self.error = f"XLA: {job.error}"
+                    self.cost = COLD_COMPILE_S
+                    entry.tier = self
             return
         self.state = "fused"
         entry = self._entry()
@@ -576,6 +670,29 @@ class Tier:
                       f"(medians of {TRIAL_CALLS} calls each, alternated): the replay is kept")
         entry.fused = None
         DROPPED.append(self.error)
+
+
+def _backend_for(gm: torch.fx.GraphModule, inputs: list) -> str | None:
+    """The backend that compiles `gm` for `inputs` (see BACKEND); None where none may."""
+    if BACKEND == "inductor" or any(t.device.type != "cpu" for t in inputs) or draws(gm):
+        return None if BACKEND == "xla" else "inductor"
+    from engine import fused_xla, jax_lowering
+
+    why = fused_xla.available()
+    if why is not None:
+        _say_once(f"engine's fused tier: XLA is not usable here ({why}); fused programs are compiled by inductor")
+        return None if BACKEND == "xla" else "inductor"
+    if jax_lowering.lowerable(gm) is None:
+        return "xla"
+    return None if BACKEND == "xla" else "inductor"
+
+
+def _backend_refusal(gm: torch.fx.GraphModule) -> str:
+    from engine import jax_lowering
+
+    missing = jax_lowering.lowerable(gm)
+    why = f"no XLA rule for {missing}" if missing else "a CUDA graph, a random op, or jax is not usable"
+    return f"VMAPBENCH_FUSED_BACKEND=xla and the graph cannot go to XLA ({why})"
 
 
 def draws(gm: torch.fx.GraphModule | None) -> bool | None:

@@ -35,6 +35,7 @@ def quick_tier(monkeypatch, tmp_path):
     that waits for the test's go before handing back FAKE_SOURCE."""
     monkeypatch.setattr(fused, "MIN_REPLAYS", 2)
     monkeypatch.setattr(fused, "COLD_COMPILE_S", 0.0)
+    monkeypatch.setattr(fused, "BACKEND", "inductor")  # the stand-in is inductor's; XLA: test_fused_xla.py
     monkeypatch.setattr(fused, "INDEX", fused.GraphIndex(tmp_path))
     started, release = threading.Event(), threading.Event()
 
@@ -157,6 +158,7 @@ def test_a_fused_call_follows_its_captured_tensors_layout_and_contents(monkeypat
     (through `.data`, which moves no version counter) must never reach the program unchecked:
     each call equals the eager result, and the stand-in program below refuses any input of another
     layout than it was compiled for."""
+    monkeypatch.setattr(fused, "BACKEND", "inductor")  # its stand-in is an inductor program
     monkeypatch.setattr(fused, "INDEX", fused.GraphIndex(tmp_path))
     monkeypatch.setattr(fused, "TRIAL_CALLS", 0)  # the program from its first call (no trial against the replay)
     compiled: dict = {}
@@ -344,6 +346,7 @@ def test_policy_and_switch_parsing():
 @pytest.mark.slow
 def test_inductor_program_matches_the_replay_and_a_second_compile_loads_from_disk(monkeypatch, tmp_path):
     monkeypatch.setattr(fused, "INDEX", fused.GraphIndex(tmp_path))
+    monkeypatch.setattr(fused, "BACKEND", "inductor")
     g = torch.Generator().manual_seed(0)
     X, y = torch.randn(50, 6, generator=g), (torch.rand(50, generator=g) > 0.5).float()
 

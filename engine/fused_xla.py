@@ -1,0 +1,225 @@
+"""The fused tier's XLA backend: a recorded graph lowered to JAX (engine.jax_lowering) and compiled
+by XLA in this process, in a fraction of a second where inductor's C++ builds take many.
+
+`compile_graph(gm, inputs)` returns the program's `call(inputs) -> outputs` (what
+engine.fused.FusedProgram wraps), after checking it once against the replay on the recording's
+inputs: outputs of the same shapes and dtypes, values within the fused tier's tolerance, and no
+output that is a view of an input or of another output (XLA returns fresh buffers; the replay
+keeps such aliasing exactly). Float64 graphs compile and run under `jax.enable_x64`, entered only
+around the compile and each call. The package is optional: `available()` says why it is not.
+"""
+from __future__ import annotations
+
+import importlib.util
+import os
+import sys
+from typing import Any, Callable
+
+import torch
+import torch.fx
+
+from engine import jax_lowering
+
+__all__ = ["available", "compile_graph", "XlaRejected"]
+
+# The fused program's agreement with the replay, per dtype: |a - b| <= atol * scale + rtol * |b|,
+# scale the largest magnitude of the replay's output (a fused reduction sums in another order).
+TOLERANCE = {torch.float32: (1e-4, 1e-5), torch.float64: (1e-10, 1e-12), torch.float16: (1e-2, 1e-3),
+             torch.bfloat16: (2e-2, 1e-2)}
+
+
+class XlaRejected(RuntimeError):
+    """The XLA program does not stand in for the replay (it disagrees, or aliases differently)."""
+
+
+_BROKEN: list[str] = []  # why importing jax failed, once it has
+
+
+def available() -> str | None:
+    """None when jax can be imported here (found, and not failed before), else why not. Looks
+    without importing it: the import (most of a second) is the first compile's, on its thread."""
+    if _BROKEN:
+        return _BROKEN[0]
+    if "jax" not in sys.modules and importlib.util.find_spec("jax") is None:
+        return "jax is not installed (pip install 'jax[cpu]')"
+    return None
+
+
+def _import_jax() -> Any:
+    try:
+        _configure_threads()
+        import jax
+        import jax.numpy  # noqa: F401
+    except Exception as exc:  # noqa: BLE001 - a broken jax: the tier uses inductor from now on
+        _BROKEN.append(f"jax could not be imported ({type(exc).__name__}: {exc})")
+        raise jax_lowering.Unlowerable(_BROKEN[0]) from exc
+    return jax
+
+
+def _configure_threads() -> None:
+    """XLA single-threaded where torch is, when this process has not started XLA yet (XLA reads
+    XLA_FLAGS once, at its start); a user's own XLA_FLAGS are kept."""
+    flags = os.environ.get("XLA_FLAGS", "")
+    if "jax" in sys.modules or "multi_thread_eigen" in flags or torch.get_num_threads() != 1:
+        return
+    os.environ["XLA_FLAGS"] = f"--xla_cpu_multi_thread_eigen=false intra_op_parallelism_threads=1 {flags}".strip()
+
+
+def compile_graph(gm: torch.fx.GraphModule, inputs: list, arguments: int | None = None) -> Callable[[list], list]:
+    """XLA's program for `gm` on inputs laid out as `inputs` (CPU tensors); the first `arguments`
+    inputs are the call's own (new tensors each call: never kept), the rest captured or folded
+    (all of them, where None). Raises
+    jax_lowering.Unlowerable for a graph without rules, XlaRejected where the program does not
+    agree with the replay on `inputs`."""
+    if any(t.device.type != "cpu" for t in inputs):
+        raise jax_lowering.Unlowerable("the XLA backend compiles CPU graphs only")
+    why = available()
+    if why is not None:
+        raise jax_lowering.Unlowerable(why)
+    jax = _import_jax()
+
+    meta, expected = jax_lowering.observe(gm, inputs)
+    expected = list(expected) if isinstance(expected, (list, tuple)) else [expected]
+    _no_aliasing(expected, inputs)
+    x64 = any(t.dtype in (torch.float64, torch.int64) for t in [*inputs, *expected] if isinstance(t, torch.Tensor))
+    feeds = [_Feed(t) for t in inputs]
+    fn = jax_lowering.lower(gm, meta)
+    shapes = [f.aval(jax) for f in feeds]
+
+    def program(*args: Any) -> tuple:
+        return fn(*[f.expand(a) for f, a in zip(feeds, args)])
+
+    with jax.enable_x64(x64):
+        compiled = jax.jit(program).lower(*shapes).compile()
+    call = _Call(compiled, feeds, x64, 0 if arguments is None else arguments)
+    got = call(list(inputs))
+    _agrees(got, expected)
+    return call
+
+
+def _no_aliasing(outs: list, inputs: list) -> None:
+    seen = {t.untyped_storage().data_ptr() for t in inputs if t.numel()}
+    for o in outs:
+        if not isinstance(o, torch.Tensor):
+            raise XlaRejected("an output that is not a tensor")
+        if o.numel() == 0:
+            continue
+        ptr = o.untyped_storage().data_ptr()
+        if ptr in seen:
+            raise XlaRejected("an output shares memory with an input or another output")
+        seen.add(ptr)
+
+
+def _agrees(got: list, expected: list) -> None:
+    for i, (g, e) in enumerate(zip(got, expected)):
+        if g.shape != e.shape or g.dtype != e.dtype:
+            raise XlaRejected(f"output {i}: {tuple(g.shape)} {g.dtype} where the replay gave "
+                              f"{tuple(e.shape)} {e.dtype}")
+        if e.dtype.is_floating_point:
+            rtol, atol = TOLERANCE.get(e.dtype, (1e-4, 1e-5))
+            scale = float(e.abs().nan_to_num(0, 0, 0).max()) if e.numel() else 0.0
+            torch.testing.assert_close(g, e, rtol=rtol, atol=atol * max(scale, 1.0), equal_nan=True,
+                                       msg=lambda m, i=i: f"the XLA program's output {i} differs from the replay's: {m}")
+        elif not torch.equal(g, e):
+            raise XlaRejected(f"output {i} differs from the replay's")
+
+
+class _Feed:
+    """How one input reaches XLA without a copy: its dimensions of stride 0 (an expanded
+    tensor) are passed as size 1 and broadcast inside the program, and a dense tensor whose
+    strides are a permutation of contiguous ones is passed in memory order and transposed there."""
+
+    __slots__ = ("shape", "dtype", "narrow", "order", "inverse", "passed", "contiguous")
+
+    def __init__(self, t: torch.Tensor) -> None:
+        self.shape = tuple(t.shape)
+        self.dtype = t.dtype
+        self.narrow = tuple(i for i, (n, s) in enumerate(zip(t.shape, t.stride())) if s == 0 and n > 1)
+        compact = t
+        for i in self.narrow:
+            compact = compact.narrow(i, 0, 1)
+        # the dims in memory order (largest stride first); contiguous in that order or copied
+        order = sorted(range(compact.dim()), key=lambda i: (-compact.stride(i), i))
+        permuted = compact.permute(order)
+        self.contiguous = permuted.is_contiguous()
+        self.order = tuple(order) if self.contiguous and order != sorted(order) else None
+        self.inverse = None if self.order is None else tuple(sorted(range(len(order)), key=order.__getitem__))
+        self.passed = tuple(permuted.shape) if self.order is not None else tuple(compact.shape)
+
+    def aval(self, jax: Any) -> Any:
+        return jax.ShapeDtypeStruct(self.passed, jax_lowering.np_dtype(self.dtype))
+
+    def expand(self, a: Any) -> Any:
+        """Inside the program: the passed array back to the input's logical shape."""
+        import jax.numpy as jnp
+
+        if self.inverse is not None:
+            a = jnp.transpose(a, self.inverse)
+        if self.narrow:
+            a = jnp.broadcast_to(a, self.shape)
+        return a
+
+    def array(self, t: torch.Tensor) -> Any:
+        """The tensor as the program takes it (a numpy view; a copy only where no view serves)."""
+        for i in self.narrow:
+            t = t.narrow(i, 0, 1)
+        if self.order is not None:
+            t = t.permute(self.order)
+        elif not self.contiguous:
+            t = t.contiguous()
+        return t.numpy()
+
+
+class _Call:
+    """The compiled program as the fused tier calls it: a list of tensors in, a list out.
+
+    Most inputs of a recorded graph are its captured tensors and folded values, the same tensor
+    objects call after call: each is handed to XLA once, as an array sharing its memory, and
+    that array is passed again while the input is the same object at the same address (the
+    tier's FusedProgram has checked its layout by then). The call's own arguments, and inputs XLA
+    would copy, are passed as numpy views on every call."""
+
+    __slots__ = ("compiled", "feeds", "x64", "held", "arrays", "device", "arguments")
+
+    def __init__(self, compiled: Any, feeds: list, x64: bool, arguments: int) -> None:
+        import jax
+
+        self.compiled, self.feeds, self.x64, self.arguments = compiled, feeds, x64, arguments
+        self.held: list[Any] = [None] * len(feeds)  # (tensor, data_ptr) each array was made from; False: copied
+        self.arrays: list[Any] = [None] * len(feeds)
+        self.device = jax.devices("cpu")[0]
+
+    def __call__(self, inputs: list) -> list:
+        held, arrays, feeds, n = self.held, self.arrays, self.feeds, self.arguments
+        args = [feeds[i].array(inputs[i]) for i in range(n)]
+        for i in range(n, len(feeds)):
+            feed, t, h = feeds[i], inputs[i], held[i]
+            if h and h[0] is t and h[1] == t.data_ptr():
+                args.append(arrays[i])
+            else:
+                args.append(self._array(i, feed, t))
+        inputs.clear()  # the tier's convention: the program empties the list it is given
+        if self.x64:
+            import jax
+
+            with jax.enable_x64(True):
+                outs = self.compiled(*args)
+        else:
+            outs = self.compiled(*args)
+        return [torch.from_dlpack(o) for o in outs]
+
+    def _array(self, i: int, feed: _Feed, t: torch.Tensor) -> Any:
+        """The input as XLA takes it; kept for the next call where XLA shares its memory (a
+        position whose array XLA copied is passed as a numpy view from then on)."""
+        view = feed.array(t)
+        if self.held[i] is False or not view.nbytes:
+            return view
+        import jax
+
+        with jax.enable_x64(self.x64):
+            array = jax.device_put(view, self.device)
+        if array.unsafe_buffer_pointer() == view.ctypes.data:
+            self.held[i], self.arrays[i] = (t, t.data_ptr()), array
+        else:
+            self.held[i], self.arrays[i] = False, None
+        return array

@@ -1,0 +1,179 @@
+"""The fused tier's XLA backend (engine.fused_xla, engine.jax_lowering): each rule agrees with
+torch's op, a program follows its captured tensors (in-place writes, new memory, new strides), a
+program that disagrees with the replay or aliases differently is refused, and a graph XLA cannot
+take is said by name and left to inductor or the replay."""
+from __future__ import annotations
+
+import pytest
+import torch
+from torch.fx.experimental.proxy_tensor import make_fx
+
+import engine
+from engine import fused, fused_xla, jax_lowering
+
+pytest.importorskip("jax")
+
+aten = torch.ops.aten
+
+
+@pytest.fixture
+def xla_tier(monkeypatch):
+    """Every replayed CPU signature compiled by XLA at its first replay (waited for), no trial."""
+    monkeypatch.setattr(fused, "BACKEND", "xla")
+    monkeypatch.setattr(fused, "TRIAL_CALLS", 0)
+    yield
+    fused.settle(60)
+
+
+def _forced(fn, *args):
+    """fn's result through a traced function whose replay runs as an XLA program, with the state."""
+    traced = engine.trace(fn)
+    with engine.fused_tier("force"):
+        traced(*args)  # the recording
+        out = traced(*args)  # the first replay compiles, waits, and runs the program
+    return out, traced.tiers()[0], traced
+
+
+def _xla_ran(state: dict) -> bool:
+    return state["state"] == "fused"
+
+
+X = torch.randn(5, 7, generator=torch.Generator().manual_seed(0))
+W = torch.randn(7, 3, generator=torch.Generator().manual_seed(1))
+
+# One function per family of rules, each checked against torch itself.
+CASES = {
+    "pointwise": lambda x: (x.exp() - x.sin() * x.tanh() + x.abs().sqrt().log1p() - x.sigmoid() / 3) ** 2,
+    "comparisons": lambda x: torch.where(x > 0.1, x, -x) + (x <= 0).float() - x.clamp(-0.5, 0.5),
+    "reductions": lambda x: torch.stack([x.sum(), x.mean(), x.amax(), x.logsumexp(0).sum(), x.sum(1).prod()]),
+    "linear": lambda x: torch.nn.functional.linear(x, W.t(), torch.ones(3)) @ W.t() + torch.bmm(x[None], W[None]).sum(),
+    "views": lambda x: x.t().reshape(-1, 5)[1:, ::2].unsqueeze(0).expand(2, -1, -1).permute(2, 0, 1).contiguous() * 2,
+    "cat_select": lambda x: torch.cat([x[0], x[:, 3], x[-1, 1:4]]) + x.select(1, 2).sum(),
+    "softmax": lambda x: torch.log_softmax(x, 1) + torch.softmax(x, 0),
+    "layer_norm": lambda x: torch.nn.functional.layer_norm(x, (7,), torch.linspace(0.5, 1.5, 7), torch.zeros(7)),
+    "indexing": lambda x: x[torch.tensor([0, 2, 2])] * x[:, torch.tensor([1, 0])].sum(),
+    "activations": lambda x: torch.nn.functional.gelu(x) + torch.nn.functional.silu(x) + torch.nn.functional.softplus(x)
+    + torch.nn.functional.elu(x) + torch.relu(x),
+}
+
+
+@pytest.mark.parametrize("name", sorted(CASES))
+def test_each_family_of_rules_agrees_with_torch(xla_tier, name):
+    fn = CASES[name]
+    out, state, _ = _forced(fn, X)
+    assert _xla_ran(state), state
+    torch.testing.assert_close(out, fn(X), rtol=1e-5, atol=1e-5)
+    x2 = torch.randn(5, 7)
+    torch.testing.assert_close(engine.trace(fn)(x2), fn(x2), rtol=1e-5, atol=1e-5)
+
+
+def _loss(w: torch.Tensor, x: torch.Tensor, t: torch.Tensor) -> torch.Tensor:
+    z = torch.nn.functional.layer_norm(torch.tanh(x @ w), (3,))
+    return torch.nn.functional.cross_entropy(z, t)
+
+
+def test_per_sample_gradients_and_hessians_match_torch_func(xla_tier):
+    """Backward formulas (tanh, layer norm, log-softmax, nll-loss) through vmap(grad) and a
+    vmapped Hessian, against torch.func."""
+    t = torch.tensor([0, 2, 1, 1, 0])
+    grads = engine.vmap(engine.grad(_loss), in_dims=(None, 0, 0))
+    out, state, _ = _forced(lambda w, x, t: grads(w, x[:, None], t[:, None]), W, X, t)
+    assert _xla_ran(state), state
+    want = torch.func.vmap(torch.func.grad(_loss), in_dims=(None, 0, 0))(W, X[:, None], t[:, None])
+    torch.testing.assert_close(out, want, rtol=1e-5, atol=1e-5)
+
+    def logp(w: torch.Tensor) -> torch.Tensor:
+        z = X.double() @ w
+        return torch.distributions.Normal(0.0, 1.0).log_prob(w).sum() - torch.nn.functional.softplus(z).sum()
+
+    ws = torch.randn(4, 7, dtype=torch.float64)
+    out, state, _ = _forced(engine.vmap(engine.hessian(logp)), ws)
+    assert _xla_ran(state), state
+    torch.testing.assert_close(out, torch.func.vmap(torch.func.hessian(logp))(ws))
+
+
+def test_a_program_follows_its_captured_tensors(xla_tier):
+    """The program keeps the captured tensors' arrays between calls (sharing their memory): an
+    in-place write is seen, and a tensor given other memory, strides or values by `.data` is
+    handed to XLA again, never read stale."""
+    c = torch.randn(5, 7)
+
+    def f(x: torch.Tensor) -> torch.Tensor:
+        return (x * c).exp().sum(0)
+
+    out, state, traced = _forced(f, X)
+    assert _xla_ran(state), state
+    torch.testing.assert_close(out, f(X))
+    with torch.no_grad():
+        c.mul_(-2.0)  # the same memory, other bytes
+    torch.testing.assert_close(traced(X), f(X))
+    c.data = torch.randn(7, 5).t()  # other memory, other strides
+    torch.testing.assert_close(traced(X), f(X))
+    c.data = torch.randn(5, 7)
+    torch.testing.assert_close(traced(X), f(X))
+    assert traced.tiers()[0]["state"] == "fused"
+
+
+def test_expanded_and_transposed_inputs_reach_xla_without_a_copy():
+    """An input of stride 0 is passed as its one row, a transposed one in memory order."""
+    base = torch.randn(3, 1)
+    expanded, transposed = base.expand(3, 4), torch.randn(4, 3).t()
+    fe, ft = fused_xla._Feed(expanded), fused_xla._Feed(transposed)
+    assert fe.passed == (3, 1) and fe.array(expanded).ctypes.data == base.data_ptr()
+    assert ft.passed == (4, 3) and ft.array(transposed).ctypes.data == transposed.data_ptr()
+
+
+def test_a_program_that_disagrees_with_the_replay_is_refused(xla_tier, monkeypatch):
+    monkeypatch.setitem(jax_lowering.RULES, aten.exp.default, lambda x: x * 2)  # a wrong rule
+    out, state, traced = _forced(lambda x: x.exp() + 1, X)
+    assert state["state"] == "failed" and "differs from the replay" in state["error"], state
+    torch.testing.assert_close(out, X.exp() + 1, rtol=0, atol=0)  # the replay answered
+
+
+def test_an_output_that_views_an_input_stays_with_the_replay():
+    gm = make_fx(lambda x: (x.t(), x + 1))(X)
+    with pytest.raises(fused_xla.XlaRejected, match="shares memory"):
+        fused_xla.compile_graph(gm, [X])
+
+
+def test_an_op_without_a_rule_is_named(xla_tier):
+    def f(x: torch.Tensor) -> torch.Tensor:
+        return torch.special.i0(x) + 1
+
+    out, state, _ = _forced(f, X)
+    assert state["state"] == "ineligible" and "i0" in state["error"], state
+    torch.testing.assert_close(out, f(X), rtol=0, atol=0)
+
+
+def test_auto_chooses_xla_where_it_can_and_inductor_elsewhere(monkeypatch):
+    monkeypatch.setattr(fused, "BACKEND", "auto")
+    gm = make_fx(lambda x: torch.special.i0(x))(X)
+    plain = make_fx(lambda x: x * 2)(X)
+    assert fused._backend_for(plain, [X]) == "xla"
+    assert fused._backend_for(gm, [X]) == "inductor"
+    random = make_fx(lambda x: x + torch.rand_like(x))(X)
+    assert fused._backend_for(random, [X]) == "inductor"  # a program must draw what the replay draws
+
+
+def test_without_jax_the_tier_says_so_once_and_uses_inductor(monkeypatch):
+    monkeypatch.setattr(fused, "BACKEND", "auto")
+    monkeypatch.setattr(fused_xla, "available", lambda: "jax is not installed (pip install 'jax[cpu]')")
+    monkeypatch.setattr(fused, "_SAID", set())
+    plain = make_fx(lambda x: x * 2)(X)
+    with pytest.warns(RuntimeWarning, match="XLA is not usable here"):
+        assert fused._backend_for(plain, [X]) == "inductor"
+    import warnings
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        assert fused._backend_for(plain, [X]) == "inductor"  # said once
+
+
+def test_the_pay_rule_uses_the_measured_xla_compile(monkeypatch):
+    monkeypatch.setattr(fused, "HISTORY", [])
+    assert fused._xla_cost() >= fused.XLA_COMPILE_S
+    fused.HISTORY.extend({"backend": "xla", "seconds": s, "error": None} for s in (0.1, 0.2, 5.0))
+    import sys
+
+    expected = 0.2 + (0.0 if "jax" in sys.modules else fused.JAX_IMPORT_S)
+    assert fused._xla_cost() == pytest.approx(expected)
