@@ -25,6 +25,15 @@ def phys_dim(dim: int, rank: int) -> int:
     return norm_dim(dim, rank) + 1
 
 
+def broadcast_shapes(*shapes: Sequence[int]) -> torch.Size:
+    """torch.broadcast_shapes by torch's C++ size inference (torch.broadcast_shapes imports the
+    symbolic-shapes module, and sympy, at its first call in a process)."""
+    out = torch.Size(())
+    for shape in shapes:
+        out = torch._C._infer_size(out, shape)
+    return torch.Size(out)
+
+
 def pad_batched(x: torch.Tensor, rank: int) -> torch.Tensor:
     """View a batched x (batch at 0) as [B, 1, ..., 1, *logical] with `rank` logical dims."""
     missing = rank - (x.dim() - 1)

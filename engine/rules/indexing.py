@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import torch
 
-from engine.rules._helpers import lrank, materialize, norm_dim, pad_batched
+from engine.rules._helpers import broadcast_shapes, lrank, materialize, norm_dim, pad_batched
 from engine.rules._table import RULES
 
 aten = torch.ops.aten
@@ -90,7 +90,7 @@ def index_rule(info, in_dims, x, indices):
         out = aten.index.Tensor(x, [None] + indices)
         if adjacent:
             return out, 0
-        bshape = torch.broadcast_shapes(*[t.shape for t in indices if t is not None])
+        bshape = broadcast_shapes(*[t.shape for t in indices if t is not None])
         return out, len(bshape)
     k, adjacent = _index_layout(indices)
     rank = max((t.dim() - (d is not None)) for t, d in zip(indices, idims) if t is not None)
@@ -127,7 +127,7 @@ def index_put_rule(info, in_dims, x, indices, values, accumulate=False):
         return torch.stack(outs), 0
     k, adjacent = _index_layout(indices)
     lshapes = [t.shape[1:] if d is not None else t.shape for t, d in zip(indices, idims) if t is not None]
-    bshape = torch.broadcast_shapes(*lshapes)
+    bshape = broadcast_shapes(*lshapes)
     n_adv = len(lshapes)
     indexed_rank = len(bshape) + rank_x - n_adv
     rank = len(bshape)
@@ -220,7 +220,7 @@ def masked_scatter_rule(info, in_dims, x, mask, source):
         raise RuntimeError(f"masked_scatter_ only supports boolean masks, but got mask with dtype {mask.dtype}")
     B = info.batch_size
     xm, mm = materialize(x, in_dims[0], B), materialize(mask, in_dims[1], B)
-    logical = torch.broadcast_shapes(xm.shape[1:], mm.shape[1:])
+    logical = broadcast_shapes(xm.shape[1:], mm.shape[1:])
     xm = pad_batched(xm, len(logical)).expand(B, *logical).reshape(B, -1)
     mm = pad_batched(mm, len(logical)).expand(B, *logical).reshape(B, -1)
     src = materialize(source, in_dims[2], B).reshape(B, -1)

@@ -6,9 +6,9 @@ from __future__ import annotations
 from typing import Any
 
 import torch
-from torch._prims_common import ELEMENTWISE_TYPE_PROMOTION_KIND, elementwise_dtypes
+from torch.utils._python_dispatch import _disable_current_modes
 
-from engine.rules._helpers import lrank, ops_of, pad_batched
+from engine.rules._helpers import broadcast_shapes, lrank, ops_of, pad_batched
 from engine.rules._table import RULES, set_rule
 
 aten = torch.ops.aten
@@ -54,7 +54,6 @@ def pointwise_rule(func: Any):
     return rule
 
 
-_DEFAULT_PROMOTION = ELEMENTWISE_TYPE_PROMOTION_KIND.DEFAULT  # its result dtype is the common dtype
 # Tensor arguments that take no part in type promotion (a boolean condition or mask).
 _NOT_PROMOTING = {"where": (0,), "masked_fill": (1,), "masked_fill_": (1,)}
 
@@ -70,18 +69,57 @@ def _zero_dim_to_common_dtype(func, args, in_dims, mutates_first: bool) -> list:
     conversion torch applies to a 0-dim operand of another dtype.
     """
     skip = _NOT_PROMOTING.get(func._schema.name.partition("::")[2], ())
-    logical = [torch.empty(a.shape[1:] if d is not None else a.shape, dtype=a.dtype, device="meta")
+    logical = [(a.dim() - (d is not None), a.dtype)
                for i, (a, d) in enumerate(zip(args, in_dims)) if isinstance(a, torch.Tensor) and i not in skip]
     if len(logical) < 2:
         return args
-    target = elementwise_dtypes(*logical, type_promotion_kind=_DEFAULT_PROMOTION)[1]
+    target = _common_dtype(logical)
     return [a.to(target) if (isinstance(a, torch.Tensor) and d is not None and a.dim() == 1 and a.dtype != target
                              and i not in skip and not (mutates_first and i == 0)) else a
             for i, (a, d) in enumerate(zip(args, in_dims))]
 
 
+# One-element CPU tensors by (dtype, has dims): type promotion depends on operands' dtypes and on
+# whether each has dimensions, never on sizes, so these stand in for any operand of the op.
+_TINY: dict[tuple[torch.dtype, bool], torch.Tensor] = {}
+
+
+def _tiny(dtype: torch.dtype, dims: bool) -> torch.Tensor:
+    t = _TINY.get((dtype, dims))
+    if t is None:
+        t = _TINY[(dtype, dims)] = torch.ones((1,) if dims else (), dtype=dtype)
+    return t
+
+
+def _common_dtype(logical: list[tuple[int, torch.dtype]]) -> torch.dtype:
+    """torch's common dtype of operands given as (logical rank, dtype): dimensioned and 0-dim
+    operands promote apart and then combine by category, as TensorIterator does (computed by
+    torch.result_type on stand-ins; torch._prims_common's version imports sympy on first use)."""
+    dim = zero = None
+    for rank, dtype in logical:
+        if rank:
+            dim = dtype if dim is None else torch.promote_types(dim, dtype)
+        else:
+            zero = dtype if zero is None else torch.promote_types(zero, dtype)
+    if dim is None or zero is None:
+        return dim if zero is None else zero
+    with _disable_current_modes():  # (not an op of the computation: nothing records it)
+        return torch.result_type(_tiny(dim, True), _tiny(zero, False))
+
+
 def _logical_dtype(func, args, in_dims, kwargs, out):
-    """A batched 0-dim tensor is physically 1-dim, which changes type promotion; recompute it on meta."""
+    """A batched 0-dim tensor is physically 1-dim, which changes type promotion: the op's output
+    dtype for the logical operands, from its kernel on one-element stand-ins (on meta where the
+    kernel refuses them; torch's Python meta kernels import Dynamo on first use)."""
+    tiny = [_tiny(a.dtype, (a.dim() - (d is not None)) > 0) if isinstance(a, torch.Tensor) else a
+            for a, d in zip(args, in_dims)]
+    try:
+        with _disable_current_modes():  # (not an op of the computation: nothing records it)
+            expected = func(*tiny, **kwargs)
+    except Exception:  # noqa: BLE001 - refuses ones (a value check): ask the meta kernel
+        expected = None
+    if expected is not None:
+        return _cast_like(out, expected)
     meta_args = []
     for a, d in zip(args, in_dims):
         if isinstance(a, torch.Tensor) and (d is not None or a.dim() > 0):
@@ -93,6 +131,10 @@ def _logical_dtype(func, args, in_dims, kwargs, out):
         expected = func(*meta_args, **kwargs)
     except Exception:  # noqa: BLE001 - meta kernel missing: keep the physical dtype
         return out
+    return _cast_like(out, expected)
+
+
+def _cast_like(out, expected):
     if isinstance(out, torch.Tensor):
         return out if out.dtype == expected.dtype else out.to(expected.dtype)
     return type(out)(o if o.dtype == e.dtype else o.to(e.dtype) for o, e in zip(out, expected))
@@ -204,7 +246,7 @@ def prims_elementwise_rule(func: Any):
     def rule(info, in_dims, *args, **kwargs):
         rank = max((a.dim() - (d is not None) for a, d in zip(args, in_dims) if isinstance(a, torch.Tensor)), default=0)
         new = [pad_batched(a, rank) if d is not None else a for a, d in zip(args, in_dims)]
-        shape = torch.broadcast_shapes(*[a.shape for a in new if isinstance(a, torch.Tensor)])
+        shape = broadcast_shapes(*[a.shape for a in new if isinstance(a, torch.Tensor)])
         new = [a.expand(shape) if isinstance(a, torch.Tensor) and a.shape != shape else a for a in new]
         return func(*new, **kwargs), 0
 

@@ -11,7 +11,7 @@ import math
 
 import torch
 
-from engine.rules._helpers import lrank, materialize, pad_batched
+from engine.rules._helpers import broadcast_shapes, lrank, materialize, pad_batched
 from engine.rules.dynamic_shape import common_count
 from engine.rules._table import RULES
 
@@ -50,14 +50,14 @@ def masked_select_rule(info, in_dims, x, mask):
     if in_dims[1] is not None:
         # Per-example masks: one masked_select over the whole batch keeps each example's picks
         # together, in order; it answers when every example picks the same number of elements.
-        logical = torch.broadcast_shapes(x.shape[1:], mask.shape[1:])
+        logical = broadcast_shapes(x.shape[1:], mask.shape[1:])
         x = pad_batched(x, len(logical)).expand(B, *logical)
         mask = pad_batched(mask, len(logical)).expand(B, *logical)
         picked = torch.masked_select(x, mask)
         k = common_count(mask.reshape(B, math.prod(logical)).sum(1), "masked_select with a batched mask",
                          "Use torch.where(mask, x, fill) instead.")
         return picked.reshape(B, k), 0
-    logical = torch.broadcast_shapes(x.shape[1:], mask.shape)
+    logical = broadcast_shapes(x.shape[1:], mask.shape)
     x = pad_batched(x, len(logical)).expand(B, *logical)
     return x[:, mask.expand(logical)], 0
 
