@@ -481,6 +481,9 @@ _COMPILER = _Compiler()  # inductor's jobs, through the worker process
 _XLA = _Compiler()  # XLA's jobs, compiled on its thread (XLA's compile releases the GIL)
 # Every finished job of this process, in order: what benchmarks read to put compile cost on the record.
 HISTORY: list[dict[str, Any]] = []
+# Called at each fusable signature's first replay as watch(graph, inputs, number of call arguments):
+# how tools see every graph the default path records (vmapbench fused-backends).
+REPLAY_WATCHERS: list[Callable[[torch.fx.GraphModule, list, int], None]] = []
 # Every program its trial found slower than the replay, in order (Tier.slower's message).
 DROPPED: list[str] = []
 
@@ -570,6 +573,11 @@ class Tier:
         """A replay of `seconds` ran on `inputs` (graph inputs, captured tensors last)."""
         self.replays += 1
         self.replay_seconds += seconds
+        if self.replays == 1 and REPLAY_WATCHERS:
+            entry = self._entry()
+            if entry is not None:
+                for watch in REPLAY_WATCHERS:
+                    watch(entry.gm, inputs, len(entry.tensor_pos))
         if mode == FORCE:
             self.promote(inputs, wait=True)
         # (on every replay: `pays` inline, the entry looked up only where it may hold)

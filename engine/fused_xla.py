@@ -92,6 +92,11 @@ def compile_graph(gm: torch.fx.GraphModule, inputs: list, arguments: int | None 
     with jax.enable_x64(x64):
         compiled = jax.jit(program).lower(*shapes).compile()
     call = _Call(compiled, feeds, x64, 0 if arguments is None else arguments)
+    try:  # XLA's own account of the program's memory: its temporaries and outputs
+        analysis = compiled.memory_analysis()
+        call.memory_bytes = int(analysis.temp_size_in_bytes + analysis.output_size_in_bytes)
+    except Exception:  # noqa: BLE001 - not every XLA client reports it
+        call.memory_bytes = None
     got = call(list(inputs))
     _agrees(got, expected)
     return call
@@ -179,12 +184,13 @@ class _Call:
     tier's FusedProgram has checked its layout by then). The call's own arguments, and inputs XLA
     would copy, are passed as numpy views on every call."""
 
-    __slots__ = ("compiled", "feeds", "x64", "held", "arrays", "device", "arguments")
+    __slots__ = ("compiled", "feeds", "x64", "held", "arrays", "device", "arguments", "memory_bytes")
 
     def __init__(self, compiled: Any, feeds: list, x64: bool, arguments: int) -> None:
         import jax
 
         self.compiled, self.feeds, self.x64, self.arguments = compiled, feeds, x64, arguments
+        self.memory_bytes: int | None = None
         self.held: list[Any] = [None] * len(feeds)  # (tensor, data_ptr) each array was made from; False: copied
         self.arrays: list[Any] = [None] * len(feeds)
         self.device = jax.devices("cpu")[0]

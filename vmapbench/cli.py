@@ -23,6 +23,7 @@ SUBCOMMANDS: dict[str, tuple[str, str]] = {
     "gate": ("vmapbench.gate", "regression gate between two commits; --calibrate measures its own error rates"),
     "memlimit": ("vmapbench.memlimit", "largest batch each per-sample-gradient method fits in a memory budget"),
     "time-to-n": ("vmapbench.time_to_n", "cumulative time from a fresh process to the N-th call, per method"),
+    "fused-backends": ("vmapbench.fused_backends", "the fused tier's compilers side by side on the recorded graphs"),
 }
 
 

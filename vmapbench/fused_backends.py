@@ -1,0 +1,233 @@
+"""The fused tier's compilers side by side on the graphs the default path records.
+
+    vmapbench fused-backends                      # every quick workload's graphs, XLA against the replay
+    vmapbench fused-backends mlp_hvp --backends xla,inductor   # inductor too (cold: seconds to minutes a graph)
+    vmapbench fused-backends --fn mymodels:build  # a model the registry lacks (FUNCTION('engine') -> call)
+
+Each workload runs in a fresh process (so every compile is cold: jax's import is reported apart,
+inductor gets an empty cache folder): its `engine` method is called until each signature has
+replayed, and every graph the tier would compile (engine.fused.REPLAY_WATCHERS) is measured:
+compile seconds per backend, seconds per call of the replay and of each program (interleaved
+rounds, measuring.timer), the program's largest difference from the replay relative to the
+output's magnitude, and XLA's own memory figure for the program (temporaries and outputs).
+`--write` stores the rows as results/fused_backends/<machine>/<commit8>.json.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any, Callable
+
+BACKENDS = ("xla", "inductor")
+ROUNDS = 30
+
+
+def configure(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("workloads", nargs="*", metavar="WORKLOAD", help="registry workloads (default: the quick ones)")
+    parser.add_argument("--fn", metavar="MODULE:FUNCTION", help="FUNCTION('engine') returns the call to measure")
+    parser.add_argument("--backends", default="xla", help=f"comma list of {', '.join(BACKENDS)} (default xla)")
+    parser.add_argument("--rounds", type=int, default=ROUNDS, help=f"timed rounds per graph (default {ROUNDS})")
+    parser.add_argument("--threads", type=int, default=1, help="torch (and XLA) intra-op threads (default 1)")
+    parser.add_argument("--timeout", type=float, default=1800, help="seconds per workload's process (default 1800)")
+    parser.add_argument("--write", action="store_true", help="store the rows under results/fused_backends/")
+    parser.add_argument("--child", help=argparse.SUPPRESS)
+
+
+def _call_of(spec: dict[str, Any]) -> Callable[[], Any]:
+    if spec.get("fn"):
+        import importlib
+
+        module, _, name = spec["fn"].partition(":")
+        return getattr(importlib.import_module(module), name)("engine")
+    import workloads
+
+    w = workloads.get(spec["workload"])
+    state = w.setup(w.params(spec["size"]), "cpu")
+    return lambda: w.run("engine", state)
+
+
+def _child(spec: dict[str, Any]) -> list[dict[str, Any]]:
+    """One process's rows: the graphs of one workload, each measured with each backend."""
+    import torch
+
+    torch.set_num_threads(spec["threads"])
+    from engine import fused
+
+    fused.MIN_REPLAYS = 1 << 30  # the tier only watches here; the backends are called below
+    graphs: list[tuple[Any, list, int]] = []
+    fused.REPLAY_WATCHERS.append(lambda gm, inputs, n: graphs.append((gm, [t.clone() for t in inputs], n)))
+    call = _call_of(spec)
+    for _ in range(8):  # eager, watched, recorded (twice where it branches), then replays
+        call()
+    jax_import = None
+    if "xla" in spec["backends"]:
+        start = time.perf_counter()
+        from engine import fused_xla
+
+        fused_xla._import_jax()
+        jax_import = time.perf_counter() - start
+    rows = []
+    for i, (gm, inputs, arguments) in enumerate(graphs):
+        rows.append(_measure(spec, i, gm, inputs, arguments, jax_import if i == 0 else None))
+    return rows
+
+
+def _measure(spec: dict[str, Any], index: int, gm: Any, inputs: list, arguments: int,
+             jax_import: float | None) -> dict[str, Any]:
+    import torch
+
+    from measuring import timer
+
+    row: dict[str, Any] = {"workload": spec.get("workload") or spec.get("fn"), "size": spec.get("size"),
+                           "graph": index, "ops": sum(n.op == "call_function" for n in gm.graph.nodes),
+                           "inputs": len(inputs), "jax_import_s": jax_import}
+    with torch.no_grad():
+        expected = gm.forward(*inputs)
+    calls: dict[str, Callable[[], Any]] = {"replay": lambda: gm.forward(*inputs)}
+    for backend in spec["backends"]:
+        start = time.perf_counter()
+        try:
+            program = _compile(backend, gm, inputs, arguments)
+        except Exception as exc:  # noqa: BLE001 - a refusal is a result of the table
+            row[backend] = {"error": f"{type(exc).__name__}: {str(exc).splitlines()[0][:300]}",
+                            "compile_s": time.perf_counter() - start}
+            continue
+        row[backend] = {"compile_s": time.perf_counter() - start, "error": None,
+                        "memory_bytes": getattr(program, "memory_bytes", None)}
+        with torch.no_grad():
+            got = program(list(inputs))
+        row[backend]["difference"] = _difference(got, expected)
+        calls[backend] = lambda p=program: p(list(inputs))
+    with torch.no_grad():
+        samples = timer.rounds(calls, spec["rounds"], warmup_rounds=3, alternate=True)
+    row["replay_s"] = _median(samples["replay"])
+    for backend in spec["backends"]:
+        if backend in samples:
+            row[backend]["call_s"] = _median(samples[backend])
+    return row
+
+
+def _compile(backend: str, gm: Any, inputs: list, arguments: int) -> Callable[[list], Any]:
+    if backend == "xla":
+        from engine import fused_xla
+
+        return fused_xla.compile_graph(gm, inputs, arguments)
+    from engine import fused
+
+    program = fused.compile_now(gm, inputs, {})
+    return lambda args: program(args)
+
+
+def _difference(got: Any, expected: Any) -> float:
+    import torch
+
+    expected = list(expected) if isinstance(expected, (list, tuple)) else [expected]
+    worst = 0.0
+    for g, e in zip(got, expected):
+        if e.dtype.is_floating_point:
+            scale = float(e.abs().max()) if e.numel() else 0.0
+            worst = max(worst, float((g - e).abs().max()) / max(scale, 1e-30) if e.numel() else 0.0)
+        elif not torch.equal(g, e):
+            worst = float("inf")
+    return worst
+
+
+def _median(xs: list[float]) -> float:
+    from measuring import stats
+
+    return stats.estimate(xs).value
+
+
+def _specs(args: argparse.Namespace) -> list[dict[str, Any]]:
+    backends = [b.strip() for b in args.backends.split(",") if b.strip()]
+    unknown = set(backends) - set(BACKENDS)
+    if unknown:
+        raise SystemExit(f"fused-backends: unknown backends {sorted(unknown)}; choose from {', '.join(BACKENDS)}")
+    base = {"backends": backends, "rounds": args.rounds, "threads": args.threads}
+    if args.fn:
+        if args.workloads or ":" not in args.fn:
+            raise SystemExit("fused-backends: --fn MODULE:FUNCTION measures a user's model; name no workload with it")
+        return [{**base, "fn": args.fn}]
+    import workloads
+
+    from vmapbench.peer_ratios import default_size
+
+    chosen = [workloads.get(n) for n in args.workloads] if args.workloads else [
+        w for w in workloads.all_workloads() if "engine" in w.quick_methods and w.quick]
+    missing = [w.name for w in chosen if "engine" not in w.methods]
+    if missing:
+        raise SystemExit(f"fused-backends: {', '.join(missing)} have no `engine` method")
+    return [{**base, "workload": w.name, "size": default_size(w)} for w in chosen]
+
+
+def _run_child(spec: dict[str, Any], timeout: float) -> list[dict[str, Any]]:
+    env = {**os.environ, "OMP_NUM_THREADS": str(spec["threads"]), "VMAPBENCH_FUSED": "1"}
+    with tempfile.TemporaryDirectory(prefix="vmapbench-inductor-") as cache:
+        env["TORCHINDUCTOR_CACHE_DIR"] = cache  # cold: no program or kernel of an earlier run
+        proc = subprocess.run([sys.executable, "-m", "vmapbench.fused_backends", "--child", json.dumps(spec)],
+                              env=env, capture_output=True, text=True, timeout=timeout)
+    if proc.returncode != 0:
+        tail = proc.stderr.strip().splitlines()[-1:] or ["no output"]
+        return [{"workload": spec.get("workload") or spec.get("fn"), "size": spec.get("size"), "graph": None,
+                 "error": f"the measuring process exited {proc.returncode}: {tail[0]}"}]
+    return json.loads(proc.stdout.strip().splitlines()[-1])
+
+
+def table(rows: list[dict[str, Any]], backends: list[str]) -> str:
+    """The rows as a markdown table: per graph, each backend's compile seconds, its call against
+    the replay's, and its difference."""
+    head = ["workload", "graph", "ops", "inputs", "replay µs"]
+    for b in backends:
+        head += [f"{b} compile s", f"{b} / replay", f"{b} difference"]
+    lines = ["| " + " | ".join(head) + " |", "|" + " --- |" * len(head)]
+    for r in rows:
+        if r.get("graph") is None:
+            lines.append(f"| {r['workload']} | - | - | - | {r.get('error')} |" + " |" * (len(head) - 5))
+            continue
+        cells = [str(r["workload"]), str(r["graph"]), str(r["ops"]), str(r["inputs"]), f"{r['replay_s'] * 1e6:.1f}"]
+        for b in backends:
+            got = r.get(b) or {}
+            if got.get("error"):
+                cells += [f"{got['compile_s']:.2f}", "refused", got["error"][:60].replace("|", "/")]
+            else:
+                cells += [f"{got['compile_s']:.2f}", f"{got['call_s'] / r['replay_s']:.2f}", f"{got['difference']:.1e}"]
+        lines.append("| " + " | ".join(cells) + " |")
+    return "\n".join(lines)
+
+
+def main(args: argparse.Namespace) -> int:
+    if args.child:
+        print(json.dumps(_child(json.loads(args.child))))
+        return 0
+    specs = _specs(args)
+    rows: list[dict[str, Any]] = []
+    for i, spec in enumerate(specs, 1):
+        print(f"[{i}/{len(specs)}] {spec.get('workload') or spec.get('fn')}", file=sys.stderr, flush=True)
+        rows += _run_child(spec, args.timeout)
+    backends = specs[0]["backends"] if specs else []
+    print(table(rows, backends))
+    if args.write:
+        from vmapbench.bench import git, machine_name, repo_root, results_dir
+
+        root = repo_root()
+        commit = git(root, "rev-parse", "HEAD")
+        path = results_dir(root) / "fused_backends" / machine_name() / f"{commit[:8]}.json"
+        path.parent.mkdir(parents=True, exist_ok=True)
+        import torch
+
+        path.write_text(json.dumps({"machine": machine_name(), "commit": commit, "torch": torch.__version__,
+                                    "threads": args.threads, "backends": backends, "rows": rows}, indent=1) + "\n")
+        print(f"wrote {path}", file=sys.stderr)
+    return 0 if all(r.get("graph") is not None for r in rows) else 2
+
+
+if __name__ == "__main__":
+    parser = argparse.ArgumentParser(prog="python -m vmapbench.fused_backends")
+    configure(parser)
+    sys.exit(main(parser.parse_args()))
