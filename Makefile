@@ -12,7 +12,7 @@ BACKPACK := backpack-for-pytorch==1.7.1
 export OMP_NUM_THREADS ?= 2
 export TORCHINDUCTOR_CACHE_DIR ?= $(CURDIR)/.inductor-cache
 
-.PHONY: bench peers test dashboard docs profile continuous gate-calibrate coverage list clean venv
+.PHONY: bench bench-full headlines peers test dashboard docs profile continuous gate-calibrate coverage list clean venv
 
 # (Re)install only when the project metadata changed: a second run does not touch torch.
 define venv_base
@@ -47,6 +47,16 @@ endif
 bench: $(if $(filter 1,$(PEERS)),$(PEERS_STAMP),$(STAMP))
 	$(PY) -m vmapbench.bench $(if $(BENCH_STARTED),--started-at $(BENCH_STARTED))
 
+# Every size, cpu and cuda (the cuda cases skip without a GPU), the cold compiles included.
+bench-full: $(if $(filter 1,$(PEERS)),$(PEERS_STAMP),$(STAMP))
+	$(PY) -m vmapbench.bench --profile full
+
+# make headlines [HEADLINE_ARGS="--only time_to_n"]: the README's headline runs (time to N, peer
+# ratios) measured again at HEAD into results/, the tables pointed at the new files and rendered.
+# Commit engine/ first: the files are named after HEAD. Commit the results and pages it changed.
+headlines: $(PEERS_STAMP)
+	$(PY) -m vmapbench.headlines $(HEADLINE_ARGS)
+
 test: $(PEERS_STAMP)
 	$(PY) -m pytest $(PYTEST_ARGS)
 
@@ -54,7 +64,8 @@ dashboard: $(STAMP)
 	$(PY) -m vmapbench dashboard
 
 # The documentation site, offline, into site/: the results tables are rendered from results/ first
-# (commit what changed), then MkDocs builds in strict mode (a broken link or an orphan page fails).
+# (commit what changed; `python -m vmapbench.docs_tables --check` only names the stale ones), then
+# MkDocs builds in strict mode (a broken link or an orphan page fails).
 docs: $(STAMP)
 	$(PY) -m vmapbench.docs_tables
 	$(PY) -m mkdocs build --strict

@@ -15,7 +15,6 @@ import pytest
 from vmapbench import time_to_n as ttn
 
 REPO = Path(__file__).resolve().parents[1]
-DOCS = REPO / "docs" / "results" / "time-to-n.md"
 
 FACTORY = '''
 import time
@@ -183,20 +182,6 @@ def test_ours_over_jax_reads_the_cold_default_path() -> None:
     assert ttn.ours_over_jax([jax, warm, cold], 1) == pytest.approx(2.0)
     assert ttn.ours_over_jax([jax, warm, cold], 30) == pytest.approx(3.0)
     assert ttn.ours_over_jax([jax, cold], 300) is None
-
-
-def test_docs_table_is_generated_from_the_committed_results() -> None:
-    files = ttn.newest(REPO / "results")
-    assert files, "no results/time_to_n/<machine>/*.json committed"
-    text = DOCS.read_text(encoding="utf-8")
-    block = text.split(ttn.TABLE_BEGIN, 1)[1].split(ttn.TABLE_END, 1)[0].strip()
-    shown = [f for f in files if f"`{f.relative_to(REPO)}`" in block]
-    assert shown, f"{DOCS} shows none of {files}: run vmapbench time-to-n --docs {DOCS.relative_to(REPO)}"
-    doc, curves = ttn.load(shown[0])
-    assert block == ttn.generated_block(doc, curves, shown[0]).strip(), "regenerate with --docs"
-    import workloads
-
-    assert {c.workload for c in curves} == {w.name for w in workloads.all_workloads()}
 
 
 def test_suite_selects_the_profile_points_by_family() -> None:

@@ -4,8 +4,11 @@
     python -m vmapbench.docs_tables --check   # exit 1 naming each stale table (tests/test_docs.py)
 
 A table sits between `<!-- table: KIND SOURCE -->` and `<!-- /table -->`; SOURCE is a results
-file relative to the repository root, so the page says which run it shows. KINDS lists the
-renderers. Text around a table is prose and is never touched.
+file relative to the repository root. KINDS lists the renderers. A headline kind opens its block
+with the machine, commit and date of the run and one sentence saying what its figures mean, so
+the rendered page says which run it shows. Text around a table is prose and is never touched.
+This is the only generator of docs tables; `python -m vmapbench.headlines` measures the headline
+results anew and calls it.
 """
 from __future__ import annotations
 
@@ -46,6 +49,24 @@ def peers_compile(source: Path) -> str:
     return compile_markdown(_peer_rows(source))
 
 
+def _date(doc: dict[str, Any]) -> str:
+    written = str(doc.get("written_at") or "")
+    return written[:10] if written else "an unrecorded date"
+
+
+def measured_at(doc: dict[str, Any], source: Path, root: Path = ROOT) -> str:
+    """The visible line above a headline table: machine, commit, date and the results file."""
+    try:
+        shown = source.resolve().relative_to(root.resolve())
+    except ValueError:
+        shown = source
+    cpu = f" ({doc['cpu']}, {doc['cores']} cores)" if doc.get("cpu") and doc.get("cores") else ""
+    threads = doc.get("threads")
+    return (f"Measured on `{doc['machine']}`{cpu} at commit `{str(doc['commit'])[:8]}` on {_date(doc)}"
+            + (f", {threads} thread{'s' if threads != 1 else ''}" if threads else "")
+            + f", torch {doc['torch']}; from `{shown}`.")
+
+
 def _geomean(values: list[float]) -> float:
     values = [v for v in values if not math.isnan(v)]
     return math.exp(statistics.fmean(math.log(v) for v in values)) if values else math.nan
@@ -70,41 +91,95 @@ def peers_headline(source: Path) -> str:
         cells.append(_geomean([r.ratio(r.ours, r.best_peer) for r in group]))
         return f"| {name} | {len(group)} | " + " | ".join("-" if math.isnan(c) else f"{c:.2f}" for c in cells) + " |"
 
-    lines = ["| family | workloads | ours / torch.func | ours / jax.jit | ours / best peer |",
+    doc = json.loads(source.read_text())
+    lines = [measured_at(doc, source), "",
+             "Each cell: the geometric mean over a family's workloads of ours' settled time per call "
+             "divided by the other method's, timed in the same rounds; below 1 means ours is faster.", "",
+             "| family | workloads | ours / torch.func | ours / jax.jit | ours / best peer |",
              "| --- | --- | --- | --- | --- |"]
     lines += [line(f, g) for f, g in sorted(by_family.items())]
     lines.append(line("**all**", rows))
     return "\n".join(lines)
 
 
-def time_to_n_headline(source: Path) -> str:
-    """Per workload family: geometric means of the default path's (cold cache) time to N over
-    jax.jit's, counted from the first call, at each N of a stored time-to-N run; a workload counts
-    at an N where both curves reached it (how many: the cell's second figure)."""
-    from vmapbench import time_to_n
+def _families(groups: dict[tuple[str, str], list[Any]]) -> dict[str, list[list[Any]]]:
     from workloads.base import get
 
-    doc, curves = time_to_n.load(source)
-    ns = doc["ns"]
     by_family: dict[str, list[list[Any]]] = defaultdict(list)
-    for (workload, _), group in time_to_n.by_workload(curves).items():
+    for (workload, _), group in groups.items():
         try:
             family = get(workload).family
         except KeyError:
             family = "(no longer in the registry)"
         by_family[family].append(group)
+    return by_family
 
-    def line(name: str, groups: list[list[Any]]) -> str:
-        cells = []
-        for n in ns:
-            ratios = [r for r in (time_to_n.ours_over_jax(g, n) for g in groups) if r is not None]
-            cells.append(f"{_geomean(ratios):.2f} ({len(ratios)})" if ratios else "-")
+
+def _ratio_cell(ratios: list[float | None]) -> str:
+    got = [r for r in ratios if r is not None]
+    return f"{_geomean(got):.2f} ({len(got)})" if got else "-"
+
+
+def time_to_n(source: Path) -> str:
+    """A stored time-to-N run in full: how it was measured, then time_to_n.markdown's tables."""
+    from vmapbench import time_to_n as ttn
+
+    doc, curves = ttn.load(source)
+    return f"{ttn.header(doc)} From `{source.relative_to(ROOT) if source.is_relative_to(ROOT) else source}`." \
+        f"\n\n{ttn.markdown(doc, curves)}"
+
+
+def time_to_n_headline(source: Path) -> str:
+    """Per workload family: geometric means of the default path's (cold cache) time to N over
+    jax.jit's, counted from the first call, at each N of a stored time-to-N run. Only workloads
+    with a default-path curve count (the compiled family's explicit compiles are
+    time_to_n_compiled's); a workload counts at an N where both curves reached it (how many: the
+    cell's second figure)."""
+    from vmapbench import time_to_n as ttn
+
+    doc, curves = ttn.load(source)
+    ns = doc["ns"]
+    groups = {k: g for k, g in ttn.by_workload(curves).items() if any(c.method == ttn.DEFAULT_PATH for c in g)}
+    by_family = _families(groups)
+
+    def line(name: str, family: list[list[Any]]) -> str:
+        cells = [_ratio_cell([ttn.over_jax(g, n, ttn.DEFAULT_PATH) for g in family]) for n in ns]
         return f"| {name} | " + " | ".join(cells) + " |"
 
-    lines = ["| family | " + " | ".join(f"N={n}" for n in ns) + " |",
+    lines = [measured_at(doc, source), "",
+             "Each cell: the geometric mean over a family's workloads of the default path's time from "
+             "its first call to its N-th (fresh process, cold inductor cache) divided by jax.jit's; below 1 "
+             "means the default path had spent less time than jax.jit by the N-th call. In brackets: how "
+             "many workloads reached N on both.", "",
+             "| family | " + " | ".join(f"N={n}" for n in ns) + " |",
              "| --- | " + " | ".join("---" for _ in ns) + " |"]
     lines += [line(f, g) for f, g in sorted(by_family.items())]
-    lines.append(line("**all**", [g for groups in by_family.values() for g in groups]))
+    lines.append(line("**all**", list(groups.values())))
+    return "\n".join(lines)
+
+
+def time_to_n_compiled(source: Path) -> str:
+    """The explicit compiles of a stored time-to-N run (every curve that is neither the default
+    path, torch.func nor jax.jit: engine.compile, torch.compile, any compiler a later run records),
+    each over jax.jit: one column per compile, one row per N, geometric means over the workloads
+    that have it."""
+    from vmapbench import time_to_n as ttn
+
+    doc, curves = ttn.load(source)
+    groups = [g for g in ttn.by_workload(curves).values() if ttn.explicit_curves(g)]
+    columns = ttn.explicit_curves(c for g in groups for c in g)
+    names = sorted({c.workload for g in groups for c in g})
+    lines = [measured_at(doc, source), "",
+             f"Explicit compiles against jax.jit (itself a compile) on {len(names)} workloads "
+             f"({', '.join(names)}). Each cell: the geometric mean over those workloads of one compile's "
+             "time from its first call to its N-th (fresh process) divided by jax.jit's; below 1 means that "
+             "compile had spent less time than jax.jit by the N-th call. In brackets: how many workloads "
+             "reached N on both.", "",
+             "| N | " + " | ".join(f"{ttn.curve_label(m, c)} / jax.jit" for m, c in columns) + " |",
+             "| --- |" + " --- |" * len(columns)]
+    for n in doc["ns"]:
+        cells = [_ratio_cell([ttn.over_jax(g, n, m, c) for g in groups]) for m, c in columns]
+        lines.append(f"| {n} | " + " | ".join(cells) + " |")
     return "\n".join(lines)
 
 
@@ -152,7 +227,9 @@ KINDS: dict[str, Callable[[Path], str]] = {
     "peers": peers,
     "peers-compile": peers_compile,
     "peers-headline": peers_headline,
+    "time-to-n": time_to_n,
     "time-to-n-headline": time_to_n_headline,
+    "time-to-n-compiled": time_to_n_compiled,
     "noise": noise,
     "coverage": coverage,
     "memlimit": memlimit,

@@ -34,6 +34,7 @@ page faults served by the VM's host made rounds bimodal, the method timed before
 from __future__ import annotations
 
 import argparse
+import datetime
 import functools
 import json
 import math
@@ -406,13 +407,15 @@ def notes(rows: Sequence[Row]) -> list[str]:
 
 def write(rows: Sequence[Row], threads: int, device: str = "cpu") -> Path:
     """results/peer_ratios/<machine>/<commit8>.json under the repository root."""
-    from vmapbench.bench import git, machine_name, repo_root, results_dir, software_facts
+    from vmapbench.bench import cpu_model, git, machine_name, repo_root, results_dir, software_facts
 
     root = repo_root()
     machine, commit = machine_name(), git(root, "rev-parse", "HEAD")
     path = results_dir(root) / "peer_ratios" / machine / f"{commit[:8]}.json"
     path.parent.mkdir(parents=True, exist_ok=True)
-    document = {"machine": machine, "commit": commit, "torch": torch.__version__, "threads": threads, "device": device,
+    written = datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")
+    document = {"machine": machine, "cpu": cpu_model(), "cores": os.cpu_count(), "commit": commit,
+                "written_at": written, "torch": torch.__version__, "threads": threads, "device": device,
                 "software": software_facts(root),
                 "glibc_tunables": os.environ.get(malloc.VARIABLE),
                 "rows": [{**asdict(r), "seconds": r.seconds, "best_peer": r.best_peer,
