@@ -8,7 +8,8 @@ which (size, device) points are measured:
 
 - ``quick`` (what ``make bench`` and ``make continuous`` run): the registry's quick sizes, on cpu,
   with each workload's `quick_methods` (its methods less those it marks `not_in_quick`), and every
-  metric but `PROFILE_EXCLUDED_METRICS` (asv's whole-process peakmem_run);
+  metric but `PROFILE_EXCLUDED_METRICS` (asv's whole-process peakmem_run) and the points of
+  `PROFILE_EXCLUDED_POINTS` (the explicit compiles' cold compile);
 - ``full`` (nightly and GPU machines): every size, including the heavy ones, on cpu and cuda.
 
 The profile comes from ``VMAPBENCH_PROFILE`` (default ``full``, like a plain ``asv run``) and the
@@ -130,6 +131,19 @@ def profile_metrics(profile: str) -> tuple[Metric, ...]:
     return tuple(m for m in METRICS if m.name not in PROFILE_EXCLUDED_METRICS[profile])
 
 
+# Points a profile leaves out where their metric applies, as (metric, methods): the quick profile
+# does not time the cold inductor compile of an explicit-compile method, which would be the
+# largest single case of `make bench`. The full profile (`make bench-full`) and a run naming its
+# workloads (`python -m vmapbench.bench --workload W`, bench_regexes' `cold_compiles`) time it.
+PROFILE_EXCLUDED_POINTS: dict[str, tuple[tuple[str, frozenset[str]], ...]] = {
+    "quick": (("track_compile_seconds", COMPILED_METHODS),), "full": ()}
+
+
+def excluded_point(profile: str, metric: str, method: str) -> bool:
+    """Whether `profile` leaves out `metric` of `method` by PROFILE_EXCLUDED_POINTS."""
+    return any(metric == name and method in methods for name, methods in PROFILE_EXCLUDED_POINTS[profile])
+
+
 # asv ranks every benchmark "lower is better"; these are "higher is better". The gate's policy is
 # measuring.stats.HIGHER_IS_BETTER; this copy exists because the suite must import in asv's
 # environments of commits that predate measuring.stats (tests/test_stats.py checks they agree).
@@ -236,12 +250,14 @@ def bench_regexes(
     devices: Sequence[str] | None = None,
     exclude_metrics: Iterable[str] = (),
     opt_in: bool = False,
+    cold_compiles: bool = False,
 ) -> list[str]:
     """asv ``--bench`` regexes selecting exactly the cases of `profile` (optionally only some families).
 
     asv matches a parameterized benchmark as ``name(param, ...)`` with each parameter's repr, so a
     regex can pick sizes, methods and devices. `devices` defaults to the profile's devices.
-    OPT_IN_MODULES are selected only with `opt_in` (whatever the families).
+    OPT_IN_MODULES are selected only with `opt_in` (whatever the families); the points of
+    PROFILE_EXCLUDED_POINTS only with `cold_compiles`.
     """
     if profile not in PROFILES:
         raise ValueError(f"unknown profile {profile!r}; use one of {', '.join(PROFILES)}")
@@ -265,7 +281,8 @@ def bench_regexes(
             for device in devices:
                 if device not in w.devices:
                     continue
-                methods = [m for m in profile_methods(w, profile) if metric.applies(w, m, device)]
+                methods = [m for m in profile_methods(w, profile) if metric.applies(w, m, device)
+                           and (cold_compiles or not excluded_point(profile, metric.name, m))]
                 if methods:
                     regexes.append(
                         rf"^{metric.module}\.{cls}\.{metric.name}\({_alternation(sizes)}, "

@@ -97,8 +97,16 @@ def test_bench_regexes_select_exactly_the_profile(profile):
     for point, w, metric, size, method, device in _all_points():
         expected = (size in selection.profile_sizes(w, profile) and device in devices and device in w.devices
                     and method in selection.profile_methods(w, profile) and metrics[metric].applies(w, method, device)
-                    and metric not in selection.PROFILE_EXCLUDED_METRICS[profile])
+                    and metric not in selection.PROFILE_EXCLUDED_METRICS[profile]
+                    and not selection.excluded_point(profile, metric, method))
         assert any(r.search(point) for r in regexes) == expected, point
+
+
+def test_the_quick_profile_times_cold_compiles_only_when_asked():
+    point = "bench_first_call.compiled_logreg_hessian.track_compile_seconds('n=1000,d=64', 'engine_compiled', 'cpu')"
+    assert not any(re.search(r, point) for r in selection.bench_regexes("quick"))
+    assert any(re.search(r, point) for r in selection.bench_regexes("quick", cold_compiles=True))
+    assert any(re.search(r, point) for r in selection.bench_regexes("full"))
 
 
 def test_bench_regexes_shard_by_family():

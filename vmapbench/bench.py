@@ -3,6 +3,7 @@
     python -m vmapbench.bench                      # quick profile, cpu (what `make bench` runs)
     python -m vmapbench.bench --profile full       # every size, cpu and cuda (nightly, GPU boxes)
     python -m vmapbench.bench --family hessians    # one CI shard (see --list-families)
+    python -m vmapbench.bench --workload compiled_logreg_hessian  # one workload, its cold compiles included
     python -m vmapbench.bench --merge DIR [DIR..]  # merge shards' results folders into results/
     python -m vmapbench.bench --commits REV [REV..]  # past commits, each built in asv's virtualenv
 
@@ -476,7 +477,8 @@ def build_parser() -> argparse.ArgumentParser:
                    help="only this workload family (repeatable; 'suite' = the suite's own benchmarks); "
                         "see --list-families")
     p.add_argument("--workload", action="append", default=[],
-                   help="only this workload (repeatable; with --family, the workloads of both)")
+                   help="only this workload (repeatable; with --family, the workloads of both), with the cold "
+                        "compiles the quick profile leaves out")
     p.add_argument("--device", action="append", choices=("cpu", "cuda"), default=[],
                    help="devices to measure (repeatable; default: the profile's)")
     p.add_argument("--machine", default=None, help=f"machine name (default: ${MACHINE_ENV} or derived from the hardware)")
@@ -516,7 +518,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         regexes = selection.bench_regexes(args.profile, args.family or None, devices,
                                           opt_in=args.print_bench_regex)
         if args.workload:  # the named workloads, with the --family ones if any are given
-            named = only_workloads(selection.bench_regexes(args.profile, None, devices), args.workload, selection)
+            # A named workload is asked for: its cold compiles too (the quick profile leaves them out).
+            named = only_workloads(selection.bench_regexes(args.profile, None, devices, cold_compiles=True),
+                                   args.workload, selection)
             regexes = [*(regexes if args.family else []), *named]
     except ValueError as exc:
         raise SystemExit(f"bench: {exc}") from None
