@@ -361,3 +361,20 @@ def test_devices_page_compares_each_method_on_cpu_and_cuda(driver, site, shots: 
     wait_for(lambda: {t["device"] for t in driver.execute_script(DEVICE_TRACES)} == {"cuda"},
              what="only cuda bars for device=cuda")
     Select(driver.find_element("css selector", 'select[data-vb-filter="device"]')).select_by_value("")
+
+
+def test_the_committed_results_render_and_give_the_docs_screenshot(driver, tmp_path_factory, shots: Path) -> None:
+    """The dashboard of the repository's own results/ renders its overview without errors. Its
+    first screen is saved as dashboard-overview.png in the screenshots folder: the picture on
+    docs/index.md is that file (docs/img/dashboard-overview.png, see docs/guide/dashboard.md)."""
+    out = tmp_path_factory.mktemp("dashboard-of-results")
+    result = build_dashboard(Path(__file__).resolve().parents[1] / "results", out)
+    drain(driver)
+    open_page(driver, out, "index.html", result.pages["index.html"])
+    errors = [e for e in driver.get_log("browser") if e["level"] in ("SEVERE", "ERROR")]
+    assert not errors, f"console errors {errors}"
+    assert not network_problems(driver)
+    driver.set_window_size(1400, 1200)
+    driver.save_screenshot(str(shots / "dashboard-overview.png"))
+    driver.set_window_size(1400, 1000)
+    assert (shots / "dashboard-overview.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
