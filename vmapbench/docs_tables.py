@@ -169,6 +169,9 @@ def time_to_n_compiled(source: Path) -> str:
     groups = [g for g in ttn.by_workload(curves).values() if ttn.explicit_curves(g)]
     columns = ttn.explicit_curves(c for g in groups for c in g)
     names = sorted({c.workload for g in groups for c in g})
+    if not columns:
+        return measured_at(doc, source) + "\n\nThis run holds no explicit compile (only the default path, " \
+            "torch.func and jax.jit)."
     lines = [measured_at(doc, source), "",
              f"Explicit compiles against jax.jit (itself a compile) on {len(names)} workloads "
              f"({', '.join(names)}). Each cell: the geometric mean over those workloads of one compile's "
