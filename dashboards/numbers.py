@@ -47,8 +47,8 @@ def estimate_columns(rows: pd.DataFrame) -> pd.DataFrame:
     a = rows["ci_99_a"].to_numpy(dtype=float) if "ci_99_a" in rows else np.full(len(rows), np.nan)
     b = rows["ci_99_b"].to_numpy(dtype=float) if "ci_99_b" in rows else np.full(len(rows), np.nan)
     has_ci = np.isfinite(a) & np.isfinite(b)
-    # asv's interval can reach below zero for a noisy time (seen: 12 ms [-578 µs, 25.5 ms]); no
-    # time, size or ratio is negative, so such a bound reads as "down to 0".
+    # asv's interval can reach below zero for a noisy time; no time, size or ratio is negative,
+    # so such a bound reads as "down to 0".
     a = np.where(has_ci & (a < 0) & (value >= 0), 0.0, a)
     lo = np.where(has_ci, np.minimum(a, value), value)
     hi = np.where(has_ci, np.maximum(b, value), value)

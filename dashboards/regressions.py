@@ -5,7 +5,7 @@ constant function by `asv.step_detect.detect_steps` (a penalized L1 fit, the one
 uses), and `detect_regressions` reports upward steps larger than the benchmark's noise floor
 (`measuring.stats.noise_floor`: the gate's calibration or policy, the one threshold every page
 uses) relative to the best later level. A regression is reported at the first commit of the
-slower level. The fit is pure Python (about 3 ms per 60-commit series), so the search covers the
+slower level. The fit is pure Python and linear in a series' length, so the search covers the
 engine's methods over each run's newest HISTORY_COMMITS commits. The one-commit comparison of the
 overview's box and of Compare is `commit_changes`: head/base with its interval, judged by
 `measuring.stats.verdict`.

@@ -93,8 +93,8 @@ def format_value(value: Any, unit: str | None) -> str:
     v = float(value)
     scales = _SCALES.get(unit or "")
     if scales:
-        # The largest unit in which the rounded reading is >= 1: 0.9996 ms reads '1 ms', not
-        # '1e+03 µs', and 2**30 bytes '1 GiB', not '1.02e+03 MiB' (rounding v itself to 3 digits
+        # The largest unit in which the rounded reading is >= 1: `0.9996e-3` seconds shows as
+        # '1 ms', not '1e+03 µs', and 2**30 bytes '1 GiB', not '1.02e+03 MiB' (rounding v itself to 3 digits
         # would drop it below 2**30).
         for scale, suffix in scales:
             reading = float(f"{v / scale:.3g}")

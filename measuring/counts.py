@@ -12,7 +12,7 @@ to collect around one call, and to dump the count of that call to its own file, 
 
 - `available()`: None when counts can be taken, else the reason (no valgrind, no C compiler, no
   callgrind.h): the gate then skips the count signals and says why; it never fails for it.
-- `build_requests(folder)`: the client-request library (compiled once per gate run, ~0.2 s).
+- `build_requests(folder)`: the client-request library (compiled once per gate run).
 - `command(out_dir)`: the valgrind prefix of a counting process.
 - `Requests`: the ctypes face of the library inside that process (`region(label)`).
 - `read_dumps(out_dir)`: label -> instructions (callgrind's `totals:` line of each dump).

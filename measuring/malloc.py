@@ -2,9 +2,9 @@
 
 On these VMs (free memory goes back to the host) every fresh page is a fault the host serves. With
 glibc's defaults, blocks above a sliding threshold are mmapped and unmapped call by call and the
-heap's top is trimmed back to the system, so which call paid for which pages decided its time: the
-gate's A/A pairs moved by 2-4x, and peer_ratios' nn_lstm rounds were bimodal (replay 4.8 or 10.5 ms
-a call, torch.func 10.7 or 18.4 ms, alternating with the method timed before). These settings make
+heap's top is trimmed back to the system, so which call paid for which pages decided its time: a
+method's rounds split into a fast and a slow mode by which method ran before it, and an A/A
+comparison moved as much as a regression would (docs/lab/2026-11-27-gate-calibration.md). These settings make
 malloc keep what it was given: a fixed 32 MiB mmap threshold, no trim, a 64 MiB top pad. Every
 method of a process gets them alike; they are read at process start, so a process sets them for a
 child (`in_env`) or runs itself again with them (`reexec_with_tunables`).

@@ -135,7 +135,7 @@ def rounds(
 
 def single_calls(calls: Mapping[K, Callable[[], Any]], **options: Any) -> dict[K, float]:
     """Seconds of one call of each callable, in order (one round of `rounds` with `options`; at
-    least 0.1 us, so that batch sizes derived from it stay finite): what `batch_for` sizes from."""
+    least `1e-7` seconds, so that batch sizes derived from it stay finite): what `batch_for` sizes from."""
     return {key: max(seconds[0], 1e-7) for key, seconds in rounds(calls, 1, **options).items()}
 
 

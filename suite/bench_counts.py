@@ -11,7 +11,7 @@ vmapbench.asv_verdict) can trust across processes, as `make continuous` does.
   vmapbench.gate_probe.COUNT_METHODS), read from the installed commit.
 
 Skipped (asv: n/a) without valgrind, cc or callgrind.h, or at a commit without the gate's count
-code. Not in `make bench`'s selection (selection.OPT_IN_MODULES): ~20-60 s of valgrind a point.
+code. Not in `make bench`'s selection (selection.OPT_IN_MODULES): each point runs under valgrind.
 """
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""Build speed of the offline dashboard over 1000 ASV result files (target: at most 5 s).
+"""Build speed of the offline dashboard over 1000 ASV result files (the aim: seconds, not minutes).
 
 setup_cache writes 1000 synthetic result files (dashboards.synthetic: 2 machines x 500 commits of
 a dozen workloads, about the real suite's shape: ~100 benchmarks and ~3000 values per file, one

@@ -38,7 +38,7 @@ class _FirstCall:
 
     workload: Workload
     version = selection.SUITE_VERSION
-    timeout = 600.0  # a cold torch.compile takes ~30 s on 2 cores, several minutes for big graphs
+    timeout = 600.0  # a cold torch.compile of a big graph on a small machine takes minutes
     rounds = 1
 
     def setup(self, size: str, method: str, device: str) -> None:

@@ -13,8 +13,9 @@ folder (a plain `asv run`) each metric measures it again.
 
 The quick profile keeps this cheap: the first workload with a quick size of the Bayesian and of the
 Hessian family (where the default path is furthest behind jax.jit), the jax.jit, torch.func and
-cold default-path curves, N up to 300 and 5 s of calls per curve. The full profile measures every
-workload and curve to N = 3000 with 20 s of calls per curve. `profile_regexes` (which
+cold default-path curves, N up to 300 and `PROFILE_MAX_SECONDS["quick"]` seconds of calls per
+curve. The full profile measures every workload and curve to N = 3000 with
+`PROFILE_MAX_SECONDS["full"]`. `profile_regexes` (which
 selection.bench_regexes calls) selects exactly those points, by family, so asv starts no process
 for the others.
 """
@@ -121,7 +122,7 @@ class TimeToN:
     params = [[w.name for w in all_workloads()], list(CURVES), list(selection.ALL_DEVICES)]
     param_names = ["workload", "curve", "device"]
     version = selection.SUITE_VERSION
-    timeout = 900.0  # a cold torch.compile or engine.compile on 2 cores takes 30-60 s, plus the calls
+    timeout = 900.0  # a cold torch.compile or engine.compile, then the calls, on a small machine
     number = 1
     repeat = 1
     rounds = 1

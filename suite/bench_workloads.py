@@ -83,7 +83,7 @@ class _SteadyState:
 
     workload: Workload
     version = selection.SUITE_VERSION
-    timeout = 300.0  # a pass makes every method's first call; *_compiled ones compile (~30 s cold on 2 cores)
+    timeout = 300.0  # a pass makes every method's first call; *_compiled ones compile cold
     if QUICK:
         warmup_time, repeat, rounds = 0.05, (3, 8, 0.6), 1
     else:

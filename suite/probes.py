@@ -241,7 +241,7 @@ def fresh_inductor_cache() -> Iterator[str]:
 
     The block measures a cold compile; merging its artifacts afterwards means the run's other
     processes (the case's pass, which calls the same compiled method) find them on disk instead
-    of compiling cold a second time (26 s of `make bench` for compiled_logreg_hessian alone).
+    of compiling cold a second time.
     """
     previous = os.environ.get("TORCHINDUCTOR_CACHE_DIR")
     folder = tempfile.mkdtemp(prefix="vmapbench-inductor-")

@@ -122,7 +122,7 @@ METRICS: tuple[Metric, ...] = (
 # Metrics a profile leaves out. The quick profile keeps the per-call memory (track_alloc_peak_bytes,
 # the dashboard's CPU memory metric, and the process-level RSS growth) and leaves out asv's whole-process
 # peakmem_run, which counts the torch import in every case (the dashboard falls back to it only
-# where no per-call figure exists) and cost ~50 s of make bench's 10 minutes; `full` runs both.
+# where no per-call figure exists) and costs a benchmark process per point; `full` runs both.
 PROFILE_EXCLUDED_METRICS: dict[str, frozenset[str]] = {"quick": frozenset({"peakmem_run"}), "full": frozenset()}
 
 

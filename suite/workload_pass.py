@@ -1,9 +1,9 @@
 """One measuring pass per workload case for the figures that need no process of their own.
 
 asv runs every point of every benchmark in a process of its own, and each of those processes
-built the case and made the method's first call again (traces, compiles): in `make bench` the
-in-process figures (ratios to torch.func, speedups over the loop, RSS growth, engine fallbacks)
-cost ~210 s of asv's ~380, mostly in that setup. Here one process builds a case (workload, size,
+built the case and made the method's first call again (traces, compiles), which was most of
+what the in-process figures (ratios to torch.func, speedups over the loop, RSS growth, engine
+fallbacks) cost. Here one process builds a case (workload, size,
 device) once, makes each method's first call (counting the engine's fallbacks during it and one
 steady call), measures each method's memory over one call (torch's allocator peak, XLA's analysis
 for jax, RSS growth), and then times all the methods interleaved, round by round (probes.interleaved_samples). A ratio then comes with one figure per
@@ -35,8 +35,8 @@ from . import probes, selection
 PASS_DIR_ENV = "VMAPBENCH_PASS_DIR"
 """The folder where the passes of one run are kept (set by vmapbench/bench.py for its run)."""
 
-# Interleaved timing of all of a case's methods. The quick profile (`make bench`) gives each case
-# ~2 s (17 cases); the full one and `python -m vmapbench.peer_ratios` measure for longer.
+# Interleaved timing of all of a case's methods: the quick profile (`make bench`) gives each case a
+# short budget; the full one and `python -m vmapbench.peer_ratios` measure for longer.
 QUICK_TIMING = {"rounds": 7, "budget_s": 2.0}
 FULL_TIMING = {"rounds": 15, "budget_s": 20.0}
 

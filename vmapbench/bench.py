@@ -203,11 +203,11 @@ def launch_args(env: Mapping[str, str] | None = None) -> list[str]:
 
     The fork server imports the suite once and forks a process per benchmark point. A child cannot
     use CUDA once its parent touched it, and `torch.cuda.is_available()` does (cudaGetDeviceCount;
-    the engine's warm-up calls it): on the first GPU run every CUDA point failed in setup with
-    "Cannot re-initialize CUDA in forked subprocess". With PYTORCH_NVML_BASED_CUDA_CHECK=1
+    the engine's warm-up calls it), so every CUDA point would fail in setup with "Cannot
+    re-initialize CUDA in forked subprocess". With PYTORCH_NVML_BASED_CUDA_CHECK=1
     (bench_env sets it for CUDA runs) that check asks NVML and leaves CUDA alone. Spawning a fresh
-    process per point also works, but pays the imports ~680 times for the quick profile on CUDA
-    (14 s each on a loaded 2-core box): far past the GPU command's 10 minutes."""
+    process per point also works, but pays the suite's imports once per benchmark point instead
+    of once per run, which does not fit the GPU command's time limit."""
     method = (env if env is not None else os.environ).get(LAUNCH_ENV, "").strip()
     if method and method not in ("spawn", "forkserver"):
         raise SystemExit(f"bench: {LAUNCH_ENV}={method!r}: use spawn or forkserver")

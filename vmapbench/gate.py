@@ -65,15 +65,14 @@ COUNTED_WORKLOADS: tuple[str, ...] = (
     "logreg_per_example_grads", "psg_mlp", "rosenbrock_hessian", "quadratic_hessian", "mlp_hvp", "mlp_jacobian",
     "mlp_jvp", "nn_ffnn", "nn_logreg", "nn_embedding", "bayes_laplace_hessian", "tutorial_maml",
 )
-# CPU seconds of one workload's timed rounds in a time process at most (its set-up and first calls
-# come on top: 2.4 CPU s a workload on average, 76 s for the 32, measured under a load of 20 on 2
-# cores; mostly the traces of engine and engine_traced).
+# CPU seconds of one workload's timed rounds in a time process at most. Its set-up and first calls
+# (mostly the traces of engine and engine_traced) come on top and cost more than the rounds, so
+# the budget is small: the whole gate must fit a CI job.
 PROBE_BUDGET_S = 0.6
 # The sides of a comparison, in the order the time process loads them: base, head, and head again
-# from a second folder. In one process a side can run one method 10-25% slower than the others for
-# a whole workload (a few signals a run, any side; seen on the eager and traced calls of mlp_hvp,
-# mlp_loss_hessian, logreg_hessian, nn_transformer): head alone slowed so gave false alarms on an
-# unseen machine (idle A/A runs with base's twin as the evidence; docs/lab/2026-11-27-gate-calibration.md). A time
+# from a second folder. In one process a side can run one method slower than the others for a
+# whole workload (a few signals a run, any side), so head alone slowed would be a false alarm on
+# a machine without a calibration (docs/lab/2026-11-27-gate-calibration.md). A time
 # signal is "slower" only where both copies of head are (`compare`): one copy's slowness is no
 # regression, and the copies' spread is the evidence that sets the floors of a machine without a
 # calibration file. (base slowed so makes head look faster: no failure.)

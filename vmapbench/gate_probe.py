@@ -82,7 +82,7 @@ MIN_ROUNDS = 6  # even: rounds are read in pairs (forward order, then reverse; s
 MAX_ROUNDS = 24
 TARGET_HALFWIDTH = 0.02
 MIN_BATCH_S = 0.004
-UNIT_S = 0.0002  # a timed unit's least length: two clock reads (0.6 us each for CPU time) cost < 1%
+UNIT_S = 0.0002  # a timed unit's least length: long enough that its two clock reads are under 1% of it
 # The per-op chain's input: overhead-bound small tensors, where a dispatch-path regression shows most.
 OVERHEAD_SIZE = "small"
 
@@ -176,7 +176,7 @@ def paired_samples(sides: Mapping[str, Mapping[str, Callable[[], Any]]], referen
     The garbage collector runs between batches, never inside one (as timeit does it): what is
     alive when the timing starts is frozen out of its walks (`gc.freeze`), and each batch runs
     with it off and is followed by an untimed collection. A full collection of a process holding
-    torch and three commits' modules took tens of milliseconds and fell into whichever 4 ms
+    torch and three commits' modules can take longer than a batch, and fell into whichever
     batch allocated past its threshold: one side's median moved by a collection, not by its code.
     After a side is activated, its methods in `rewarm` are called REWARM_CALLS times untimed before
     their batch (automatic tracing re-proves its guard and rebuilds its checks once another side's
@@ -447,7 +447,7 @@ def shared_references(sides: Sides, calls: Mapping[str, Mapping[str, Callable[[]
     side). Their time differs between sides by noise alone, so a ratio signal divides every side's
     method by the first side's reference round by round, and its change head/base is the method's
     own: the reference's noise, most of what a ratio's change moved by (its calls are the slow
-    ones: 1-145 ms at the quick sizes), cancels exactly, and the rounds it took go to the engine's
+    ones at the quick sizes), cancels exactly, and the rounds it took go to the engine's
     methods."""
     labels = list(calls)
     if len(labels) < 2 or not same_workloads or set(labels) != set(sides.trees):
@@ -607,7 +607,7 @@ def count_regions(library: str, names: list[str], sides: Sides) -> dict[str, tup
     labels: dict[str, list[str]] = {label: [] for label in sides}
     # Everything set up so far moves to the collector's permanent generation: the collection each
     # region makes first (counts.Requests.region) then walks only what the counted calls made, not
-    # torch's whole heap at callgrind's ~50x (3.3 s a region before, most of the process's time).
+    # torch's whole heap, which under callgrind's instrumentation was most of the process's time.
     gc.collect()
     gc.freeze()
     for case, per_side in cases.items():

@@ -20,7 +20,7 @@ probe per candidate batch, each in a fresh process under the budget:
 
 A probe builds the workload at that batch, calls the method once (trace/compile happen here)
 and once more, timed. Probes are forked from a server process that only imports (torch, the
-registry, jax), so each starts in milliseconds instead of the ~3 s of a fresh interpreter, and a
+registry, jax), so each starts without paying a fresh interpreter's imports, and a
 probe's memory, threads and failures end with it. A fitting probe also reports its peak memory
 (the measure of every table: torch's allocator peak of the probe's inputs and calls, the CUDA
 caching allocator's on a GPU, XLA's compiled memory analysis for jax; see

@@ -4,8 +4,8 @@ Each reuses another family's data and method builders, so it measures the same c
 its eager counterpart; the eager loop and torch_func stay in for the side-by-side ratios. `jax`
 is jax.jit of the same transform on the eager workload's jax.numpy twin: the natural peer of
 torch.compile, XLA compiling the whole batched program. The compile happens on the first call
-(`Workload.prepare`, kept apart from the timed runs) and costs about 30 s on 2 cores for
-torch.compile, hence few cases, small sizes, and only `compiled_logreg_hessian` in the quick
+(`Workload.prepare`, kept apart from the timed runs) and is the costliest first call of the
+registry, hence few cases, small sizes, and only `compiled_logreg_hessian` in the quick
 profile (its 2 compiled methods and the closed form; not its loop, torch_func and jax, which
 logreg_hessian's quick case already times).
 

@@ -104,7 +104,7 @@ psg_mlp_jax = _jax_method(mlp_loss_jax)
 # Every Opacus mode and BackPACK express the MLP, the CNN and (but BackPACK: no LayerNorm) the attention block.
 OPACUS = ("opacus_hooks", "opacus_ew", "opacus_functorch")
 # Opacus' hooks and functorch modes are timed in the full profile; the quick one keeps its best mode
-# (ew) for the conv and attention models, whose six extra benchmark processes cost ~20 s of make bench.
+# (ew) for the conv and attention models, which would otherwise add six benchmark processes to make bench.
 QUICK_LEAVES_OUT = ("opacus_hooks", "opacus_functorch")
 
 define(

@@ -35,8 +35,8 @@ from workloads.peers.jax_nn import conv2d, cross_entropy, linear
 
 FAMILY = "torch_func_tutorials"
 METHODS = ("loop", "engine", "engine_traced", "torch_func", "jax")
-# jax's import and jit compile cost ~1-2 s in each of a quick case's benchmark processes (~30 s for
-# the family); the full profile measures it, `python -m vmapbench.peer_ratios` side by side.
+# jax's import and jit compile would be paid in each of a quick case's benchmark processes; the
+# full profile measures it, `python -m vmapbench.peer_ratios` side by side.
 NOT_IN_QUICK = ("jax",)
 
 Params = dict[str, torch.Tensor]

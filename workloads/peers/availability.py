@@ -52,7 +52,7 @@ def check_available(method: str) -> None:
 
 
 def preload() -> None:
-    """Import every installed peer package now (opacus alone takes ~7 s on top of torch here), so a
+    """Import every installed peer package now (opacus' import is long even with torch loaded), so a
     benchmark process forked afterwards does not pay it; missing ones are left to their methods."""
     for method, package in PACKAGES.items():
         try:

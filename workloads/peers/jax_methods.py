@@ -11,7 +11,7 @@ its builder `inputs -> measured call`. This module imports no workload.
 The twins write `jax.nn.relu(...)`, `jnp.tanh(...)` as plain JAX code with `jax` and `jnp` imported
 from here: stand-ins (`Deferred`) that look the real modules up when the twin runs, which is only
 inside `compiled` (under jit, after `load_jax`). So importing the workload registry never imports
-jax (~1 s), and jax is always first imported by `load_jax`, which sets XLA's threads before.
+jax (its import is a large part of a process's start), and jax is always first imported by `load_jax`, which sets XLA's threads before.
 
 Equal footing with the torch methods:
 - Same data: the workload's torch tensors are converted once, when the method is built (not timed),
@@ -187,7 +187,7 @@ def _to_jax(jax: ModuleType, value: Any, x64: bool, jax_device: Any) -> Any:
 
 def _to_torch(value: Any) -> Any:
     """Jax arrays (recursively through tuples/lists/dicts) as torch tensors, zero-copy: through NumPy on
-    CPU (~15 us an array, DLPack takes ~60-130 us here), through DLPack on GPUs. The tensors share
+    CPU (cheaper than DLPack there), through DLPack on GPUs. The tensors share
     the result's fresh buffers, which nothing else holds (NumPy calls them read-only, hence the
     warning filter in `compiled`)."""
     if isinstance(value, (tuple, list)):
