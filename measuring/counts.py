@@ -1,9 +1,9 @@
 """Instruction counts of measured regions under valgrind's callgrind: the gate's deterministic signals.
 
 Why: on a shared 2-core machine the CPU time of the engine's Python (per-op dispatch, the eager
-and replay paths of a workload) moves 10-40% between two processes of one commit; the number of
-instructions the region executes does not (two calls of one region differ by < 0.3% here, see
-docs/design/gate.md). As CodSpeed does, the measuring process runs under
+and replay paths of a workload) moves between two processes of one commit by more than a change
+the gate must see; the number of instructions the region executes barely moves (the measured
+noise: docs/design/gate.md). As CodSpeed does, the measuring process runs under
 `valgrind --tool=callgrind` with instrumentation off (`--instr-atstart=no`: imports, set-up and
 first calls run at valgrind's uninstrumented speed, ~10x native instead of ~50x) and collection
 off (`--collect-atstart=no`); the process then asks callgrind through its client requests

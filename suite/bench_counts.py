@@ -1,7 +1,7 @@
 """Instructions of the engine methods' steady-state calls under valgrind's callgrind: the gate's count signals in asv.
 
-Two asv processes of one commit time a ratio 10-40% apart on a shared machine; the instructions a
-call executes move < 0.3%. So this is the figure asv's own comparison (`asv continuous`, judged by
+Two asv processes of one commit time a ratio far apart on a shared machine; the instructions a
+call executes barely move (docs/design/gate.md). So this is the figure asv's own comparison (`asv continuous`, judged by
 vmapbench.asv_verdict) can trust across processes, as `make continuous` does.
 
 - track_instructions(workload, method): a child process under valgrind (measuring.counts) builds

@@ -195,6 +195,23 @@ def noise(source: Path) -> str:
     return "\n".join(lines)
 
 
+def noise_figure(source: Path) -> str:
+    """The one noise figure the docs quote: a machine's calibrated floors in a sentence, the time
+    signals (ratios timed in one process) and the instruction counts apart."""
+    doc = json.loads(source.read_text())
+    floors = doc["floors"]
+    times = [v for k, v in floors.items() if "instructions" not in k]
+    counts = [v for k, v in floors.items() if "instructions" in k]
+    shown = source.relative_to(ROOT) if source.is_relative_to(ROOT) else source
+    text = (f"On `{doc['machine']}` the gate's calibrated noise floor (from {doc['aa_runs']} A/A runs, the "
+            f"same commit as base and head; 1.5 times the largest change they showed) is "
+            f"{statistics.median(times):.0%} for the median of its {len(times)} time signals, ratios timed "
+            f"in one process, and {max(times):.0%} for the noisiest")
+    if counts:
+        text += f"; {max(counts):.0%} for an instruction count"
+    return text + f" (`{shown}`)."
+
+
 def coverage(source: Path) -> str:
     """The OpInfo coverage report's summary: the engine against torch.func over the same cases."""
     summary = json.loads(source.read_text())["summary"]
@@ -234,6 +251,7 @@ KINDS: dict[str, Callable[[Path], str]] = {
     "time-to-n-headline": time_to_n_headline,
     "time-to-n-compiled": time_to_n_compiled,
     "noise": noise,
+    "noise-figure": noise_figure,
     "coverage": coverage,
     "memlimit": memlimit,
 }

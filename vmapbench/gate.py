@@ -3,10 +3,11 @@
     python -m vmapbench.gate BASE HEAD          # compare two commits (what `make continuous` runs)
     vmapbench gate --calibrate                  # A/A runs and planted slowdowns (PLANTS)
 
-How it measures (docs/design/gate.md): on a shared 2-core box wall-clock times of two
-processes of one commit differ by up to 40x; CPU time of the measuring process (one intra-op
-thread) and ratios of methods timed interleaved in one process move 10-40% between processes;
-instructions executed in a region under callgrind move < 0.3%. So:
+How it measures (docs/design/gate.md, which shows the measured noise): on a shared box,
+wall-clock times of two processes of one commit differ most; CPU time of the measuring process
+(one intra-op thread) and ratios of methods timed interleaved in one process move less, but more
+than a change the gate must see; instructions executed in a region under callgrind barely move.
+So:
 
 - each commit is extracted (`git archive`) into a temporary folder, head twice (`twin`: the same
   commit in a second folder: a time signal is called only where both copies agree, and their

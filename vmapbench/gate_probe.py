@@ -4,9 +4,9 @@ The gate (vmapbench/gate.py) runs this file in a fresh interpreter with every si
 (`--tree base=... --tree head=... --tree twin=...`: the commits' extracted trees, twin a second
 copy of head) loaded side by
 side (`Sides`: each side's `engine` and `workloads` are its own modules; one side is active at a
-time). Why one process: CPU times of one commit in two processes differ by 10-40% on a shared
-2-core box (load, memory layout), and that spread, not the change, set the floors when base and
-head were timed in processes of their own; timed round by round in one process, a head/base ratio
+time). Why one process: CPU times of one commit in two processes differ on a shared box (load,
+memory layout) by more than a change the gate must see, and that spread, not the change, would
+set the floors if base and head were timed in processes of their own; timed round by round in one process, a head/base ratio
 cancels what the machine does to both. The measuring code is the gate's own (this file and the
 gate checkout's suite/, loaded under the alias package `_gate_suite`), as asv measures every
 commit with the current suite: a change to the measuring code in a pull request cannot show up as
