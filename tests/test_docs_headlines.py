@@ -148,3 +148,15 @@ def test_the_per_workload_time_to_n_run_covers_the_registry() -> None:
                  if m["kind"] == "time-to-n"}
     _, curves = ttn.load(ROOT / source)
     assert {c.workload for c in curves} == {w.name for w in workloads.all_workloads()}
+
+
+def test_a_regeneration_repeats_the_settings_of_the_shown_run() -> None:
+    peers = headlines.RUNS["peer_ratios"]
+    default_path = {"threads": 1, "rows": [{"ours": "engine"}, {"ours": "engine_compiled"}]}
+    traced = {"threads": 2, "rows": [{"ours": "engine_traced"}]}
+    assert peers.argv(peers.settings(default_path), ["psg_mlp"])[-6:] == \
+        ["--threads", "1", "--ours", "default", "-w", "psg_mlp"]
+    assert peers.settings(traced) == ["--threads", "2", "--ours", "traced"]
+    ttn_run = headlines.RUNS["time_to_n"]
+    argv = ttn_run.argv(ttn_run.settings({"threads": 1, "max_seconds": 15.0, "ns": [1, 30]}), [])
+    assert argv[-9:] == ["--all", "--write", "--threads", "1", "--max-seconds", "15", "--n", "1,30"][-9:]

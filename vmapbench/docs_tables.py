@@ -36,10 +36,10 @@ def _peer_rows(source: Path) -> list[Any]:
 
 
 def peers(source: Path) -> str:
-    """peer_ratios' own Markdown table of a stored run."""
+    """peer_ratios' own Markdown table of a stored run, under the line saying where it was measured."""
     from vmapbench.peer_ratios import markdown
 
-    return markdown(_peer_rows(source))
+    return measured_at(json.loads(source.read_text()), source) + "\n\n" + markdown(_peer_rows(source))
 
 
 def peers_compile(source: Path) -> str:

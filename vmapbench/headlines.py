@@ -53,7 +53,9 @@ def _time_to_n_argv(settings: list[str], workloads: list[str]) -> list[str]:
 
 
 def _peers_settings(doc: dict[str, Any]) -> list[str]:
-    return ["--threads", str(doc.get("threads", 1))]
+    # Ours is the default path (`engine`) where the shown run measured it, else the explicit trace.
+    default_path = any(row.get("ours") == "engine" for row in doc.get("rows", []))
+    return ["--threads", str(doc.get("threads", 1)), "--ours", "default" if default_path else "traced"]
 
 
 def _peers_argv(settings: list[str], workloads: list[str]) -> list[str]:
