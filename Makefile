@@ -8,6 +8,9 @@ STAMP  := $(VENV)/.installed-stamp
 PEERS  ?= 1
 PEERS_STAMP := $(VENV)/.peers-stamp
 BACKPACK := backpack-for-pytorch==1.7.1
+# The torch that `make` installs, exactly (pyproject accepts torch>=2.13,<2.16; a looser spec here would
+# pull the newest release with several GB of CUDA wheels). .ci/torch-versions tests the newest.
+TORCH_PIN := torch==2.13.0
 # Threads are pinned for stable timings on small machines; override on the command line.
 export OMP_NUM_THREADS ?= 2
 export TORCHINDUCTOR_CACHE_DIR ?= $(CURDIR)/.inductor-cache
@@ -22,7 +25,7 @@ endef
 
 $(STAMP): pyproject.toml
 	$(venv_base)
-	$(PY) -m pip install -q --disable-pip-version-check -e '.[test]'
+	$(PY) -m pip install -q --disable-pip-version-check '$(TORCH_PIN)' -e '.[test]'
 	@touch $(STAMP)
 
 # The project and its peers in one pip run (installing `.[test]` and then the extra in a second run
@@ -30,7 +33,7 @@ $(STAMP): pyproject.toml
 # not import against the CPU torch. It stands for the base install too (both stamps are touched).
 $(PEERS_STAMP): pyproject.toml
 	$(venv_base)
-	$(PY) -m pip install -q --disable-pip-version-check -e '.[test,peers]'
+	$(PY) -m pip install -q --disable-pip-version-check '$(TORCH_PIN)' -e '.[test,peers]'
 	$(PY) -m pip install -q --disable-pip-version-check --no-deps '$(BACKPACK)'
 	@touch $(STAMP) $(PEERS_STAMP)
 
