@@ -1,4 +1,4 @@
-"""The fused tier: a replayed graph that pays for its compile becomes one inductor program.
+"""The fused tier: a replayed graph that pays for its compile becomes one compiled program.
 
 Per signature of a traced function, calls climb eager -> replay -> fused once `pays` says the
 saving expected reaches the compile's cost. The compile runs in a worker process
@@ -71,10 +71,11 @@ def _mode_from(value: str) -> str:
 
 _DEFAULT = _mode_from(os.environ.get("VMAPBENCH_FUSED", "1"))
 
-# Which compiler makes CPU programs: "auto" (XLA where jax is usable and has a rule for every op
-# of the graph, else inductor), "xla" (XLA or nothing), "inductor". CUDA programs are inductor's.
-BACKENDS = ("auto", "xla", "inductor")
-BACKEND = os.environ.get("VMAPBENCH_FUSED_BACKEND", "auto").strip().lower() or "auto"
+# Which compiler makes CPU programs: "inductor" (the default: its programs run fastest, see
+# docs/design/fused.md), "xla" (XLA or nothing), "auto" (XLA where jax is usable and has a rule for
+# every op of the graph, else inductor). CUDA programs are inductor's.
+BACKENDS = ("inductor", "xla", "auto")
+BACKEND = os.environ.get("VMAPBENCH_FUSED_BACKEND", "inductor").strip().lower() or "inductor"
 if BACKEND not in BACKENDS:
     raise ValueError(f"VMAPBENCH_FUSED_BACKEND={BACKEND!r}: expected one of {', '.join(BACKENDS)}")
 

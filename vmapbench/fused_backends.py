@@ -221,8 +221,15 @@ def main(args: argparse.Namespace) -> int:
         path.parent.mkdir(parents=True, exist_ok=True)
         import torch
 
-        path.write_text(json.dumps({"machine": machine_name(), "commit": commit, "torch": torch.__version__,
-                                    "threads": args.threads, "backends": backends, "rows": rows}, indent=1) + "\n")
+        from datetime import datetime, timezone
+
+        from measuring.machine import cpu_model
+
+        doc = {"machine": machine_name(), "cpu": cpu_model(), "cores": os.cpu_count(), "commit": commit,
+               "torch": torch.__version__, "threads": args.threads,
+               "written_at": datetime.now(timezone.utc).isoformat(timespec="seconds"),
+               "backends": backends, "rows": rows}
+        path.write_text(json.dumps(doc, indent=1) + "\n")
         print(f"wrote {path}", file=sys.stderr)
     return 0 if all(r.get("graph") is not None for r in rows) else 2
 
