@@ -243,6 +243,14 @@ def memlimit(source: Path) -> str:
     return "\n".join(lines)
 
 
+def fused_backends(source: Path) -> str:
+    """`vmapbench fused-backends`' table of a stored run, under the line saying where it was measured."""
+    from vmapbench.fused_backends import table
+
+    doc = json.loads(source.read_text())
+    return measured_at(doc, source) + "\n\n" + table(doc["rows"], doc["backends"])
+
+
 KINDS: dict[str, Callable[[Path], str]] = {
     "peers": peers,
     "peers-compile": peers_compile,
@@ -254,6 +262,7 @@ KINDS: dict[str, Callable[[Path], str]] = {
     "noise-figure": noise_figure,
     "coverage": coverage,
     "memlimit": memlimit,
+    "fused-backends": fused_backends,
 }
 
 
