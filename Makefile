@@ -28,8 +28,8 @@ $(STAMP): pyproject.toml
 	$(PY) -m pip install -q --disable-pip-version-check '$(TORCH_PIN)' -e '.[test]'
 	@touch $(STAMP)
 
-# The project and its peers in one pip run (installing `.[test]` and then the extra in a second run
-# cost ~20 s more on a fresh clone), then BackPACK with --no-deps: its torchvision requirement does
+# The project and its peers in one pip run (a second run for the extra would resolve and install
+# again), then BackPACK with --no-deps: its torchvision requirement does
 # not import against the CPU torch. It stands for the base install too (both stamps are touched).
 $(PEERS_STAMP): pyproject.toml
 	$(venv_base)
