@@ -66,30 +66,31 @@ def factory_env(tmp_path_factory: pytest.TempPathFactory) -> dict[str, str]:
     return {"PYTHONPATH": path}
 
 
-def _measure(env: dict[str, str], methods: list[tuple[str, str]], ns=(1, 2, 5, 30), max_seconds=60.0):
+def _measure(env: dict[str, str], methods: list[tuple[str, str]], ns=(1, 2, 5, 30), max_seconds=60.0,
+             min_calls: int = 1):
     return ttn.measure(None, None, methods, factory="ttn_user_model:build", ns=ns, max_seconds=max_seconds,
-                       grace_s=240.0, env=env)
+                       grace_s=240.0, env=env, min_calls=min_calls)
 
 
 def test_first_calls_name_what_each_call_imported(factory_env: dict[str, str]) -> None:
     """--first-calls K: each of the first K calls' own seconds and the modules it imported, by
     package; none recorded without it."""
     curve, = ttn.measure(None, None, [("lazy_import", "cold")], factory="ttn_user_model:build", ns=(1, 5),
-                         max_seconds=60.0, grace_s=240.0, env=factory_env, first_calls=3)
+                         max_seconds=60.0, grace_s=240.0, env=factory_env, first_calls=3, min_calls=5)
     assert curve.status == "done", curve.note
     assert [c["n"] for c in curve.first_calls] == [1, 2, 3]
     assert [c["imported"] for c in curve.first_calls] == [[], ["wave"], []]
     assert curve.first_calls[1]["modules"] >= 1 and all(c["s"] >= 0 for c in curve.first_calls)
     assert sum(c["s"] for c in curve.first_calls) <= curve.points[-1][1]
     plain, = ttn.measure(None, None, [("lazy_import", "cold")], factory="ttn_user_model:build", ns=(1, 2),
-                         max_seconds=60.0, grace_s=240.0, env=factory_env)
+                         max_seconds=60.0, grace_s=240.0, env=factory_env, min_calls=2)
     assert plain.first_calls == [] and plain.status == "done"
     assert ttn.Curve(**{k: v for k, v in ttn.asdict(curve).items() if k != "first_calls"}).first_calls == []
 
 
 @pytest.mark.slow
 def test_curves_run_in_fresh_processes_with_cold_and_warm_caches(factory_env: dict[str, str]) -> None:
-    curves = _measure(factory_env, [("torch_func", "cold"), ("engine", "cold"), ("engine", "warm")])
+    curves = _measure(factory_env, [("torch_func", "cold"), ("engine", "cold"), ("engine", "warm")], min_calls=30)
     assert [(c.method, c.cache, c.status) for c in curves] == [
         ("torch_func", "cold", "done"), ("engine", "cold", "done"), ("engine", "warm", "done")], \
         [c.note for c in curves]
@@ -124,6 +125,11 @@ def test_budget_stops_a_curve_and_failures_are_named(factory_env: dict[str, str]
     assert broken.ns == [] and broken.calls == 0
     assert not_callable.status == "failed" and "not a zero-argument callable" in not_callable.note
     assert absent.status == "skipped" and "no absent method" in absent.note
+    # --min-calls K: the budget stops no curve before K calls, on a machine of any speed.
+    (asked,) = _measure(factory_env, [("sleepy", "cold")], ns=(1, 2, 5, 30), max_seconds=0.01, min_calls=5)
+    assert asked.status == "budget" and asked.calls == 5 and asked.ns == [1, 2, 5], asked.note
+    with pytest.raises(ValueError, match="min_calls"):
+        _measure(factory_env, [("sleepy", "cold")], min_calls=0)
 
 
 @pytest.mark.slow

@@ -20,8 +20,9 @@ Curves: the default path (`engine`; `engine_compiled` where a workload has no `e
 inductor cache (a new empty TORCHINDUCTOR_CACHE_DIR) and warm (the same folder, a second process),
 torch.func, jax.jit and torch.compile (cold and warm) where the workload has them. Every process
 gets its own empty cache folder unless it is a warm curve. A curve stops at the first N whose
-calls took longer than `--max-seconds` in all (its `note` says so); the process is killed if it
-overruns the budget by the `--grace-s` allowance for start-up and one long call.
+calls took longer than `--max-seconds` in all (its `note` says so), but never before `--min-calls`
+calls; the process is killed if it overruns the budget by the `--grace-s` allowance for start-up
+and one long call.
 """
 from __future__ import annotations
 
@@ -196,17 +197,21 @@ def _kill_group(pgid: int) -> None:
 def measure(workload: str | None, size: str | None, methods: Sequence[tuple[str, str]], *,
             factory: str | None = None, ns: Sequence[int] = DEFAULT_NS, max_seconds: float = DEFAULT_MAX_SECONDS,
             threads: int = 1, device: str = "cpu", grace_s: float = DEFAULT_GRACE_S, check: bool = True,
-            progress: Any = None, env: dict[str, str | None] | None = None, first_calls: int = 0) -> list[Curve]:
+            progress: Any = None, env: dict[str, str | None] | None = None, first_calls: int = 0,
+            min_calls: int = 1) -> list[Curve]:
     """Every (method, cache) curve of one workload at `size` (or of the `factory`'s methods), one
     fresh process each (`env` added to its environment; None removes a variable). A cold curve gets a new empty cache folder;
     the warm curve of the same method runs next, on the folder its cold curve left. The folders are
-    removed afterwards. `first_calls` K: the first K calls' own seconds and imports (Curve.first_calls)."""
+    removed afterwards. `first_calls` K: the first K calls' own seconds and imports (Curve.first_calls).
+    `min_calls`: the budget stops no curve before this many calls (what a caller that needs them asks)."""
     ns = sorted(set(int(n) for n in ns))
     if not ns or ns[0] < 1:
         raise ValueError(f"N must be positive integers, got {list(ns)}")
+    if min_calls < 1:
+        raise ValueError(f"min_calls must be at least 1, got {min_calls}")
     base = {"workload": workload, "size": size, "factory": factory, "ns": ns, "record": record_grid(ns),
             "max_seconds": max_seconds, "threads": threads, "device": device, "check": check,
-            "first_calls": first_calls}
+            "first_calls": first_calls, "min_calls": min_calls}
     folders: dict[str, str] = {}
     curves = []
     try:
@@ -408,6 +413,9 @@ def configure(parser: argparse.ArgumentParser) -> None:
                         help=f"comma list of N (default {','.join(map(str, DEFAULT_NS))})")
     parser.add_argument("--max-seconds", type=float, default=DEFAULT_MAX_SECONDS,
                         help=f"a curve stops once its calls took this long in all (default {DEFAULT_MAX_SECONDS:g})")
+    parser.add_argument("--min-calls", type=int, default=1, metavar="K",
+                        help="every curve makes at least K calls (up to the largest N), whatever --max-seconds "
+                             "says (default 1)")
     parser.add_argument("--grace-s", type=float, default=DEFAULT_GRACE_S,
                         help=f"a process is killed after --max-seconds plus this (default {DEFAULT_GRACE_S:g})")
     parser.add_argument("--threads", type=int, default=1, help="torch (and XLA) intra-op threads (default 1)")
@@ -466,7 +474,7 @@ def main(args: argparse.Namespace) -> int:
     for workload, size, methods in jobs:
         got = measure(workload, size, methods, factory=args.fn, ns=ns, max_seconds=args.max_seconds,
                       threads=args.threads, device=args.device, grace_s=args.grace_s, check=not args.no_check,
-                      progress=progress, first_calls=args.first_calls)
+                      progress=progress, first_calls=args.first_calls, min_calls=args.min_calls)
         curves += got
         for c in got:
             progress(f"  {c.label}: {c.status} " + " ".join(f"N={n}:{s:.3g}s" for n, s in zip(c.ns, c.seconds))

@@ -7,6 +7,8 @@ Only the standard library is imported before the first clock reading, so the pro
 workload and size (or a `module:function` factory), the method, the N points, the budget and the
 file to write. That file gets one JSON line per event as it happens (`start`, one `point` per
 recorded N, `end`), so a curve killed by the parent's timeout still keeps the points it reached.
+The budget stops a curve only after its first `min_calls` calls (default 1), so a caller that
+needs N calls gets them on any machine.
 With `first_calls` K in the spec, each of the first K calls also gets a `call` event: its own
 seconds and the modules it imported (what a lazy import costs a call; the sys.modules snapshots
 around those calls are inside the timed span, so K stays 0 for the published curves).
@@ -85,6 +87,7 @@ def main(spec: dict[str, Any]) -> int:
     ns = sorted(int(n) for n in spec["ns"])
     record = set(int(n) for n in spec["record"]) | set(ns)
     budget = float(spec["max_seconds"])
+    min_calls = int(spec.get("min_calls") or 1)
     with open(spec["out"], "a", encoding="utf-8") as out:
         cache = os.environ.get("TORCHINDUCTOR_CACHE_DIR")
         _write(out, event="start", pid=os.getpid(), entered_s=_ENTERED - launched, cache_dir=cache,
@@ -115,7 +118,7 @@ def main(spec: dict[str, Any]) -> int:
                     new = set(sys.modules) - modules
                     _write(out, event="call", n=n, s=now - started, modules=len(new), imported=imported_groups(new))
                     now = time.monotonic()
-                stopping = now - first > budget and n < ns[-1]
+                stopping = now - first > budget and min_calls <= n < ns[-1]
                 if n in record or stopping:  # the last call made ends the curve's line
                     _write(out, event="point", n=n, s=now - first)
                 if stopping:
