@@ -184,24 +184,25 @@ class _Call:
     tier's FusedProgram has checked its layout by then). The call's own arguments, and inputs XLA
     would copy, are passed as numpy views on every call."""
 
-    __slots__ = ("compiled", "feeds", "x64", "held", "arrays", "device", "arguments", "memory_bytes")
+    __slots__ = ("compiled", "feeds", "x64", "held", "device", "arguments", "memory_bytes")
 
     def __init__(self, compiled: Any, feeds: list, x64: bool, arguments: int) -> None:
         import jax
 
         self.compiled, self.feeds, self.x64, self.arguments = compiled, feeds, x64, arguments
         self.memory_bytes: int | None = None
-        self.held: list[Any] = [None] * len(feeds)  # (tensor, data_ptr) each array was made from; False: copied
-        self.arrays: list[Any] = [None] * len(feeds)
+        # per input: (tensor, data_ptr, array) where XLA shares the tensor's memory, False where it
+        # copied it; one tuple, replaced whole, so a concurrent call never pairs a tensor with another's array
+        self.held: list[Any] = [None] * len(feeds)
         self.device = jax.devices("cpu")[0]
 
     def __call__(self, inputs: list) -> list:
-        held, arrays, feeds, n = self.held, self.arrays, self.feeds, self.arguments
+        held, feeds, n = self.held, self.feeds, self.arguments
         args = [feeds[i].array(inputs[i]) for i in range(n)]
         for i in range(n, len(feeds)):
             feed, t, h = feeds[i], inputs[i], held[i]
             if h and h[0] is t and h[1] == t.data_ptr():
-                args.append(arrays[i])
+                args.append(h[2])
             else:
                 args.append(self._array(i, feed, t))
         inputs.clear()  # the tier's convention: the program empties the list it is given
@@ -225,7 +226,7 @@ class _Call:
         with jax.enable_x64(self.x64):
             array = jax.device_put(view, self.device)
         if array.unsafe_buffer_pointer() == view.ctypes.data:
-            self.held[i], self.arrays[i] = (t, t.data_ptr()), array
+            self.held[i] = (t, t.data_ptr(), array)
         else:
-            self.held[i], self.arrays[i] = False, None
+            self.held[i] = False
         return array
