@@ -22,13 +22,13 @@ from typing import Any
 
 import torch
 
+from engine._compat import function_apply, function_apply_owner
 from engine._repr import tensor_repr
 from engine.autoswitch import departures
 from engine.errors import UnsupportedInTransformError
 
 _ORIGINAL_REQUIRES_GRAD = torch.Tensor.requires_grad_
 _ORIGINAL_RETAIN_GRAD = torch.Tensor.retain_grad
-_ORIGINAL_APPLY = vars(torch.autograd.Function)["apply"]  # the classmethod object itself
 _lock = threading.Lock()
 
 
@@ -105,7 +105,7 @@ def _apply(cls: Any, *args: Any, **kwargs: Any) -> Any:
                 f"To use autograd.Function {name} with vmap, you must either override the vmap staticmethod "
                 f"or set generate_vmap_rule=True (as torch.func requires)."
             )
-    return _ORIGINAL_APPLY.__func__(cls, *args, **kwargs)
+    return function_apply(cls, *args, **kwargs)
 
 
 class _Installed:
@@ -150,7 +150,7 @@ class transform_scope:  # noqa: N801 - used as `with transform_scope(...)`, like
 def checked(func: Any) -> Any:
     """`SomeFunction.apply` passed to a transform as the function itself was bound before the check
     was put in place: route it through the check."""
-    if getattr(func, "__func__", None) is _ORIGINAL_APPLY.__func__ and isinstance(func.__self__, type):
-        cls = func.__self__
+    cls = function_apply_owner(func)
+    if cls is not None:
         return lambda *args, **kwargs: _apply(cls, *args, **kwargs)
     return func
