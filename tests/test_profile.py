@@ -276,7 +276,7 @@ def test_start_and_finish_nvml_write_an_offline_timeline(tmp_path, monkeypatch):
     sampler, info = prof.start_nvml(fake, interval=0.01)
     assert sampler is not None and info == {"device": "Fake GPU", "driver": "999.1"}
     sampler.mark("setup")
-    deadline = time.monotonic() + 10
+    deadline = time.monotonic() + 120  # a hang guard: the sampler ticks every 10 ms
     while len(sampler.samples) < 4 and time.monotonic() < deadline:
         time.sleep(0.01)
     sampler.mark("loop")
