@@ -47,8 +47,15 @@ ifneq ($(filter bench,$(MAKECMDGOALS)),)
 BENCH_STARTED := $(shell date +%s.%N)
 endif
 
+# make bench TORCH="2.13.0 2.15.0": the quick selection once per torch release, each in the environment
+# .ci/torch-versions keeps for it; each release's results are a file of their own (...-torch<version>.json).
+ifneq ($(strip $(TORCH)),)
+bench:
+	GOAL=bench bash .ci/torch-versions $(TORCH)
+else
 bench: $(if $(filter 1,$(PEERS)),$(PEERS_STAMP),$(STAMP))
 	$(PY) -m vmapbench.bench $(if $(BENCH_STARTED),--started-at $(BENCH_STARTED))
+endif
 
 # Every size, cpu and cuda (the cuda cases skip without a GPU), the cold compiles included.
 bench-full: $(if $(filter 1,$(PEERS)),$(PEERS_STAMP),$(STAMP))
