@@ -3,8 +3,9 @@
 A GPU is lent for minutes now and then; this run keeps its script from rotting in between: every
 step (the CUDA tests, the engine smoke, the ASV bench on cuda, peer_ratios on cuda, time to N with
 the first calls' imports, a profile with its NVML timeline, the dashboard) must run and write what it writes, and nothing it writes may
-pass for a CUDA result (a temporary folder, a machine name and a field saying dry run).
-About 4 minutes on 2 cores.
+pass for a CUDA result (a temporary folder, a machine name and a field saying dry run). A dry run's
+step limits guard against a hang only (SLACK times a GPU run's), and where a step needs N calls it
+asks for them (`time-to-n --min-calls`), so a slow or busy machine passes too.
 """
 from __future__ import annotations
 
@@ -31,7 +32,7 @@ def test_the_gpu_command_runs_every_step_on_a_cpu(tmp_path: Path) -> None:
     env.pop("VMAPBENCH_MACHINE", None)
     before = sorted(p.name for p in (ROOT / "results").iterdir())
     proc = subprocess.run([str(ROOT / ".ci" / "gpu-check"), "--dry-run", "all"], cwd=ROOT, env=env,
-                          capture_output=True, text=True, timeout=900)
+                          capture_output=True, text=True, timeout=3000)
     log = proc.stdout + proc.stderr
     assert proc.returncode == 0, log[-6000:]
     for step in STEPS:
@@ -57,7 +58,7 @@ def test_the_gpu_command_runs_every_step_on_a_cpu(tmp_path: Path) -> None:
     ttn = json.loads(ttn_file.read_text())
     assert ttn["device"] == "cuda" and ttn["machine"] == machine_dir.name
     ours = next(c for c in ttn["curves"] if c["method"] == "engine" and c["cache"] == "cold")
-    assert [k["n"] for k in ours["first_calls"]][:3] == [1, 2, 3], ours
+    assert [k["n"] for k in ours["first_calls"]] == [1, 2, 3, 4, 5], ours  # --first-calls 5 --min-calls 5
 
     (profile,) = (results / "profiles").iterdir()
     assert (profile / "summary.json").is_file() and (profile / "nvml_timeline.html").is_file()
