@@ -2,6 +2,7 @@
 each backend's row and the table rendered from them; a refusal is a row, not a crash."""
 from __future__ import annotations
 
+import importlib.util
 import json
 import os
 import subprocess
@@ -32,7 +33,7 @@ def test_a_users_model_gets_a_row_per_recorded_graph(tmp_path: Path):
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(tmp_path), os.environ.get("PYTHONPATH", "")]),
            "VMAPBENCH_RESULTS_DIR": str(tmp_path / "results")}
     out = subprocess.run([sys.executable, "-m", "vmapbench", "fused-backends", "--fn", "tiny_model:build",
-                          "--rounds", "3", "--write"], capture_output=True, text=True, env=env, timeout=600)
+                          "--backends", "xla,iree", "--rounds", "3", "--write"], capture_output=True, text=True, env=env, timeout=600)
     assert out.returncode == 0, out.stderr
     (written,) = (tmp_path / "results" / "fused_backends").rglob("*.json")
     doc = json.loads(written.read_text())
@@ -44,7 +45,20 @@ def test_a_users_model_gets_a_row_per_recorded_graph(tmp_path: Path):
     assert lowered[0]["xla"]["difference"] < 1e-5 and lowered[0]["xla"]["call_s"] > 0 and lowered[0]["replay_s"] > 0
     assert "i0" in refused[0]["xla"]["error"]
     assert "| tiny_model:build |" in out.stdout and "refused" in out.stdout
-    assert fused_backends.table(rows, ["xla"]) in out.stdout
+    assert fused_backends.table(rows, ["xla", "iree"]) in out.stdout
+    iree = lowered[0]["iree"]
+    if importlib.util.find_spec("iree") is None:  # the candidate's package missing: a named refusal per graph
+        assert "pip install '.[compilers]'" in iree["error"], iree
+    else:
+        assert iree["error"] is not None or iree["agrees"] == (iree["difference"] <= 1e-4), iree
+
+
+def test_a_program_that_disagrees_with_the_replay_is_marked_in_the_table():
+    row = {"workload": "m", "graph": 0, "ops": 3, "inputs": 2, "replay_s": 1e-4,
+           "iree": {"compile_s": 1.0, "error": None, "call_s": 5e-5, "difference": 0.9, "agrees": False},
+           "xla": {"compile_s": 0.5, "error": None, "call_s": 2e-4, "difference": 1e-7, "agrees": True}}
+    cells = fused_backends.table([row], ["xla", "iree"]).splitlines()[-1].split(" | ")
+    assert cells[6] == "2.00" and cells[9] == "0.50 (disagrees)"
 
 
 def test_unknown_backends_and_mixed_arguments_are_named():

@@ -3,6 +3,7 @@
     vmapbench fused-backends                      # every quick workload's graphs, XLA against the replay
     vmapbench fused-backends mlp_hvp --backends xla,inductor   # inductor too (cold: seconds to minutes a graph)
     vmapbench fused-backends --fn mymodels:build  # a model the registry lacks (FUNCTION('engine') -> call)
+    vmapbench fused-backends --backends xla,iree  # IREE, a candidate measured here only (pip install '.[compilers]')
 
 Each workload runs in a fresh process (so every compile is cold: jax's import is reported apart,
 inductor gets an empty cache folder): its `engine` method is called until each signature has
@@ -10,6 +11,8 @@ replayed, and every graph the tier would compile (engine.fused.REPLAY_WATCHERS) 
 compile seconds per backend, seconds per call of the replay and of each program (interleaved
 rounds, measuring.timer), the program's largest difference from the replay relative to the
 output's magnitude, and XLA's own memory figure for the program (temporaries and outputs).
+IREE is measured as a candidate, not used by the tier: iree-turbine's export of the graph,
+compiled for the llvm-cpu target of this host (float64 kept), run by IREE's synchronous CPU driver.
 `--write` stores the rows as results/fused_backends/<machine>/<commit8>.json.
 """
 from __future__ import annotations
@@ -24,7 +27,7 @@ import time
 from pathlib import Path
 from typing import Any, Callable
 
-BACKENDS = ("xla", "inductor")
+BACKENDS = ("xla", "inductor", "iree")
 ROUNDS = 30
 
 
@@ -103,6 +106,7 @@ def _measure(spec: dict[str, Any], index: int, gm: Any, inputs: list, arguments:
         with torch.no_grad():
             got = program(list(inputs))
         row[backend]["difference"] = _difference(got, expected)
+        row[backend]["agrees"] = row[backend]["difference"] <= _tolerance(expected)
         calls[backend] = lambda p=program: p(list(inputs))
     with torch.no_grad():
         samples = timer.rounds(calls, spec["rounds"], warmup_rounds=3, alternate=True)
@@ -118,10 +122,53 @@ def _compile(backend: str, gm: Any, inputs: list, arguments: int) -> Callable[[l
         from engine import fused_xla
 
         return fused_xla.compile_graph(gm, inputs, arguments)
+    if backend == "iree":
+        return _iree_program(gm, inputs)
     from engine import fused
 
     program = fused.compile_now(gm, inputs, {})
     return lambda args: program(args)
+
+
+def _iree_program(gm: Any, inputs: list) -> Callable[[list], Any]:
+    """The graph exported by iree-turbine and compiled by IREE for this host's CPU, in process."""
+    import torch
+
+    try:
+        import iree.runtime as rt
+        import iree.turbine.aot as aot
+    except ImportError as exc:
+        raise RuntimeError(f"iree-turbine is not installed ({exc}; pip install '.[compilers]')") from exc
+
+    class Graph(torch.nn.Module):  # torch.export takes a module returning a tuple
+        def forward(self, *args: Any) -> tuple:
+            out = gm.forward(*args)
+            return tuple(out) if isinstance(out, (list, tuple)) else (out,)
+
+    exported = aot.export(Graph(), args=tuple(t.detach() for t in inputs))
+    exported.session.set_flags("--iree-input-demote-f64-to-f32=false", "--iree-input-demote-i64-to-i32=false",
+                               "--iree-llvmcpu-target-cpu=host")
+    with tempfile.TemporaryFile("w+") as log:  # IREE prints its diagnostics on fd 2: keep the first error
+        saved = os.dup(2)
+        os.dup2(log.fileno(), 2)
+        try:
+            binary = exported.compile(save_to=None, target_backends=("llvm-cpu",))
+        except RuntimeError as exc:
+            log.seek(0)
+            first = next((line.split("error: ", 1)[1] for line in log if "error: " in line), str(exc))
+            raise RuntimeError(first.strip()) from exc
+        finally:
+            os.dup2(saved, 2)
+            os.close(saved)
+    config = rt.Config("local-sync")
+    module = rt.VmModule.copy_buffer(config.vm_instance, binary.map_memory())
+    main = rt.SystemContext(vm_modules=[module], config=config).modules.module["main"]
+
+    def call(args: list) -> list:
+        outs = main(*[t.detach().numpy() for t in args])
+        return [torch.from_numpy(o.to_host()) for o in (outs if isinstance(outs, (list, tuple)) else [outs])]
+
+    return call
 
 
 def _difference(got: Any, expected: Any) -> float:
@@ -136,6 +183,15 @@ def _difference(got: Any, expected: Any) -> float:
         elif not torch.equal(g, e):
             worst = float("inf")
     return worst
+
+
+def _tolerance(expected: Any) -> float:
+    """The largest difference relative to the output's magnitude that the fused tier accepts
+    (engine.fused_xla.TOLERANCE's absolute term, the loosest over the outputs' dtypes)."""
+    from engine.fused_xla import TOLERANCE
+
+    outs = list(expected) if isinstance(expected, (list, tuple)) else [expected]
+    return max((TOLERANCE.get(e.dtype, (0.0, 0.0))[0] for e in outs), default=0.0)
 
 
 def _median(xs: list[float]) -> float:
@@ -196,7 +252,9 @@ def table(rows: list[dict[str, Any]], backends: list[str]) -> str:
             if got.get("error"):
                 cells += [f"{got['compile_s']:.2f}", "refused", got["error"][:60].replace("|", "/")]
             else:
-                cells += [f"{got['compile_s']:.2f}", f"{got['call_s'] / r['replay_s']:.2f}", f"{got['difference']:.1e}"]
+                wrong = " (disagrees)" if got.get("agrees") is False else ""
+                cells += [f"{got['compile_s']:.2f}", f"{got['call_s'] / r['replay_s']:.2f}{wrong}",
+                          f"{got['difference']:.1e}"]
         lines.append("| " + " | ".join(cells) + " |")
     return "\n".join(lines)
 
