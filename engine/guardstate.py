@@ -623,8 +623,8 @@ class StateGuard:
         start = time.perf_counter()
         try:
             classes = self._class_dicts
-            if list(map(_dict_version, self._plain)) == self._versions and self._tensors_hold() \
-                    and (classes is None or list(map(_dict_version, classes)) == self._class_versions):
+            if list(map(_dict_version, self._plain)) == self._versions and (not self.tensors or self._tensors_hold()) \
+                    and (not classes or list(map(_dict_version, classes)) == self._class_versions):
                 return self._holds(full=False, classes=classes is None)
             if not self._holds(full=True):
                 return False
@@ -649,35 +649,42 @@ class StateGuard:
         """The state compared with the recorded one; `full`: the plain dicts' entries and the
         tensors' metadata too (else their tags were compared); `classes`: the classes' namespaces
         item by item (else their tags were compared)."""
+        # An empty group is skipped: what a small function's guard holds is mostly empty groups,
+        # and building an iterator over one costs as much as comparing a few items.
         sizes, cells, names, plain_entries, items, metas = self.recorded
         plain, others, seqs = self._plain, self._others, self._seqs_checked
-        if sizes[0] != torch_globals() or not all(map(operator.eq, map(len, itertools.chain(others, seqs)), sizes[1:])):
+        if sizes[0] != torch_globals():
             return False
-        try:
-            same = all(map(operator.is_, map(_cell_contents, self.cells), cells))
-        except ValueError:  # a cell is empty (emptied, or empty when recorded): compare one by one
-            same = all(map(operator.is_, self._read()[1], cells))
-        if not same:
+        if len(sizes) > 1 and not all(map(operator.eq, map(len, itertools.chain(others, seqs)), sizes[1:])):
             return False
-        if not all(map(operator.is_, map(dict.get, self._namespaces, self._keys, itertools.repeat(_EMPTY)), names)):
+        if cells:
+            try:
+                same = all(map(operator.is_, map(_cell_contents, self.cells), cells))
+            except ValueError:  # a cell is empty (emptied, or empty when recorded): compare one by one
+                same = all(map(operator.is_, self._read()[1], cells))
+            if not same:
+                return False
+        if names and not all(map(operator.is_, map(dict.get, self._namespaces, self._keys,
+                                                   itertools.repeat(_EMPTY)), names)):
             return False
-        if full:
+        if full and plain:
             if not all(map(operator.eq, map(len, plain), plain_entries)):
                 return False
             now = itertools.chain(_chain(plain), _chain(map(dict.values, plain)))
             if not all(map(operator.is_, now, itertools.islice(plain_entries, len(plain), None))):
                 return False
-            if metas and list(map(_tensor_meta, self.tensors)) != metas:
-                return False
-        rest = (_chain(seqs), map(type, self.objects),
-                map(getattr, self._slot_objects, self._slot_names, itertools.repeat(_EMPTY)))
-        if classes:
-            now = itertools.chain(_chain(others), _chain(d.values() for d in others), *rest)
-        else:
-            now, items = itertools.chain(*rest), self._rest_items
-        if not all(map(operator.is_, now, items)):
+        if full and metas and list(map(_tensor_meta, self.tensors)) != metas:
             return False
-        return all(_buffer_state(memoryview(o)) == recorded for o, recorded in self.buffers)
+        if not classes:
+            items = self._rest_items
+        if items:
+            rest = (_chain(seqs), map(type, self.objects),
+                    map(getattr, self._slot_objects, self._slot_names, itertools.repeat(_EMPTY)))
+            now = itertools.chain(_chain(others), _chain(d.values() for d in others), *rest) if classes \
+                else itertools.chain(*rest)
+            if not all(map(operator.is_, now, items)):
+                return False
+        return not self.buffers or all(_buffer_state(memoryview(o)) == recorded for o, recorded in self.buffers)
 
 
 class _ManagerKind(enum.Enum):  # torch._dynamo.guards.GuardManagerType, without importing Dynamo
