@@ -57,8 +57,12 @@ def test_a_program_that_disagrees_with_the_replay_is_marked_in_the_table():
     row = {"workload": "m", "graph": 0, "ops": 3, "inputs": 2, "replay_s": 1e-4,
            "iree": {"compile_s": 1.0, "error": None, "call_s": 5e-5, "difference": 0.9, "agrees": False},
            "xla": {"compile_s": 0.5, "error": None, "call_s": 2e-4, "difference": 1e-7, "agrees": True}}
-    cells = fused_backends.table([row], ["xla", "iree"]).splitlines()[-1].split(" | ")
+    lines = fused_backends.table([row], ["xla", "iree"]).splitlines()
+    cells = lines[2].split(" | ")
     assert cells[6] == "2.00" and cells[9] == "0.50 (disagrees)"
+    # the summary: a program that disagrees is not counted as faster, however fast it ran
+    assert lines[3].split(" | ")[5:] == ["median 0.50", "faster on 0", "refused 0",
+                                         "median 1.00", "faster on 0", "refused 0 |"]
 
 
 def test_unknown_backends_and_mixed_arguments_are_named():
