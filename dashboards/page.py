@@ -41,6 +41,7 @@ PAGES: tuple[tuple[str, str], ...] = (
     ("history.html", "History"),
     ("compare.html", "Compare"),
     ("coverage.html", "Engine coverage"),
+    ("compilers.html", "Compilers"),
     ("profiles.html", "Profiles"),
     ("time_to_n.html", "Time to N"),
 )

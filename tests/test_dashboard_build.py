@@ -41,6 +41,7 @@ def test_every_view_is_written_with_its_figures(built) -> None:
     assert result.pages["memory.html"] == 4
     assert result.pages["history.html"] == 6
     assert result.pages["coverage.html"] == 2
+    assert result.pages["compilers.html"] == 1
     assert result.pages["compare.html"] == result.pages["profiles.html"] == 0
     for page in PAGE_FILES:
         text = read(out, page)
@@ -90,6 +91,16 @@ def test_coverage_and_profiles_are_listed(built) -> None:
     assert (out / link).resolve() == (FIXTURE / "profiles" / "bayes_logreg_hessian-engine-cpu" / "py-spy.svg").resolve()
 
 
+def test_compilers_page_counts_only_agreeing_programs_as_faster(built) -> None:
+    _, out = built
+    text = read(out, "compilers.html")
+    cells = re.findall(r"<td[^>]*>([^<]*)</td>", text.split("<h2>ci-box</h2>", 1)[1])
+    # the summary: backend, median compile, faster (agreeing), refused, graphs measured
+    assert cells[:10] == ["xla", "0.55", "1", "0", "2", "iree", "0.90", "0", "1", "2"]
+    assert "0.50 (disagrees)" in cells and "the measuring process exited 1: MemoryError" in cells
+    assert "fused_backends/ci-box/cb197ba8.json" in text
+
+
 def test_empty_results_build_a_dashboard_that_says_what_to_do(tmp_path: Path) -> None:
     empty = tmp_path / "results"
     empty.mkdir()
@@ -98,6 +109,7 @@ def test_empty_results_build_a_dashboard_that_says_what_to_do(tmp_path: Path) ->
     assert "No ASV results found" in read(tmp_path / "out", "index.html")
     assert "make coverage" in read(tmp_path / "out", "coverage.html")
     assert "No profiles" in read(tmp_path / "out", "profiles.html")
+    assert "vmapbench fused-backends --write" in read(tmp_path / "out", "compilers.html")
 
 
 def test_single_commit(tmp_path: Path) -> None:

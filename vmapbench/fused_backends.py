@@ -236,37 +236,14 @@ def _run_child(spec: dict[str, Any], timeout: float) -> list[dict[str, Any]]:
 
 
 def table(rows: list[dict[str, Any]], backends: list[str]) -> str:
-    """The rows as a markdown table: per graph, each backend's compile seconds, its call against
-    the replay's, and its difference; a last row per backend: the median compile of the graphs
-    it compiled, on how many its program agreed and was faster than the replay, how many it refused."""
-    head = ["workload", "graph", "ops", "inputs", "replay µs"]
-    for b in backends:
-        head += [f"{b} compile s", f"{b} / replay", f"{b} difference"]
-    lines = ["| " + " | ".join(head) + " |", "|" + " --- |" * len(head)]
+    """The rows as a markdown table (measuring.compilers' cells), the per-backend summary last."""
+    from measuring import compilers
+
+    lines = ["| " + " | ".join(compilers.head(backends)) + " |", "|" + " --- |" * len(compilers.head(backends))]
     for r in rows:
-        if r.get("graph") is None:
-            lines.append(f"| {r['workload']} | - | - | - | {r.get('error')} |" + " |" * (len(head) - 5))
-            continue
-        cells = [str(r["workload"]), str(r["graph"]), str(r["ops"]), str(r["inputs"]), f"{r['replay_s'] * 1e6:.1f}"]
-        for b in backends:
-            got = r.get(b) or {}
-            if got.get("error"):
-                cells += [f"{got['compile_s']:.2f}", "refused", got["error"][:60].replace("|", "/")]
-            else:
-                wrong = " (disagrees)" if got.get("agrees") is False else ""
-                cells += [f"{got['compile_s']:.2f}", f"{got['call_s'] / r['replay_s']:.2f}{wrong}",
-                          f"{got['difference']:.1e}"]
-        lines.append("| " + " | ".join(cells) + " |")
-    graphs = [r for r in rows if r.get("graph") is not None]
-    if graphs:
-        cells = ["all graphs", str(len(graphs)), "", "", ""]
-        for b in backends:
-            built = [r[b] for r in graphs if (r.get(b) or {}).get("error") is None and b in r]
-            faster = sum(g["agrees"] is not False and g["call_s"] < r["replay_s"]
-                         for r in graphs for g in [r.get(b) or {}] if g.get("error") is None and "call_s" in g)
-            cells += [f"median {_median([g['compile_s'] for g in built]):.2f}" if built else "-",
-                      f"faster on {faster}", f"refused {len(graphs) - len(built)}"]
-        lines.append("| " + " | ".join(cells) + " |")
+        lines.append("| " + " | ".join(c.replace("|", "/") for c in compilers.cells(r, backends)) + " |")
+    if any(r.get("graph") is not None for r in rows):
+        lines.append("| " + " | ".join(compilers.summary_cells(rows, backends)) + " |")
     return "\n".join(lines)
 
 
