@@ -10,6 +10,9 @@ Same classes and parameters as bench_workloads.
 - track_fallbacks: engine fallback calls (engine.record_fallbacks) during the first call and one
   steady call of an engine method, counted in the case's pass (suite.workload_pass, shared with
   bench_workloads). Must be 0 for every shipped workload: a fallback is a hidden per-example loop.
+- track_torch_fallbacks: torch.func's own fallback calls (ops torch's vmap has no batching rule
+  for, which it runs as a loop: its fallback warnings) during the same calls of torch.func, counted
+  in the same pass: what a torch release changed for torch.func (the Torch versions page).
 """
 from __future__ import annotations
 
@@ -59,6 +62,12 @@ class _FirstCall:
         return case.figure(method, case.fallbacks)
 
     track_fallbacks.unit = "calls"  # type: ignore[attr-defined]
+
+    def track_torch_fallbacks(self, size: str, method: str, device: str) -> int:
+        case = workload_pass.case_pass(self.workload, size, device, (method,))
+        return case.figure(method, case.torch_fallbacks)
+
+    track_torch_fallbacks.unit = "calls"  # type: ignore[attr-defined]
 
 
 globals().update(workload_classes(_FirstCall, "bench_first_call"))

@@ -9,6 +9,7 @@
 - `nvml_peak_bytes`: device memory in use (as nvidia-smi reports it: all allocations, the CUDA
   context and PyTorch's cached blocks) sampled by a thread while a call runs; its maximum.
 - `fallback_count`: how many times the engine fell back to a per-example loop during a call.
+- `torch_fallback_count`: the same for torch.func (torch's vmap fallback warnings).
 - `fresh_inductor_cache`: an empty TorchInductor cache for the duration of a block, so a compile
   time is the cold one a user pays, not a cache lookup.
 """
@@ -232,6 +233,28 @@ def fallback_count(fn: Callable[[], Any]) -> int:
     with record() as recorded:
         fn()
     return int(sum(recorded.counts.values()))
+
+
+# The start of the warning torch's vmap gives where an op has no batching rule and it loops over
+# the batch instead (aten/src/ATen/functorch/BatchedFallback.cpp).
+TORCH_FALLBACK_TEXT = "There is a performance drop because we have not yet implemented the batching rule"
+
+
+def torch_fallback_count(fn: Callable[[], Any]) -> int:
+    """torch.func's fallback calls while `fn` runs: torch's vmap fallback warnings, which torch only
+    gives while `_debug_only_display_vmap_fallback_warnings` is on (one per op call)."""
+    import warnings
+
+    display = torch._C._debug_only_display_vmap_fallback_warnings
+    was_on = torch._C._debug_only_are_vmap_fallback_warnings_enabled()
+    display(True)
+    try:
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            fn()
+    finally:
+        display(was_on)
+    return sum(TORCH_FALLBACK_TEXT in str(w.message) for w in caught)
 
 
 @contextmanager

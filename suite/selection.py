@@ -84,6 +84,10 @@ def _engine_only(workload: Workload, method: str, device: str) -> bool:
     return method in ENGINE_METHODS
 
 
+def _reference_only(workload: Workload, method: str, device: str) -> bool:
+    return method == REFERENCE
+
+
 def _first_call_only(workload: Workload, method: str, device: str) -> bool:
     return method in FIRST_CALL_METHODS or (method == "jax" and workload.family == JAX_FIRST_CALL_FAMILY)
 
@@ -117,6 +121,7 @@ METRICS: tuple[Metric, ...] = (
     Metric("bench_workloads", "track_ratio_vs_torch_func", _against_reference),
     Metric("bench_first_call", "track_compile_seconds", _first_call_only),
     Metric("bench_first_call", "track_fallbacks", _engine_only),
+    Metric("bench_first_call", "track_torch_fallbacks", _reference_only),
 )
 
 # Metrics a profile leaves out. The quick profile keeps the per-call memory (track_alloc_peak_bytes,

@@ -5,7 +5,7 @@ built the case and made the method's first call again (traces, compiles), which 
 what the in-process figures (ratios to torch.func, speedups over the loop, RSS growth, engine
 fallbacks) cost. Here one process builds a case (workload, size,
 device) once, makes each method's first call (counting the engine's fallbacks during it and one
-steady call), measures each method's memory over one call (torch's allocator peak, XLA's analysis
+steady call, and torch.func's own for torch.func), measures each method's memory over one call (torch's allocator peak, XLA's analysis
 for jax, RSS growth), and then times all the methods interleaved, round by round (probes.interleaved_samples). A ratio then comes with one figure per
 round, whose spread is the interval the dashboard shows (measuring.stats).
 
@@ -29,6 +29,7 @@ from pathlib import Path
 from typing import Any, Callable, Sequence
 
 from workloads import measure
+from workloads.base import BASELINE, REFERENCE
 
 from . import probes, selection
 
@@ -54,6 +55,7 @@ class CasePass:
     xla_bytes: dict[str, int] = field(default_factory=dict)  # jax: XLA's compiled memory analysis, total
     memory_skipped: str = ""  # why this commit's workloads.measure gives no allocator figures
     fallbacks: dict[str, int] = field(default_factory=dict)
+    torch_fallbacks: dict[str, int] = field(default_factory=dict)  # torch.func's own, during the same calls
     errors: dict[str, str] = field(default_factory=dict)
     method_skips: dict[str, str] = field(default_factory=dict)  # a peer that cannot run here (PeerUnavailable)
     fallbacks_skipped: dict[str, str] = field(default_factory=dict)  # no engine.record_fallbacks
@@ -151,8 +153,6 @@ def _methods(workload: Any, device: str) -> list[str]:
     """The case's methods the active profile measures and this environment can run, and the loop
     and torch.func the ratios compare them with (measured even where the profile leaves them out,
     as in the compiled family's quick methods)."""
-    from workloads.base import BASELINE, REFERENCE
-
     out = []
     wanted = selection.profile_methods(workload, selection.active_profile())
     for method in dict.fromkeys([*wanted, *(m for m in (BASELINE, REFERENCE) if m in workload.methods)]):
@@ -224,10 +224,17 @@ def synchronized(call: Callable[[], Any], device: str) -> Callable[[], Any]:
 
 def _first_call(workload: Any, method: str, state: Any, result: CasePass) -> None:
     """The method's first call and one steady call, the engine's fallbacks during them counted
-    (asv asks for the engine methods' counts; any other method's must be 0)."""
-    def first_and_steady_call() -> None:
+    (asv asks for the engine methods' counts; any other method's must be 0), and torch.func's
+    own fallbacks where the method is torch.func (what a torch release changed for it)."""
+    def calls() -> None:
         probes.first_call(workload, method, state)
         workload.run(method, state)
+
+    def first_and_steady_call() -> None:
+        if method == REFERENCE:
+            result.torch_fallbacks[method] = probes.torch_fallback_count(calls)
+        else:
+            calls()
     try:
         result.fallbacks[method] = probes.fallback_count(first_and_steady_call)
     except probes.SkipNotImplemented as exc:  # an engine without record_fallbacks

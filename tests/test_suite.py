@@ -307,6 +307,17 @@ def test_first_call_metrics_on_a_throwaway_workload(quick_profile):
     except probes.SkipNotImplemented:
         pytest.skip("engine.record_fallbacks is not available")
     assert count == 0  # torch.func never goes through the engine
+    asv_setup(case, "track_torch_fallbacks", "n=4", "torch_func", "cpu")
+    assert case.track_torch_fallbacks("n=4", "torch_func", "cpu") == 0  # pow and sum have rules
+
+
+def test_torch_fallbacks_count_torchs_own_loop_per_op_call():
+    x = torch.randn(3, 5)
+    # histc has no batching rule in torch.func (2.13-2.15): one fallback per vmapped call
+    looped = probes.torch_fallback_count(lambda: [torch.func.vmap(lambda t: torch.histc(t, bins=4))(x) for _ in range(2)])
+    assert looped == 2
+    assert probes.torch_fallback_count(lambda: torch.func.vmap(torch.sin)(x)) == 0
+    assert not torch._C._debug_only_are_vmap_fallback_warnings_enabled()  # left as it was
 
 
 def test_bad_profile_and_thread_settings_say_what_to_do(monkeypatch):
