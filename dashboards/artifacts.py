@@ -76,6 +76,18 @@ def load_coverage(results_dir: str | Path) -> CoverageReport | None:
     return None
 
 
+def load_torch_coverage(results_dir: str | Path) -> dict[str, CoverageReport]:
+    """torch version -> the newest readable report of results/coverage/torch-<version>/ (what
+    `.ci/torch-versions` runs write: the OpInfo coverage of one engine commit under each torch)."""
+    out = {}
+    for folder in sorted((Path(results_dir) / "coverage").glob("torch-*")):
+        for path, data, ops, candidates in _newest_reports(folder, "coverage report", "ops", "op"):
+            meta = {k: v for k, v in data.items() if k != "ops"}
+            out[folder.name[len("torch-"):]] = CoverageReport(path, ops, meta, [p for p in candidates if p != path])
+            break
+    return out
+
+
 def list_profiles(results_dir: str | Path) -> list[ProfileEntry]:
     """Every results/profiles/<name>/ folder with its summary.json (when readable) and files."""
     root = Path(results_dir) / "profiles"

@@ -121,6 +121,19 @@ def load_results(results_dir: str | Path, *, stats: bool | str = True, continuou
     return loader.finish()
 
 
+def load_result_files(paths: list[Path], *, stats: bool | str = "intervals") -> ResultSet:
+    """Only the result files `paths` (each in its machine's folder of a results folder, whose
+    benchmarks.json names the parameters), read as `load_results` reads them: a docs table of
+    a few files does not load the whole history."""
+    paths = [Path(p) for p in paths]
+    loader = _Loader(paths[0].parent.parent if paths else Path("."), stats)
+    if paths:
+        loader.read_benchmarks(loader.root / "benchmarks.json")
+    for machine_dir in dict.fromkeys(p.parent for p in paths):
+        loader.read_machine_dir(machine_dir, names={p.name for p in paths if p.parent == machine_dir})
+    return loader.finish()
+
+
 def run_labels(records: list[dict[str, Any]]) -> list[str]:
     """The `run` of each file record (machine, env, kind): the machine name alone when it is that
     machine's only (env, kind), else 'machine [env]' / 'machine [continuous env]'."""
@@ -208,8 +221,9 @@ class _Loader:
             return
         self.benchmarks = {k: v for k, v in data.items() if isinstance(v, dict)}
 
-    def read_machine_dir(self, machine_dir: Path, kind: str = REFERENCE) -> None:
-        result_files = sorted(p for p in machine_dir.glob("*.json") if p.name != "machine.json")
+    def read_machine_dir(self, machine_dir: Path, kind: str = REFERENCE, names: set[str] | None = None) -> None:
+        result_files = sorted(p for p in machine_dir.glob("*.json") if p.name != "machine.json"
+                              and (names is None or p.name in names))
         machine_json = machine_dir / "machine.json"
         if not machine_json.is_file():
             if machine_dir.name not in ARTIFACT_DIRS and result_files:

@@ -42,6 +42,7 @@ PAGES: tuple[tuple[str, str], ...] = (
     ("compare.html", "Compare"),
     ("coverage.html", "Engine coverage"),
     ("compilers.html", "Compilers"),
+    ("torch_versions.html", "Torch versions"),
     ("profiles.html", "Profiles"),
     ("time_to_n.html", "Time to N"),
 )
