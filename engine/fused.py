@@ -673,12 +673,18 @@ class Tier:
             entry.fused = program
 
     def slower(self, entry: Any, fused_s: float, replay_s: float) -> None:
-        """The trial found the program slower than the replay: the signature stays on the replay."""
+        """The trial found the program slower than the replay: the signature stays on the replay
+        (under `auto`, an XLA program's signature counts on toward inductor, as a refused one does)."""
         self.state = "slower"
         self.error = (f"the program took {fused_s * 1e3:.3g} ms a call against the replay's {replay_s * 1e3:.3g} ms "
                       f"(medians of {TRIAL_CALLS} calls each, alternated): the replay is kept")
         entry.fused = None
         DROPPED.append(self.error)
+        if self.backend == "xla" and BACKEND == "auto":
+            self.state, self.backend, self.job = "replay", "inductor", None
+            self.error = f"XLA: {self.error}"
+            self.cost = COLD_COMPILE_S
+            entry.tier = self
 
 
 def _backend_for(gm: torch.fx.GraphModule, inputs: list) -> str | None:

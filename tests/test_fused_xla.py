@@ -177,3 +177,26 @@ def test_the_pay_rule_uses_the_measured_xla_compile(monkeypatch):
 
     expected = 0.2 + (0.0 if "jax" in sys.modules else fused.JAX_IMPORT_S)
     assert fused._xla_cost() == pytest.approx(expected)
+
+
+@pytest.mark.parametrize("backend", ["auto", "xla"])
+def test_an_xla_program_that_lost_its_trial_counts_on_toward_inductor_under_auto(monkeypatch, backend):
+    """The trial's verdict (Tier.slower) on an XLA program: under `auto` the signature replays and
+    counts on toward inductor at inductor's cost, as one XLA refused does; under `xla` it stays on
+    the replay for good."""
+    monkeypatch.setattr(fused, "BACKEND", backend)
+    traced = engine.trace(lambda x: x * 2 + 1)
+    x = torch.randn(4)
+    traced(x)
+    (entry,) = traced._cache.values()
+    tier = fused.Tier(entry)
+    tier.state, tier.backend, tier.cost = "fused", "xla", 0.5
+    entry.fused, entry.tier = object(), None
+    tier.slower(entry, 2e-3, 1e-3)
+    assert entry.fused is None and "replay is kept" in tier.error
+    if backend == "auto":
+        assert (tier.state, tier.backend, tier.cost, entry.tier) == ("replay", "inductor", fused.COLD_COMPILE_S, tier)
+        assert tier.error.startswith("XLA: ")
+    else:
+        assert (tier.state, tier.backend, entry.tier) == ("slower", "xla", None)
+    torch.testing.assert_close(traced(x), x * 2 + 1)
