@@ -251,6 +251,70 @@ def fused_backends(source: Path) -> str:
     return measured_at(doc, source) + "\n\n" + table(doc["rows"], doc["backends"])
 
 
+def torch_versions(source: Path) -> str:
+    """One commit's quick selection under each torch release (`make bench TORCH=...`): `source` is
+    one release's asv result file; its siblings of the same commit under other releases are read
+    with it. Per case the dashboard's Torch versions figures: time per call and one call's memory
+    per release, the newest release's time over the oldest's, and the fallback calls (the
+    engine's own on an engine method, torch.func's own on torch.func)."""
+    from dashboards.loader import load_result_files
+    from dashboards.numbers import format_estimate
+    from dashboards.theme import method_label
+    from dashboards.views.torch_versions import TORCH_ENV, version_cases, version_rows
+
+    commit = source.name.split("-")[0]
+    files = [p for p in sorted(source.parent.glob(f"{commit}-*.json")) if TORCH_ENV.search(p.stem)]
+    found = version_rows(load_result_files(files).frame)
+    if not found:
+        raise ValueError(f"{source}: no results of commit {commit} under two torch releases beside it")
+    ((machine, (full_commit, versions, rows)),) = found.items()
+    cases = version_cases(versions, rows)
+    oldest, newest = versions[0], versions[-1]
+
+    def cell(est: Any, unit: str) -> str:
+        return "–" if est is None else format_estimate(est, unit)
+
+    shown = ", ".join(f"`{p.relative_to(ROOT) if p.is_relative_to(ROOT) else p}`" for p in files)
+    lines = [f"Measured on `{machine}` at commit `{full_commit[:8]}` under torch {', '.join(versions)}; "
+             f"from {shown}.", "",
+             "| workload | size | method | device | " + " | ".join(f"time · {v}" for v in versions)
+             + f" | {newest} ÷ {oldest} | " + " | ".join(f"memory · {v}" for v in versions)
+             + " | " + " | ".join(f"fallbacks · {v}" for v in versions) + " |",
+             "| --- | --- | --- | --- |" + " --- |" * (3 * len(versions) + 1)]
+    for c in cases:
+        fallbacks = ["–" if c.fallbacks[v] is None else str(c.fallbacks[v]) for v in versions]
+        lines.append(f"| {c.workload} | {c.size} | {method_label(c.method)} | {c.device} | "
+                     + " | ".join(cell(c.time[v], "seconds") for v in versions)
+                     + f" | {cell(c.change, 'x')} | " + " | ".join(cell(c.memory[v], "bytes") for v in versions)
+                     + " | " + " | ".join(fallbacks) + " |")
+    return "\n".join(lines)
+
+
+def torch_coverage(source: Path) -> str:
+    """The OpInfo coverage of each torch release side by side: `source` is one release's report
+    (results/coverage/torch-<version>/latest.json), read with its siblings of the other releases;
+    per release the engine's and torch.func's counts by status, then the ops whose torch.func
+    status changed between releases."""
+    from dashboards.artifacts import load_torch_coverage
+    from dashboards.views.torch_versions import COVERAGE_STATUSES, SIDES, coverage_changes, version_key
+
+    reports = load_torch_coverage(source.parent.parent.parent)
+    versions = sorted(reports, key=version_key)
+    lines = ["| torch | engine commit | " + " | ".join(f"engine {s}" for s in COVERAGE_STATUSES) + " | "
+             + " | ".join(f"torch.func {s}" for s in COVERAGE_STATUSES) + " |",
+             "| --- | --- |" + " --- |" * (2 * len(COVERAGE_STATUSES))]
+    for v in versions:
+        summary = reports[v].meta["summary"]
+        counts = [str(summary[side][s]) for side in ("engine", "torch_func") for s in COVERAGE_STATUSES]
+        lines.append(f"| {v} | `{reports[v].meta.get('engine_commit', '?')}` | " + " | ".join(counts) + " |")
+    changed = [(op, label, s) for side, label in SIDES for op, s in coverage_changes(reports, side)]
+    if changed:
+        lines += ["", "Ops whose status changed between releases (– where a release's OpInfo has no such op):", "",
+                  "| op | vmap of | " + " | ".join(versions) + " |", "| --- | --- |" + " --- |" * len(versions)]
+        lines += [f"| `{op}` | {label} | " + " | ".join(s.get(v, "–") for v in versions) + " |" for op, label, s in changed]
+    return "\n".join(lines)
+
+
 KINDS: dict[str, Callable[[Path], str]] = {
     "peers": peers,
     "peers-compile": peers_compile,
@@ -263,6 +327,8 @@ KINDS: dict[str, Callable[[Path], str]] = {
     "coverage": coverage,
     "memlimit": memlimit,
     "fused-backends": fused_backends,
+    "torch-versions": torch_versions,
+    "torch-coverage": torch_coverage,
 }
 
 
