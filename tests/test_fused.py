@@ -454,34 +454,50 @@ def test_a_kernel_pinned_to_its_grad_mode_is_carried_by_the_fused_tier():
             torch.testing.assert_close(got, want)
 
 
-class _Sleepy:
-    """A stand-in program: the replay's outputs, after `seconds` of sleep."""
+class _Clock:
+    """A stand-in for the `time` module the trial reads: its seconds move only when a stand-in
+    call says it took some, so a verdict does not depend on how busy the machine is."""
 
-    def __init__(self, entry: object, seconds: float) -> None:
-        self.entry, self.seconds, self.calls = entry, seconds, 0
+    def __init__(self) -> None:
+        self.now = 0.0
 
-    def __call__(self, inputs: list, *proof: object) -> object:  # (a fold's proof, see FusedProgram)
+    def perf_counter(self) -> float:
+        return self.now
+
+    def __getattr__(self, name: str) -> object:  # the rest of `time` as it is (a compile thread's deadlines)
         import time
 
+        return getattr(time, name)
+
+
+class _Sleepy:
+    """A stand-in program: the replay's outputs, taking `seconds` on `clock`."""
+
+    def __init__(self, entry: object, seconds: float, clock: _Clock) -> None:
+        self.entry, self.seconds, self.clock, self.calls = entry, seconds, clock, 0
+
+    def __call__(self, inputs: list, *proof: object) -> object:  # (a fold's proof, see FusedProgram)
         self.calls += 1
-        time.sleep(self.seconds)
+        self.clock.now += self.seconds
         return self.entry.run(*inputs)
 
 
 @pytest.mark.parametrize("slow", [True, False], ids=["slower_dropped", "faster_kept"])
-def test_a_program_slower_than_the_replay_is_dropped_after_its_trial(slow):
+def test_a_program_slower_than_the_replay_is_dropped_after_its_trial(slow, monkeypatch):
     """The tier's first calls of a CPU program alternate with the replay, timed; a program slower
     than the replay (inductor's layouts for large convolutions) is dropped and the signature keeps
     replaying, shown as 'slower' by tiers(); a faster one replaces the trial."""
+    clock = _Clock()
+    monkeypatch.setattr(fused, "time", clock)
     traced = engine.trace(_double_plus_one)
     x = torch.randn(4)
     traced(x)
     entry = _entry(traced)
     tier = fused.Tier(entry)
     tier.state = "fused"
-    program = _Sleepy(entry, 0.02 if slow else 0.0)
+    program = _Sleepy(entry, 0.02 if slow else 0.0, clock)
     entry.fused = fused.Trial(program, entry, tier)
-    entry.run = _sleeping(entry.run, 0.0 if slow else 0.02)
+    entry.run = _sleeping(entry.run, 0.0 if slow else 0.02, clock)
     with engine.fused_tier(True):
         for _ in range(2 * (fused.TRIAL_CALLS + 1)):
             torch.testing.assert_close(traced(x), _double_plus_one(x))
@@ -510,11 +526,9 @@ def test_a_trial_hands_the_fold_proof_to_its_program():
     assert program.proof is proof
 
 
-def _sleeping(run, seconds: float):
-    import time
-
+def _sleeping(run, seconds: float, clock: _Clock):
     def slept(*args):
-        time.sleep(seconds)
+        clock.now += seconds
         return run(*args)
     return slept
 
