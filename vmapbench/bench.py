@@ -41,6 +41,10 @@ from typing import Iterable, Iterator, Mapping, Sequence
 from measuring.machine import MACHINE_ENV, cpu_model, gpu_model, machine_name
 
 RESULTS_ENV = "VMAPBENCH_RESULTS_DIR"
+# The commit a run of the working tree is recorded under, where not HEAD: `make bench TORCH=...`
+# (.ci/torch-versions) resolves HEAD once, so that every release's results are of one commit even
+# when HEAD moves between them.
+COMMIT_ENV = "VMAPBENCH_COMMIT"
 DEFAULT_THREADS = "2"
 
 
@@ -533,7 +537,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         commits = [git(root, "rev-parse", rev) for rev in args.commits]
         env_prefix, where = "virtualenv", "each commit installed into .asv/env"
     else:
-        commits = [git(root, "rev-parse", "HEAD")]
+        commits = [git(root, "rev-parse", os.environ.get(COMMIT_ENV, "").strip() or "HEAD")]
         env_prefix, where = "existing", "the working tree, installed in this environment"
         warn_if_dirty(root, commits[0])
 
