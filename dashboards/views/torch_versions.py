@@ -116,7 +116,7 @@ def _cell(est: Estimate | None, unit: str) -> tuple[str, Any]:
     return ("–", None) if est is None else (esc(format_estimate(est, unit)), est.value)
 
 
-def _case_table(machine: str, versions: list[str], cases: list[VersionCase]) -> str:
+def _case_table(versions: list[str], cases: list[VersionCase]) -> str:
     oldest, newest = versions[0], versions[-1]
     headers = ["workload", "size", "method", "device", *[f"time · {v}" for v in versions],
                f"time {newest} ÷ {oldest}", *[f"memory · {v}" for v in versions],
@@ -129,7 +129,9 @@ def _case_table(machine: str, versions: list[str], cases: list[VersionCase]) -> 
         cells.append(_cell(c.change, "x"))
         cells += [_cell(c.memory[v], "bytes") for v in versions]
         cells += [("–", None) if c.fallbacks[v] is None else (esc(c.fallbacks[v]), c.fallbacks[v]) for v in versions]
-        body.append((cells, {"machine": machine, "device": c.device, "workload": c.workload}))
+        # No machine key: the machine filter lists runs (a machine per torch env), and a row
+        # holds two of them; the heading names the machine.
+        body.append((cells, {"device": c.device, "workload": c.workload}))
     return table(headers, body, css="vb-torch-versions")
 
 
@@ -164,7 +166,7 @@ def render(ctx: Context) -> Page:
         "and the allocator's peak of one call under each release, with their intervals, the "
         "newest release's time over the oldest's, and the fallback calls: the engine's own on an "
         "engine method's row, torch.func's own (ops without a batching rule, which torch's vmap "
-        "runs as a loop) on torch.func's row; 0 is the bar. torch.func's and the other methods' "
+        "runs as a loop) on torch.func's row (0 is the engine's bar). torch.func's and the other methods' "
         "rows show what a release changed for them, the engine's what it changed for the engine. "
         f"{ctx.measured_note()}</p>"))
     found = version_rows(ctx.frame)
@@ -174,7 +176,7 @@ def render(ctx: Context) -> Page:
     for machine, (commit, versions, rows) in found.items():
         page.add(f"<h2>{esc(machine)} · commit <code>{esc(commit[:8])}</code> · torch "
                  f"{esc(', '.join(versions))}</h2>")
-        page.add(_case_table(machine, versions, version_cases(versions, rows)))
+        page.add(_case_table(versions, version_cases(versions, rows)))
     reports = load_torch_coverage(ctx.results.results_dir) if ctx.results.results_dir else {}
     if len(reports) >= 2:
         _coverage_section(page, reports)
