@@ -77,7 +77,10 @@ def _replayed(f, *args):
     return autotraced_state(f)
 
 
-def test_a_pass_that_changes_the_arithmetic_names_itself_on_the_entry():
+def test_a_pass_that_changes_the_arithmetic_names_itself_on_the_entry(monkeypatch):
+    # mm_operand_layout times the matmul's layouts on this machine: pinned to "keep", so that the
+    # rewrites named are the same on every machine, however busy
+    monkeypatch.setattr(graph_passes, "_faster_layouts", lambda a, b, options: (False, False))
     X = torch.randn(20, 5)
 
     def loss(t):
