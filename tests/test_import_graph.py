@@ -133,3 +133,49 @@ def test_the_engine_imports_no_other_package_of_the_project_and_runs_no_git() ->
     found += [str(p.relative_to(ROOT)) for p in sorted((ROOT / "engine").rglob("*.py"))
               if any(word in p.read_text() for word in ('"git"', "'git'"))]
     assert not found, "engine/ imports only itself and runs no git:\n" + "\n".join(found)
+
+
+# The floors, lowest first (docs/design/architecture.md): a module imports its own floor or one below,
+# never one above. suite/ and dashboards/ share a floor; vmapbench/ holds the commands.
+FLOORS = (("engine",), ("measuring",), ("workloads",), ("suite", "dashboards"), ("vmapbench",))
+FLOOR = {package: level for level, packages in enumerate(FLOORS) for package in packages}
+# Arrows that still climb (issue #58), each to be removed here as it is fixed; none may be added.
+CLIMBING_FOR_NOW = {
+    ("dashboards.views.time_to_n", "vmapbench"),
+    ("measuring.cuda_fork", "workloads"),
+    ("measuring.machine", "workloads"),
+    ("suite.bench_counts", "vmapbench"),
+    ("suite.bench_time_to_n", "vmapbench"),
+}
+
+
+def climbing_arrows(graph: dict[str, set[str]]) -> list[tuple[str, str]]:
+    """(module, package) for each import of a package on a higher floor than the module's."""
+    return sorted({(mod, name.split(".")[0]) for mod, names in graph.items() for name in names
+                   if FLOOR[name.split(".")[0]] > FLOOR[mod.split(".")[0]]})
+
+
+def test_every_package_has_a_floor() -> None:
+    assert sorted(FLOOR) == sorted(PACKAGES)
+
+
+def test_no_import_climbs_a_floor() -> None:
+    found = [arrow for arrow in climbing_arrows(import_graph()) if arrow not in CLIMBING_FOR_NOW]
+    order = " -> ".join("/".join(packages) for packages in FLOORS)
+    assert not found, (f"imports that climb a floor (allowed order, lowest first: {order}); move the code "
+                       "imported down a floor, or inject it:\n" + "\n".join(f"{m} imports {p}" for m, p in found))
+
+
+def test_the_list_of_climbing_arrows_only_shrinks() -> None:
+    stale = sorted(CLIMBING_FOR_NOW - set(climbing_arrows(import_graph())))
+    assert not stale, f"these arrows no longer climb; remove them from CLIMBING_FOR_NOW: {stale}"
+
+
+def test_a_climbing_import_inside_a_function_is_found(tmp_path: Path) -> None:
+    for package in ("workloads", "measuring"):
+        (tmp_path / package).mkdir()
+        (tmp_path / package / "__init__.py").write_text("")
+    (tmp_path / "workloads" / "base.py").write_text("from measuring import timer\n")  # downward: fine
+    (tmp_path / "measuring" / "timer.py").write_text("def f():\n    from workloads.base import x\n")
+    graph = import_graph(tmp_path, ("measuring", "workloads"))
+    assert climbing_arrows(graph) == [("measuring.timer", "workloads")]
