@@ -363,12 +363,18 @@ def test_devices_page_compares_each_method_on_cpu_and_cuda(driver, site, shots: 
     Select(driver.find_element("css selector", 'select[data-vb-filter="device"]')).select_by_value("")
 
 
-def test_the_committed_results_render_and_give_the_docs_screenshot(driver, tmp_path_factory, shots: Path) -> None:
+@pytest.fixture(scope="module")
+def results_site(tmp_path_factory: pytest.TempPathFactory):
+    """The dashboard of the repository's own results/."""
+    out = tmp_path_factory.mktemp("dashboard-of-results")
+    return build_dashboard(Path(__file__).resolve().parents[1] / "results", out), out
+
+
+def test_the_committed_results_render_and_give_the_docs_screenshot(driver, results_site, shots: Path) -> None:
     """The dashboard of the repository's own results/ renders its overview without errors. Its
     first screen is saved as dashboard-overview.png in the screenshots folder: the picture on
     docs/index.md is that file (docs/img/dashboard-overview.png, see docs/guide/dashboard.md)."""
-    out = tmp_path_factory.mktemp("dashboard-of-results")
-    result = build_dashboard(Path(__file__).resolve().parents[1] / "results", out)
+    result, out = results_site
     drain(driver)
     open_page(driver, out, "index.html", result.pages["index.html"])
     errors = [e for e in driver.get_log("browser") if e["level"] in ("SEVERE", "ERROR")]
@@ -378,3 +384,55 @@ def test_the_committed_results_render_and_give_the_docs_screenshot(driver, tmp_p
     driver.save_screenshot(str(shots / "dashboard-overview.png"))
     driver.set_window_size(1400, 1000)
     assert (shots / "dashboard-overview.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+TORCH_VERSION_CELLS = """
+const table = document.querySelector('table.vb-torch-versions');
+if (!table) return null;
+const heads = Array.from(table.tHead.rows[0].cells).map(th => th.textContent);
+return Array.from(table.tBodies[0].rows).filter(tr => !tr.classList.contains('vb-hidden')).map(
+  tr => Object.fromEntries(heads.map((h, i) => [h, tr.cells[i].textContent])));
+"""
+
+
+def test_torch_versions_page_shows_the_committed_releases_side_by_side(driver, results_site, shots: Path) -> None:
+    """The committed `make bench TORCH=...` results: one commit under two releases, each case's time
+    under both, and the fallback counts of the engine and of torch.func per release; the OpInfo
+    coverage of each release below, with the ops whose status changed."""
+    from selenium.webdriver.support.ui import Select
+
+    result, out = results_site
+    drain(driver)
+    open_page(driver, out, "torch_versions.html", result.pages["torch_versions.html"])
+    errors = [e for e in driver.get_log("browser") if e["level"] in ("SEVERE", "ERROR")]
+    assert not errors, f"console errors {errors}"
+    assert not network_problems(driver)
+    screenshot(driver, shots / "torch-versions-committed.png")
+    rows = driver.execute_script(TORCH_VERSION_CELLS)
+    assert rows, "no table of cases across torch releases"
+    times = [h for h in rows[0] if h.startswith("time · ")]
+    fallbacks = [h for h in rows[0] if h.startswith("fallbacks · ")]
+    assert len(times) >= 2 and len(fallbacks) == len(times)
+    torch_func = [r for r in rows if r["method"] == "torch.func"]
+    engine = [r for r in rows if r["method"].startswith("engine")]
+    assert torch_func and engine
+    for r in torch_func + engine:  # a count under every release
+        assert all(r[h].isdigit() for h in fallbacks), r
+    assert all(r[h].endswith("s") or " [" in r[h] for r in rows for h in times if r[h] != "–")
+    # torch.func's OpInfo status moved between the releases for at least one op (fill: a rule in 2.15)
+    changed = driver.execute_script(
+        "return Array.from(document.querySelectorAll('table.vb-torch-coverage-changes tbody tr'))"
+        ".map(tr => tr.cells[0].textContent + ' ' + tr.cells[1].textContent)")
+    assert "fill torch.func" in changed
+
+    # The workload filter hides the other workloads' rows.
+    workload = rows[0]["workload"]
+    Select(driver.find_element("css selector", 'select[data-vb-filter="workload"]')).select_by_value(workload)
+    wait_for(lambda: {r["workload"] for r in driver.execute_script(TORCH_VERSION_CELLS)} == {workload},
+             what=f"only {workload} rows")
+    Select(driver.find_element("css selector", 'select[data-vb-filter="workload"]')).select_by_value("")
+    # A row holds several runs (one per release), so the machine filter, which lists runs, keeps it.
+    machine = Select(driver.find_element("css selector", 'select[data-vb-filter="machine"]'))
+    machine.select_by_index(1)
+    wait_for(lambda: len(driver.execute_script(TORCH_VERSION_CELLS)) == len(rows), what="every row under a machine filter")
+    machine.select_by_value("")
