@@ -94,7 +94,7 @@ def continuous(tmp: Path, base: str, head: str, machine: str, *extra: str) -> su
                            base, head], cwd=ROOT, env=env, capture_output=True, text=True, timeout=1500)
 
 
-@pytest.mark.slow
+@pytest.mark.long  # minutes (two asv builds and runs): CI runs it apart (.ci/run, -m long)
 def test_asv_continuous_passes_an_empty_commit_and_fails_a_planted_slowdown(tmp_path: Path) -> None:
     shas = throwaway_repo(tmp_path)
     asv_config(tmp_path)

@@ -24,7 +24,7 @@ STEPS = ("facts", "engine-smoke", "pytest-cuda", "bench rosenbrock_hessian", "pe
          "profile", "dashboard", "report")
 
 
-@pytest.mark.slow
+@pytest.mark.long  # minutes: CI runs it apart (.ci/run, -m long)
 def test_the_gpu_command_runs_every_step_on_a_cpu(tmp_path: Path) -> None:
     results = tmp_path / "results"
     env = {**os.environ, "PY": sys.executable, "RESULTS": str(results), "PYTHONPATH": str(ROOT)}
