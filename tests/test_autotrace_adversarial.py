@@ -1528,7 +1528,9 @@ def test_two_threads_recording_at_once_finish_out_of_order():
     def f(x):
         if threading.current_thread().name == "A":
             a_in.set()
-            b_in.wait(10)  # A records until B is recording too
+            # A records until B is recording too; recordings take one process-wide lock (trace.py's
+            # _RECORDING), so B comes in only after A and this wait runs out: kept short.
+            b_in.wait(1)
         else:
             b_in.set()
             a_done.wait(10)  # B records until A has finished
