@@ -18,14 +18,22 @@ CUDA_ERROR_NOT_INITIALIZED = 3
 DRIVER_LIBRARY = "libcuda.so.1"
 
 
-def _standin() -> Any:
-    """workloads.cuda_standin where it is installed in this process, else None (also at a commit
-    from before it: the suite measures older commits with this checkout's measuring/)."""
-    try:
-        from workloads import cuda_standin
-    except ImportError:
-        return None
-    return cuda_standin if cuda_standin.active() else None
+STANDIN_ENV = "VMAPBENCH_CUDA_STANDIN"  # workloads.cuda_standin.ENV: asks every process for the stand-in
+STANDIN_MACHINE_SUFFIX = "cuda-standin-dry-run"  # what a machine's name ends in under it
+STANDIN: Any = None
+"""The CUDA stand-in (workloads.cuda_standin), which sets itself here when it is installed:
+measuring/ imports no package above it (docs/design/architecture.md)."""
+
+
+def standin() -> Any:
+    """The CUDA stand-in where it is installed in this process, else None."""
+    return STANDIN if STANDIN is not None and STANDIN.active() else None
+
+
+def standin_requested() -> bool:
+    """Whether the stand-in is installed here or the environment asks for it (importing workloads
+    installs it then)."""
+    return standin() is not None or os.environ.get(STANDIN_ENV, "").strip().lower() in ("1", "true", "yes")
 
 
 def cuda_built() -> bool:
@@ -33,7 +41,7 @@ def cuda_built() -> bool:
     initializes the driver."""
     import torch
 
-    return _standin() is not None or torch.backends.cuda.is_built()
+    return standin() is not None or torch.backends.cuda.is_built()
 
 
 def driver_initialized() -> bool | None:
@@ -53,9 +61,9 @@ def driver_initialized() -> bool | None:
 
 def hazard() -> str | None:
     """Why a child forked from this process now could not use CUDA, or None."""
-    standin = _standin()
-    if standin is not None:
-        used = getattr(standin, "_first_use", "")
+    installed = standin()
+    if installed is not None:
+        used = getattr(installed, "_first_use", "")
         return f"the CUDA stand-in was used here first through {used}" if used else None
     import torch
 

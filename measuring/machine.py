@@ -39,18 +39,19 @@ def machine_name() -> str:
     Under the CUDA stand-in (a dry run of `.ci/gpu-check`) the name ends in 'cuda-standin-dry-run',
     and an explicit name must say 'dry-run': its figures are CPU figures and must never pass for CUDA.
     """
-    from workloads import cuda_standin
+    from measuring import cuda_fork
 
+    dry_run = cuda_fork.standin_requested()
     explicit = os.environ.get(MACHINE_ENV, "").strip()
     if explicit:
         if not re.fullmatch(r"[\w.-]+", explicit):
             raise SystemExit(f"bench: {MACHINE_ENV}={explicit!r} may only hold letters, digits, '.', '_' and '-'")
-        if cuda_standin.active() and "dry-run" not in explicit:
-            raise SystemExit(f"bench: {MACHINE_ENV}={explicit!r} under the CUDA stand-in ({cuda_standin.ENV}=1): "
+        if dry_run and "dry-run" not in explicit:
+            raise SystemExit(f"bench: {MACHINE_ENV}={explicit!r} under the CUDA stand-in ({cuda_fork.STANDIN_ENV}=1): "
                              "the name must contain 'dry-run' (its figures are not CUDA figures)")
         return explicit
     name = f"{_slug(cpu_model()) or 'cpu'}-{os.cpu_count() or 1}cpu"
-    if cuda_standin.active():
-        return f"{name}-{cuda_standin.MACHINE_SUFFIX}"
+    if dry_run:
+        return f"{name}-{cuda_fork.STANDIN_MACHINE_SUFFIX}"
     gpu = gpu_model()
     return f"{name}-{_slug(gpu.replace('NVIDIA', ''))}" if gpu else name

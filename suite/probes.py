@@ -301,6 +301,7 @@ def preload(methods: Iterable[str] | None = None, device: str = "cpu") -> list[s
     alone: the methods that use it report the error.
     """
     wanted = None if methods is None else set(methods)
+    _inject_cuda_standin()
     forward_only = wanted is None and cuda_fork.cuda_built()
 
     def done(step: str) -> None:  # in the fork server: did this step leave CUDA unusable to children?
@@ -340,6 +341,18 @@ def preload(methods: Iterable[str] | None = None, device: str = "cpu") -> list[s
     if wanted is not None and "jax" in wanted:
         warmed += _preload_jax(device)
     return warmed
+
+
+def _inject_cuda_standin() -> None:
+    """Install the CUDA stand-in where VMAPBENCH_CUDA_STANDIN asks (importing workloads does), and
+    hand it to this checkout's measuring/, which imports nothing above it: at a commit whose stand-in
+    does not do so itself too."""
+    try:
+        from workloads import cuda_standin
+    except ImportError:  # a commit from before the stand-in
+        return
+    if cuda_standin.active():
+        cuda_fork.STANDIN = cuda_standin
 
 
 _FORK_HAZARD: tuple[int, str] | None = None  # (the fork server's pid, why CUDA will not survive its forks)

@@ -13,7 +13,7 @@ device, counting devices through the CUDA driver) uses CUDA too, and a child for
 run no backward pass ("autograd's threading in combination with fork").
 
 Nothing it measures is a CUDA figure: the machine name it gives says 'dry-run'
-(vmapbench.bench.machine_name) and the GPU command writes its results to a temporary folder.
+(measuring.machine.machine_name) and the GPU command writes its results to a temporary folder.
 """
 from __future__ import annotations
 
@@ -27,9 +27,11 @@ from typing import Any
 
 import torch
 
-ENV = "VMAPBENCH_CUDA_STANDIN"
+from measuring import cuda_fork
+
+ENV = cuda_fork.STANDIN_ENV
 DEVICE_NAME = "CUDA stand-in (CPU dry run)"
-MACHINE_SUFFIX = "cuda-standin-dry-run"
+MACHINE_SUFFIX = cuda_fork.STANDIN_MACHINE_SUFFIX
 NVML_CHECK_ENV = "PYTORCH_NVML_BASED_CUDA_CHECK"
 AUTOGRAD_FORK_ERROR = ("Unable to handle autograd's threading in combination with fork-based multiprocessing "
                        "(the CUDA stand-in: the parent ran a backward pass, which started autograd's device threads; "
@@ -262,7 +264,8 @@ def patches() -> list[tuple[Any, str, Any]]:
     if not isinstance(engine, _AutogradEngine) and _autograd_threads_in is None:
         engine = _AutogradEngine(engine)
     return [*((torch.cuda, name, fn) for name, fn in _TORCH_CUDA.items()), (sys.modules, "pynvml", _nvml_module()),
-            (_variable(), "_execution_engine", engine), (sys.modules[__name__], "_installed", True)]
+            (_variable(), "_execution_engine", engine), (sys.modules[__name__], "_installed", True),
+            (cuda_fork, "STANDIN", sys.modules[__name__])]  # measuring/ sees the stand-in through this
 
 
 def install_if_requested() -> bool:
