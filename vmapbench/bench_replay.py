@@ -37,7 +37,9 @@ def measure(name: str, rounds: int = 15, budget: float = 0.05) -> dict[str, Any]
     state = w.setup(w.params(default_size(w)), "cpu")
     build = getattr(state, "fn", None)
     call = build("engine") if build is not None else (lambda: w.run("engine", state))
-    before = set(map(id, script_replay.scripted_entries()))
+    # the entries scripted before, held (an entry freed meanwhile could leave its id to a new one)
+    held = script_replay.scripted_entries()
+    before = set(map(id, held))
     with script_replay.build_at_once():
         for _ in range(WARM_CALLS):
             call()
