@@ -8,7 +8,7 @@ STAMP  := $(VENV)/.installed-stamp
 PEERS  ?= 1
 PEERS_STAMP := $(VENV)/.peers-stamp
 BACKPACK := backpack-for-pytorch==1.7.1
-# The torch that `make` installs, exactly (pyproject accepts torch>=2.13,<2.16; a looser spec here would
+# The torch that `make` installs, exactly (pyproject requires none, the engine runs on 2.13-2.15; a loose spec here would
 # pull the newest release with several GB of CUDA wheels). .ci/torch-versions tests the newest.
 TORCH_PIN := torch==2.13.0
 # Threads are pinned for stable timings on small machines; override on the command line.

@@ -13,7 +13,7 @@ def test_the_running_torch_is_in_the_supported_range() -> None:
     oldest, newest = _compat.SUPPORTED
     assert oldest <= _compat.TORCH_VERSION <= newest, (
         f"torch {torch.__version__} is outside the range engine/_compat.py supports ({oldest}..{newest}); "
-        f"install a torch within pyproject's range")
+        f"install one of those releases exactly (the Makefile's TORCH_PIN)")
 
 
 class _Double(torch.autograd.Function):
