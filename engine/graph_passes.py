@@ -20,6 +20,7 @@ import torch.fx
 from torch.utils._pytree import tree_map
 from torch.utils._python_dispatch import _disable_current_modes
 
+from engine import timed_choices
 from engine._dispatch import out_of_place_view
 
 aten = torch.ops.aten
@@ -246,13 +247,12 @@ def _fold_identity_mm(gm: torch.fx.GraphModule) -> bool:
 
 
 # A captured matmul operand is copied into its other layout where the matmul then took at most
-# _LAYOUT_GAIN of the time and _LAYOUT_SAVING seconds less (timed once per process and layout, so
-# that timing noise on small matmuls decides nothing; matmuls beyond _LAYOUT_MAX_FLOPS are not
-# timed: the layout matters to skinny ones).
+# _LAYOUT_GAIN of the time and _LAYOUT_SAVING seconds less (timed once per process and layout,
+# engine.timed_choices, so that timing noise on small matmuls decides nothing; matmuls beyond
+# _LAYOUT_MAX_FLOPS are not timed: the layout matters to skinny ones).
 _LAYOUT_GAIN = 0.75
 _LAYOUT_SAVING = 2e-6
 _LAYOUT_MAX_FLOPS = 1 << 22
-_layout_choices: dict[Hashable, tuple[bool, bool]] = {}
 
 
 def _captured(graph: torch.fx.Graph) -> set[torch.fx.Node]:
@@ -287,11 +287,16 @@ def _flipped_strides(val: Any) -> tuple[int, int] | None:
 
 def _faster_layouts(a: Any, b: Any, options: list[tuple[bool, bool]]) -> tuple[bool, bool]:
     """Which of mm(a, b)'s operands to lay out otherwise ((flip a, flip b)), by timing mm on random
-    operands of those layouts against the recorded ones, interleaved, best of 5 rounds."""
-    key = (tuple(a.shape), a.stride(), tuple(b.shape), b.stride(), a.dtype, tuple(options), torch.get_num_threads())
-    if key in _layout_choices:
-        return _layout_choices[key]
+    operands of those layouts against the recorded ones, interleaved, best of 5 rounds; once per
+    process and key (engine.timed_choices)."""
+    key = ("mm-layout", _LAYOUT_RULE, tuple(a.shape), a.stride(), tuple(b.shape), b.stride(), a.dtype,
+           tuple(options), torch.get_num_threads())
+    return timed_choices.decided(key, lambda: _time_layouts(a, b, options))
 
+
+def _time_layouts(a: Any, b: Any, options: list[tuple[bool, bool]]) -> tuple[bool, bool]:
+    """`_faster_layouts`' timing: the option that took at most _LAYOUT_GAIN of the time and
+    _LAYOUT_SAVING seconds less than the recorded layouts, else (False, False)."""
     def operand(val: Any, flip: bool) -> torch.Tensor:
         stride = _flipped_strides(val) if flip else val.stride()
         return torch.empty_strided(val.shape, stride, dtype=val.dtype).uniform_(-1, 1)
@@ -315,8 +320,10 @@ def _faster_layouts(a: Any, b: Any, options: list[tuple[bool, bool]]) -> tuple[b
     choice = min(pairs, key=best.__getitem__)
     if best[choice] > _LAYOUT_GAIN * best[none] or best[none] - best[choice] < _LAYOUT_SAVING * number:
         choice = none
-    _layout_choices[key] = choice
     return choice
+
+
+_LAYOUT_RULE = timed_choices.rule(_time_layouts, _LAYOUT_GAIN, _LAYOUT_SAVING)
 
 
 def _relayout(graph: torch.fx.Graph, node: torch.fx.Node, x: torch.fx.Node) -> torch.fx.Node:
@@ -913,13 +920,23 @@ class Fold:
             else:
                 self._contents = [t.detach().clone() for t in sources]
             if self._watchable is None:  # large sources: watched only where comparing them pays
-                start = time.perf_counter()
-                same = self._contents_hold(sources)
-                self._watchable = same and spent > FOLD_WATCH_GAIN * (time.perf_counter() - start)
+                self._watchable = self._watch_pays(sources, spent)
                 if not self._watchable:
                     self._layout, self._live, self._contents = None, None, []
         self._values = values
         return values
+
+    def _watch_pays(self, sources: list[torch.Tensor], spent: float) -> bool:
+        """Whether comparing the sources' contents costs under 1/FOLD_WATCH_GAIN of computing the
+        values (`spent`): timed once per process for a fold and its sources' layout
+        (engine.timed_choices)."""
+        def decide() -> bool:
+            start = time.perf_counter()
+            same = self._contents_hold(sources)
+            return same and spent > FOLD_WATCH_GAIN * (time.perf_counter() - start)
+
+        key = ("fold-watch", _FOLD_RULE, FOLD_WATCH_GAIN, self.gm.code, timed_choices.layouts(sources))
+        return timed_choices.decided(key, decide)
 
     def _contents_hold(self, sources: list[torch.Tensor]) -> bool:
         """Whether the sources' contents are bit for bit the saved ones (memcmp on the byte path)."""
@@ -962,6 +979,7 @@ def _layout_of(t: torch.Tensor) -> tuple:
 FOLD_WATCH_ELEMENTS = 1 << 16  # sources up to this size are compared to keep their folded values
 FOLD_WATCH_BYTES = 1 << 26  # larger sources, up to this many bytes in all, where comparing pays (Fold)
 FOLD_WATCH_GAIN = 4  # ... where recomputing the values cost more than this many comparisons of them
+_FOLD_RULE = timed_choices.rule(Fold._watch_pays)
 
 
 _BITS = {1: torch.uint8, 2: torch.int16, 4: torch.int32, 8: torch.int64}

@@ -33,6 +33,7 @@ from typing import Any, Callable, Iterator
 import torch
 import torch.fx
 
+from engine import timed_choices
 from engine.graph_passes import _same_bits
 
 __all__ = ["ENABLED", "Warmup", "build_at_once", "replay_runner", "scripted", "scripted_entries"]
@@ -107,12 +108,22 @@ class Warmup:
                 and not _function_mode() and not _dispatch_modes()):  # (a mode would see the build's trace)
             entry = self.entry()
             if entry is not None and entry.run is self:
-                heavy = self.best > MAX_OP_S * _op_count(entry.gm)  # (its fastest replay: the first ones warm up)
-                runner = None if heavy else scripted(entry.gm, self.forward, inputs, outs)
+                runner = None if _heavy(entry.gm, inputs, self.best) else scripted(entry.gm, self.forward, inputs, outs)
                 entry.run = runner or self.forward
                 if runner is not None:
                     _SCRIPTED.add(entry)
         return outs
+
+
+def _heavy(gm: torch.fx.GraphModule, inputs: tuple, best: float) -> bool:
+    """Whether `gm`'s fastest replay, `best` (the first ones warm up), took more than MAX_OP_S an
+    op: taken once per process for a graph and its inputs' layout (engine.timed_choices), so that
+    a graph near the threshold does not run scripted in one copy and on the forward in another."""
+    key = ("replay-heavy", _HEAVY_RULE, MAX_OP_S, gm.code, timed_choices.layouts(inputs))
+    return timed_choices.decided(key, lambda: best > MAX_OP_S * _op_count(gm))
+
+
+_HEAVY_RULE = timed_choices.rule(_heavy)
 
 
 def replay_runner(entry: Any, forward: Callable) -> Callable:

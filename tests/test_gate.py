@@ -658,6 +658,35 @@ def test_sides_keep_each_commits_modules_and_torch_patches_apart(tmp_path):
     assert torch.Tensor.requires_grad_ is original  # whatever this session had installed, back
 
 
+def test_every_side_takes_the_timed_choices_the_first_one_took(tmp_path):
+    """Two copies of one engine in the measuring process share one table of choices made by
+    timing (engine.timed_choices): a choice near its threshold cannot send an A/A's sides down
+    different paths (one graph scripted, its copy on the forward)."""
+    import shutil
+
+    from vmapbench import gate_probe
+
+    for side in ("a", "b"):
+        shutil.copytree(ROOT / "engine", tmp_path / side / "engine", ignore=shutil.ignore_patterns("__pycache__"))
+    before = sys.modules.get("engine")
+    sides = gate_probe.Sides({"a": tmp_path / "a", "b": tmp_path / "b"})
+    try:
+        got = {}
+        for side in ("a", "b"):
+            sides.activate(side)
+            from engine import script_replay, timed_choices
+
+            sides.activate(side)  # (as the probe does before a side's calls: its engine is imported by now)
+            got[side] = timed_choices
+            assert timed_choices.__file__.startswith(str(tmp_path / side))
+            key = ("replay-heavy", script_replay._HEAVY_RULE, "graph")
+            assert timed_choices.decided(key, lambda side=side: side) == "a"  # side b's own timing is not asked
+        assert got["a"] is not got["b"] and got["a"].TABLE is got["b"].TABLE is sides.choices
+    finally:
+        sides.close()
+    assert sys.modules.get("engine") is before
+
+
 def test_a_side_whose_registry_does_not_import_fails_alone(tmp_path):
     """A base commit that cannot be measured is reported as that side's failure; the other sides of
     the same process are still measured (before, each side had a process of its own)."""

@@ -8,7 +8,7 @@ import torch
 from torch.utils._python_dispatch import _disable_current_modes
 
 import engine
-from engine import autotrace, graph_passes
+from engine import autotrace, graph_passes, timed_choices
 from engine.autotrace import autotraced_state
 from engine.errors import ReplayMismatchError
 from engine.graph_passes import ARITHMETIC_PASSES
@@ -170,16 +170,15 @@ def test_layouts_stay_where_the_other_is_not_faster_or_the_operand_needs_grad(mo
     assert asked == [] and "mm_operand_layout" not in entry.rewrites
 
 
-def test_the_layout_choice_is_timed_once_per_pair_of_layouts():
+def test_the_layout_choice_is_timed_once_per_pair_of_layouts(monkeypatch):
     a = torch.empty(768, 64, device="meta")
     b = torch.empty(64, 3, device="meta")
-    graph_passes._layout_choices.clear()
+    monkeypatch.setattr(timed_choices, "TABLE", {})
     first = graph_passes._faster_layouts(a, b, [(False, True)])
     assert first in ((False, False), (False, True))
-    (key,) = graph_passes._layout_choices
-    graph_passes._layout_choices[key] = (True, True)  # what the next ask gets: the kept choice, not a new timing
+    (key,) = timed_choices.TABLE
+    timed_choices.TABLE[key] = (True, True)  # what the next ask gets: the kept choice, not a new timing
     assert graph_passes._faster_layouts(a, b, [(False, True)]) == (True, True)
-    graph_passes._layout_choices.clear()
 
 
 def test_a_flat_vectors_gradient_is_one_cat_with_the_eager_calls_bits():

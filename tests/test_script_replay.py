@@ -10,7 +10,7 @@ import torch
 from torch.overrides import TorchFunctionMode
 
 import engine
-from engine import script_replay
+from engine import script_replay, timed_choices
 from engine.graph_passes import _same_bits
 
 pytestmark = pytest.mark.skipif(not script_replay.ENABLED, reason="VMAPBENCH_SCRIPTED_REPLAY=0")
@@ -130,6 +130,22 @@ def test_graphs_of_heavy_ops_stay_on_the_forward(monkeypatch):
     entry = _warm(traced, torch.randn(16, dtype=torch.float64))
     assert getattr(entry.run, "__self__", None) is entry.gm  # counted, then left on the forward unbuilt
     assert entry not in script_replay.scripted_entries()
+
+
+def test_a_graph_near_the_threshold_gets_one_answer_per_process(monkeypatch):
+    # the first entry's timing decides; a second entry of the same graph and inputs' layout
+    # reuses it even where its own fastest replay would say otherwise (engine.timed_choices)
+    monkeypatch.setattr(timed_choices, "TABLE", {})
+    monkeypatch.setattr(script_replay, "MAX_OP_S", 1.0)  # nothing is heavy: the first entry runs scripted
+    x = torch.randn(16, dtype=torch.float64)
+    first = _warm(engine.trace(engine.hessian(_rosenbrock)), x)
+    assert first in script_replay.scripted_entries()
+    (key,) = [k for k in timed_choices.TABLE if k[0] == "replay-heavy"]
+    assert timed_choices.TABLE[key] is False
+    timed_choices.TABLE[key] = True  # as if a noisier moment had timed it heavy first
+    second = _warm(engine.trace(engine.hessian(_rosenbrock)), x)
+    assert second not in script_replay.scripted_entries()
+    assert getattr(second.run, "__self__", None) is second.gm  # left on the forward, as the kept answer says
 
 
 def test_outputs_that_differ_in_layout_or_aliasing_are_refused():

@@ -300,6 +300,9 @@ class Sides:
         self.pristine = [(space, dict(vars(space))) for space in _patchable()]
         self.outside = {k: m for k, m in sys.modules.items() if self._owned(k)}  # put back by close()
         self.active: str | None = None
+        # One table of timed choices for every side (engine.timed_choices): copies of the same
+        # code reach the same state, so an A/A's sides run the same paths.
+        self.choices: dict = {}
 
     @staticmethod
     def _owned(name: str) -> bool:
@@ -324,6 +327,7 @@ class Sides:
             setattr(space, key, value)
 
     def activate(self, label: str) -> None:
+        self.share_choices()  # (the active side's engine may have been imported since it was activated)
         if label == self.active:
             return
         if self.active is not None:
@@ -336,6 +340,17 @@ class Sides:
         sys.path.insert(0, str(self.trees[label]))
         importlib.invalidate_caches()
         self.active = label
+        self.share_choices()
+
+    def share_choices(self) -> None:
+        """Point the active side's engine at the sides' one table of timed choices, with what it
+        chose before it was pointed there (an engine without engine.timed_choices, an older
+        commit, keeps its own choices)."""
+        module = sys.modules.get("engine.timed_choices")
+        if module is not None and module.TABLE is not self.choices:
+            for key, value in module.TABLE.items():
+                self.choices.setdefault(key, value)
+            module.TABLE = self.choices
 
     def close(self) -> None:
         """Put the active side aside and leave sys.modules, sys.path and torch as they were."""
