@@ -13,6 +13,8 @@ noise floor (`verdict`): criterion.rs's "change within noise threshold" made fir
   better (speedups) are turned around by `higher_is_better`.
 - `noise_floor`: a benchmark's floor from the calibration file `vmapbench gate --calibrate`
   writes (results/noise/<machine>.json), else the metric's policy floor, else the default.
+- Plain summaries, for figures printed without an interval: `median`, `quartiles`, `quantile`,
+  `rank_percentile` (a percentile that is one of the samples), `geomean` (of ratios).
 - `row_estimate` / `asv_estimates`: an asv result entry (value, samples recorded by
   `asv run --record-samples`, asv's own 99% interval) read into Estimates.
 - The policy: which metrics gate (`GATED_METRICS`: the in-process, load-invariant ratios, and
@@ -26,9 +28,10 @@ import json
 import math
 import os
 import re
+import statistics
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Iterator, Mapping, Sequence
+from typing import Any, Iterable, Iterator, Mapping, Sequence
 
 import numpy as np
 
@@ -307,6 +310,43 @@ def relative_change(change: Estimate) -> str:
     if change.n <= 1 or change.lo == change.hi:
         return pct(change.value)
     return f"{pct(change.value)} [{pct(change.lo)}, {pct(change.hi)}]"
+
+
+# --- plain summaries -----------------------------------------------------------------------------
+
+def median(values: Iterable[float]) -> float:
+    """The median of `values` (the mean of the two middle ones for an even count)."""
+    return statistics.median(values)
+
+
+def quartiles(values: Sequence[float], method: str = "exclusive") -> tuple[float, float, float]:
+    """(first quartile, median, third quartile) of `values`, by `statistics.quantiles`' `method`
+    ('exclusive' or 'inclusive'); one value is all three."""
+    if len(values) == 1:
+        return values[0], values[0], values[0]
+    q1, q2, q3 = statistics.quantiles(values, n=4, method=method)
+    return q1, q2, q3
+
+
+def quantile(values: Sequence[float], q: float) -> float:
+    """The `q` quantile (0..1) of `values`, interpolated linearly between samples (numpy's default)."""
+    return float(np.quantile(np.asarray(values, dtype=float), q))
+
+
+def rank_percentile(values: Iterable[float], fraction: float) -> float:
+    """The sample at `fraction` (0..1) of the sorted `values`, index floor(fraction * n) (the last
+    at most): a percentile that is always one of the measured values, never interpolated."""
+    ordered = sorted(values)
+    if not ordered:
+        raise ValueError("rank_percentile: no values")
+    return ordered[min(len(ordered) - 1, int(fraction * len(ordered)))]
+
+
+def geomean(values: Iterable[float]) -> float:
+    """The geometric mean of positive `values` (the mean of ratios: 2x and 0.5x average to 1x);
+    NaN when there are none."""
+    logs = [math.log(v) for v in values]
+    return math.exp(statistics.fmean(logs)) if logs else math.nan
 
 
 # --- policy lookups ------------------------------------------------------------------------------
