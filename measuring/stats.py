@@ -14,7 +14,7 @@ noise floor (`verdict`): criterion.rs's "change within noise threshold" made fir
 - `noise_floor`: a benchmark's floor from the calibration file `vmapbench gate --calibrate`
   writes (results/noise/<machine>.json), else the metric's policy floor, else the default.
 - Plain summaries, for figures printed without an interval: `median`, `quartiles`, `quantile`,
-  `rank_percentile` (a percentile that is one of the samples), `geomean` (of ratios).
+  `rank_percentile` (a percentile that is one of the samples), `spread`, `geomean` (of ratios).
 - `row_estimate` / `asv_estimates`: an asv result entry (value, samples recorded by
   `asv run --record-samples`, asv's own 99% interval) read into Estimates.
 - The policy: which metrics gate (`GATED_METRICS`: the in-process, load-invariant ratios, and
@@ -340,6 +340,16 @@ def rank_percentile(values: Iterable[float], fraction: float) -> float:
     if not ordered:
         raise ValueError("rank_percentile: no values")
     return ordered[min(len(ordered) - 1, int(fraction * len(ordered)))]
+
+
+def spread(values: Sequence[float], tail: float) -> tuple[float, float]:
+    """(low, high): the samples floor(tail * n) places in from each end of the sorted `values`
+    (tail 0.1: the 10-90% spread), symmetric, so that the same number of samples lies beyond each."""
+    ordered = sorted(values)
+    if not ordered:
+        raise ValueError("spread: no values")
+    k = min(int(tail * len(ordered)), (len(ordered) - 1) // 2)
+    return ordered[k], ordered[-1 - k]
 
 
 def geomean(values: Iterable[float]) -> float:

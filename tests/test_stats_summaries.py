@@ -1,4 +1,4 @@
-"""measuring.stats' plain summaries: median, quartiles, quantile, rank_percentile, geomean."""
+"""measuring.stats' plain summaries: median, quartiles, quantile, rank_percentile, spread, geomean."""
 from __future__ import annotations
 
 import math
@@ -39,6 +39,13 @@ def test_rank_percentile_is_always_a_sample():
     assert stats.rank_percentile([0.3], 0.5) == 0.3
     with pytest.raises(ValueError, match="no values"):
         stats.rank_percentile([], 0.5)
+
+
+def test_spread_drops_the_same_number_of_samples_at_each_end():
+    values = [float(v) for v in range(1, 31)]
+    assert stats.spread(values, 0.1) == (4.0, 27.0)  # 3 dropped below, 3 above
+    assert stats.spread([2.0, 1.0], 0.5) == (1.0, 2.0)  # never crosses the middle
+    assert stats.spread([1.0, 2.0, 3.0], 0.0) == (1.0, 3.0)
 
 
 def test_geomean_averages_ratios_in_log_scale():

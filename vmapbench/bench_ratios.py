@@ -18,14 +18,12 @@ from __future__ import annotations
 
 import argparse
 import cProfile
-import math
 import pstats
-import statistics
-import time
 from typing import Any, Callable
 
 import torch
 
+from measuring import stats, timer
 from suite import probes
 from workloads.base import Workload, all_workloads, get
 
@@ -58,26 +56,17 @@ def candidates(family: str | None, names: list[str] | None, engine: str = "eager
     return [w for w in chosen if engine_method(w, engine) is not None and "torch_func" in w.methods]
 
 
-def _batch(fn: Callable[[], Any], number: int) -> float:
-    start = time.perf_counter()
-    for _ in range(number):
-        fn()
-    return (time.perf_counter() - start) / number
+MAX_CALLS = 1_000_000  # calls in one batch at most (a call of 20 ns in a 0.02 s batch)
 
 
 def round_ratios(a: Callable[[], Any], b: Callable[[], Any], rounds: int, min_batch_s: float) -> list[float]:
     """Per round, seconds per call of `a` / of `b`, the two timed one after the other (order
-    alternating round by round) in batches of at least `min_batch_s`."""
+    alternating round by round, measuring.timer.rounds) in batches of at least `min_batch_s`."""
     a(), b()  # warm-up (and first-call work such as building rule plans)
-    number = {f: max(1, math.ceil(min_batch_s / max(_batch(f, 1), 1e-7))) for f in (a, b)}
-    ratios = []
-    for r in range(rounds):
-        if r % 2 == 0:
-            ta, tb = _batch(a, number[a]), _batch(b, number[b])
-        else:
-            tb, ta = _batch(b, number[b]), _batch(a, number[a])
-        ratios.append(ta / tb)
-    return ratios
+    calls = {"a": a, "b": b}
+    batches = {key: timer.batch_for(once, min_batch_s, MAX_CALLS) for key, once in timer.single_calls(calls).items()}
+    samples = timer.rounds(calls, rounds, batches=batches, alternate=True)
+    return [ta / tb for ta, tb in zip(samples["a"], samples["b"])]
 
 
 def _calls(workload: Workload, method: str) -> tuple[Callable[[], Any], Callable[[], Any], Any]:
@@ -95,9 +84,9 @@ def report(workloads: list[Workload], rounds: int, min_batch_s: float, profile: 
     for w in workloads:
         method = engine_method(w, engine)
         engine_call, reference_call, size = _calls(w, method)
-        ratios = sorted(round_ratios(engine_call, reference_call, rounds, min_batch_s))
-        med = statistics.median(ratios)
-        lo, hi = ratios[len(ratios) // 10], ratios[-1 - len(ratios) // 10]
+        ratios = round_ratios(engine_call, reference_call, rounds, min_batch_s)
+        med = stats.median(ratios)
+        lo, hi = stats.spread(ratios, 0.1)
         medians[w.name] = med
         print(f"{w.name:<22} {size:<20} {method}/torch_func {med:5.2f}  [{lo:.2f}-{hi:.2f}]", flush=True)
         if profile:
@@ -105,7 +94,7 @@ def report(workloads: list[Workload], rounds: int, min_batch_s: float, profile: 
             prof.runcall(lambda: [engine_call() for _ in range(20)])
             pstats.Stats(prof).sort_stats("tottime").print_stats(25)
     if medians:
-        geomean = math.exp(statistics.fmean(math.log(v) for v in medians.values()))
+        geomean = stats.geomean(medians.values())
         worst = max(medians, key=medians.__getitem__)
         print(f"geomean {geomean:.3f}   worst {medians[worst]:.2f} ({worst})   {len(medians)} workloads", flush=True)
     return medians
