@@ -5,9 +5,9 @@ Automatic tracing replays the same recorded graph as engine.trace; what it adds 
 own bookkeeping: the outermost-call check, the signature lookup and the guard that the Python
 state the recording read is unchanged (engine.guardstate). This measures that addition on a tiny
 function and on an MLP of 2, 16 and 64 blocks (Linear + Tanh, parameters frozen so the replay is
-allowed), `vmap(grad(loss))` over a batch of 8. The two callables are timed call by call,
-alternating, in CPU seconds of this process (time.process_time: what other processes' load does
-not inflate), and reported as the median [quartiles] of the per-pair ratio auto/trace, with the
+allowed), `vmap(grad(loss))` over a batch of 8. The two callables are timed batch by batch,
+alternating (measuring.timer.rounds), in CPU seconds of this process (time.process_time: what
+other processes' load does not inflate), and reported as the median [quartiles] of the per-pair ratio auto/trace, with the
 guard check alone (StateGuard.holds, the full path's) and the replay path's check alone (the
 native check of the state and the arguments, AutoTraced._memo) in microseconds. Both run on the replay tier (the fused tier
 off): what is measured is the bookkeeping, not which tier a signature reached.
@@ -19,7 +19,6 @@ itself under callgrind and counts `COUNT_CALLS` calls of each callable, and of t
 from __future__ import annotations
 
 import argparse
-import statistics
 import subprocess
 import sys
 import tempfile
@@ -32,7 +31,7 @@ import torch
 import engine
 from engine import guardstate
 from engine.autotrace import autotraced_state
-from measuring import counts
+from measuring import counts, stats, timer
 
 DEFAULT_BLOCKS = (0, 2, 16, 64)  # 0: the tiny function
 COUNT_CALLS = 20  # calls counted per callable under callgrind
@@ -48,11 +47,9 @@ def _model(blocks: int) -> Callable[[torch.Tensor], torch.Tensor]:
     return lambda x: net(x).sum()
 
 
-def _cpu(fn: Callable[[], Any], number: int) -> float:
-    start = time.process_time()
-    for _ in range(number):
-        fn()
-    return (time.process_time() - start) / number
+def _fastest(fn: Callable[[], Any], calls: int = 200, units: int = 3) -> float:
+    """CPU seconds per call of `fn`: the fastest of `units` units of `calls` calls."""
+    return timer.rounds({"": fn}, 1, batches={"": timer.Batch(units * calls, calls)}, clock=time.process_time)[""][0]
 
 
 def _pair(blocks: int) -> tuple[Callable, Callable, Any, torch.Tensor]:
@@ -74,23 +71,20 @@ def _pair(blocks: int) -> tuple[Callable, Callable, Any, torch.Tensor]:
 def measure(blocks: int, rounds: int = 15, budget: float = 0.02) -> dict[str, float]:
     """Interleaved auto vs trace timings for one model size; see the module docstring."""
     auto, traced, state, x = _pair(blocks)
-    number = max(1, int(budget / max(_cpu(lambda: traced(x), 3), 1e-7)))
-    ratios, t_auto, t_trace = [], [], []
-    for r in range(rounds):
-        pair = ((auto, t_auto), (traced, t_trace)) if r % 2 else ((traced, t_trace), (auto, t_auto))
-        times = {}
-        for fn, sink in pair:
-            times[id(fn)] = _cpu(lambda: fn(x), number)
-            sink.append(times[id(fn)])
-        ratios.append(times[id(auto)] / times[id(traced)])
+    calls = {"trace": lambda: traced(x), "auto": lambda: auto(x)}
+    once = timer.single_calls({"trace": calls["trace"]}, batches={"trace": timer.Batch(3, 3)}, clock=time.process_time)
+    number = max(1, int(budget / once["trace"]))
+    batches = {key: timer.Batch(number, number) for key in calls}
+    samples = timer.rounds(calls, rounds, batches=batches, clock=time.process_time, alternate=True)
+    ratios = [a / t for a, t in zip(samples["auto"], samples["trace"])]
     guard = state._guard
-    holds = min(_cpu(guard.holds, 200) for _ in range(3)) if guard is not None else float("nan")
+    holds = _fastest(guard.holds) if guard is not None else float("nan")
     check = _replay_check(state, x)
-    checks = min(_cpu(check, 200) for _ in range(3)) if check is not None else float("nan")
-    q = statistics.quantiles(ratios, n=4)
+    checks = _fastest(check) if check is not None else float("nan")
+    q1, median, q3 = stats.quartiles(ratios)
     return {
-        "blocks": blocks, "trace_us": statistics.median(t_trace) * 1e6, "auto_us": statistics.median(t_auto) * 1e6,
-        "ratio": statistics.median(ratios), "ratio_q1": q[0], "ratio_q3": q[-1], "guard_us": holds * 1e6,
+        "blocks": blocks, "trace_us": stats.median(samples["trace"]) * 1e6, "auto_us": stats.median(samples["auto"]) * 1e6,
+        "ratio": median, "ratio_q1": q1, "ratio_q3": q3, "guard_us": holds * 1e6,
         "check_us": checks * 1e6,
     }
 
