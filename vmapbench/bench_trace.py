@@ -1,15 +1,14 @@
 """Side-by-side timings of traced/compiled engine transforms against torch.func (python -m vmapbench.bench_trace).
 
-Every pair is measured in this one process, alternating the contenders call by call, and the
-median of `--repeats` calls after warm-up is reported with the ratio engine / reference. The
-first-call trace latency and the compile latency are reported as measured.
+Every pair is measured in this one process, alternating the contenders call by call
+(measuring.timer.rounds), and the median of `--repeats` calls after warm-up is reported with the
+ratio engine / reference. The first-call trace latency and the compile latency are reported as
+measured.
 """
 from __future__ import annotations
 
 import argparse
 import os
-import statistics
-import time
 from typing import Callable
 
 import torch
@@ -17,19 +16,19 @@ from torch.func import functional_call
 
 import engine
 from engine.trace import TracedFunction
+from measuring import stats, timer
 
 
 def _median_times(fns: list[Callable[[], object]], repeats: int, warmup: int) -> list[float]:
-    for _ in range(warmup):
-        for f in fns:
-            f()
-    times: list[list[float]] = [[] for _ in fns]
-    for _ in range(repeats):
-        for i, f in enumerate(fns):
-            t = time.perf_counter()
-            f()
-            times[i].append(time.perf_counter() - t)
-    return [statistics.median(ts) for ts in times]
+    """Median seconds per call of each of `fns`, called in turn in `repeats` rounds
+    (measuring.timer.rounds) after `warmup` unrecorded rounds."""
+    samples = timer.rounds(dict(enumerate(fns)), repeats, warmup_rounds=warmup)
+    return [stats.median(samples[i]) for i in range(len(fns))]
+
+
+def _first_call_s(fn: Callable[[], object]) -> float:
+    """Seconds of one call of `fn`, as it comes (no warm-up: a first call's latency)."""
+    return timer.time_call(fn, repeat=1, warmup=0)[0]
 
 
 def _logreg(n: int, d: int):
@@ -104,13 +103,9 @@ def bench_replay(repeats: int, warmup: int) -> None:
 
 
 def _first_calls(ours: TracedFunction, theirs: Callable, args: tuple, what: str) -> None:
-    t0 = time.perf_counter()
-    ours(*args)
-    first = time.perf_counter() - t0
+    first = _first_call_s(lambda: ours(*args))
     print(f"  engine.compile first call {first:.2f} s = trace {ours.trace_seconds:.2f} s + compile {ours.compile_seconds:.2f} s")
-    t0 = time.perf_counter()
-    theirs(*args)
-    print(f"  torch.compile({what}) first call {time.perf_counter() - t0:.2f} s")
+    print(f"  torch.compile({what}) first call {_first_call_s(lambda: theirs(*args)):.2f} s")
 
 
 def bench_compiled(repeats: int, warmup: int) -> None:
