@@ -17,7 +17,8 @@ use of it: `time_call`; `vmapbench run`'s per-call rounds; the ASV suite's batch
 - `device`: on CUDA every unit's clock stops after a synchronisation (the call's kernels are in
   its time), and the queue is drained before the first unit (`drain_each`: before every unit);
 - `alternate`: forward order on even rounds, reverse on odd ones (a call's position in the round
-  moves its time);
+  moves its time); `rotate`: round r starts at the (r mod n)-th of n callables, so that with more
+  than two each takes every position in turn;
 - `collect`: the garbage collector never runs inside a batch (as timeit does it): what is alive
   at the start is frozen out of its walks, each batch runs with it off and is followed by an
   untimed collection, so a collection does not land in whichever batch crossed its threshold;
@@ -68,6 +69,7 @@ def rounds(
     clock: Callable[[], float] | None = None,
     device: str | torch.device | None = None,
     alternate: bool = False,
+    rotate: bool = False,
     drain_each: bool = False,
     collect: bool = False,
     warmup_rounds: int = 0,
@@ -82,6 +84,8 @@ def rounds(
     """
     if count < 1:
         raise ValueError(f"rounds needs a count >= 1, got {count}")
+    if alternate and rotate:
+        raise ValueError("rounds: alternate and rotate are two orders; pick one")
     clock = clock or time.perf_counter  # looked up per call: a clock patched into this module applies
     batches = batches or {}
     order = list(calls)
@@ -112,8 +116,14 @@ def rounds(
             gc.collect()
         return fastest / batch.unit
 
+    def round_order(r: int) -> list[K]:
+        if rotate:
+            k = r % len(order)
+            return order[k:] + order[:k]
+        return order[::-1] if alternate and r % 2 else order
+
     def one_round(r: int, keep: bool) -> None:
-        for key in order if not alternate or r % 2 == 0 else reversed(order):
+        for key in round_order(r):
             seconds = timed(key)
             if keep:
                 samples[key].append(seconds)

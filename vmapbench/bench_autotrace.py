@@ -4,34 +4,22 @@ engine.trace and the eager engine, on workloads of the registry (python -m vmapb
 Every method's measured call is the registry's own (`Workload.setup(...).fn(method)`), prepared
 (the first call, and for `engine` the two calls before an automatic replay), checked against the
 workload's float64 reference, and then timed call by call, the methods alternating (their order
-rotating each repeat), all in this one process, so that load on a shared machine hits all alike.
-Reported per workload: the median per-call time of each method, the median [quartiles] of the
-ratio of each call to the torch.func call next to it, and what automatic tracing decided for the
-workload's transforms (replayed, or eager and why).
+rotating each repeat: measuring.timer.rounds), all in this one process, so that load on a shared
+machine hits all alike. Reported per workload: the median per-call time of each method, the
+median [quartiles] of the ratio of each call to the torch.func call next to it, and what automatic
+tracing decided for the workload's transforms (replayed, or eager and why).
 """
 from __future__ import annotations
 
 import argparse
-import statistics
-import time
-from typing import Any, Callable
+from typing import Any
 
 import engine.autotrace
 import workloads
+from measuring import stats, timer
 
 METHODS = ("engine", "engine_eager", "engine_traced", "torch_func")
 DEFAULT_WORKLOADS = ("psg_mlp", "logreg_hessian", "mlp_jacobian", "nn_mnist_cnn")
-
-
-def _timed(fn: Callable[[], Any]) -> float:
-    start = time.perf_counter()
-    fn()
-    return time.perf_counter() - start
-
-
-def _quartiles(values: list[float]) -> tuple[float, float, float]:
-    q = statistics.quantiles(values, n=4) if len(values) > 1 else values * 3
-    return q[0], statistics.median(values), q[-1]
 
 
 def _autotraced(fn: Any, depth: int = 3) -> list[engine.autotrace.AutoTraced]:
@@ -70,16 +58,12 @@ def bench(name: str, size: str | None, repeats: int) -> None:
     methods = [m for m in METHODS if workload.supports(m)]
     first = {m: workload.prepare(m, state) for m in methods}
     workload.check(state, methods)
-    times: dict[str, list[float]] = {m: [] for m in methods}
-    fns = {m: state.fn(m) for m in methods}
-    for r in range(repeats):
-        for m in methods[r % len(methods):] + methods[:r % len(methods)]:
-            times[m].append(_timed(fns[m]))
+    times = timer.rounds({m: state.fn(m) for m in methods}, repeats, rotate=True)
     print(f"== {name} [{size}] ({repeats} calls per method, alternating)")
     for m in methods:
-        low, mid, high = _quartiles([t / ref for t, ref in zip(times[m], times["torch_func"])])
+        low, mid, high = stats.quartiles([t / ref for t, ref in zip(times[m], times["torch_func"])])
         print(
-            f"  {m:<14} {statistics.median(times[m]) * 1e3:9.3f} ms/call   /torch_func {mid:5.2f} "
+            f"  {m:<14} {stats.median(times[m]) * 1e3:9.3f} ms/call   /torch_func {mid:5.2f} "
             f"[{low:.2f}-{high:.2f}]   first call {first[m]:.3f} s"
         )
     print(f"  automatic tracing: {_decisions(_autotraced(state.fn('engine')))}")

@@ -1,0 +1,31 @@
+"""measuring.timer.rounds: the order of the callables within a round."""
+from __future__ import annotations
+
+import pytest
+
+from measuring import timer
+
+
+def called_order(**options) -> list[str]:
+    seen: list[str] = []
+    calls = {key: (lambda key=key: seen.append(key)) for key in "abc"}
+    samples = timer.rounds(calls, 4, **options)
+    assert all(len(s) == 4 for s in samples.values())
+    return seen
+
+
+def test_rounds_keep_the_order_given_by_default():
+    assert called_order() == list("abc" * 4)
+
+
+def test_alternate_reverses_every_other_round():
+    assert called_order(alternate=True) == list("abc" "cba" "abc" "cba")
+
+
+def test_rotate_starts_each_round_at_the_next_callable():
+    assert called_order(rotate=True) == list("abc" "bca" "cab" "abc")
+
+
+def test_alternate_and_rotate_exclude_each_other():
+    with pytest.raises(ValueError, match="pick one"):
+        called_order(alternate=True, rotate=True)
