@@ -39,7 +39,6 @@ import functools
 import json
 import math
 import os
-import statistics
 import sys
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -47,7 +46,7 @@ from typing import Any, Callable, Sequence
 
 import torch
 
-from measuring import malloc
+from measuring import malloc, stats
 
 PEERS: tuple[str, ...] = ("jax", "opacus_hooks", "opacus_ew", "opacus_functorch", "backpack")
 # The engine's replayed path: the first of these the workload lists.
@@ -97,7 +96,7 @@ class Row:
     @property
     def seconds(self) -> dict[str, float]:
         """Median seconds per call of each timed method."""
-        return {m: statistics.median(s) for m, s in self.samples.items()}
+        return {m: stats.median(s) for m, s in self.samples.items()}
 
     @property
     def best_peer(self) -> str | None:
@@ -115,16 +114,14 @@ class Row:
     def ratio(self, method: str | None, over: str | None) -> float:
         """Median over the rounds of method / over; NaN when either was not timed."""
         ratios = self.round_ratios(method, over)
-        return statistics.median(ratios) if ratios else math.nan
+        return stats.median(ratios) if ratios else math.nan
 
     def quartiles(self, method: str | None, over: str | None) -> tuple[float, float]:
         """The first and third quartiles of the per-round ratios (their spread: the noise)."""
         ratios = self.round_ratios(method, over)
         if not ratios:
             return math.nan, math.nan
-        if len(ratios) == 1:
-            return ratios[0], ratios[0]
-        q1, _, q3 = statistics.quantiles(ratios, n=4, method="inclusive")
+        q1, _, q3 = stats.quartiles(ratios, method="inclusive")
         return q1, q3
 
 
@@ -476,9 +473,9 @@ def overhead_markdown(samples: dict[str, list[float]]) -> str:
         spread = "-"
         if "jax.jit" in samples:
             ratios = [a / b for a, b in zip(values, samples["jax.jit"], strict=True)]
-            q1, _, q3 = statistics.quantiles(ratios, n=4, method="inclusive")
-            spread = f"{statistics.median(ratios):.2f} ({q1:.2f}-{q3:.2f})"
-        lines.append(f"| {name} | {statistics.median(values) * 1e6:.2f} | {spread} |")
+            q1, median, q3 = stats.quartiles(ratios, method="inclusive")
+            spread = f"{median:.2f} ({q1:.2f}-{q3:.2f})"
+        lines.append(f"| {name} | {stats.median(values) * 1e6:.2f} | {spread} |")
     return "\n".join(lines)
 
 
