@@ -16,11 +16,12 @@ import argparse
 import json
 import math
 import re
-import statistics
 import sys
 from collections import defaultdict
 from pathlib import Path
 from typing import Any, Callable
+
+from measuring import stats
 
 ROOT = Path(__file__).resolve().parents[1]
 MARKER = re.compile(r"(<!-- table: (?P<kind>[\w-]+) (?P<source>\S+) -->\n)(?P<body>.*?)(<!-- /table -->)", re.S)
@@ -68,8 +69,8 @@ def measured_at(doc: dict[str, Any], source: Path, root: Path = ROOT) -> str:
 
 
 def _geomean(values: list[float]) -> float:
-    values = [v for v in values if not math.isnan(v)]
-    return math.exp(statistics.fmean(math.log(v) for v in values)) if values else math.nan
+    """stats.geomean of the values measured (NaN: not measured, left out)."""
+    return stats.geomean(v for v in values if not math.isnan(v))
 
 
 def peers_headline(source: Path) -> str:
@@ -205,7 +206,7 @@ def noise_figure(source: Path) -> str:
     shown = source.relative_to(ROOT) if source.is_relative_to(ROOT) else source
     text = (f"On `{doc['machine']}` the gate's calibrated noise floor (from {doc['aa_runs']} A/A runs, the "
             f"same commit as base and head; 1.5 times the largest change they showed) is "
-            f"{statistics.median(times):.0%} for the median of its {len(times)} time signals, ratios timed "
+            f"{stats.median(times):.0%} for the median of its {len(times)} time signals, ratios timed "
             f"in one process, and {max(times):.0%} for the noisiest")
     if counts:
         text += f"; {max(counts):.0%} for an instruction count"
