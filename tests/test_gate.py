@@ -279,8 +279,18 @@ def test_calibration_summary_counts_runs_and_engine_names():
             gate.CalibrationRun("planted-uniform", ["bench_workloads.w.time_run('s', 'loop', 'cpu')"], 1, 1.0)]
     summary = gate.summarize_calibration(runs)
     assert summary["aa"] == {"runs": 2, "flagged_runs": 0, "rate": 0.0, "named": [], "only_engine_named": True,
-                             "failed_runs": 0, "seconds": [1, 1]}
+                             "failed_runs": 0, "seconds": [1, 1], "verdicts": [{}, {}], "beyond_floor": [0, 0]}
     assert summary["planted-uniform"]["flagged_runs"] == 2 and summary["planted-uniform"]["only_engine_named"] is False
+
+
+def test_a_signal_beyond_its_floor_either_way_is_named():
+    def row(name, value, floor, gated=True):
+        est = stats.Estimate(value, value * 0.99, value * 1.01, 12)
+        return gate.Row(name, gated, "unchanged", floor, est, est, est)
+
+    rows = [row("in", 1.04, 0.05), row("slower", 1.06, 0.05), row("faster", 1 / 1.06, 0.05),
+            row("unknown", 3.0, math.inf), row("reported", 2.0, 0.05, gated=False)]
+    assert [name for name, _, _ in gate.beyond_floor(rows)] == ["slower", "faster"]
 
 
 def test_count_dumps_are_parsed_by_their_label(tmp_path):

@@ -51,21 +51,13 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, Iterable, Iterator, Mapping, Sequence
 
-import numpy as np
-
 from measuring import malloc, stats
+from measuring.counted import COUNTED_WORKLOADS
 
 PROBE = Path(__file__).resolve().with_name("gate_probe.py")
 # Time signals: every workload of the registry (the measured commit's), methods
-# gate_probe.GATE_METHODS at the first quick size. Count signals (instructions under callgrind,
-# ~10x native uninstrumented and ~50x counted, so ~2 min of one core for these) are taken for the
-# per-op chain and these workloads: per family one or two cheap ones whose engine calls go through
-# every path (vmap over grad, hessian, jvp, torch.nn modules, torch.distributions, the tutorials'
-# functional_call), so a slowdown of one transform or of one family's engine calls moves a count.
-COUNTED_WORKLOADS: tuple[str, ...] = (
-    "logreg_per_example_grads", "psg_mlp", "rosenbrock_hessian", "quadratic_hessian", "mlp_hvp", "mlp_jacobian",
-    "mlp_jvp", "nn_ffnn", "nn_logreg", "nn_embedding", "bayes_laplace_hessian", "tutorial_maml",
-)
+# gate_probe.GATE_METHODS at the first quick size. Count signals (~2 min of one core): the per-op
+# chain and measuring.counted.COUNTED_WORKLOADS.
 # CPU seconds of one workload's timed rounds in a time process at most. Its set-up and first calls
 # (mostly the traces of engine and engine_traced) come on top and cost more than the rounds, so
 # the budget is small: the whole gate must fit a CI job.
@@ -502,7 +494,7 @@ class Row:
 
 
 def _median(values: Sequence[float]) -> float:
-    return float(np.median(np.asarray(values, dtype=float)))
+    return float(stats.median(values))
 
 
 Runs = Mapping[str, Mapping[str, list[float]]]
@@ -575,7 +567,7 @@ def evidence_floors(spread: Mapping[str, float]) -> dict[str, float]:
         own = pools[stats.metric_of(name), _method(name)]
         return own if len(own) >= EVIDENCE_POOL_MIN else pools[stats.metric_of(name), "*"]
 
-    return {name: _margined(max(d, float(np.quantile(pool(name), EVIDENCE_QUANTILE)))) for name, d in gated.items()}
+    return {name: _margined(max(d, stats.quantile(pool(name), EVIDENCE_QUANTILE))) for name, d in gated.items()}
 
 
 def _margined(spread: float) -> float:
@@ -874,7 +866,7 @@ def floors_by_family(floors: Mapping[str, float]) -> dict[str, dict[str, float]]
     groups: dict[str, list[float]] = {}
     for name, f in floors.items():
         groups.setdefault(signal_family(name), []).append(f)
-    return {fam: {"signals": len(v), "median": round(float(np.median(v)), 4), "max": round(max(v), 4)}
+    return {fam: {"signals": len(v), "median": round(stats.median(v), 4), "max": round(max(v), 4)}
             for fam, v in sorted(groups.items())}
 
 
@@ -890,6 +882,17 @@ class CalibrationRun:
     flagged: list[str]
     exit_code: int
     seconds: float
+    verdicts: dict[str, int] = field(default_factory=dict)  # gated signals per verdict (`tally`)
+    # Gated signals whose head/base point estimate lies beyond its floor, either way (an A/A's
+    # should be none: every ratio within its noise), as (name, ratio, floor).
+    beyond: list[tuple[str, float, float]] = field(default_factory=list)
+
+
+def beyond_floor(rows: Iterable[Row]) -> list[tuple[str, float, float]]:
+    """(name, head/base, floor) of every gated signal whose point estimate lies beyond its finite
+    floor in either direction."""
+    return [(r.name, r.change.value, r.floor) for r in rows if r.gated and not math.isinf(r.floor)
+            and abs(math.log(r.change.value)) > math.log1p(r.floor)]
 
 
 def summarize_calibration(runs: Sequence[CalibrationRun]) -> dict[str, Any]:
@@ -902,7 +905,9 @@ def summarize_calibration(runs: Sequence[CalibrationRun]) -> dict[str, Any]:
                      "rate": flagged_runs / len(selected), "named": names,
                      "only_engine_named": all(is_engine_signal(n) for n in names),
                      "failed_runs": sum(1 for r in selected if r.exit_code == 2),
-                     "seconds": [round(r.seconds) for r in selected]}
+                     "seconds": [round(r.seconds) for r in selected],
+                     "verdicts": [r.verdicts for r in selected],
+                     "beyond_floor": [len(r.beyond) for r in selected]}
     return out
 
 
@@ -931,9 +936,11 @@ def calibrate(root: Path, machine: str, n_aa: int, n_busy: int, n_planted: int, 
             result = compare_commits(root, "HEAD", "HEAD", machine, plant=plant[0] if plant else None,
                                      plant_at=plant[1] if plant else "engine", log=log)
         flagged = [r.name for r in regressions(result.rows)]
-        runs.append(CalibrationRun(kind, flagged, result.exit_code, time.time() - started))
+        runs.append(CalibrationRun(kind, flagged, result.exit_code, time.time() - started,
+                                   tally(result.rows), beyond_floor(result.rows)))
         log(f"calibrate: {kind}: exit {result.exit_code}, {len(flagged)} flagged "
-            f"{[_short(n) for n in flagged][:12]} ({runs[-1].seconds:.0f} s)")
+            f"{[_short(n) for n in flagged][:12]} ({runs[-1].seconds:.0f} s); verdicts {runs[-1].verdicts}, "
+            f"{len(runs[-1].beyond)} beyond their floor")
         save()
         return result
 
