@@ -32,11 +32,12 @@ every size and mode, each measured interleaved in one process, `--repeat` times 
 from __future__ import annotations
 
 import argparse
-import statistics
 import time
 from typing import Any, Callable
 
 import torch
+
+from measuring import stats
 
 from . import probes, selection
 
@@ -269,7 +270,7 @@ class AutoTraceOverhead:
         with engine.fused_tier(False):  # the replay tier on both sides: the guards' cost, not a tier's
             samples = probes.interleaved_samples({"auto": self.auto, "trace": self.traced}, "cpu", rounds=9,
                                                  budget_s=1.0 if self.quick else 4.0, clock=time.process_time)
-        return statistics.median(a / t for a, t in zip(samples["auto"], samples["trace"]))
+        return stats.median(a / t for a, t in zip(samples["auto"], samples["trace"]))
 
     track_ratio_vs_trace.unit = "ratio"  # type: ignore[attr-defined]
     track_ratio_vs_trace.rounds = 1  # type: ignore[attr-defined]
@@ -287,14 +288,14 @@ def report(sizes: list[str], modes: list[str], repeat: int, budget_s: float, dev
             for m in METHODS[1:]:
                 torch.testing.assert_close(outs[m], outs["native"], rtol=1e-4, atol=1e-5)
             runs = [probes.interleaved_seconds(calls, device, rounds=7, budget_s=budget_s) for _ in range(repeat)]
-            us = {m: statistics.median(r[m] for r in runs) / N_OPS * 1e6 for m in METHODS}
+            us = {m: stats.median(r[m] for r in runs) / N_OPS * 1e6 for m in METHODS}
             ratio = {m: [r[m] / r["torch_func"] for r in runs] for m in METHODS}
             traced_vs_eager = [r["engine_traced"] / r["engine"] for r in runs]
             cells = "  ".join(f"{m} {us[m]:8.2f}" for m in METHODS)
             ratios = "  ".join(
-                f"{m}/tf {statistics.median(ratio[m]):.2f} [{min(ratio[m]):.2f}-{max(ratio[m]):.2f}]" for m in ("native", "engine", "engine_traced", "engine_auto")
+                f"{m}/tf {stats.median(ratio[m]):.2f} [{min(ratio[m]):.2f}-{max(ratio[m]):.2f}]" for m in ("native", "engine", "engine_traced", "engine_auto")
             )
-            print(f"{size:<6}{mode:<5} us/op: {cells}\n            {ratios}  traced/eager {statistics.median(traced_vs_eager):.2f} "
+            print(f"{size:<6}{mode:<5} us/op: {cells}\n            {ratios}  traced/eager {stats.median(traced_vs_eager):.2f} "
                   f"[{min(traced_vs_eager):.2f}-{max(traced_vs_eager):.2f}]", flush=True)
             rows.append({"size": size, "mode": mode, "us_per_op": us, "ratio_vs_torch_func": ratio, "traced_vs_eager": traced_vs_eager})
     return rows

@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import os
 import shutil
-import statistics
 import sys
 import tempfile
 import threading
@@ -27,7 +26,7 @@ from typing import Any, Callable, Iterable, Iterator, Mapping
 
 import torch
 
-from measuring import cuda_fork, timer
+from measuring import cuda_fork, stats, timer
 
 THREADS_ENV = "OMP_NUM_THREADS"
 DEFAULT_THREADS = 2
@@ -167,7 +166,7 @@ def interleaved_seconds(calls: Mapping[str, Callable[[], Any]], device: str = "c
     """Median seconds per call of each callable, measured alternately in rounds: `interleaved_samples`
     with the same options (rounds, min_batch_s, budget_s, clock)."""
     samples = interleaved_samples(calls, device, **options)
-    return {name: statistics.median(values) for name, values in samples.items()}
+    return {name: stats.median(values) for name, values in samples.items()}
 
 
 def nvml_peak_bytes(fn: Callable[[], Any], device: str, interval_s: float = 0.0005) -> int:

@@ -197,7 +197,7 @@ def _tolerance(expected: Any) -> float:
 def _median(xs: list[float]) -> float:
     from measuring import stats
 
-    return stats.estimate(xs).value
+    return stats.median(xs)
 
 
 def _specs(args: argparse.Namespace) -> list[dict[str, Any]]:
@@ -212,7 +212,7 @@ def _specs(args: argparse.Namespace) -> list[dict[str, Any]]:
         return [{**base, "fn": args.fn}]
     import workloads
 
-    from vmapbench.peer_ratios import default_size
+    from measuring.sizes import default_size
 
     chosen = [workloads.get(n) for n in args.workloads] if args.workloads else [
         w for w in workloads.all_workloads() if "engine" in w.quick_methods and w.quick]

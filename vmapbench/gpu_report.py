@@ -18,6 +18,8 @@ import sys
 from pathlib import Path
 from typing import Any, Sequence
 
+from measuring import stats
+
 
 def _ms(value: Any) -> str:
     return "-" if value is None else f"{value * 1e3:.3g}"
@@ -27,8 +29,8 @@ def _ratio(row: dict[str, Any], top: str | None, bottom: str | None) -> str:
     samples = row.get("samples", {})
     if top not in samples or bottom not in samples:
         return "-"
-    ratios = sorted(a / b for a, b in zip(samples[top], samples[bottom]))
-    return f"{ratios[len(ratios) // 2]:.2f}" if ratios else "-"
+    ratios = [a / b for a, b in zip(samples[top], samples[bottom])]
+    return f"{stats.median(ratios):.2f}" if ratios else "-"
 
 
 def asv_section(results: Path, machine: str) -> list[str]:

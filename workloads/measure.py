@@ -25,19 +25,20 @@ import gc
 import os
 import tempfile
 from contextlib import contextmanager
-import statistics
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable, Iterator
 
 import torch
 
+from measuring import stats
+
 _STATUS = Path("/proc/self/status")
 _CLEAR_REFS = Path("/proc/self/clear_refs")
 
 
 def median(times: list[float]) -> float:
-    return statistics.median(times)
+    return stats.median(times)
 
 
 def _status_kib(field: str) -> int:
