@@ -254,17 +254,24 @@ def verdict(change: Estimate, noise_floor: float = DEFAULT_NOISE_FLOOR, higher_i
     (a speedup) a ratio above 1 is the improvement. A change from fewer than MIN_SAMPLES samples
     a side (n) has no interval and is "unchanged": one run says nothing about noise.
     """
-    if noise_floor < 0:
-        raise ValueError(f"noise_floor={noise_floor} must be >= 0 (a fraction: 0.1 = 10%)")
-    if change.n < MIN_SAMPLES:
-        return "unchanged"
-    up = change.lo > 1 + noise_floor
-    down = change.hi < 1 / (1 + noise_floor)
-    if not (up or down):
-        return "unchanged"
-    if higher_is_better:
-        up, down = down, up
-    return "slower" if up else "faster"
+    return str(verdicts(change.lo, change.hi, change.n, noise_floor, higher_is_better)[()])
+
+
+def verdicts(lo: Any, hi: Any, n: Any, noise_floor: Any = DEFAULT_NOISE_FLOOR,
+             higher_is_better: Any = False) -> np.ndarray:
+    """`verdict` of many changes at once, given as arrays (broadcast together) of their interval
+    bounds, sample counts, floors and directions: an array of "slower" / "faster" / "unchanged".
+    The dashboard judges every pair of commits it offers with it."""
+    lo, hi, n, floor, better = np.broadcast_arrays(np.asarray(lo, dtype=float), np.asarray(hi, dtype=float),
+                                                   np.asarray(n), np.asarray(noise_floor, dtype=float),
+                                                   np.asarray(higher_is_better, dtype=bool))
+    if (floor < 0).any():
+        raise ValueError(f"noise_floor={floor.min()} must be >= 0 (a fraction: 0.1 = 10%)")
+    interval = n >= MIN_SAMPLES
+    up = interval & (lo > 1 + floor)
+    down = interval & (hi < 1 / (1 + floor))
+    slower, faster = np.where(better, down, up), np.where(better, up, down)
+    return np.where(slower, "slower", np.where(faster, "faster", "unchanged"))
 
 
 def gate_verdict(change: Estimate, noise_floor: float, higher_is_better: bool = False) -> str:
