@@ -99,6 +99,8 @@ def test_a_over_a_under_load_passes_on_a_machine_without_a_calibration(tmp_path)
     assert all(r.floor == stats.COUNT_FLOOR for r in result.rows if r.source == "count")
     raw = [r for r in result.rows if not r.gated]
     assert raw and all("time_run" in r.name or "time_chain" in r.name for r in raw)
+    assert 0 < result.twin_noise < 0.2  # the run's own noise, from head and its twin
+    assert outcome_of(sides(0, twin=False), tmp_path).twin_noise is None
 
 
 def test_without_a_twin_there_is_no_evidence_and_time_signals_are_inconclusive(tmp_path):
@@ -279,7 +281,8 @@ def test_calibration_summary_counts_runs_and_engine_names():
             gate.CalibrationRun("planted-uniform", ["bench_workloads.w.time_run('s', 'loop', 'cpu')"], 1, 1.0)]
     summary = gate.summarize_calibration(runs)
     assert summary["aa"] == {"runs": 2, "flagged_runs": 0, "rate": 0.0, "named": [], "only_engine_named": True,
-                             "failed_runs": 0, "seconds": [1, 1], "verdicts": [{}, {}], "beyond_floor": [0, 0]}
+                             "failed_runs": 0, "seconds": [1, 1], "verdicts": [{}, {}], "beyond_floor": [0, 0],
+                             "twin_noise": [None, None]}
     assert summary["planted-uniform"]["flagged_runs"] == 2 and summary["planted-uniform"]["only_engine_named"] is False
 
 

@@ -21,7 +21,7 @@ So:
   overhead, and head/base of each is taken round by round (`paired_change`): what the machine's
   load does to a round falls on both sides of it;
 - the count process counts the instructions of each engine method's steady-state call of the per-op
-  chain and of COUNTED_WORKLOADS (measuring/counts.py), base and head; gated with a 3% floor
+  chain and of COUNTED_WORKLOADS (measuring/counted.py), base and head; gated with a 3% floor
   (stats.COUNT_FLOOR). No valgrind: skipped with the reason, never a failure;
 - a time signal's floor is the machine's calibrated one (results/noise/<machine>.json, from
   --calibrate) or, on a machine without one, this run's own evidence: twin/head of the same
@@ -707,6 +707,9 @@ class Outcome:
     rows: list[Row]
     failed: dict[str, str]
     skipped: list[str] = field(default_factory=list)
+    # This run's own noise: the median over gated time signals of |head's twin / head - 1|, the
+    # same commit timed in the same rounds (None without a twin). Floors widen with it.
+    twin_noise: float | None = None
 
     @property
     def exit_code(self) -> int:
@@ -736,8 +739,10 @@ def outcome(base_probes: Sequence[Mapping[str, Any]], head_probes: Sequence[Mapp
             machine: str | None, root: Path | None = None, skipped: Sequence[str] = (),
             twin_probes: Sequence[Mapping[str, Any]] = ()) -> Outcome:
     failed_head = failures(head_probes)
-    rows = compare(_runs(base_probes), _runs(head_probes), machine, root, _runs(twin_probes))
-    return Outcome(rows, failed_head, list(skipped))
+    head_runs, twin_runs = _runs(head_probes), _runs(twin_probes)
+    rows = compare(_runs(base_probes), head_runs, machine, root, twin_runs)
+    spread = [d for name, d in twin_spread(head_runs, twin_runs).items() if stats.is_gated(name)] if twin_runs else []
+    return Outcome(rows, failed_head, list(skipped), math.expm1(_median(spread)) if spread else None)
 
 
 def compare_commits(root: Path, base: str, head: str, machine: str | None, plant: float | None = None,
@@ -777,6 +782,9 @@ def report(result: Outcome, base: str, head: str, summary_md: Path | None, json_
     print(f"\ngate: {len(gated)} gated signals ({sum(stats.is_count(r.name) for r in gated)} instruction counts, "
           f"{sum(stats.is_memory(r.name) for r in gated)} allocator peaks): "
           + ", ".join(f"{n} {v}" for v, n in counts.items()) + " (the table shows all but the unchanged)")
+    if result.twin_noise is not None:
+        print(f"gate: this run's noise, head against its twin (the same commit in the same rounds): "
+              f"{result.twin_noise:.1%} median over the gated time signals; floors are at least 1.5x each one's own")
     for reason in result.skipped:
         print(f"gate: skipped: {reason}")
     if result.failed:
@@ -796,6 +804,7 @@ def report(result: Outcome, base: str, head: str, summary_md: Path | None, json_
         json_out.parent.mkdir(parents=True, exist_ok=True)
         json_out.write_text(json.dumps({"base": base, "head": head, "exit_code": result.exit_code,
                                         "failed": result.failed, "skipped": result.skipped,
+                                        "twin_noise": result.twin_noise,
                                         "rows": [asdict(r) for r in result.rows]}, indent=1))
 
 
@@ -886,6 +895,7 @@ class CalibrationRun:
     # Gated signals whose head/base point estimate lies beyond its floor, either way (an A/A's
     # should be none: every ratio within its noise), as (name, ratio, floor).
     beyond: list[tuple[str, float, float]] = field(default_factory=list)
+    twin_noise: float | None = None  # Outcome.twin_noise
 
 
 def beyond_floor(rows: Iterable[Row]) -> list[tuple[str, float, float]]:
@@ -907,7 +917,8 @@ def summarize_calibration(runs: Sequence[CalibrationRun]) -> dict[str, Any]:
                      "failed_runs": sum(1 for r in selected if r.exit_code == 2),
                      "seconds": [round(r.seconds) for r in selected],
                      "verdicts": [r.verdicts for r in selected],
-                     "beyond_floor": [len(r.beyond) for r in selected]}
+                     "beyond_floor": [len(r.beyond) for r in selected],
+                     "twin_noise": [r.twin_noise for r in selected]}
     return out
 
 
@@ -937,7 +948,7 @@ def calibrate(root: Path, machine: str, n_aa: int, n_busy: int, n_planted: int, 
                                      plant_at=plant[1] if plant else "engine", log=log)
         flagged = [r.name for r in regressions(result.rows)]
         runs.append(CalibrationRun(kind, flagged, result.exit_code, time.time() - started,
-                                   tally(result.rows), beyond_floor(result.rows)))
+                                   tally(result.rows), beyond_floor(result.rows), result.twin_noise))
         log(f"calibrate: {kind}: exit {result.exit_code}, {len(flagged)} flagged "
             f"{[_short(n) for n in flagged][:12]} ({runs[-1].seconds:.0f} s); verdicts {runs[-1].verdicts}, "
             f"{len(runs[-1].beyond)} beyond their floor")
@@ -988,69 +999,3 @@ def print_calibration(summary: Mapping[str, Any]) -> None:
 
 
 # --- command line --------------------------------------------------------------------------------
-
-def configure(p: argparse.ArgumentParser, calibration: bool = True) -> None:
-    p.add_argument("base", nargs="?", default="HEAD~1", help="the commit compared against (default HEAD~1)")
-    p.add_argument("head", nargs="?", default="HEAD", help="the commit tested (default HEAD)")
-    p.add_argument("--machine", default=None, help="machine name for the noise floors (default: as make bench)")
-    p.add_argument("--summary-md", type=Path, default=None,
-                   help="append a markdown summary (e.g. $GITHUB_STEP_SUMMARY)")
-    p.add_argument("--json", type=Path, default=None,
-                   help=f"write every row as JSON (default {OUT_DIR}/<machine>/<base8>-<head8>.json)")
-    p.add_argument("--plant", type=float, default=None, metavar="FACTOR",
-                   help="slow head by FACTOR in its temporary copy (self-test, e.g. 1.1), where --plant-at says")
-    p.add_argument("--plant-at", default="engine", metavar="TARGET",
-                   help="what --plant slows: engine (every engine call, default), transform:NAME (e.g. "
-                        "transform:hessian), workloads:PATTERNS (e.g. 'workloads:nn_*,bayes_*,tutorial_*'); "
-                        "memory:PATTERNS makes those workloads' calls hold FACTOR x their allocator peak instead")
-    p.add_argument("--no-counts", action="store_true", help="skip the instruction-count signals (no valgrind run)")
-    if not calibration:
-        return
-    p.add_argument("--calibrate", action="store_true",
-                   help="run A/A and planted-slowdown comparisons of HEAD, print the rates, write the noise floors")
-    p.add_argument("--aa", type=int, default=5, help="--calibrate: A/A runs on the machine as it is")
-    p.add_argument("--aa-busy", type=int, default=5, help="--calibrate: A/A runs with one core kept busy")
-    p.add_argument("--planted", type=int, default=3, help="--calibrate: runs of each planted slowdown")
-    p.add_argument("--plants", default=",".join(PLANTS),
-                   help=f"--calibrate: which planted slowdowns (default {','.join(PLANTS)}: "
-                        + "; ".join(f"{k} {f}x at {a}" for k, (f, a) in PLANTS.items()) + ")")
-    p.add_argument("--keep-floors", action="store_true",
-                   help="--calibrate: do not rewrite the noise floors (check the existing ones on fresh runs)")
-
-
-def main(args: argparse.Namespace) -> int:
-    from vmapbench.bench import machine_name, repo_root
-
-    root = repo_root()
-    machine = args.machine or machine_name()
-    sys.stdout.reconfigure(line_buffering=True)  # type: ignore[union-attr]  # progress lines as they come
-    counts_off = "--no-counts given: instruction-count signals skipped" if args.no_counts else None
-    if getattr(args, "calibrate", False):
-        started = time.time()
-        out = root / OUT_DIR / machine / f"calibration-{time.strftime('%Y%m%d-%H%M%S')}.json"
-        result = calibrate(root, machine, args.aa, args.aa_busy, args.planted,
-                           [p for p in args.plants.split(",") if p], write=not args.keep_floors, progress=out)
-        print_calibration(result["summary"])
-        out.write_text(json.dumps(result, indent=1))
-        print(f"calibrate: {(time.time() - started) / 60:.1f} min; details in {out}")
-        return 0
-    base_sha, head_sha = resolve(root, args.base), resolve(root, args.head)
-    print(f"gate: {args.base} ({base_sha[:8]}) -> {args.head} ({head_sha[:8]})"
-          + (f" with a planted {args.plant}x {'memory' if args.plant_at.startswith('memory:') else 'slowdown'}"
-             f" at {args.plant_at}" if args.plant else "")
-          + f", machine {machine}" + ("" if stats.load_calibration(machine, root) else
-                                      " (no calibration file: time floors from this run's twin-vs-base spread)"),
-          flush=True)
-    started = time.time()
-    result = compare_commits(root, base_sha, head_sha, machine, plant=args.plant, plant_at=args.plant_at,
-                             counts_off=counts_off)
-    json_out = args.json or default_json(root, machine, base_sha, head_sha)
-    report(result, args.base, args.head, args.summary_md, json_out)
-    print(f"gate: exit {result.exit_code} after {(time.time() - started) / 60:.1f} min; rows in {json_out}")
-    return result.exit_code
-
-
-if __name__ == "__main__":
-    parser = argparse.ArgumentParser(prog="python -m vmapbench.gate", description=__doc__.splitlines()[0])
-    configure(parser)
-    sys.exit(main(parser.parse_args()))
