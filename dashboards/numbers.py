@@ -14,8 +14,8 @@ and interval everywhere:
 - a change between two commits is `change(base, head)`: head/base with the interval that
   covers both values' intervals, judged by `measuring.stats.verdict` against the benchmark's
   `measuring.stats.noise_floor` (the gate's calibration, else its policy floor; infinite for
-  metrics never called, like RSS deltas). assets/dashboard.js repeats `change` and the verdict
-  rule for pairs of commits picked in the browser (see compare.py).
+  metrics never called, like RSS deltas). Compare's pairs of commits are judged here too, all at
+  once (`changes`, `judgements`): assets/dashboard.js shows the verdicts, it does not make them.
 """
 from __future__ import annotations
 
@@ -35,6 +35,7 @@ REFERENCE_RATIO_METRIC = "ratio_vs_torch_func"
 RATIO_METRICS = (SPEEDUP_METRIC, REFERENCE_RATIO_METRIC)
 IN_PROCESS = "in-process ratio"
 OF_MEDIANS = "ratio of asv medians"
+NOT_JUDGED = "not judged"
 
 
 def estimate_columns(rows: pd.DataFrame) -> pd.DataFrame:
@@ -83,14 +84,25 @@ def as_estimate(row: Any) -> stats.Estimate:
 def change(base: stats.Estimate, head: stats.Estimate) -> stats.Estimate | None:
     """head / base with the interval spanned by the two intervals (lo_h/hi_b .. hi_h/lo_b).
 
-    None when the ratio is undefined (a base of 0 or below): such a change is shown, not judged.
-    The same formula is in assets/dashboard.js (compareChange) for pairs picked in the browser."""
-    if not (base.value > 0 and base.lo > 0 and head.value >= 0):
+    None when the ratio is undefined (a base of 0 or below): such a change is shown, not judged."""
+    value, lo, hi, defined = changes(base.value, base.lo, base.hi, head.value, head.lo, head.hi)
+    if not defined:
         return None
-    value = head.value / base.value
-    lo = min(head.lo / base.hi, value)
-    hi = max(head.hi / base.lo, value)
-    return stats.Estimate(value, lo, hi, min(base.n, head.n))
+    return stats.Estimate(float(value), float(lo), float(hi), min(base.n, head.n))
+
+
+def changes(base_value: Any, base_lo: Any, base_hi: Any, head_value: Any, head_lo: Any,
+            head_hi: Any) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    """`change` of many pairs at once (arrays, broadcast together): (value, lo, hi, defined), NaN
+    where `defined` is false (a base of 0 or below, or a value missing)."""
+    bv, blo, bhi, hv, hlo, hhi = np.broadcast_arrays(
+        *(np.asarray(x, dtype=float) for x in (base_value, base_lo, base_hi, head_value, head_lo, head_hi)))
+    defined = (bv > 0) & (blo > 0) & (hv >= 0)
+    with np.errstate(divide="ignore", invalid="ignore"):
+        value = np.where(defined, hv / bv, np.nan)
+        lo = np.where(defined, np.minimum(hlo / bhi, value), np.nan)
+        hi = np.where(defined, np.maximum(hhi / blo, value), np.nan)
+    return value, lo, hi, defined
 
 
 def floor_of(benchmark: str, machine: str, results_dir: Path | None) -> float:
@@ -103,9 +115,18 @@ def judge(base: stats.Estimate, head: stats.Estimate, benchmark: str, floor: flo
     """(verdict, change) of one benchmark between two commits: 'slower' / 'faster' /
     'unchanged' by stats.verdict, or 'not judged' (a metric never called, or no defined ratio)."""
     delta = change(base, head)
-    if delta is None or not math.isfinite(floor):
-        return "not judged", delta
-    return stats.verdict(delta, floor, stats.higher_is_better(benchmark)), delta
+    if delta is None:
+        return NOT_JUDGED, None
+    return str(judgements(delta.lo, delta.hi, delta.n, True, floor, stats.higher_is_better(benchmark))[()]), delta
+
+
+def judgements(lo: Any, hi: Any, n: Any, defined: Any, floor: Any, higher_is_better: Any) -> np.ndarray:
+    """`judge`'s verdicts of many changes at once (arrays from `changes`, broadcast together):
+    stats.verdicts, or 'not judged' where the change is undefined or the floor infinite."""
+    floor = np.asarray(floor, dtype=float)
+    judged = np.asarray(defined, dtype=bool) & np.isfinite(floor)
+    called = stats.verdicts(lo, hi, n, np.where(judged, floor, 0.0), higher_is_better)
+    return np.where(judged, called, NOT_JUDGED)
 
 
 @dataclass(frozen=True)

@@ -105,7 +105,8 @@ def commit_changes(ctx: Context, machine: str, base: str, head: str) -> pd.DataF
     """Every benchmark value of run `machine` at both commits, with its change head/base
     (numbers.change) and verdict (stats.verdict beyond the benchmark's noise floor; 'not judged'
     for metrics never called, like RSS deltas, and for ratios with a zero base). Compare shows
-    the same figures for the same pair (assets/dashboard.js repeats the rule)."""
+    the same figures and verdicts for the same pair (views/compare.py judges them with
+    numbers.judgements)."""
     f = ctx.lean
     on = f[(f["machine"] == machine) & f["commit"].isin([base, head])]
     on = estimate_columns(on.drop_duplicates(["commit", "case"], keep="last"))

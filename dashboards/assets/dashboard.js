@@ -163,8 +163,9 @@
     return unit && unit !== "unit" ? text + " " + unit : text;
   }
 
-  /* The change head/base and its verdict: dashboards/numbers.py `change` and
-   * measuring.stats.verdict, repeated here for the pairs of commits picked in the browser. */
+  /* The change head/base shown for a pair of commits (dashboards/numbers.py `change`): a figure
+   * to read and sort by. Its verdict is not made here: the page's data carries every pair's
+   * verdicts, judged in Python (dashboards/views/compare.py). */
   function compareChange(base, head) {
     if (!(base.value > 0 && base.lo > 0 && head.value >= 0)) return null;
     var value = head.value / base.value;
@@ -172,12 +173,17 @@
              n: Math.min(base.n, head.n) };
   }
 
-  function judgeChange(delta, floor, higherIsBetter) {
-    if (delta === null || floor === null || floor === undefined) return "not judged";
-    var up = delta.lo > 1 + floor, down = delta.hi < 1 / (1 + floor);
-    if (!(up || down)) return "unchanged";
-    if (higherIsBetter) { var t = up; up = down; down = t; }
-    return up ? "slower" : "faster";
+  /* Row id -> verdict of a pair of commits of `run`, as the data lists them; rows of both
+   * commits listed nowhere are unchanged, those of a metric never judged "not judged". */
+  function pairVerdicts(data, run, base, head) {
+    var at = {};
+    run.commits.forEach(function (c, i) { at[c[0]] = i; });
+    var verdicts = {};
+    run.never.forEach(function (id) { verdicts[id] = "not judged"; });
+    run.verdicts[at[base]][at[head]].forEach(function (ids, k) {
+      ids.forEach(function (id) { verdicts[id] = data.called[k]; });
+    });
+    return function (id) { return verdicts[id] || "unchanged"; };
   }
 
   function fillSelect(sel, options) {
@@ -237,7 +243,7 @@
 
     function render() {
       var a = values(aSel.value), b = values(bSel.value);
-      var floors = data.machines[mSel.value].floors;
+      var verdictOf = pairVerdicts(data, data.machines[mSel.value], aSel.value, bSel.value);
       var ids = {};
       Object.keys(a).concat(Object.keys(b)).forEach(function (id) { ids[id] = true; });
       var rank = { slower: 0, faster: 1, unchanged: 2, "not judged": 3, missing: 4 };
@@ -245,7 +251,7 @@
         var row = data.rows[id], ea = a[id], eb = b[id];
         var both = ea !== undefined && eb !== undefined && ea.value !== null && eb.value !== null;
         var delta = both ? compareChange(ea, eb) : null;
-        var verdict = !both ? "missing" : judgeChange(delta, floors[id], row[6] === 1);
+        var verdict = !both ? "missing" : verdictOf(id);
         // The most certain change first: how far the interval's near end lies from 1 (log).
         var certainty = delta ? Math.max(Math.log(delta.lo), -Math.log(delta.hi), 0) : 0;
         return { row: row, ea: ea, eb: eb, delta: delta, verdict: verdict, certainty: certainty };

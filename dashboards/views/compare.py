@@ -1,11 +1,12 @@
 """Compare: two commits of one run side by side, like `asv compare`, in a sortable table.
 
 The page embeds every benchmark value of each run's newest commits with its interval
-(dashboards.numbers.estimate_columns) and each benchmark's noise floor (measuring.stats), as
-JSON; assets/dashboard.js builds the table for the chosen run and pair of commits (default: the
-two newest): the change head/base with its interval and the verdict of stats.verdict, the same
-rule and figures as the Overview's box (dashboards.regressions.commit_changes). Metrics never
-judged (RSS deltas) and changes from a zero base are listed apart, below the judged ones.
+(dashboards.numbers.estimate_columns) and, for every pair of those commits, the verdicts judged
+here (numbers.changes and numbers.judgements: stats.verdicts against each benchmark's noise
+floor, the same rule and figures as the Overview's box, dashboards.regressions.commit_changes),
+as JSON; assets/dashboard.js builds the table for the chosen run and pair of commits (default:
+the two newest) and shows the verdicts it was given. Metrics never judged (RSS deltas) and
+changes from a zero base are listed apart, below the judged ones.
 """
 from __future__ import annotations
 
@@ -16,7 +17,7 @@ import numpy as np
 import pandas as pd
 
 from dashboards.context import Context
-from dashboards.numbers import estimate_columns
+from dashboards.numbers import NOT_JUDGED, changes, estimate_columns, judgements
 from dashboards.page import Page, json_script
 from dashboards.regressions import floors
 from dashboards.theme import method_label
@@ -29,11 +30,14 @@ PARAM_ORDER = ("workload", "size", "method", "device")
 
 def compare_data(ctx: Context) -> dict[str, Any]:
     """{'rows': [[benchmark, params, workload, device, metric, unit, higher_better, gated, method
-    label, params without method and device]],
-    'machines': {run: {'commits': [[hash, label]] newest first, 'floors': [floor or None per row],
-    'values': {hash: [row ids, values, lo, hi, n]}}}}; a floor of None: never judged."""
+    label, params without method and device]], 'called': the verdicts listed per pair,
+    'machines': {run: {'commits': [[hash, label]] newest first,
+    'values': {hash: [row ids, values, lo, hi, n]}, 'never': row ids never judged (RSS deltas),
+    'verdicts': [[per head commit: [row ids, one list per verdict of 'called']] per base commit]}}}:
+    a row with a value at both commits, never judged, is "not judged"; one in none of a pair's
+    lists is unchanged."""
     f = ctx.lean
-    data: dict[str, Any] = {"rows": [], "machines": {}, "confidence": stats.CONFIDENCE}
+    data: dict[str, Any] = {"rows": [], "machines": {}, "confidence": stats.CONFIDENCE, "called": list(CALLED)}
     if f.empty:
         return data
     f = ctx.of_commits(f, COMPARE_COMMITS)
@@ -57,8 +61,7 @@ def compare_data(ctx: Context) -> dict[str, Any]:
     for machine, on in f.groupby("machine", sort=True, observed=True):
         dates = on.drop_duplicates("commit").set_index("commit")["date"]
         floor = floors(ctx, on)
-        entry: dict[str, Any] = {"commits": [], "values": {},
-                                 "floors": [_finite(floor.get(b)) for b in benchmarks]}
+        entry: dict[str, Any] = {"commits": [], "values": {}}
         for commit in reversed(ctx.commits[machine][-COMPARE_COMMITS:]):
             date = dates.get(commit)
             when = date.strftime("%Y-%m-%d %H:%M") if date is not None and pd.notna(date) else "no date"
@@ -67,8 +70,41 @@ def compare_data(ctx: Context) -> dict[str, Any]:
             entry["values"][commit] = [group["_row"].tolist()] + [
                 [_finite(v) for v in group[c].tolist()] for c in ("value", "lo", "hi")] + [
                 group["n"].astype(int).tolist()]
+        better = np.array([row[6] for row in rows], dtype=bool)
+        floor_of_row = np.array([floor.get(b, math.inf) for b in benchmarks], dtype=float)
+        entry["never"] = [int(i) for i in np.flatnonzero(~np.isfinite(floor_of_row)) if benchmarks[i] in floor]
+        entry["verdicts"] = pair_verdicts(on, [c for c, _ in entry["commits"]], len(rows), floor_of_row, better)
         data["machines"][machine] = entry
     return data
+
+
+CALLED = ("slower", "faster", NOT_JUDGED)
+"""The verdicts the page is given per pair, row by row (not judged: those of a zero base; the
+metrics never judged are listed once, 'never'); every other row of both commits is unchanged."""
+
+
+def pair_verdicts(on: pd.DataFrame, commits: list[str], n_rows: int, floor: np.ndarray,
+                  better: np.ndarray) -> list[list[list[list[int]]]]:
+    """For every base and head of `commits` (the rows of one run, with estimate columns and row
+    ids `_row`), the row ids of each verdict of CALLED, judged by numbers.judgements; rows whose
+    floor is infinite (never judged) are left out."""
+    at = {c: i for i, c in enumerate(commits)}
+    table = {k: np.full((len(commits), n_rows), np.nan) for k in ("value", "lo", "hi", "n")}
+    rows = on[on["commit"].astype(str).isin(at)]
+    where = (rows["commit"].astype(str).map(at).to_numpy(dtype=int), rows["_row"].to_numpy(dtype=int))
+    for k, column in table.items():
+        column[where] = rows[k].to_numpy(dtype=float)
+    present = np.isfinite(table["value"])
+    out = []
+    for i in range(len(commits)):
+        _, lo, hi, defined = changes(table["value"][i], table["lo"][i], table["hi"][i],
+                                     table["value"], table["lo"], table["hi"])
+        n = np.minimum(table["n"][i], table["n"])
+        verdict = judgements(lo, hi, np.nan_to_num(n), defined, floor, better)
+        both = present[i] & present & np.isfinite(floor)
+        out.append([[np.flatnonzero(both[j] & (verdict[j] == v)).tolist() for v in CALLED]
+                    for j in range(len(commits))])
+    return out
 
 
 def _finite(value: Any) -> float | None:
