@@ -7,11 +7,10 @@ vmapbench.asv_verdict) can trust across processes, as `make continuous` does.
 - track_instructions(workload, method): a child process under valgrind (measuring.counts) builds
   the workload at the gate's size (its first quick size, else its first) on cpu, makes the method's
   first call and a few steady ones uninstrumented, then counts the steady call COUNT_REPEATS times;
-  those counts are the samples. Workloads and methods are the gate's (vmapbench.gate.COUNTED_WORKLOADS,
-  vmapbench.gate_probe.COUNT_METHODS), read from the installed commit.
+  those counts are the samples. Workloads and methods are the gate's (measuring.counted), this
+  checkout's, as the rest of the measuring code.
 
-Skipped (asv: n/a) without valgrind, cc or callgrind.h, or at a commit without the gate's count
-code. Not in `make bench`'s selection (selection.OPT_IN_MODULES): each point runs under valgrind.
+Skipped (asv: n/a) without valgrind, cc or callgrind.h. Not in `make bench`'s selection (selection.OPT_IN_MODULES): each point runs under valgrind.
 """
 from __future__ import annotations
 
@@ -22,17 +21,11 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
-from . import probes, selection
+from measuring import counts as _counts
+from measuring.counted import COUNT_METHODS, COUNT_REPEATS, COUNTED_WORKLOADS
+from measuring.sizes import default_size
 
-try:  # the installed commit's gate: what it counts, and how
-    from measuring import counts as _counts
-    from vmapbench.gate import COUNTED_WORKLOADS
-    from vmapbench.gate_probe import COUNT_METHODS, COUNT_REPEATS, first_size
-except ImportError as exc:  # a commit from before the gate's counts
-    _counts, _MISSING = None, f"this commit has no instruction counts (measuring.counts): {exc}"
-    COUNTED_WORKLOADS, COUNT_METHODS, COUNT_REPEATS = ("none",), ("none",), 2
-else:
-    _MISSING = ""
+from . import probes, selection
 
 CHILD_TIMEOUT_S = 900
 # The child: set up and first-call uninstrumented, then count the steady call COUNT_REPEATS times.
@@ -70,7 +63,7 @@ def count_instructions(name: str, method: str) -> list[int]:
     process under valgrind; RuntimeError with the child's output when it fails."""
     from workloads.base import get
 
-    size = first_size(get(name))
+    size = default_size(get(name))
     with tempfile.TemporaryDirectory(prefix="vmapbench-counts-") as folder:
         out = Path(folder)
         library = _counts.build_requests(out / "lib")
@@ -108,8 +101,6 @@ class Instructions:
 
     def setup(self, workload: str, method: str) -> None:
         probes.pin_threads()
-        if _MISSING:
-            raise NotImplementedError(_MISSING)
         why = _counts.available()
         if why is not None:
             raise NotImplementedError(why)

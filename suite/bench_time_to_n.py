@@ -1,4 +1,4 @@
-"""Time to N calls from a fresh process (vmapbench.time_to_n), as asv track metrics at a few N.
+"""Time to N calls from a fresh process (workloads.time_to_n), as asv track metrics at a few N.
 
 TimeToN's grid is every registry workload x every curve id x device. A point runs its curve in a
 fresh process (for a warm curve: its cold curve first, on the same cache folder), as `vmapbench
@@ -100,8 +100,8 @@ def measure_point(workload: Workload, curve: str, device: str, profile: str) -> 
     if path is not None and path.is_file():
         got = json.loads(path.read_text())
         return {**got, "seconds": {int(n): s for n, s in got["seconds"].items()}}
-    from vmapbench import time_to_n
-    from vmapbench.peer_ratios import default_size
+    from workloads import time_to_n
+    from measuring.sizes import default_size
 
     from . import GUARDS_SET
 
@@ -135,8 +135,8 @@ class TimeToN:
         if (w, curve, device) not in selected(profile, selection.active_devices(profile)):
             raise NotImplementedError(f"{workload} {curve} on {device}: not in the {profile} profile's "
                                       "time-to-N points, or the workload has no such method")
-        if importlib.util.find_spec("vmapbench.time_to_n") is None:
-            raise NotImplementedError("vmapbench.time_to_n does not exist at this commit")
+        if importlib.util.find_spec("workloads.time_to_n") is None:
+            raise NotImplementedError("workloads.time_to_n does not exist at this commit")
         probes.pin_threads()
         self.point = (w, curve, device, profile)
 

@@ -11,12 +11,11 @@ if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
 from suite import bench_counts, selection  # noqa: E402
-from vmapbench import gate
-from measuring import counts  # noqa: E402
+from measuring import counted, counts  # noqa: E402
 
 
 def test_the_points_are_the_gates_counted_workloads_and_methods() -> None:
-    assert bench_counts.Instructions.params == [list(gate.COUNTED_WORKLOADS), ["engine", "engine_eager"]]
+    assert bench_counts.Instructions.params == [list(counted.COUNTED_WORKLOADS), ["engine", "engine_eager"]]
     assert bench_counts.Instructions.version == selection.SUITE_VERSION
 
 

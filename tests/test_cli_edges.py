@@ -16,7 +16,7 @@ def render(table) -> str:
 
 
 def test_run_table_drops_the_memory_column_with_no_memory():
-    from vmapbench.cmd_run import results_table
+    from vmapbench.commands.run import results_table
     from workloads import get
     from workloads.measure import Measurement
 
@@ -61,7 +61,7 @@ def test_compliance_names_what_is_wrong_with_a_target():
 
 def test_run_method_opacus_means_every_opacus_mode_the_workload_has() -> None:
     import workloads
-    from vmapbench.cmd_run import expand_method
+    from vmapbench.commands.run import expand_method
 
     psg = workloads.get("psg_mlp")
     assert expand_method(psg, "opacus") == ["opacus_hooks", "opacus_ew", "opacus_functorch"]
@@ -77,10 +77,9 @@ def test_run_pays_the_one_time_imports_before_measuring_any_method(monkeypatch, 
     first method's first call, whatever the order of -m; the output says what it paid."""
     import sys
 
-    from vmapbench.bench import suite_module
+    from suite import probes
     from workloads import get
 
-    probes = suite_module("probes")
     events: list[tuple] = []
     real_preload, workload = probes.preload, get("mlp_hvp")
     real_prepare = type(workload).prepare
@@ -104,9 +103,8 @@ def test_run_pays_the_one_time_imports_before_measuring_any_method(monkeypatch, 
 
 
 def test_warm_up_pays_only_what_the_methods_need():
-    from vmapbench.bench import suite_module
+    from suite.probes import preload
 
-    preload = suite_module("probes").preload
     assert preload(["loop", "torch_func"]) == ["torch._dynamo", "torch._inductor", "torch.func"]
     assert preload(["loop", "engine_traced"])[-1] == "engine"
 
@@ -116,7 +114,7 @@ def test_run_verify_checks_the_engines_replays_and_fails_a_mismatch(monkeypatch,
     wrong replay is a failed method, with ReplayMismatchError named."""
     from engine import autotrace
 
-    monkeypatch.setattr("vmapbench.cmd_run.warm_up", lambda methods, device, console: None)
+    monkeypatch.setattr("vmapbench.commands.run.warm_up", lambda methods, device, console: None)
     args = ["run", "logreg_hessian", "-m", "engine", "--repeat", "2", "--warmup", "3", "--no-memory", "--verify"]
     assert main(args) == 0
     out = capsys.readouterr().out

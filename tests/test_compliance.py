@@ -72,7 +72,7 @@ def test_checker_agrees_with_vmap():
 
 
 def _workload_functions():
-    from vmapbench.compliance import workload_functions
+    from vmapbench.commands.compliance import workload_functions
 
     return workload_functions()
 

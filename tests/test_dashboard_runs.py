@@ -145,9 +145,9 @@ def test_memlimit_view_reads_the_newest_report(tmp_path: Path) -> None:
 
 @pytest.mark.parametrize("command", ["dashboard", "export"])
 def test_missing_results_folder_exits_non_zero(command: str, tmp_path: Path, capsys) -> None:
-    from dashboards import cli, export_cli
+    from vmapbench.commands import dashboard, export
 
-    module = cli if command == "dashboard" else export_cli
+    module = dashboard if command == "dashboard" else export
     parser = argparse.ArgumentParser()
     module.configure(parser)
     args = parser.parse_args(["--results", str(tmp_path / "nonexistent")]

@@ -91,7 +91,7 @@ def test_the_time_to_n_headline_is_the_per_family_geomean_of_ours_over_jax() -> 
     time to N from the first call, counting only workloads where both curves reached N."""
     import math
 
-    from vmapbench import time_to_n
+    from workloads import time_to_n
     from workloads.base import get
 
     source = next(iter(sorted((docs_tables.ROOT / "results" / "time_to_n" / "amd-epyc-2cpu").glob("*.json"))))

@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 from vmapbench import docs_tables, headlines
-from vmapbench import time_to_n as ttn
+from workloads import time_to_n as ttn
 
 ROOT = docs_tables.ROOT
 

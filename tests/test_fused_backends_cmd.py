@@ -66,9 +66,11 @@ def test_a_program_that_disagrees_with_the_replay_is_marked_in_the_table():
 
 
 def test_unknown_backends_and_mixed_arguments_are_named():
+    from vmapbench.commands import fused_backends as command
+
     parser = __import__("argparse").ArgumentParser()
-    fused_backends.configure(parser)
+    command.configure(parser)
     with pytest.raises(SystemExit, match="unknown backends"):
-        fused_backends._specs(parser.parse_args(["--backends", "tvm"]))
+        command._specs(parser.parse_args(["--backends", "tvm"]))
     with pytest.raises(SystemExit, match="name no workload"):
-        fused_backends._specs(parser.parse_args(["mlp_hvp", "--fn", "m:f"]))
+        command._specs(parser.parse_args(["mlp_hvp", "--fn", "m:f"]))

@@ -1,4 +1,4 @@
-"""vmapbench.time_to_n: a fresh process per curve, cumulative times at the asked N, cold and warm
+"""workloads.time_to_n and `vmapbench time-to-n`: a fresh process per curve, cumulative times at the asked N, cold and warm
 inductor cache folders, the budget, failures named; the suite's cases, the docs table and the view.
 
 The measuring tests run real child processes on a user's `module:function` (written to tmp_path);
@@ -6,13 +6,14 @@ they assert what was measured and how, never how fast.
 """
 from __future__ import annotations
 
+import dataclasses
 import os
 import textwrap
 from pathlib import Path
 
 import pytest
 
-from vmapbench import time_to_n as ttn
+from workloads import time_to_n as ttn
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -85,7 +86,7 @@ def test_first_calls_name_what_each_call_imported(factory_env: dict[str, str]) -
     plain, = ttn.measure(None, None, [("lazy_import", "cold")], factory="ttn_user_model:build", ns=(1, 2),
                          max_seconds=60.0, grace_s=240.0, env=factory_env, min_calls=2)
     assert plain.first_calls == [] and plain.status == "done"
-    assert ttn.Curve(**{k: v for k, v in ttn.asdict(curve).items() if k != "first_calls"}).first_calls == []
+    assert ttn.Curve(**{k: v for k, v in dataclasses.asdict(curve).items() if k != "first_calls"}).first_calls == []
 
 
 @pytest.mark.slow
@@ -240,6 +241,7 @@ def test_suite_point_measures_once_per_run(monkeypatch: pytest.MonkeyPatch, tmp_
 
 def test_cli_refuses_what_it_cannot_measure() -> None:
     from vmapbench.cli import build_parser
+    from vmapbench.commands.time_to_n import main
 
     parser = build_parser(load=["time-to-n"])
     for argv, message in ((["time-to-n"], "name a workload"),
@@ -247,7 +249,7 @@ def test_cli_refuses_what_it_cannot_measure() -> None:
                           (["time-to-n", "psg_mlp", "--fn", "m:f"], "name no registry workload"),
                           (["time-to-n", "psg_mlp", "-m", "opacus_nope"], "has no method")):
         with pytest.raises(SystemExit, match=message):
-            ttn.main(parser.parse_args(argv))
+            main(parser.parse_args(argv))
 
 
 def test_view_skips_a_file_that_is_no_results_file(tmp_path: Path) -> None:

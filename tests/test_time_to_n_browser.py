@@ -15,7 +15,7 @@ from dashboards.builder import build_dashboard
 from test_dashboard_browser import (  # noqa: F401  (driver and shots are fixtures)
     FIXTURE, RENDERED, VISIBLE_ROWS, drain, driver, network_problems, open_page, pytestmark, screenshot, shots,
     wait_for)
-from vmapbench import time_to_n as ttn
+from workloads import time_to_n as ttn
 
 REPO = Path(__file__).resolve().parents[1]
 TRACES = ("return Array.from(document.querySelectorAll('.js-plotly-plot')).flatMap(g => g.data.filter("

@@ -22,7 +22,7 @@ EAGER: dict[str, str] = {}
 @pytest.mark.slow
 @pytest.mark.parametrize("name", ENGINE_WORKLOADS)
 def test_engine_replays_of_every_workload_equal_their_eager_calls(name, monkeypatch, capsys):
-    monkeypatch.setattr("vmapbench.cmd_run.warm_up", lambda methods, device, console: None)
+    monkeypatch.setattr("vmapbench.commands.run.warm_up", lambda methods, device, console: None)
     code = main(["run", name, "-m", "engine", "--repeat", "3", "--warmup", "4", "--no-memory", "--verify"])
     out = capsys.readouterr().out
     assert code == 0, out

@@ -39,6 +39,7 @@ from types import ModuleType
 from typing import Iterable, Iterator, Mapping, Sequence
 
 from measuring.machine import MACHINE_ENV, cpu_model, gpu_model, machine_name
+from vmapbench.commands.options import add_devices
 
 RESULTS_ENV = "VMAPBENCH_RESULTS_DIR"
 # The commit a run of the working tree is recorded under, where not HEAD: `make bench TORCH=...`
@@ -75,21 +76,6 @@ def asv_config(root: Path, results: Path) -> list[str]:
     path.parent.mkdir(exist_ok=True)
     path.write_text(json.dumps(conf, indent=1))
     return ["--config", str(path)]
-
-
-def suite_module(name: str, root: Path | None = None) -> ModuleType:
-    """suite.<name> from this checkout (the suite is not an installed package; asv imports it too).
-
-    ImportError when there is no suite/ beside asv.conf.json (an install without its checkout)."""
-    root = repo_root() if root is None else root
-    if str(root) not in sys.path:
-        sys.path.insert(0, str(root))
-    return importlib.import_module(f"suite.{name}")
-
-
-def load_selection(root: Path) -> ModuleType:
-    """suite.selection from this checkout."""
-    return suite_module("selection", root)
 
 
 # --- machine -----------------------------------------------------------------------------------
@@ -350,8 +336,9 @@ def _product(params: list[list[str]]) -> list[tuple[str, ...]]:
 
 def build_dashboard(root: Path, env: dict[str, str], results: Path | None = None) -> Path | None:
     """`python -m vmapbench dashboard`; the path of its index.html, or None when it cannot run."""
-    if importlib.util.find_spec("dashboards.cli") is None:
-        print("bench: the dashboard (dashboards/cli.py) is not in this checkout yet; skipping it", file=sys.stderr)
+    if importlib.util.find_spec("vmapbench.commands.dashboard") is None:
+        print("bench: the dashboard command (vmapbench/commands/dashboard.py) is not in this checkout yet; "
+              "skipping it", file=sys.stderr)
         return None
     results = root / "results" if results is None else results
     proc = subprocess.run([sys.executable, "-m", "vmapbench", "dashboard", "--results", str(results)],
@@ -483,8 +470,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--workload", action="append", default=[],
                    help="only this workload (repeatable; with --family, the workloads of both), with the cold "
                         "compiles the quick profile leaves out")
-    p.add_argument("--device", action="append", choices=("cpu", "cuda"), default=[],
-                   help="devices to measure (repeatable; default: the profile's)")
+    add_devices(p, help="devices to measure (repeatable; default: the profile's)")
     p.add_argument("--machine", default=None, help=f"machine name (default: ${MACHINE_ENV} or derived from the hardware)")
     p.add_argument("--commits", nargs="+", metavar="REV", default=None,
                    help="benchmark these commits, each installed into asv's virtualenv (.asv/env), instead "
@@ -504,10 +490,11 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
+    from suite import selection  # here, not above: importing suite sets the suite's environment (suite/__init__.py)
+
     run_started = time.time()
     args = build_parser().parse_args(argv)
     root = repo_root()
-    selection = load_selection(root)
     if args.list_families:
         print(json.dumps(selection.families()))
         return 0

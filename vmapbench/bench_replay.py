@@ -13,7 +13,6 @@ run scripted.
 from __future__ import annotations
 
 import argparse
-import statistics
 import time
 from typing import Any, Sequence
 
@@ -21,7 +20,7 @@ import torch
 
 import engine
 from engine import script_replay
-from measuring import timer
+from measuring import stats, timer
 
 # The families issue #44's item 2 holds to jax.jit: what runs by default.
 FAMILIES = ("bayes_logreg", "bayes_models", "hessians")
@@ -31,7 +30,7 @@ WARM_CALLS = 12
 def measure(name: str, rounds: int = 15, budget: float = 0.05) -> dict[str, Any]:
     """Interleaved forward vs interpreter timings of one workload's default path; see the module docstring."""
     import workloads
-    from vmapbench.peer_ratios import default_size
+    from measuring.sizes import default_size
 
     w = workloads.get(name)
     state = w.setup(w.params(default_size(w)), "cpu")
@@ -62,9 +61,9 @@ def measure(name: str, rounds: int = 15, budget: float = 0.05) -> dict[str, Any]
     finally:
         side(True)
     ratios = [s / f for f, s in zip(samples[False], samples[True])]
-    q = statistics.quantiles(ratios, n=4)
-    row.update(forward_us=statistics.median(samples[False]) * 1e6, script_us=statistics.median(samples[True]) * 1e6,
-               ratio=statistics.median(ratios), ratio_q1=q[0], ratio_q3=q[-1])
+    q1, median, q3 = stats.quartiles(ratios)
+    row.update(forward_us=stats.median(samples[False]) * 1e6, script_us=stats.median(samples[True]) * 1e6,
+               ratio=median, ratio_q1=q1, ratio_q3=q3)
     return row
 
 

@@ -4,7 +4,7 @@
     python -m vmapbench.continuous origin/main HEAD --summary-md "$GITHUB_STEP_SUMMARY"
     python -m vmapbench.continuous HEAD HEAD --plant 1.3    # self-test: must exit 1, naming engine rows
 
-This is vmapbench.gate without --calibrate (see its docstring for how it measures and decides).
+This is `vmapbench gate` without --calibrate (vmapbench/gate.py says how it measures and decides).
 It replaced a wrapper of `asv continuous --factor 1.2`, which on this 2-core machine flagged 23
 benchmarks a refactor could not touch: one round per commit, the commits one after the other, a
 factor applied to raw wall times and memory. Exit codes are asv continuous's: 0 no regression,
@@ -18,7 +18,7 @@ import argparse
 import sys
 from typing import Sequence
 
-from vmapbench import gate
+from vmapbench.commands import gate
 
 
 def build_parser() -> argparse.ArgumentParser:

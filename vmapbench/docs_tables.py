@@ -123,7 +123,7 @@ def _ratio_cell(ratios: list[float | None]) -> str:
 
 def time_to_n(source: Path) -> str:
     """A stored time-to-N run in full: how it was measured, then time_to_n.markdown's tables."""
-    from vmapbench import time_to_n as ttn
+    from workloads import time_to_n as ttn
 
     doc, curves = ttn.load(source)
     return f"{ttn.header(doc)} From `{source.relative_to(ROOT) if source.is_relative_to(ROOT) else source}`." \
@@ -136,7 +136,7 @@ def time_to_n_headline(source: Path) -> str:
     with a default-path curve count (the compiled family's explicit compiles are
     time_to_n_compiled's); a workload counts at an N where both curves reached it (how many: the
     cell's second figure)."""
-    from vmapbench import time_to_n as ttn
+    from workloads import time_to_n as ttn
 
     doc, curves = ttn.load(source)
     ns = doc["ns"]
@@ -164,7 +164,7 @@ def time_to_n_compiled(source: Path) -> str:
     path, torch.func nor jax.jit: engine.compile, torch.compile, any compiler a later run records),
     each over jax.jit: one column per compile, one row per N, geometric means over the workloads
     that have it."""
-    from vmapbench import time_to_n as ttn
+    from workloads import time_to_n as ttn
 
     doc, curves = ttn.load(source)
     groups = [g for g in ttn.by_workload(curves).values() if ttn.explicit_curves(g)]
@@ -316,6 +316,30 @@ def torch_coverage(source: Path) -> str:
     return "\n".join(lines)
 
 
+def gate_checks(source: Path) -> str:
+    """The gate's A/A and planted-slowdown runs on one machine (`vmapbench gate --calibrate
+    --record`): per kind of run, how many exited 0, 1 (a regression called) and 2, the gated
+    signals whose point estimate lay beyond their floor, the run's own noise and its time."""
+    doc = json.loads(source.read_text())
+    kinds: dict[str, list[dict[str, Any]]] = defaultdict(list)
+    for run in doc["runs"]:
+        kinds[run["kind"]].append(run)
+    lines = [f"Runs on `{doc['machine']}`, from `{source.relative_to(ROOT) if source.is_relative_to(ROOT) else source}`.",
+             "", "| runs of | runs | exit 0 / 1 / 2 | signals beyond their floor, per run | inconclusive, per run "
+             "| own noise (twin), median | load at start | minutes, median |",
+             "| --- | --- | --- | --- | --- | --- | --- | --- |"]
+    for kind, runs in kinds.items():
+        exits = " / ".join(str(sum(r["exit_code"] == code for r in runs)) for code in (0, 1, 2))
+        noise = [r["twin_noise"] for r in runs if r.get("twin_noise") is not None]
+        loads = [r["load"] for r in runs if r.get("load") is not None]
+        lines.append(f"| {kind} | {len(runs)} | {exits} | {', '.join(str(len(r['beyond'])) for r in runs)} | "
+                     f"{', '.join(str(r['verdicts'].get('inconclusive', 0)) for r in runs)} | "
+                     f"{f'{stats.median(noise):.1%}' if noise else '-'} | "
+                     f"{f'{min(loads):.1f}-{max(loads):.1f}' if loads else '-'} | "
+                     f"{stats.median([r['seconds'] for r in runs]) / 60:.1f} |")
+    return "\n".join(lines)
+
+
 KINDS: dict[str, Callable[[Path], str]] = {
     "peers": peers,
     "peers-compile": peers_compile,
@@ -325,6 +349,7 @@ KINDS: dict[str, Callable[[Path], str]] = {
     "time-to-n-compiled": time_to_n_compiled,
     "noise": noise,
     "noise-figure": noise_figure,
+    "gate-checks": gate_checks,
     "coverage": coverage,
     "memlimit": memlimit,
     "fused-backends": fused_backends,

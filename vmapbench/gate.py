@@ -1,6 +1,6 @@
 """The regression gate: base vs head on a noisy shared machine it may never have seen, and its own calibration.
 
-    python -m vmapbench.gate BASE HEAD          # compare two commits (what `make continuous` runs)
+    vmapbench gate BASE HEAD                    # compare two commits (what `make continuous` runs)
     vmapbench gate --calibrate                  # A/A runs and planted slowdowns (PLANTS)
 
 How it measures (docs/design/gate.md, which shows the measured noise): on a shared box,
@@ -135,6 +135,7 @@ PLANT_TARGETS = ("engine", "transform:NAME", "workloads:PATTERNS", "memory:PATTE
 # targets: a uniform 1.1x, one transform at 1.2x, the engine calls of one family of workloads at 1.5x.
 PLANTS: dict[str, tuple[float, str]] = {
     "uniform": (1.1, "engine"),
+    "uniform-1.3": (1.3, "engine"),
     "hessian": (1.2, "transform:hessian"),
     "families": (1.5, "workloads:nn_*,bayes_*,tutorial_*"),
 }
@@ -896,6 +897,8 @@ class CalibrationRun:
     # should be none: every ratio within its noise), as (name, ratio, floor).
     beyond: list[tuple[str, float, float]] = field(default_factory=list)
     twin_noise: float | None = None  # Outcome.twin_noise
+    commit: str = ""  # HEAD, compared with itself
+    load: float | None = None  # the machine's 1-minute load average as the run started
 
 
 def beyond_floor(rows: Iterable[Row]) -> list[tuple[str, float, float]]:
@@ -922,8 +925,20 @@ def summarize_calibration(runs: Sequence[CalibrationRun]) -> dict[str, Any]:
     return out
 
 
+def record_run(path: Path, machine: str, run: CalibrationRun) -> None:
+    """Append one calibration run to `path` ({"machine", "runs": [...]}, created if missing): the
+    committed record of the gate's checks that docs/ renders (`vmapbench.docs_tables`)."""
+    doc = json.loads(path.read_text()) if path.exists() else {"machine": machine, "runs": []}
+    if doc["machine"] != machine:
+        raise GateError(f"gate: --record {path} holds runs of {doc['machine']!r}, not {machine!r}: use another file")
+    doc["runs"].append({**asdict(run), "date": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())})
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(doc, indent=1) + "\n")
+
+
 def calibrate(root: Path, machine: str, n_aa: int, n_busy: int, n_planted: int, plants: Sequence[str],
-              write: bool = True, log: Any = print, progress: Path | None = None) -> dict[str, Any]:
+              write: bool = True, log: Any = print, progress: Path | None = None,
+              record: Path | None = None) -> dict[str, Any]:
     """A/A comparisons of HEAD (machine as it is, then one core busy) and planted-slowdown ones.
 
     False alarms are counted with the floors in effect before this calibration (the file if any,
@@ -942,13 +957,15 @@ def calibrate(root: Path, machine: str, n_aa: int, n_busy: int, n_planted: int, 
                                             "runs": [asdict(r) for r in runs]}, indent=1))
 
     def one(kind: str, busy: bool, plant: tuple[float, str] | None) -> Outcome:
-        started = time.time()
+        started, load, commit = time.time(), os.getloadavg()[0], resolve(root, "HEAD")
         with busy_core(busy):
             result = compare_commits(root, "HEAD", "HEAD", machine, plant=plant[0] if plant else None,
                                      plant_at=plant[1] if plant else "engine", log=log)
         flagged = [r.name for r in regressions(result.rows)]
         runs.append(CalibrationRun(kind, flagged, result.exit_code, time.time() - started,
-                                   tally(result.rows), beyond_floor(result.rows), result.twin_noise))
+                                   tally(result.rows), beyond_floor(result.rows), result.twin_noise, commit, load))
+        if record is not None:
+            record_run(record, machine, runs[-1])
         log(f"calibrate: {kind}: exit {result.exit_code}, {len(flagged)} flagged "
             f"{[_short(n) for n in flagged][:12]} ({runs[-1].seconds:.0f} s); verdicts {runs[-1].verdicts}, "
             f"{len(runs[-1].beyond)} beyond their floor")
@@ -996,6 +1013,3 @@ def print_calibration(summary: Mapping[str, Any]) -> None:
               + (" ..." if len(s["named"]) > 20 else ""))
     for fam, f in summary.get("families", {}).items():
         print(f"floor of {fam}: median {f['median']:.1%}, max {f['max']:.1%} ({f['signals']} signals)")
-
-
-# --- command line --------------------------------------------------------------------------------

@@ -43,7 +43,6 @@ import importlib
 import importlib.util
 import json
 import math
-import statistics
 import sys
 import time
 import traceback
@@ -57,10 +56,7 @@ ALIAS = "_gate_suite"
 # every first call and every function the trace cannot prove runs this path), traced and replayed;
 # torch.func and the loop, the references the gated ratios divide by.
 GATE_METHODS = ("engine", "engine_eager", "engine_traced", "torch_func", "loop")
-# Counted per workload: the engine as users get it (its automatic trace's replay where proven) and
-# eager; engine_traced replays the same kind of graph as `engine` and would cost a third more
-# valgrind time (the per-op chain's engine_traced count keeps engine.trace's replay counted).
-COUNT_METHODS = ("engine", "engine_eager")
+# Counted per workload: measuring.counted.COUNT_METHODS (the gate checkout's).
 CHAIN_COUNT_METHODS = ("engine", "engine_traced", "engine_auto")
 # Methods whose calls keep state that another side's activation disturbs: automatic tracing's
 # guards watch module dicts, which every switch of side writes; their first call after a switch
@@ -74,7 +70,6 @@ REWARM_CALLS = 2
 # more often than every engine.guardstate._REBUILD_CALLS (8) calls gives up its native check for
 # good, which would switch the measured path in the middle of a run.
 REWARM_MIN_CALLS = 8
-COUNT_REPEATS = 2
 # Steady calls whose allocator peak is taken per side and method (--memory): exact figures, two to
 # show that the call allocates the same each time.
 MEMORY_REPEATS = 2
@@ -126,9 +121,8 @@ def halfwidth(samples: list[float]) -> float:
     normal approximation: 1.57 x IQR / sqrt(n)); inf with fewer than 3 samples."""
     if len(samples) < 3:
         return math.inf
-    q = statistics.quantiles(samples, n=4)
-    median = statistics.median(samples)
-    return math.inf if median <= 0 else 1.57 * (q[2] - q[0]) / math.sqrt(len(samples)) / median
+    q1, median, q3 = gate_measuring("stats").quartiles(samples)
+    return math.inf if median <= 0 else 1.57 * (q3 - q1) / math.sqrt(len(samples)) / median
 
 
 def adaptive_samples(calls: Mapping[str, Callable[[], Any]], reference: str | None, budget_s: float,
@@ -251,11 +245,6 @@ def _round_widths(samples: Mapping[str, Mapping[str, list[float]]], first: str, 
                 mine = [a / b for a, b in zip(mine, per_round(first, name))]
             widths.append(halfwidth(mine))
     return widths
-
-
-def first_size(workload: Any) -> str:
-    """The size the gate measures: the first quick size, else the first of the grid (the smallest)."""
-    return (tuple(workload.quick) or tuple(workload.sizes))[0]
 
 
 def gate_methods(workload: Any, methods: tuple[str, ...] = GATE_METHODS) -> list[str]:
@@ -401,7 +390,7 @@ def prepared(name: str, methods: tuple[str, ...], errors: dict[str, str]) -> tup
 
     probes = gate_suite("probes")
     workload = get(name)
-    size = first_size(workload)
+    size = gate_measuring("sizes").default_size(workload)
     try:
         state = workload.setup(workload.params(size), "cpu")
     except Exception as exc:  # noqa: BLE001 - reported as this case's failure
@@ -593,12 +582,12 @@ def measure_overhead(budget_s: float, clock: Callable[[], float],
 
 
 def count_regions(library: str, names: list[str], sides: Sides) -> dict[str, tuple[list[str], dict[str, str]]]:
-    """Count each engine method's steady-state call (COUNT_REPEATS times) of the per-op chain and of
-    the workloads `names`, of every side, under callgrind. Region labels:
+    """Count each engine method's steady-state call (measuring.counted.COUNT_REPEATS times) of the
+    per-op chain and of the workloads `names`, of every side, under callgrind. Region labels:
     'SIDE|chain|method|rep', 'SIDE|wl|name|size|method|rep'. Every case of every side is set up and
     called first (uninstrumented), then instrumentation is turned on once; a case's sides are
     counted one after the other."""
-    counts = gate_measuring("counts")
+    counts, counted = gate_measuring("counts"), gate_measuring("counted")
     requests = counts.Requests(library)
     if not requests.on_valgrind:
         raise RuntimeError("--count: this process is not running under valgrind (see measuring.counts.command)")
@@ -616,7 +605,7 @@ def count_regions(library: str, names: list[str], sides: Sides) -> dict[str, tup
         for name in names:
             if name not in registered:
                 continue
-            size, calls = prepared(name, COUNT_METHODS, errors[label])
+            size, calls = prepared(name, counted.COUNT_METHODS, errors[label])
             for method, call in calls.items():
                 cases.setdefault(f"wl|{name}|{size}|{method}", []).append((label, call))
     labels: dict[str, list[str]] = {label: [] for label in sides}
@@ -629,7 +618,7 @@ def count_regions(library: str, names: list[str], sides: Sides) -> dict[str, tup
         for label, call in per_side:
             sides.activate(label)
             call()  # its code translated with instrumentation on, once, before it is counted
-            for rep in range(COUNT_REPEATS):
+            for rep in range(counted.COUNT_REPEATS):
                 with requests.region(f"{label}|{case}|{rep}"):
                     call()
                 labels[label].append(f"{case}|{rep}")

@@ -111,7 +111,7 @@ def skipped_section(device: str) -> list[str]:
 def time_to_n_section(results: Path, machine: str) -> list[str]:
     """The machine's newest time-to-N file: seconds from the first call per curve and N, and each
     of the first calls' own seconds with what it imported (`vmapbench time-to-n --first-calls`)."""
-    from vmapbench import time_to_n
+    from workloads import time_to_n
 
     lines = ["## Time to N from the first call", ""]
     files = [p for p in time_to_n.newest(results) if p.parent.name == machine]

@@ -47,6 +47,8 @@ from typing import Any, Callable, Sequence
 import torch
 
 from measuring import malloc, stats
+from measuring.sizes import default_size
+from vmapbench.commands.options import add_device
 
 PEERS: tuple[str, ...] = ("jax", "opacus_hooks", "opacus_ew", "opacus_functorch", "backpack")
 # The engine's replayed path: the first of these the workload lists.
@@ -134,10 +136,6 @@ def ours_of(workload: Any, default_path: bool = False) -> str:
         if method in workload.methods:
             return method
     raise ValueError(f"workload {workload.name!r} has none of {OURS}; it has {', '.join(workload.methods)}")
-
-
-def default_size(workload: Any) -> str:
-    return workload.quick[0] if workload.quick else workload.sizes[0]
 
 
 def selected_workloads(names: Sequence[str] | None, family: str | None) -> list[Any]:
@@ -498,8 +496,7 @@ def configure(parser: argparse.ArgumentParser) -> None:
                         help="our method: 'traced' (engine_traced: an explicit engine.trace, the default) or "
                              "'default' (engine: the default path, automatic tracing, where it replays and eager "
                              "where it does not); both with the fused tier forced in and settled")
-    parser.add_argument("--device", choices=("cpu", "cuda"), default="cpu",
-                        help="where every method runs (default cpu); cuda needs a GPU, and jax a CUDA jaxlib")
+    add_device(parser, help="where every method runs (default cpu); cuda needs a GPU, and jax a CUDA jaxlib")
     parser.add_argument("--write", action="store_true", help="store the rows under results/peer_ratios/")
 
 

@@ -1,7 +1,7 @@
 """Time to N: cumulative seconds from a fresh process to the N-th call, log-log, one line per curve.
 
 Reads each machine's newest results/time_to_n/<machine>/<commit8>.json (`vmapbench time-to-n
---all --write`, format in vmapbench.time_to_n). Per workload one figure, one panel per machine
+--all --write`, format in workloads.time_to_n). Per workload one figure, one panel per machine
 and device, one line per method (warm-cache curves dashed), and a star where the default path's
 cold curve crosses another method's: the N from which one of them has cost less in all. Two
 tables give the default path's cold time over jax.jit's at each N, counted from the first call
@@ -17,7 +17,7 @@ from dashboards.figures import Panels
 from dashboards.loader import CorruptResultWarning
 from dashboards.page import Page, esc, project_path, table
 from dashboards.theme import method_color
-from vmapbench import time_to_n as ttn
+from workloads import time_to_n as ttn
 
 
 def _reports(ctx: Context) -> list[tuple[dict, list[ttn.Curve]]]:

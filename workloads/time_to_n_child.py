@@ -1,6 +1,6 @@
-"""One time-to-N curve, measured in the fresh process that runs this module (see vmapbench.time_to_n).
+"""One time-to-N curve, measured in the fresh process that runs this file (see workloads.time_to_n).
 
-    python -m vmapbench.time_to_n_child '<spec as JSON>'
+    python workloads/time_to_n_child.py '<spec as JSON>'
 
 Only the standard library is imported before the first clock reading, so the process's own start
 (interpreter, torch, the registry or the user's module, jax) is on the record. The spec names the
@@ -24,6 +24,9 @@ from typing import Any, Callable
 # CLOCK_MONOTONIC is one clock for every process of the machine: the parent's launch time and
 # these readings subtract.
 _ENTERED = time.monotonic()
+# Run by its file (workloads.time_to_n.CHILD: no package __init__ before the clock), so its folder
+# heads sys.path; the working folder takes its place, as under `python -m` (a --fn MODULE is found there).
+sys.path[0] = os.getcwd()
 
 
 def _write(out: Any, **event: Any) -> None:

@@ -60,7 +60,7 @@ def expand(target: str, known: dict[str, tuple[Callable, tuple]]) -> list[str]:
     registered = sorted(w.name for w in all_workloads())
     if target in registered:
         raise SystemExit(f"vmapbench compliance: workload {target!r} has no function registered for the check "
-                         f"(vmapbench/compliance.py WORKLOAD_FUNCTIONS); check its function as module:function "
+                         f"(vmapbench/commands/compliance.py WORKLOAD_FUNCTIONS); check its function as module:function "
                          f"--shapes ..., or one of the workloads {', '.join(sorted(WORKLOAD_FUNCTIONS))}")
     raise SystemExit(f"vmapbench compliance: unknown target {target!r}; give a workload "
                      f"({', '.join(sorted(WORKLOAD_FUNCTIONS))}), a function ({', '.join(known)}) or module:function")

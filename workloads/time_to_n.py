@@ -1,15 +1,11 @@
 """Time to N: the cumulative wall time from a fresh process to the N-th call, per method.
 
-    vmapbench time-to-n bayes_chain_grads                    # one workload, every curve it has
-    vmapbench time-to-n --all --write                        # every workload; results/time_to_n/
-    vmapbench time-to-n --fn mymodels:build -m engine,torch_func   # a model the registry lacks
-
-The tables of README.md and docs/ are rendered from a written file by `python -m vmapbench.docs_tables`
-(kinds `time-to-n`, `time-to-n-headline`, `time-to-n-compiled`); `python -m vmapbench.headlines`
-measures every workload at HEAD and renders them.
+The curves, their measurement and their results files; `vmapbench time-to-n`
+(vmapbench/commands/time_to_n.py) runs and writes them, the asv suite (suite/bench_time_to_n.py)
+tracks a few N, the dashboard and `python -m vmapbench.docs_tables` read the files.
 
 A user's process starts, calls a function N times and ends; what it pays is the sum, not the
-steady state. Each curve runs in its own fresh process (vmapbench.time_to_n_child), which records:
+steady state. Each curve runs in its own fresh process (workloads/time_to_n_child.py), which records:
 - `imported_s`: from the launch of the process to the end of its imports (Python, torch, the
   registry or the user's module), `built_s`: to the data and the method built (jax is imported
   here, by the jax method's builder), and `first_call_at_s`: to the start of the first call;
@@ -20,14 +16,12 @@ Curves: the default path (`engine`; `engine_compiled` where a workload has no `e
 inductor cache (a new empty TORCHINDUCTOR_CACHE_DIR) and warm (the same folder, a second process),
 torch.func, jax.jit and torch.compile (cold and warm) where the workload has them. Every process
 gets its own empty cache folder unless it is a warm curve. A curve stops at the first N whose
-calls took longer than `--max-seconds` in all (its `note` says so), but never before `--min-calls`
-calls; the process is killed if it overruns the budget by the `--grace-s` allowance for start-up
+calls took longer than `max_seconds` in all (its `note` says so), but never before `min_calls`
+calls; the process is killed if it overruns the budget by the `grace_s` allowance for start-up
 and one long call.
 """
 from __future__ import annotations
 
-import argparse
-import datetime as _dt
 import json
 import math
 import os
@@ -37,7 +31,7 @@ import subprocess
 import sys
 import tempfile
 import time
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Iterable, Sequence
 
@@ -45,6 +39,9 @@ DEFAULT_NS: tuple[int, ...] = (1, 2, 5, 30, 300, 3000)
 DEFAULT_MAX_SECONDS = 20.0
 DEFAULT_GRACE_S = 300.0
 RESULTS_DIR = "time_to_n"
+# The curve's process, run by its file: a package's __init__ (this one's imports the registry)
+# would run before its first clock reading.
+CHILD = Path(__file__).resolve().with_name("time_to_n_child.py")
 # The default path: the first of these the workload has.
 OURS: tuple[str, ...] = ("engine", "engine_compiled")
 # The engine as a user gets it with no explicit compile: what the default-path headline compares.
@@ -135,7 +132,7 @@ def curves_of(methods: Sequence[str]) -> list[tuple[str, str]]:
 
 def measure_curve(spec: dict[str, Any], cache_dir: str, timeout_s: float,
                   env: dict[str, str | None] | None = None) -> Curve:
-    """Run one curve in a fresh process (`spec` as vmapbench.time_to_n_child reads it, without the
+    """Run one curve in a fresh process (`spec` as workloads/time_to_n_child.py reads it, without the
     launch time and output file, which this adds) with TORCHINDUCTOR_CACHE_DIR=`cache_dir`; `env`
     is added to this process's environment (a None value removes the variable)."""
     curve = Curve(spec.get("workload") or spec.get("factory") or "?", spec.get("size") or "-", spec["method"],
@@ -148,7 +145,7 @@ def measure_curve(spec: dict[str, Any], cache_dir: str, timeout_s: float,
         full = {**spec, "launched": launched, "out": str(out)}
         # A session of its own, so that a kill on timeout also ends what the child started
         # (inductor's compile workers, the fused tier's worker).
-        proc = subprocess.Popen([sys.executable, "-m", "vmapbench.time_to_n_child", json.dumps(full)],
+        proc = subprocess.Popen([sys.executable, str(CHILD), json.dumps(full)],
                                 env=child_env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
                                 start_new_session=True)
         try:
@@ -246,34 +243,6 @@ def crossovers(a: Sequence[Sequence[float]], b: Sequence[Sequence[float]]) -> li
             ls = math.log(a0) + t * (math.log(a1) - math.log(a0))
             out.append((math.exp(ln), math.exp(ls)))
     return out
-
-
-def document(curves: Sequence[Curve], *, ns: Sequence[int], max_seconds: float, threads: int, device: str,
-             load: tuple[list[float], list[float]] | None = None, note: str | None = None) -> dict[str, Any]:
-    """The results file: where and how it was measured, and every curve."""
-    import torch
-
-    from vmapbench.bench import cpu_model, git, machine_name, repo_root
-
-    root = repo_root()
-    return {"machine": machine_name(), "cpu": cpu_model(), "cores": os.cpu_count(),
-            "commit": git(root, "rev-parse", "HEAD"), "torch": torch.__version__, "python": sys.version.split()[0],
-            "threads": threads, "device": device, "ns": list(ns), "max_seconds": max_seconds,
-            "written_at": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
-            "load_before": load[0] if load else None, "load_after": load[1] if load else None, "note": note,
-            "curves": [asdict(c) for c in curves]}
-
-
-def write(doc: dict[str, Any], root: Path | None = None) -> Path:
-    """results/time_to_n/<machine>/<commit8>.json under the repository root `root`, by default the
-    results folder `make bench` writes (VMAPBENCH_RESULTS_DIR where set: a GPU dry run's)."""
-    from vmapbench.bench import results_dir
-
-    base = results_dir() if root is None else root / "results"
-    path = base / RESULTS_DIR / doc["machine"] / f"{doc['commit'][:8]}.json"
-    path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(json.dumps(doc, indent=1) + "\n")
-    return path
 
 
 def load(path: str | Path) -> tuple[dict[str, Any], list[Curve]]:
@@ -397,94 +366,3 @@ def header(doc: dict[str, Any]) -> str:
             f"{doc['commit'][:8]}, torch {doc['torch']}, Python {doc.get('python')}, {doc['threads']} thread(s), "
             f"{doc['device']}, budget {doc['max_seconds']:g} s of calls per curve, written {doc['written_at']}; "
             f"1-minute load average before / after: {loads}." + (f" {note.rstrip('.')}." if note else ""))
-
-
-def configure(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("workloads", nargs="*", metavar="WORKLOAD", help="registry workloads (or --all, or --fn)")
-    parser.add_argument("--all", action="store_true", help="every registry workload")
-    parser.add_argument("--family", help="with --all: only this family")
-    parser.add_argument("--size", help="size label (one workload); default: its first quick size, else smallest")
-    parser.add_argument("--fn", metavar="MODULE:FUNCTION",
-                        help="measure a model the registry lacks: FUNCTION(method) returns the measured "
-                             "zero-argument call for each method of --methods")
-    parser.add_argument("-m", "--methods", default=None,
-                        help="comma list of methods (default: the workload's curves; with --fn: engine,torch_func)")
-    parser.add_argument("--n", default=",".join(map(str, DEFAULT_NS)),
-                        help=f"comma list of N (default {','.join(map(str, DEFAULT_NS))})")
-    parser.add_argument("--max-seconds", type=float, default=DEFAULT_MAX_SECONDS,
-                        help=f"a curve stops once its calls took this long in all (default {DEFAULT_MAX_SECONDS:g})")
-    parser.add_argument("--min-calls", type=int, default=1, metavar="K",
-                        help="every curve makes at least K calls (up to the largest N), whatever --max-seconds "
-                             "says (default 1)")
-    parser.add_argument("--grace-s", type=float, default=DEFAULT_GRACE_S,
-                        help=f"a process is killed after --max-seconds plus this (default {DEFAULT_GRACE_S:g})")
-    parser.add_argument("--threads", type=int, default=1, help="torch (and XLA) intra-op threads (default 1)")
-    parser.add_argument("--device", default="cpu", help="cpu (default) or cuda")
-    parser.add_argument("--first-calls", type=int, default=0, metavar="K",
-                        help="print each of the first K calls' own seconds and the packages it imported "
-                             "(the lazy imports a call pays; default 0: the snapshots would be timed too)")
-    parser.add_argument("--no-check", action="store_true",
-                        help="skip the float64-loop check that follows each registry curve")
-    parser.add_argument("--write", action="store_true",
-                        help="store the curves as results/time_to_n/<machine>/<commit8>.json")
-    parser.add_argument("--note", help="with --write: a sentence stored with the results (e.g. how loaded the box was)")
-
-
-def _methods_of(spec: str | None, default: Sequence[str]) -> list[tuple[str, str]]:
-    names = [m.strip() for m in spec.split(",") if m.strip()] if spec else list(default)
-    out: list[tuple[str, str]] = []
-    for m in names:
-        out += [(m, "cold"), (m, "warm")] if m in INDUCTOR_METHODS else [(m, "cold")]
-    return out
-
-
-def main(args: argparse.Namespace) -> int:
-    ns = [int(n) for n in args.n.split(",") if n.strip()]
-    progress = lambda text: print(text, file=sys.stderr, flush=True)  # noqa: E731
-    jobs: list[tuple[str | None, str | None, list[tuple[str, str]]]] = []
-    if args.fn:
-        if args.workloads or args.all:
-            raise SystemExit("time-to-n: --fn measures a user's function; name no registry workload with it")
-        if ":" not in args.fn:
-            raise SystemExit(f"time-to-n: --fn {args.fn!r} must be MODULE:FUNCTION")
-        jobs.append((None, None, _methods_of(args.methods, ("engine", "torch_func"))))
-    else:
-        import workloads
-
-        from vmapbench.peer_ratios import default_size
-
-        if args.all:
-            chosen = workloads.all_workloads(args.family)
-        elif args.workloads:
-            chosen = [workloads.get(n) for n in args.workloads]
-        else:
-            raise SystemExit("time-to-n: name a workload, or pass --all or --fn MODULE:FUNCTION")
-        if args.size and len(chosen) != 1:
-            raise SystemExit("time-to-n: --size needs exactly one workload")
-        for w in chosen:
-            size = args.size or default_size(w)
-            w.params(size)  # KeyError naming the valid sizes
-            methods = curves_of(w.methods) if not args.methods else _methods_of(args.methods, ())
-            unknown = [m for m, _ in methods if not w.supports(m)]
-            if unknown:
-                raise SystemExit(f"time-to-n: {w.name} has no method {unknown}; it has {', '.join(w.methods)}")
-            jobs.append((w.name, size, methods))
-    load_before = list(os.getloadavg())
-    curves: list[Curve] = []
-    for workload, size, methods in jobs:
-        got = measure(workload, size, methods, factory=args.fn, ns=ns, max_seconds=args.max_seconds,
-                      threads=args.threads, device=args.device, grace_s=args.grace_s, check=not args.no_check,
-                      progress=progress, first_calls=args.first_calls, min_calls=args.min_calls)
-        curves += got
-        for c in got:
-            progress(f"  {c.label}: {c.status} " + " ".join(f"N={n}:{s:.3g}s" for n, s in zip(c.ns, c.seconds))
-                     + (f" ({c.note})" if c.note else ""))
-            for call in c.first_calls:
-                progress(f"    {describe_call(call)}")
-    doc = document(curves, ns=ns, max_seconds=args.max_seconds, threads=args.threads, device=args.device,
-                   load=(load_before, list(os.getloadavg())), note=args.note)
-    print(header(doc))
-    print(markdown(doc, curves))
-    if args.write:
-        print(f"wrote {write(doc)}")
-    return 1 if any(c.status in ("failed", "wrong", "killed") for c in curves) else 0

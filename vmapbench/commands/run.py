@@ -29,7 +29,8 @@ import workloads
 from engine import autotrace
 from measuring import timer
 from workloads import measure
-from vmapbench.cmd_list import make_console
+from vmapbench.commands.list import make_console
+from vmapbench.commands.options import add_device
 from workloads.base import BASELINE, REFERENCE
 from workloads.peers import PeerUnavailable
 
@@ -41,7 +42,7 @@ def configure(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("workload", help="workload name (see `vmapbench list`)")
     parser.add_argument("--method", "-m", action="append", dest="methods", metavar="M",
                         help="method to run (repeatable, or comma-separated; `opacus` means every Opacus mode the workload has); default: all of the workload's")
-    parser.add_argument("--device", default="cpu", choices=("cpu", "cuda"), help="device (default cpu)")
+    add_device(parser)
     parser.add_argument("--size", help="size label, e.g. 'n=1000,d=64'; default: the first quick size")
     parser.add_argument("--repeat", type=int, default=5, help="timed calls per method (default 5)")
     parser.add_argument("--warmup", type=int, default=2, help="untimed calls, the first included (default 2)")
@@ -131,13 +132,11 @@ def main(args: argparse.Namespace) -> int:
 def warm_up(methods: list[str], device: str, console: Console) -> list[str]:
     """Pay the process's one-time imports and first transforms for `methods` before measuring any
     of them (suite.probes.preload, as the ASV suite does), and say so; returns what was warmed."""
-    from vmapbench.bench import suite_module
-
     try:
-        probes = suite_module("probes")
+        from suite import probes
     except ImportError as e:
-        console.print(f"[yellow]warning:[/] no warm-up ({escape(str(e))}; the suite/ folder of the checkout is "
-                      "needed): the first method's first call includes the process's one-time imports")
+        console.print(f"[yellow]warning:[/] no warm-up ({escape(str(e))}; the suite package is needed): the "
+                      "first method's first call includes the process's one-time imports")
         return []
     start = time.perf_counter()
     with console.status("warm-up: one-time imports (torch._dynamo, sympy, peers, jax) before measuring"):
