@@ -286,6 +286,17 @@ def test_calibration_summary_counts_runs_and_engine_names():
     assert summary["planted-uniform"]["flagged_runs"] == 2 and summary["planted-uniform"]["only_engine_named"] is False
 
 
+def test_calibration_runs_are_appended_to_the_record_of_one_machine(tmp_path):
+    path = tmp_path / "results" / "gate" / "m" / "checks.json"
+    gate.record_run(path, "m", gate.CalibrationRun("aa", [], 0, 100.0, {"unchanged": 3}, [], 0.01, "abc", 0.4))
+    gate.record_run(path, "m", gate.CalibrationRun("planted-uniform", ["x"], 1, 120.0, commit="abd"))
+    runs = json.loads(path.read_text())["runs"]
+    assert [(r["kind"], r["exit_code"], r["commit"]) for r in runs] == [("aa", 0, "abc"), ("planted-uniform", 1, "abd")]
+    assert runs[0]["twin_noise"] == 0.01 and runs[0]["load"] == 0.4 and runs[0]["date"]
+    with pytest.raises(SystemExit, match="holds runs of 'm'"):
+        gate.record_run(path, "other", gate.CalibrationRun("aa", [], 0, 1.0))
+
+
 def test_a_signal_beyond_its_floor_either_way_is_named():
     def row(name, value, floor, gated=True):
         est = stats.Estimate(value, value * 0.99, value * 1.01, 12)
