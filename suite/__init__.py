@@ -3,6 +3,11 @@
 Generated from the workload registry; see selection.py for profiles and naming, probes.py for the
 measurements. Modules: bench_workloads (steady-state time and memory, ratios), bench_first_call
 (compile time, engine fallbacks), bench_overhead (engine per-op overhead), bench_runtime (threads).
+
+An installed package like the others, imported one way: `from suite import probes`. asv imports
+this folder of the checkout by its own importer (whatever commit it installed), and the gate's
+probe loads the gate checkout's copy under an alias (vmapbench/gate_probe.py: gate_suite); either
+way its measuring/ is the checkout's too (`_own_measuring` below).
 """
 
 import importlib.util as _util

@@ -19,12 +19,9 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
-if str(ROOT) not in sys.path:
-    sys.path.insert(0, str(ROOT))
-
-from suite import selection  # noqa: E402
-from vmapbench import bench, gate  # noqa: E402
-from workloads import get as get_workload  # noqa: E402
+from suite import selection
+from vmapbench import bench, gate
+from workloads import get as get_workload
 
 WORKLOAD = "rosenbrock_hessian"
 METHODS = ("engine", "engine_eager", "engine_traced")

@@ -1,17 +1,12 @@
 """suite/bench_counts.py: the gate's instruction counts as an asv metric (skips without valgrind, counts repeat)."""
 from __future__ import annotations
 
-import sys
 from pathlib import Path
 
 import pytest
 
-ROOT = Path(__file__).resolve().parents[1]
-if str(ROOT) not in sys.path:
-    sys.path.insert(0, str(ROOT))
-
-from suite import bench_counts, selection  # noqa: E402
-from measuring import counted, counts  # noqa: E402
+from measuring import counted, counts
+from suite import bench_counts, selection
 
 
 def test_the_points_are_the_gates_counted_workloads_and_methods() -> None:

@@ -20,12 +20,9 @@ import pytest
 import torch
 
 ROOT = Path(__file__).resolve().parents[1]
-if str(ROOT) not in sys.path:
-    sys.path.insert(0, str(ROOT))
-
-from suite import generate, probes, selection  # noqa: E402
-from vmapbench import bench  # noqa: E402
-from workloads.base import Workload, all_workloads  # noqa: E402
+from suite import generate, probes, selection
+from vmapbench import bench
+from workloads.base import Workload, all_workloads
 
 
 def _tiny_workload(name: str = "tiny-cubic") -> Workload:
