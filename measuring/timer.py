@@ -8,7 +8,8 @@ to both, where their separate medians would not.
 `rounds` is the one loop that runs measured calls between clock reads. Every timing path is a
 use of it: `time_call`; `vmapbench run`'s per-call rounds; the ASV suite's batches
 (suite.probes.interleaved_samples); the regression gate's rounds of several commits in one process
-(vmapbench/gate_probe.py, paired_samples). What they differ in are its options:
+(vmapbench/gate_probe.py, paired_samples); the side-by-side scripts (vmapbench/bench_*.py).
+What they differ in are its options:
 
 - a `Batch` per callable: the calls of one round, in units of calls between two clock reads; a
   round's figure is the fastest unit, per call (with one unit a batch: its mean per call).
