@@ -20,7 +20,7 @@ from types import SimpleNamespace
 import pytest
 
 from vmapbench import cli
-from vmapbench import profile as prof
+from vmapbench.profiling import session as prof
 from vmapbench.profiling import child, flamegraph, nvml, pyspy
 
 TOY_MODULE = "vmapbench_toy_profile_workload"

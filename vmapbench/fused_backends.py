@@ -17,14 +17,12 @@ compiled for the llvm-cpu target of this host (float64 kept), run by IREE's sync
 """
 from __future__ import annotations
 
-import argparse
 import json
 import os
 import subprocess
 import sys
 import tempfile
 import time
-from pathlib import Path
 from typing import Any, Callable
 
 BACKENDS = ("xla", "inductor", "iree")

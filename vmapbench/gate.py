@@ -37,7 +37,6 @@ process died.
 """
 from __future__ import annotations
 
-import argparse
 import contextlib
 import json
 import math

@@ -34,7 +34,6 @@ Results: results/memlimit/<machine>/<commit8>.json (schema in docs/guide/memlimi
 """
 from __future__ import annotations
 
-import argparse
 import json
 import math
 import os
@@ -47,7 +46,7 @@ import sys
 import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any, Callable, Iterable, Sequence
+from typing import Any, Callable, Sequence
 
 DEFAULT_BUDGET = "1GiB"
 WARMUP_BATCH = 2

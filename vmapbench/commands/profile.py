@@ -1,5 +1,5 @@
 """`vmapbench profile`: where the time goes for one workload and one method, without a script
-(what one run leaves and how it is taken: vmapbench/profile.py)."""
+(what one run leaves and how it is taken: vmapbench/profiling/session.py)."""
 from __future__ import annotations
 
 import argparse
@@ -9,7 +9,7 @@ from pathlib import Path
 from rich.console import Console
 
 from vmapbench.commands.options import add_device
-from vmapbench.profile import PROFILES_DIR, TOOLS, ProfileError, Profiler, make_plan, output_dir, print_report
+from vmapbench.profiling.session import PROFILES_DIR, TOOLS, ProfileError, Profiler, make_plan, output_dir, print_report
 
 
 def configure(parser: argparse.ArgumentParser) -> None:

@@ -32,6 +32,8 @@ import traceback
 from pathlib import Path
 from typing import Any, Callable, Sequence
 
+from vmapbench.commands.options import add_device
+
 MIB = 1024 * 1024
 PROGRESS_EVERY_S = 0.25
 
@@ -42,7 +44,7 @@ def _parse(argv: Sequence[str] | None) -> argparse.Namespace:
     p.add_argument("--workload", required=True)
     p.add_argument("--method", required=True)
     p.add_argument("--size", required=True)
-    p.add_argument("--device", default="cpu")
+    add_device(p)
     p.add_argument("--out", required=True, type=Path)
     p.add_argument("--status-fd", type=int, required=True)
     p.add_argument("--torch", action="store_true", help="run the torch.profiler phase after the loop")

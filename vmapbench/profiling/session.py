@@ -42,7 +42,7 @@ from rich.table import Table
 from vmapbench.profiling import flamegraph, nvml as nvml_mod, pyspy
 
 TOOLS = ("all", "py-spy", "torch")
-REPO_ROOT = Path(__file__).resolve().parents[1]
+REPO_ROOT = Path(__file__).resolve().parents[2]
 PROFILES_DIR = REPO_ROOT / "results" / "profiles"
 SPEEDSCOPE = "profile.speedscope.json"
 FLAMEGRAPH = "flamegraph.svg"
