@@ -13,6 +13,7 @@ from engine.transforms import TransformError, jvp, linearize
 from engine.trace import TraceFallbackWarning, UntraceableError, compile, trace  # noqa: A004  (engine.compile mirrors torch.compile)
 from engine.autotrace import auto_trace, traced_transform
 from engine.autovjp import vjp
+from engine import autovjp
 from engine.autoswitch import auto_tracing
 from engine.fused import fused_tier, settle
 from engine.errors import (
@@ -26,8 +27,9 @@ from engine.errors import (
 from engine.compliance import check_compliance
 from engine.rules._table import register_rule
 
-# The public transforms: the eager ones of engine._vmap / engine.transforms, automatically traced.
-vmap = traced_transform(_vmap.vmap)
+# The public transforms: the eager ones of engine._vmap / engine.transforms, automatically traced,
+# each with how it composes with callables another transform traces itself (vmap of a vjp_fn).
+vmap = traced_transform(_vmap.vmap, compose=autovjp.vmap_of_vjp_fn)
 grad = traced_transform(transforms.grad)
 grad_and_value = traced_transform(transforms.grad_and_value)
 jacrev = traced_transform(transforms.jacrev)

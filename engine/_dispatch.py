@@ -146,15 +146,30 @@ def _checked_writes(plan: Callable[[tuple, dict], Any], mutated: tuple, name: st
 def _rule_plan(func: Any, meta: _OpMeta, rule: Any) -> Callable[[tuple, dict], Any]:
     """The plan of an op with (or without) a rule; see the comment above `_find_level`."""
     op = func._op if type(func) is torch._ops.OpOverload else func  # OpOverload.__call__ is exactly ._op
-    lists, random, mutated, returns_self = meta.has_lists, meta.random, meta.mutated, meta.returns_self
-    # Pointwise rules declare that, when every batched argument has the same logical rank (>= 1) and
-    # no unbatched tensor has a higher one, the rule is the op on the physical arguments (batch at 0).
-    # Logical rank 0 qualifies only without unbatched tensors: a batched 0-dim tensor is 1-dim
-    # physically, which would outrank an unbatched 0-dim tensor in type promotion; among batched
-    # 0-dim tensors and Python scalars alone, promotion is the same physically and logically.
-    direct = (getattr(rule, "same_rank_direct", False) and meta.n_returns == 1 and not lists and not random
-              and mutated in ((), (0,)))
+    direct = _same_rank_direct(meta, rule)
     call = (python_binding(func) or op) if direct else op  # the op on the physical arguments
+    general = _general_plan(func, meta, rule, op, direct, call)
+    return _specialized_plan(general, func, meta, rule, direct, call)
+
+
+def _same_rank_direct(meta: _OpMeta, rule: Any) -> bool:
+    """Whether the op's plan may call it on the physical arguments when their ranks agree.
+
+    Pointwise rules declare that, when every batched argument has the same logical rank (>= 1) and
+    no unbatched tensor has a higher one, the rule is the op on the physical arguments (batch at 0).
+    Logical rank 0 qualifies only without unbatched tensors: a batched 0-dim tensor is 1-dim
+    physically, which would outrank an unbatched 0-dim tensor in type promotion; among batched
+    0-dim tensors and Python scalars alone, promotion is the same physically and logically."""
+    return bool(getattr(rule, "same_rank_direct", False) and meta.n_returns == 1 and not meta.has_lists
+                and not meta.random and meta.mutated in ((), (0,)))
+
+
+def _general_plan(func: Any, meta: _OpMeta, rule: Any, op: Any, direct: bool,
+                  call: Any) -> Callable[[tuple, dict], Any]:
+    """The plan for any call of the op: the op itself without a batched argument; `call` on the
+    physical arguments where `direct` and their ranks agree; else the rule (or, without one or
+    with a batched keyword argument, `_without_rule`)."""
+    lists, random, mutated, returns_self = meta.has_lists, meta.random, meta.mutated, meta.returns_self
     gradsum = _gradsum
     # `grad_seen`: an input requires grad (else autograd records no node); `mixed`: some tensor input
     # is not batched at exactly this one level (else every input has the same levels). _gradsum.note
@@ -268,15 +283,22 @@ def _rule_plan(func: Any, meta: _OpMeta, rule: Any) -> Callable[[tuple, dict], A
             gradsum.note(args, kwargs, result, level)
         return result
 
+    return plan
+
+
+def _specialized_plan(general: Callable[[tuple, dict], Any], func: Any, meta: _OpMeta, rule: Any, direct: bool,
+                      call: Any) -> Callable[[tuple, dict], Any]:
+    """`general` behind a plan specialized to the op's usual calls where it has one: a direct op of
+    one or two positional arguments, an op with a rule over one tensor argument."""
     if direct and meta.n_positional == 1:
-        return _unary_plan(plan, call, returns_self)
+        return _unary_plan(general, call, meta.returns_self)
     if direct and meta.n_positional == 2:
-        return _binary_plan(plan, call, returns_self, str(func._schema.arguments[1].type) == "Tensor")
-    if rule is not None and not direct and not lists and not random and not mutated:
+        return _binary_plan(general, call, meta.returns_self, str(func._schema.arguments[1].type) == "Tensor")
+    if rule is not None and not direct and not meta.has_lists and not meta.random and not meta.mutated:
         args = func._schema.arguments
         others = tuple(i for i in range(1, len(args)) if not args[i].kwarg_only and "Tensor" in str(args[i].type))
-        return _one_tensor_plan(plan, rule, others)
-    return plan
+        return _one_tensor_plan(general, rule, others)
+    return general
 
 
 def _unary_plan(general: Callable[[tuple, dict], Any], call: Any, returns_self: bool) -> Callable[[tuple, dict], Any]:

@@ -73,7 +73,18 @@ from engine import replay_contract
 from engine.guardstate import MAX_MODULES, StateGuard, _Distribution, _NativeGuard, torch_globals
 from engine.trace import _PLAIN, TracedFunction, _GuardFailed, _fast_signature, _signature, exact_value
 
-__all__ = ["AutoTraced", "auto_trace", "autotraced_state", "traced_transform", "transform_entry"]
+__all__ = [
+    "AutoTraced",
+    "auto_trace",
+    "autotraced_state",
+    "function_key",
+    "option_key",
+    "output_difference",
+    "shared_traced",
+    "traced_transform",
+    "traces_here",
+    "transform_entry",
+]
 
 _SEEN, _RECORD, _REPLAY, _EAGER = "seen", "record", "replay", "eager"
 shadow_checks = 0  # replays compared with their eager call by shadow verification, in this process
@@ -419,7 +430,7 @@ class AutoTraced:
             g.set_state(state)
         with eager_ops:
             ref = running(self.fn, *args, **kwargs)
-        problem = stale or _difference(out, ref, exact=False)
+        problem = stale or output_difference(out, ref, exact=False)
         if contract and problem is None and entry.run != getattr(entry.gm, "forward", None):  # (== : a bound method)
             # The op logs are modes, under which a replay runs the graph's Python forward; where its
             # replays run through torch.jit's interpreter (engine.script_replay, built here, outside
@@ -430,12 +441,12 @@ class AutoTraced:
             hits = self.traced._hits
             scripted = running(self.traced._call, args, kwargs, fast)
             self.traced._hits = hits  # (one call of the caller's: one hit)
-            differs = _difference(scripted, out, exact=False)
+            differs = output_difference(scripted, out, exact=False)
             if differs is not None:
                 problem = f"its run through torch.jit's interpreter differs from the graph's forward: {differs}"
         if contract and problem is None:
             extra = replay_contract.departures(replay_ops, eager_ops)
-            rounding = _difference(out, ref, exact=True)
+            rounding = output_difference(out, ref, exact=True)
             if extra:
                 problem = (f"{rounding + '; ' if rounding else ''}it runs {replay_ops.describe(extra[0])}, which the "
                            f"eager call does not run on that data that way ({len(extra)} such op(s)): it may round "
@@ -476,7 +487,7 @@ def _stale_fold(entry: Any) -> str | None:
         return None
     held = fold.values()
     with torch.no_grad():
-        problem = _difference(list(held), list(fold.gm(*fold.sources)), exact=False)
+        problem = output_difference(list(held), list(fold.gm(*fold.sources)), exact=False)
     fold._layout = None
     return None if problem is None else f"the values folded from its captured tensors are stale: {problem}"
 
@@ -486,7 +497,7 @@ def _describe(key: Any) -> str:
     return text if len(text) <= 300 else text[:297] + "..."
 
 
-def _difference(out: Any, ref: Any, exact: bool) -> str | None:
+def output_difference(out: Any, ref: Any, exact: bool) -> str | None:
     """Where `out` differs from `ref`, or None: same structure, same leaf types, tensors of the same
     metadata and values (bit for bit where `exact`: NaN equals NaN, -0.0 differs from 0.0)."""
     flat_out, spec_out = tree_flatten(out)
@@ -611,6 +622,14 @@ def _outermost() -> bool:
     )
 
 
+def traces_here() -> bool:
+    """Whether automatic tracing would trace a transform called here: on, not part of a traced
+    run, and at the outermost level (nothing running)."""
+    if departures and (not _switch.enabled or _switch.depth):
+        return False
+    return _outermost()
+
+
 def transform_entry(impl: Callable, key: Hashable | None = None) -> Callable:
     """The callable a transform returns: `impl` (the eager transform), automatically traced when
     called at the outermost level with automatic tracing on (see the module docstring). Entries
@@ -626,7 +645,7 @@ def transform_entry(impl: Callable, key: Hashable | None = None) -> Callable:
             if not switch.enabled or switch.depth:  # off, or part of a traced run: the eager transform
                 return impl(*args, **kwargs)
         if auto is None:
-            auto = _shared(impl, key)
+            auto = shared_traced(impl, key)
         return auto._call(args, kwargs)
 
     return entry
@@ -642,7 +661,9 @@ _shared_autos: OrderedDict[Hashable, AutoTraced] = OrderedDict()
 _shared_lock = threading.Lock()
 
 
-def _shared(impl: Callable, key: Hashable | None) -> AutoTraced:
+def shared_traced(impl: Callable, key: Hashable | None) -> AutoTraced:
+    """The one AutoTraced of construction `key` (see above), made from `impl` at its first use;
+    a new, unshared one where `key` is None."""
     if key is None:
         return AutoTraced(impl)
     with _shared_lock:
@@ -656,44 +677,59 @@ def _shared(impl: Callable, key: Hashable | None) -> AutoTraced:
         return auto
 
 
-def _freeze(x: Any) -> Hashable:
-    """A hashable, exact key of a transform option (in_dims, argnums, randomness, ...)."""
+def option_key(x: Any) -> Hashable:
+    """A hashable, exact key of a transform option (in_dims, argnums, randomness, ...); TypeError
+    where the option has none."""
     if isinstance(x, (list, tuple)):
-        return type(x), tuple(_freeze(v) for v in x)
+        return type(x), tuple(option_key(v) for v in x)
     if isinstance(x, dict):
-        return dict, tuple((_freeze(k), _freeze(v)) for k, v in x.items())
+        return dict, tuple((option_key(k), option_key(v)) for k, v in x.items())
     if x is None or isinstance(x, (bool, int, float, complex, str)):
         return exact_value(x)
     raise TypeError(type(x).__name__)
 
 
+def function_key(func: Any) -> Hashable | None:
+    """What `func` is, as the inline transforms key it: the construction key of a callable a
+    transform returned, a bound method's function and instance, else the function itself; None
+    where `func` is a transform's callable with no exact key."""
+    if getattr(func, "__code__", None) is _ENTRY_CODE:
+        return _closure_value(func, "key")
+    if isinstance(func, types.MethodType):  # `model.loss` is a new bound method at every access
+        return ("method", id(func.__func__), id(func.__self__))
+    return ("fn", id(func))
+
+
 def _construction_key(name: str, func: Any, args: tuple, kwargs: dict) -> Hashable | None:
     """(transform, what it transforms, its options), or None where an option has no exact key."""
-    if getattr(func, "__code__", None) is _ENTRY_CODE:
-        base = _closure_value(func, "key")
-        if base is None:
-            return None
-    elif isinstance(func, types.MethodType):  # `model.loss` is a new bound method at every access
-        base = ("method", id(func.__func__), id(func.__self__))
-    else:
-        base = ("fn", id(func))
+    base = function_key(func)
+    if base is None:
+        return None
     try:
-        return name, base, _freeze(args), _freeze(kwargs)
+        return name, base, option_key(args), option_key(kwargs)
     except TypeError:
         return None
 
 
-def traced_transform(maker: Callable[..., Callable]) -> Callable[..., Callable]:
+def traced_transform(
+    maker: Callable[..., Callable], compose: Callable[[Callable, tuple, dict], Callable | None] | None = None
+) -> Callable[..., Callable]:
     """The public form of an eager transform (engine._vmap.vmap, engine.transforms.grad, ...): the
     callable it returns traces automatically (transform_entry), and equal constructions share what
     was recorded, so `engine.grad(f)(x)` written inline in a loop replays like a stored
-    `g = engine.grad(f)`; a rebound `f` is another function, and a changed closure fails its guard."""
+    `g = engine.grad(f)`; a rebound `f` is another function, and a changed closure fails its guard.
+
+    `compose(func, args, kwargs)` is how this transform composes with callables that another
+    transform made and traces itself (engine.vmap of engine.vjp's vjp_fn: engine.autovjp): the
+    callable to return for `func`, or None where `func` is not one it handles."""
     name = maker.__name__
 
     @functools.wraps(maker)
     def public(func: Callable, *args: Any, **kwargs: Any) -> Callable:
-        if name == "vmap" and hasattr(func, "_vmap_of"):  # a vjp_fn of engine.vjp: engine.autovjp
-            return func._vmap_of(args, kwargs)
+        if compose is not None:
+            composed = compose(func, args, kwargs)
+            if composed is not None:
+                return composed
         impl = maker(func, *args, **kwargs)
         return transform_entry(impl, _construction_key(name, func, args, kwargs))
 

@@ -44,6 +44,7 @@ import torch
 from torch.utils._pytree import tree_flatten
 
 from engine import _vmap, autotrace, fused, transforms
+from engine.autotrace import function_key, option_key, output_difference, shared_traced, traces_here
 from engine._guards import _Depth
 from engine.autoswitch import _local as _switch
 from engine.autoswitch import departures
@@ -108,19 +109,6 @@ _pullbacks: dict[Hashable, weakref.WeakKeyDictionary] = {}
 _lock = threading.Lock()
 
 
-def _key(func: Callable) -> Hashable | None:
-    """What `func` is, as the inline transforms key it (engine.autotrace._construction_key)."""
-    key = autotrace._construction_key("vjp", func, (), {})
-    return None if key is None else key[1]
-
-
-def _standing() -> bool:
-    """Automatic tracing would trace a transform called here: on, outermost, nothing running."""
-    if departures and (not _switch.enabled or _switch.depth):
-        return False
-    return autotrace._outermost()
-
-
 _draws: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # recorded entry -> whether its graph draws
 
 
@@ -181,17 +169,17 @@ def _versions(primals: tuple, guard: Any) -> list[int]:
 def vjp(func: Callable, *primals: Any, has_aux: bool = False) -> tuple:
     """(func(*primals), vjp_fn[, aux]), as torch.func.vjp; see engine.transforms.vjp. At the
     outermost level with automatic tracing on, `engine.vmap(vjp_fn)` replays (module docstring)."""
-    if has_aux or not primals or not _standing() or _Depth.value:
+    if has_aux or not primals or not traces_here() or _Depth.value:
         return transforms.vjp(func, *primals, has_aux=has_aux)
     for p in primals:
         if type(p) not in _PLAIN or p.requires_grad or p.layout != torch.strided:
             return transforms.vjp(func, *primals, has_aux=has_aux)
-    key = _key(func)
+    key = function_key(func)
     if key is None:
         return transforms.vjp(func, *primals)
     record = _Record(func, key, primals, None)
     if record.stamps or _warming(key):  # a pullback may replay: the forward goes through its own automatic tracing
-        forward = autotrace._shared(_forward(func), ("vjp-forward", key))
+        forward = shared_traced(_forward(func), ("vjp-forward", key))
         hits = forward.traced._hits
         _stash.out = _stash.fn = None
         rng = _rng_state()
@@ -237,8 +225,10 @@ def _vjp_fn(record: _Record) -> Callable:
         return out
 
     vjp_fn._vjp_record = record
-    vjp_fn._vmap_of = lambda args, kwargs: vmap_of(vjp_fn, args, kwargs)  # engine.vmap(vjp_fn) (autotrace.traced_transform)
     return vjp_fn
+
+
+_VJP_FN_CODE = _vjp_fn(None).__code__  # (every vjp_fn `vjp` returns runs this code)
 
 
 def _refuse(record: _Record) -> None:
@@ -252,11 +242,19 @@ def _refuse(record: _Record) -> None:
     )
 
 
-def vmap_of(vjp_fn: Callable, args: tuple, kwargs: dict) -> Callable:
+def vmap_of_vjp_fn(func: Callable, args: tuple, kwargs: dict) -> Callable | None:
+    """engine.vmap(func, *args, **kwargs) where `func` is a vjp_fn made by `vjp`, else None: how
+    engine.vmap composes with `vjp` (registered where engine/__init__.py wraps vmap)."""
+    if getattr(func, "__code__", None) is not _VJP_FN_CODE:
+        return None
+    return _pullback_entry(func, args, kwargs)
+
+
+def _pullback_entry(vjp_fn: Callable, args: tuple, kwargs: dict) -> Callable:
     """engine.vmap(vjp_fn, *args, **kwargs) for a vjp_fn made by `vjp` (see the module docstring)."""
     record: _Record = vjp_fn._vjp_record
     try:
-        options = autotrace._freeze(args), autotrace._freeze(kwargs)
+        options = option_key(args), option_key(kwargs)
     except TypeError:
         return _vmap.vmap(vjp_fn, *args, **kwargs)
 
@@ -265,7 +263,7 @@ def vmap_of(vjp_fn: Callable, args: tuple, kwargs: dict) -> Callable:
 
     count = len(record.primals)
     key = ("vjp-pullback", record.key, count, options)
-    pullback = autotrace._shared(_pullback(record.func, count, args, kwargs), key)
+    pullback = shared_traced(_pullback(record.func, count, args, kwargs), key)
     feeds = _pullbacks.get(record.key)
     feed = None if feeds is None else feeds.get(pullback)
     if feed is None:
@@ -276,7 +274,7 @@ def vmap_of(vjp_fn: Callable, args: tuple, kwargs: dict) -> Callable:
                     del _pullbacks[k]
 
     def entry(*cotangents: Any, **kw: Any) -> Any:
-        if kw or not _standing():
+        if kw or not traces_here():
             return eager(*cotangents, **kw)
         both = (*record.primals, *cotangents)
         verify = departures and _switch.verify
@@ -318,7 +316,7 @@ def vmap_of(vjp_fn: Callable, args: tuple, kwargs: dict) -> Callable:
 
 def _compare(record: _Record, out: Any, ref: Any, exact: bool) -> None:
     """Shadow verification of a deferred vjp_fn: within the dtype's tolerance (`exact`: bit for bit)."""
-    problem = autotrace._difference(out, ref, exact=exact)
+    problem = output_difference(out, ref, exact=exact)
     autotrace.shadow_checks += 1
     if problem is not None:
         raise ReplayMismatchError(

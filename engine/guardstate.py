@@ -197,15 +197,22 @@ class StateGuard:
         stack = list(roots)
         for namespace, name in slots:  # globals the run read: guarded, and what they hold walked
             self._name(namespace, name, stack)
+        self._walk(stack)
+        if self.unprovable is None:
+            self.unprovable = self._weak_only()
+        self._guard_library_namespaces()
+        self._split_tables()
+        self._record()
+
+    def _walk(self, stack: list) -> None:
+        """Walk what `stack` holds, then what the walked code's reads reach in turn (attributes of
+        the modules reached, nn.Module's global hooks, tables a name read makes guarded, dataclass
+        metadata, user values in library namespaces), until nothing new is reached or the state
+        is found unprovable."""
         done = 0
         hooks_guarded = False
         while self.unprovable is None:
-            while stack and self.unprovable is None:
-                self._visit(stack.pop(), stack)
-                if len(self._seen) > MAX_ITEMS:
-                    self.unprovable = f"more than {MAX_ITEMS} objects of state are reachable from the function"
-                elif self._max_modules is not None and len(self._pymodules) > self._max_modules:
-                    self.unprovable = f"more than {self._max_modules} Python modules are reachable from the function"
+            self._drain(stack)
             # Attribute reads through the modules reached: new modules or names may come from
             # what these slots hold, so repeat until nothing new is reached.
             for module in self._pymodules[done:] if len(self._attr_names) == self._names_done else self._pymodules:
@@ -219,33 +226,53 @@ class StateGuard:
                 hooks_guarded = True
                 for d in _global_hook_dicts():
                     self._dict(d, stack)
-            if not stack and self._tables:  # a table walked user code names is guarded after all
-                named = [t for name, t in self._tables if name in self._attr_names]
-                self._tables = [(name, t) for name, t in self._tables if name not in self._attr_names]
-                stack.extend(named)
-            if not stack and self._meta and self._dataclass_meta_read():
-                stack, self._meta = self._meta, None  # walked from now on, like any object
-                self._seen.difference_update(id(m) for m in stack)
             if not stack:
-                # The library namespaces below are guarded by version, not walked; what the user
-                # put there under a name the user code reads (`torch.Tensor.scaled = lambda ...`)
-                # is the user's state, walked like it.
-                for namespace in _library_namespaces(self._library_types):
-                    for name in sorted(self._attr_names.intersection(namespace)):
-                        value = namespace[name]
-                        if id(value) not in self._seen and _placed_by_user(value):
-                            stack.append(value)
+                self._reach_read(stack)
             if not stack:
                 break
-        if self.unprovable is None:
-            self.unprovable = self._weak_only()
-        # What torch's own code calls without user code naming it (nn.GELU.forward -> F.gelu,
-        # Module.__call__ -> Linear.forward, x.sin()): the namespaces it is found in, guarded by
-        # version (a monkeypatch moves it), not walked.
+
+    def _drain(self, stack: list) -> None:
+        """Visit until `stack` is empty, or the state is found unprovable (too large included)."""
+        while stack and self.unprovable is None:
+            self._visit(stack.pop(), stack)
+            if len(self._seen) > MAX_ITEMS:
+                self.unprovable = f"more than {MAX_ITEMS} objects of state are reachable from the function"
+            elif self._max_modules is not None and len(self._pymodules) > self._max_modules:
+                self.unprovable = f"more than {self._max_modules} Python modules are reachable from the function"
+
+    def _reach_read(self, stack: list) -> None:
+        """Onto the empty `stack`, the state left unwalked that the walked code turned out to read:
+        a Module's table it names, dataclass metadata, and what the user put into a library
+        namespace under a name it reads (`torch.Tensor.scaled = lambda ...`), in that order, the
+        first that gives anything."""
+        if self._tables:  # a table walked user code names is guarded after all
+            named = [t for name, t in self._tables if name in self._attr_names]
+            self._tables = [(name, t) for name, t in self._tables if name not in self._attr_names]
+            stack.extend(named)
+        if not stack and self._meta and self._dataclass_meta_read():
+            stack.extend(self._meta)  # walked from now on, like any object
+            self._meta = None
+            self._seen.difference_update(id(m) for m in stack)
+        if not stack:
+            # The library namespaces below are guarded by version, not walked; what the user
+            # put there under a name the user code reads is the user's state, walked like it.
+            for namespace in _library_namespaces(self._library_types):
+                for name in sorted(self._attr_names.intersection(namespace)):
+                    value = namespace[name]
+                    if id(value) not in self._seen and _placed_by_user(value):
+                        stack.append(value)
+
+    def _guard_library_namespaces(self) -> None:
+        """Guard by version, not walked, the namespaces of what torch's own code calls without user
+        code naming it (nn.GELU.forward -> F.gelu, Module.__call__ -> Linear.forward, x.sin()):
+        a monkeypatch moves their tags."""
         for namespace in _library_namespaces(self._library_types):
             if id(namespace) not in self._seen:
                 self._seen.add(id(namespace))
                 self.dicts.append(namespace)
+
+    def _split_tables(self) -> None:
+        """The lists the checks read, split from what the walk collected."""
         self._plain = [d for d in self.dicts if isinstance(d, dict)]  # dicts, OrderedDicts: version tags
         self._others = [d for d in self.dicts if not isinstance(d, dict)]  # classes' mappingproxies
         self._seqs_checked = [q for q in self.seqs if not isinstance(q, (tuple, frozenset))]
@@ -253,6 +280,10 @@ class StateGuard:
         self._keys = [name for _, name in self.names]
         self._slot_objects = [o for o, _ in self.slotted]
         self._slot_names = [n for _, n in self.slotted]
+
+    def _record(self) -> None:
+        """Record the state walked (what the checks compare with) and set up the checks: version
+        tags, the classes' namespaces, the tensors' layouts, the native checks' bookkeeping."""
         self.recorded = self._read()
         self._versions = _dict_versions(self._plain)
         self._tensor_guard = None  # torch's C++ check of the tensors' metadata, built with the native check
@@ -377,13 +408,7 @@ class StateGuard:
             self._meta.append(obj)
             return
         if isinstance(obj, torch.Tensor):
-            self.tensors.append(obj)
-            if obj.is_leaf and obj.requires_grad:  # `.grad` (a new tensor after zero_grad(set_to_none))
-                self.slotted.append((obj, "grad"))
-                if obj.grad is not None:
-                    stack.append(obj.grad)
-            self._dict(obj.__dict__, stack)  # Python attributes set on it (`p.lr_scale = 0.1`)
-            self.slotted.append((obj, "__dict__"))  # and the dict itself (`t.__dict__ = {...}`)
+            self._visit_tensor(obj, stack)
             return
         if isinstance(obj, _MAPPING_VIEWS):  # d.values(), MappingProxyType(d): the dict behind it
             for d in gc.get_referents(obj):
@@ -407,13 +432,8 @@ class StateGuard:
             self._buffer(obj)
             return
         if isinstance(obj, type):
-            if not _is_library(obj):  # a user class: its attributes and methods (`Config.scale`)
-                self.dicts.append(obj.__dict__)
-                stack.extend(obj.__dict__.values())
-                stack.extend(b for b in obj.__bases__ if b is not object)
-                meta = type(obj)  # a user metaclass's attributes read through the class (`Config.gains`)
-                if meta is not type and str(meta.__module__).split(".")[0] not in sys.stdlib_module_names:
-                    stack.append(meta)
+            if not _is_library(obj):
+                self._visit_class(obj, stack)
             return
         if isinstance(obj, (types.BuiltinFunctionType, types.CodeType)):
             return
@@ -445,35 +465,36 @@ class StateGuard:
         if isinstance(obj, types.GeneratorType) or (hasattr(type(obj), "__next__") and not isinstance(obj, torch.nn.Module)):
             self.unprovable = f"it reaches an iterator ({type(obj).__name__}), which a replay would not advance"
             return
+        self._visit_instance(obj, stack)
+
+    def _visit_tensor(self, obj: torch.Tensor, stack: list) -> None:
+        """A tensor: its metadata, its `.grad` where a leaf requires grad, its Python attributes."""
+        self.tensors.append(obj)
+        if obj.is_leaf and obj.requires_grad:  # `.grad` (a new tensor after zero_grad(set_to_none))
+            self.slotted.append((obj, "grad"))
+            if obj.grad is not None:
+                stack.append(obj.grad)
+        self._dict(obj.__dict__, stack)  # Python attributes set on it (`p.lr_scale = 0.1`)
+        self.slotted.append((obj, "__dict__"))  # and the dict itself (`t.__dict__ = {...}`)
+
+    def _visit_class(self, cls: type, stack: list) -> None:
+        """A user class: its attributes and methods (`Config.scale`), its bases, its metaclass."""
+        self.dicts.append(cls.__dict__)
+        stack.extend(cls.__dict__.values())
+        stack.extend(b for b in cls.__bases__ if b is not object)
+        meta = type(cls)  # a user metaclass's attributes read through the class (`Config.gains`)
+        if meta is not type and str(meta.__module__).split(".")[0] not in sys.stdlib_module_names:
+            stack.append(meta)
+
+    def _visit_instance(self, obj: Any, stack: list) -> None:
+        """Any other object: a Module's tables, its instance dict, its slots, its class and the
+        class's user `__call__`."""
         unread: frozenset[str] = frozenset()
         if isinstance(obj, torch.nn.Module):
-            self._module_reached = True
-            self._library_types.add(type(obj))
-            unread = self._unread_tables(obj)
-            for name in _MODULE_DICTS:
-                d = obj.__dict__.get(name)
-                if isinstance(d, dict) and name not in unread:
-                    self._dict(d, stack)
-            stack.append(type(obj).forward)
+            unread = self._visit_module(obj, stack)
         attrs = getattr(obj, "__dict__", None)
         if isinstance(attrs, dict):
-            wrapped = attrs.get("__wrapped__")
-            if isinstance(wrapped, types.FunctionType):  # an lru_cache: its result may come from an earlier run
-                self._wrapped.add(id(wrapped))
-                if self._skipped.pop(id(wrapped), None) is not None:
-                    self._function(wrapped, stack)
-            if unread and id(attrs) not in self._seen:
-                self._seen.add(id(attrs))
-                self.dicts.append(attrs)  # (its version tag still moves when a table is rebound)
-                for name, value in attrs.items():
-                    if name in unread:
-                        self._tables.append((name, value))
-                    else:
-                        stack.append(value)
-            else:
-                self._dict(attrs, stack)
-            self.objects.append(obj)
-            self.slotted.append((obj, "__dict__"))  # `obj.__dict__ = {...}` replaces the dict guarded above
+            self._visit_attrs(obj, attrs, unread, stack)
         for name in _slot_names(type(obj)):
             self.slotted.append((obj, name))
             value = getattr(obj, name, _EMPTY)
@@ -483,6 +504,40 @@ class StateGuard:
         call = getattr(type(obj), "__call__", None)
         if isinstance(call, types.FunctionType) and not _is_library(call):
             stack.append(call)
+
+    def _visit_module(self, module: torch.nn.Module, stack: list) -> frozenset[str]:
+        """An nn.Module's hook and child tables (but those no reader can reach) and its class's
+        forward; returns the names of the tables left unread."""
+        self._module_reached = True
+        self._library_types.add(type(module))
+        unread = self._unread_tables(module)
+        for name in _MODULE_DICTS:
+            d = module.__dict__.get(name)
+            if isinstance(d, dict) and name not in unread:
+                self._dict(d, stack)
+        stack.append(type(module).forward)
+        return unread
+
+    def _visit_attrs(self, obj: Any, attrs: dict, unread: frozenset[str], stack: list) -> None:
+        """An object's instance dict: its values walked (the `unread` tables set aside, see
+        _unread_tables), the dict itself and the object's class guarded."""
+        wrapped = attrs.get("__wrapped__")
+        if isinstance(wrapped, types.FunctionType):  # an lru_cache: its result may come from an earlier run
+            self._wrapped.add(id(wrapped))
+            if self._skipped.pop(id(wrapped), None) is not None:
+                self._function(wrapped, stack)
+        if unread and id(attrs) not in self._seen:
+            self._seen.add(id(attrs))
+            self.dicts.append(attrs)  # (its version tag still moves when a table is rebound)
+            for name, value in attrs.items():
+                if name in unread:
+                    self._tables.append((name, value))
+                else:
+                    stack.append(value)
+        else:
+            self._dict(attrs, stack)
+        self.objects.append(obj)
+        self.slotted.append((obj, "__dict__"))  # `obj.__dict__ = {...}` replaces the dict guarded above
 
     def _unread_tables(self, module: torch.nn.Module) -> frozenset[str]:
         """The names of `module`'s tables no reader can reach on the recorded path (see
@@ -691,6 +746,35 @@ class _ManagerKind(enum.Enum):  # torch._dynamo.guards.GuardManagerType, without
     GUARD_MANAGER = 1
 
 
+def _same(m: Any, value: Any, name: str) -> None:
+    """Guard node `m` to hold `value`, by identity."""
+    m.add_id_match_guard(id(value), [name], None)
+
+
+def _add_args(root: Any, args: tuple) -> bool:
+    """Guard the call's arguments, item 0 of the value checked: their number and each one's tensor
+    metadata; False where one is not a plain strided tensor."""
+    kind = _ManagerKind.GUARD_MANAGER
+    held = root.tuple_getitem_manager(0, "args", None, kind)
+    held.add_length_check_guard(len(args), ["len(args)"], None)
+    for j, t in enumerate(args):
+        if type(t) not in (torch.Tensor, torch.nn.Parameter) or t.layout != torch.strided:
+            return False
+        held.tuple_getitem_manager(j, f"args[{j}]", None, kind).add_tensor_match_guard(
+            t, list(t.shape), list(t.stride()), f"args[{j}]", [f"args[{j}]"], None, type(t), torch._C._dispatch_keys(t)
+        )
+    return True
+
+
+def _add_tensors(guard: StateGuard, manager: Callable[[Any, str], Any], owners: dict[int, Any]) -> None:
+    """Each tensor's metadata by torch's tensor-match guard (on its slots' node where it has one)."""
+    for i, t in enumerate(guard.tensors):
+        node = owners.get(id(t))  # (its `grad` and `__dict__` slots' node: one item fewer)
+        (manager(t, "tensor") if node is None else node).add_tensor_match_guard(
+            t, list(t.shape), list(t.stride()), f"tensor[{i}]", [f"tensor[{i}]"], None, type(t), torch._C._dispatch_keys(t)
+        )
+
+
 class _NativeGuard:
     """The identity and version checks of a StateGuard as one tree of torch's C++ guards (the guard
     manager torch.compile's guards run on), checked in one call without a Python frame per item.
@@ -748,51 +832,62 @@ class _NativeGuard:
     def _build(cls, guard: StateGuard, args: tuple | None = None) -> "_NativeGuard | None":
         self = cls()
         self.guard = guard
-        guards = torch._C._dynamo.guards
-        root = self.root = guards.RootGuardManager()
+        root = self.root = torch._C._dynamo.guards.RootGuardManager()
         self.check = root.check
-        values = self.values
-        kind = _ManagerKind.GUARD_MANAGER
         state = root
         if args is not None:  # the value checked is (args, values)
-            held = root.tuple_getitem_manager(0, "args", None, kind)
-            held.add_length_check_guard(len(args), ["len(args)"], None)
-            for j, t in enumerate(args):
-                if type(t) not in (torch.Tensor, torch.nn.Parameter) or t.layout != torch.strided:
-                    return None
-                held.tuple_getitem_manager(j, f"args[{j}]", None, kind).add_tensor_match_guard(
-                    t, list(t.shape), list(t.stride()), f"args[{j}]", [f"args[{j}]"], None, type(t), torch._C._dispatch_keys(t)
-                )
-            state = root.tuple_getitem_manager(1, "state", None, kind)
+            if not _add_args(root, args):
+                return None
+            state = root.tuple_getitem_manager(1, "state", None, _ManagerKind.GUARD_MANAGER)
+        values = self.values
 
         def manager(value: Any, name: str) -> Any:
             values.append(value)
-            return state.list_getitem_manager(len(values) - 1, name, None, kind)
+            return state.list_getitem_manager(len(values) - 1, name, None, _ManagerKind.GUARD_MANAGER)
 
-        def same(m: Any, value: Any, name: str) -> None:
-            m.add_id_match_guard(id(value), [name], None)
+        self._add_ambient(manager)
+        owners, instance_dicts = self._add_slotted(guard, manager)
+        self._add_dicts(guard, manager, instance_dicts)
+        _add_tensors(guard, manager, owners)
+        self._add_values(guard, manager)
+        for obj in guard.objects:  # (on the node of its slots where it has one: one item fewer)
+            node = owners.get(id(obj))
+            (manager(obj, "object") if node is None else node).add_type_match_guard(id(type(obj)), ["type"], None)
+        self.rest = bool(self.rest_cells or self.rest_slotted or self.rest_seqs or guard.buffers
+                         or (guard._others and self.rest_others))
+        if not root.check(values if args is None else (args, values)):
+            return None  # it does not check what it was built from: leave it to Python
+        return self
 
-        # Torch's ambient state, as it is now (the caller checks at the outermost call, with the
-        # recorded process settings): torch's global-state guard (grad mode, autocast on every
-        # device, the default dtype, deterministic algorithms, the thread count, torch-function
-        # enablement), the torch-function mode stack (empty), a tensor-match guard on a private
-        # tensor (the thread's included and excluded dispatch keys enter its check: inference mode
-        # excludes the autograd keys). The float32 matmul precision and torch.distributions'
-        # validate_args default are compared in Python (`holds`, and engine.autotrace's replay
-        # path, which runs `holds` inline): a C++ node costs more than the class attribute's read.
+    def _add_ambient(self, manager: Callable[[Any, str], Any]) -> None:
+        """Torch's ambient state, as it is now (the caller checks at the outermost call, with the
+        recorded process settings): torch's global-state guard (grad mode, autocast on every
+        device, the default dtype, deterministic algorithms, the thread count, torch-function
+        enablement), the torch-function mode stack (empty), a tensor-match guard on a private
+        tensor (the thread's included and excluded dispatch keys enter its check: inference mode
+        excludes the autograd keys). The float32 matmul precision and torch.distributions'
+        validate_args default are compared in Python (`holds`, and engine.autotrace's replay
+        path, which runs `holds` inline): a C++ node costs more than the class attribute's read."""
+        root = self.root
         self.grad = torch.is_grad_enabled()
         self.precision = float32_precision()
         # What the replay path reads it with: the legacy getter (one C call) while it answers; where
         # it raised when built, every setting (a Python function: that state is rare).
         self.read_precision = _matmul_precision if isinstance(self.precision, str) else float32_precision
         self.validate = _Distribution._validate_args
-        root.add_global_state_guard(guards.GlobalStateGuard(), ["torch's global state"], None)
+        root.add_global_state_guard(torch._C._dynamo.guards.GlobalStateGuard(), ["torch's global state"], None)
         root.add_torch_function_mode_stack_guard([], ["no torch function mode"], None)
         probe = _PROBE
         manager(probe, "probe").add_tensor_match_guard(
             probe, list(probe.shape), list(probe.stride()), "probe", ["probe"], None, type(probe), torch._C._dispatch_keys(probe)
         )
 
+    def _add_slotted(self, guard: StateGuard,
+                     manager: Callable[[Any, str], Any]) -> tuple[dict[int, Any], dict[int, Any]]:
+        """The slotted attributes by the identity of what they hold (one node per object, its slots
+        below it; an empty slot is left to `_rest`); returns the objects' nodes by id and, by id of
+        each instance dict, the node that reaches it."""
+        kind = _ManagerKind.GUARD_MANAGER
         owners: dict[int, Any] = {}  # one manager per object, its slots below it
         instance_dicts: dict[int, Any] = {}  # id of an object's __dict__ -> the node that reaches it
         for obj, name in guard.slotted:
@@ -813,9 +908,15 @@ class _NativeGuard:
                 m = m.get_generic_dict_manager(name, None, kind)  # the instance dict itself, not through getattr
             else:
                 m = m.getattr_manager(name, name, None, kind)
-            same(m, value, name)
+            _same(m, value, name)
             if name == "__dict__":
                 instance_dicts[id(value)] = m  # its version tag is checked on this node (below)
+        return owners, instance_dicts
+
+    def _add_dicts(self, guard: StateGuard, manager: Callable[[Any, str], Any],
+                   instance_dicts: dict[int, Any]) -> None:
+        """The plain dicts by version tag (an object's __dict__ on the node that reaches it), the
+        empty ones by their emptiness, the classes' namespaces by version."""
         empty: list[dict] = []
         for d in guard._plain:
             node = instance_dicts.get(id(d))  # (an object's __dict__: on the node that reaches it, one item fewer)
@@ -835,39 +936,31 @@ class _NativeGuard:
             for d in guard._class_dicts:
                 manager(d, "class namespace").add_dict_version_guard(d, ["dict version"], None)
             self.rest_others = False
-        for i, t in enumerate(guard.tensors):
-            node = owners.get(id(t))  # (its `grad` and `__dict__` slots' node: one item fewer)
-            (manager(t, "tensor") if node is None else node).add_tensor_match_guard(
-                t, list(t.shape), list(t.stride()), f"tensor[{i}]", [f"tensor[{i}]"], None, type(t), torch._C._dispatch_keys(t)
-            )
-        cells = guard.recorded[1]
-        for cell, value in zip(guard.cells, cells):
+
+    def _add_values(self, guard: StateGuard, manager: Callable[[Any, str], Any]) -> None:
+        """Closure cells and guarded names by the identity of what they hold (an absent name by its
+        absence), mutable sequences by length and a list's items by identity; what cannot be
+        expressed (an empty cell, a set's or deque's items) is left to `_rest`."""
+        kind = _ManagerKind.GUARD_MANAGER
+        for cell, value in zip(guard.cells, guard.recorded[1]):
             if value is _EMPTY:
                 self.rest_cells.append(cell)
             else:
-                same(manager(cell, "cell").getattr_manager("cell_contents", "cell_contents", None, kind), value, "cell")
+                _same(manager(cell, "cell").getattr_manager("cell_contents", "cell_contents", None, kind), value, "cell")
         for (namespace, name), value in zip(guard.names, guard.recorded[2]):
             m = manager(namespace, "namespace")
             if value is _EMPTY:
                 m.add_dict_contains_guard(False, name, [f"{name} absent"], None)
             else:
-                same(m.dict_getitem_manager(name, name, None, kind), value, name)
+                _same(m.dict_getitem_manager(name, name, None, kind), value, name)
         for q in guard._seqs_checked:
             m = manager(q, "sequence")
             m.add_length_check_guard(len(q), ["len"], None)
             if type(q) is list:
                 for j, item in enumerate(q):
-                    same(m.list_getitem_manager(j, f"[{j}]", None, kind), item, f"[{j}]")
+                    _same(m.list_getitem_manager(j, f"[{j}]", None, kind), item, f"[{j}]")
             elif len(q):
                 self.rest_seqs.append((q, list(q)))
-        for obj in guard.objects:  # (on the node of its slots where it has one: one item fewer)
-            node = owners.get(id(obj))
-            (manager(obj, "object") if node is None else node).add_type_match_guard(id(type(obj)), ["type"], None)
-        self.rest = bool(self.rest_cells or self.rest_slotted or self.rest_seqs or guard.buffers
-                         or (guard._others and self.rest_others))
-        if not root.check(values if args is None else (args, values)):
-            return None  # it does not check what it was built from: leave it to Python
-        return self
 
     def holds(self) -> bool:
         """Whether the state is as recorded (True proves it; False sends the caller to Python).

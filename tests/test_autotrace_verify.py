@@ -15,7 +15,7 @@ import torch
 
 import engine
 from engine import autoswitch
-from engine.autotrace import _difference, autotraced_state
+from engine.autotrace import autotraced_state, output_difference
 from engine.errors import ReplayMismatchError
 
 CALLS = 5  # first call, watched call, recording call, then replays
@@ -63,18 +63,18 @@ def test_verify_raises_on_a_wrong_replay_naming_function_and_output(monkeypatch)
 
 def test_verify_compares_signed_zeros_and_nans_exactly():
     zero, negzero = torch.tensor([0.0, 1.0]), torch.tensor([-0.0, 1.0])
-    assert _difference(zero, negzero, exact=True) is not None
-    assert _difference(zero, zero.clone(), exact=True) is None
+    assert output_difference(zero, negzero, exact=True) is not None
+    assert output_difference(zero, zero.clone(), exact=True) is None
     nan = torch.tensor([float("nan"), 2.0])
-    assert _difference(nan, nan.clone(), exact=True) is None
-    assert _difference(nan, torch.tensor([1.0, 2.0]), exact=True) is not None
-    assert _difference((zero, 1.5), (zero, 1.5), exact=True) is None
-    assert _difference((zero, 0.0), (zero, -0.0), exact=True) is not None
-    assert _difference([zero], (zero,), exact=True) is not None  # structure
-    assert _difference(zero, zero.double(), exact=True) is not None  # dtype
+    assert output_difference(nan, nan.clone(), exact=True) is None
+    assert output_difference(nan, torch.tensor([1.0, 2.0]), exact=True) is not None
+    assert output_difference((zero, 1.5), (zero, 1.5), exact=True) is None
+    assert output_difference((zero, 0.0), (zero, -0.0), exact=True) is not None
+    assert output_difference([zero], (zero,), exact=True) is not None  # structure
+    assert output_difference(zero, zero.double(), exact=True) is not None  # dtype
     # a fused program's result is judged within the dtype's default tolerance
-    assert _difference(torch.tensor([1.0]), torch.tensor([1.0 + 1e-7]), exact=False) is None
-    assert _difference(torch.tensor([1.0]), torch.tensor([1.1]), exact=False) is not None
+    assert output_difference(torch.tensor([1.0]), torch.tensor([1.0 + 1e-7]), exact=False) is None
+    assert output_difference(torch.tensor([1.0]), torch.tensor([1.1]), exact=False) is not None
 
 
 def test_verify_replays_random_ops_from_the_eager_random_state():
