@@ -29,6 +29,7 @@ from typing import Any, Callable, Iterator
 import torch
 import torch.fx
 
+from engine import timed_choices
 from engine.fused_worker import LOWERING, encode, read_message, write_message
 from engine.graph_passes import layout_guard
 
@@ -511,9 +512,9 @@ def fused_backend() -> str:
 
 def _xla_cost() -> float:
     """What an XLA compile is expected to cost the caller (see XLA_COMPILE_S)."""
-    measured = sorted(h["seconds"] for h in HISTORY if h.get("backend") == "xla" and h["error"] is None
-                      and h["seconds"] is not None)
-    cost = measured[len(measured) // 2] if measured else XLA_COMPILE_S
+    measured = [h["seconds"] for h in HISTORY if h.get("backend") == "xla" and h["error"] is None
+                and h["seconds"] is not None]
+    cost = timed_choices.median(measured) if measured else XLA_COMPILE_S
     return cost if "jax" in sys.modules else cost + JAX_IMPORT_S
 
 
@@ -838,7 +839,7 @@ class Trial:
         if self.calls > 2:  # each side's first call untimed (cold caches, first page faults)
             self.times[side].append(seconds)
         if min(map(len, self.times)) >= TRIAL_CALLS:
-            fused_s, replay_s = (sorted(t)[len(t) // 2] for t in self.times)
+            fused_s, replay_s = map(timed_choices.median, self.times)
             if fused_s > SLOWER * replay_s:
                 self.tier.slower(entry, fused_s, replay_s)
             else:

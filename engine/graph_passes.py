@@ -306,17 +306,9 @@ def _time_layouts(a: Any, b: Any, options: list[tuple[bool, bool]]) -> tuple[boo
         pairs = {o: (operand(a, o[0]), operand(b, o[1])) for o in [none, *options]}
         for x, y in pairs.values():
             torch.mm(x, y)  # (first calls pay for lazy set-up)
-        start = time.perf_counter()
-        torch.mm(*pairs[none])
-        once = time.perf_counter() - start
-        number = max(1, min(100, int(1e-4 / max(once, 1e-7))))
-        best = dict.fromkeys(pairs, math.inf)
-        for _ in range(5):
-            for o, (x, y) in pairs.items():
-                start = time.perf_counter()
-                for _ in range(number):
-                    torch.mm(x, y)
-                best[o] = min(best[o], time.perf_counter() - start)
+        calls = {o: (lambda x=x, y=y: torch.mm(x, y)) for o, (x, y) in pairs.items()}
+        number = max(1, min(100, int(1e-4 / max(timed_choices.once(calls[none]), 1e-7))))
+        best = timed_choices.fastest(calls, 5, number)
     choice = min(pairs, key=best.__getitem__)
     if best[choice] > _LAYOUT_GAIN * best[none] or best[none] - best[choice] < _LAYOUT_SAVING * number:
         choice = none
@@ -967,13 +959,9 @@ def _layout_check(tensors: list[torch.Tensor]) -> Callable[..., bool]:
     False only costs the fold a recomputation."""
     check = layout_guard(tensors)
     if check is None:
-        saved = [_layout_of(t) for t in tensors]
-        return lambda *ts: [_layout_of(t) for t in ts] == saved
+        saved = [timed_choices.layout(t) for t in tensors]
+        return lambda *ts: [timed_choices.layout(t) for t in ts] == saved
     return check
-
-
-def _layout_of(t: torch.Tensor) -> tuple:
-    return (t.shape, t.stride(), t.dtype, t.device, t.is_conj(), t.is_neg(), t.requires_grad)
 
 
 FOLD_WATCH_ELEMENTS = 1 << 16  # sources up to this size are compared to keep their folded values

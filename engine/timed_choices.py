@@ -13,16 +13,23 @@ speed with no change of code. So each choice is taken once per process for its k
 copy's `TABLE` at one dict: copies of the same code then reach the same state, and a copy whose
 rule changed decides for itself, because a key names the rule (`rule`: the deciding function's
 code and its thresholds) besides what is timed.
+
+This module is also the engine's one home for timing and its statistics (`fastest`, `median`):
+the engine sits below measuring/ (measuring.timer, measuring.stats) and imports nothing of it.
 """
 from __future__ import annotations
 
 import hashlib
+import math
+import statistics
+import timeit
 import types
-from typing import Any, Callable, Hashable, TypeVar
+from typing import Any, Callable, Hashable, Mapping, Sequence, TypeVar
 
 import torch
 
 T = TypeVar("T")
+K = TypeVar("K", bound=Hashable)
 
 TABLE: dict[Hashable, Any] = {}
 
@@ -43,6 +50,33 @@ def rule(fn: Callable[..., Any], *thresholds: Hashable) -> tuple:
     digest = hashlib.blake2b(digest_size=8)
     _digest_code(fn.__code__, digest)
     return (fn.__code__.co_qualname, digest.hexdigest(), *thresholds)
+
+
+def fastest(calls: Mapping[K, Callable[[], Any]], rounds: int, number: int) -> dict[K, float]:
+    """Each callable's fastest of `rounds` timings of `number` calls, the callables taken in turn
+    within a round (timeit's clock, the collector off while timing), so that a load burst falls
+    on all of them alike."""
+    best = dict.fromkeys(calls, math.inf)
+    for _ in range(rounds):
+        for key, fn in calls.items():
+            best[key] = min(best[key], timeit.timeit(fn, number=number))
+    return best
+
+
+def once(fn: Callable[[], Any]) -> float:
+    """Seconds of one call of `fn` (what a batch size is derived from)."""
+    return timeit.timeit(fn, number=1)
+
+
+def median(values: Sequence[float]) -> float:
+    """The upper median: a value that was measured, for an even count too."""
+    return statistics.median_high(values)
+
+
+def layout(t: torch.Tensor) -> tuple:
+    """One tensor's layout as a graph's code sees it: sizes, strides, dtype, device, its conj and
+    neg bits and whether it requires grad."""
+    return (t.shape, t.stride(), t.dtype, t.device, t.is_conj(), t.is_neg(), t.requires_grad)
 
 
 def layouts(values: Any) -> tuple:

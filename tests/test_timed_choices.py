@@ -43,3 +43,24 @@ def test_copies_of_one_rule_name_it_alike_and_another_rule_otherwise(tmp_path):
         return lambda: x >= 1
 
     assert a.rule(near) != a.rule(other)  # the nested function's code counts, not its address
+
+
+def test_fastest_times_each_callable_and_keeps_its_best_round():
+    calls = []
+    best = timed_choices.fastest({"a": lambda: calls.append("a"), "b": lambda: calls.append("b")}, rounds=3, number=2)
+    assert calls == ["a", "a", "b", "b"] * 3  # in turn within each round
+    assert set(best) == {"a", "b"} and all(0 <= s < 1 for s in best.values())
+
+
+def test_the_median_is_a_measured_value():
+    assert timed_choices.median([3.0, 1.0, 2.0]) == 2.0
+    assert timed_choices.median([4.0, 1.0, 3.0, 2.0]) == 3.0  # the upper middle one, never an average
+
+
+def test_a_layout_names_what_a_graph_sees_of_a_tensor():
+    import torch
+
+    x = torch.zeros(2, 3)
+    assert timed_choices.layout(x) == timed_choices.layout(torch.ones(2, 3))
+    assert timed_choices.layout(x) != timed_choices.layout(x.t().contiguous().t())  # strides
+    assert timed_choices.layout(x) != timed_choices.layout(x.requires_grad_(False).clone().requires_grad_())
