@@ -28,6 +28,7 @@ from pathlib import Path
 from typing import Any, Sequence
 
 from workloads.base import Workload, all_workloads
+from workloads.time_to_n import run_method
 
 from . import probes, selection
 
@@ -39,6 +40,8 @@ CURVES: dict[str, tuple[tuple[str, ...], str]] = {
     "ours_warm": (("engine", "engine_compiled"), "warm"),
     "torch_compile_cold": (("torch_func_compiled", "loop_compiled"), "cold"),
     "torch_compile_warm": (("torch_func_compiled", "loop_compiled"), "warm"),
+    "ours_tier_xla": (("engine+xla",), "cold"),
+    "ours_tier_off": (("engine+off",), "cold"),
 }
 QUICK_FAMILIES = ("bayes_models", "hessians")
 QUICK_CURVES = ("jax", "torch_func", "ours_cold")
@@ -50,7 +53,7 @@ METRIC_NS: dict[str, int] = {"track_seconds_to_1": 1, "track_seconds_to_30": 30,
 
 def method_of(workload: Workload, curve: str) -> str | None:
     group, _ = CURVES[curve]
-    return next((m for m in group if m in workload.methods), None)
+    return next((m for m in group if run_method(m)[0] in workload.methods), None)
 
 
 def selected(profile: str, devices: Sequence[str]) -> list[tuple[Workload, str, str]]:

@@ -30,7 +30,11 @@ def build(method):
         return (row.sin() * row).sum()
 
     if method == "engine":
+        import os
         import engine
+        want = os.environ.get("TTN_WANT_FUSED_MODE")  # what the curve's process must run the tier as
+        if want is not None and engine.fused.fused_mode() != want:
+            raise RuntimeError(f"the fused tier is {engine.fused.fused_mode()!r}, not {want!r}")
         fn = engine.vmap(engine.grad(loss))
     elif method == "torch_func":
         fn = torch.func.vmap(torch.func.grad(loss))
@@ -115,6 +119,16 @@ def test_curves_run_in_fresh_processes_with_cold_and_warm_caches(factory_env: di
 
 
 @pytest.mark.slow
+def test_a_tier_variant_runs_the_default_path_with_its_variables(factory_env: dict[str, str]) -> None:
+    env = {**factory_env, "TTN_WANT_FUSED_MODE": "off"}
+    off, plain = ttn.measure(None, None, [("engine+off", "cold"), ("engine", "cold")], factory="ttn_user_model:build",
+                             ns=(1, 2), max_seconds=60.0, grace_s=240.0, env={**env, "VMAPBENCH_FUSED": None})
+    assert (off.method, off.status, off.label, off.ns) == ("engine+off", "done", "ours, tier off", [1, 2]), off
+    assert plain.status == "failed" and "not 'off'" in plain.note, plain  # the check can fail
+    assert ttn.run_method("engine+xla") == ("engine", {"VMAPBENCH_FUSED_BACKEND": "xla"})
+    assert ttn.run_method("jax") == ("jax", {})
+
+
 def test_budget_stops_a_curve_and_failures_are_named(factory_env: dict[str, str]) -> None:
     sleepy, broken, not_callable, absent = _measure(
         factory_env, [("sleepy", "cold"), ("broken", "cold"), ("not_callable", "cold"), ("absent", "cold")],

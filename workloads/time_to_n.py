@@ -14,8 +14,9 @@ steady state. Each curve runs in its own fresh process (workloads/time_to_n_chil
   start to the N-th call is `first_call_at_s + seconds[i]`.
 Curves: the default path (`engine`; `engine_compiled` where a workload has no `engine`) with a cold
 inductor cache (a new empty TORCHINDUCTOR_CACHE_DIR) and warm (the same folder, a second process),
-torch.func, jax.jit and torch.compile (cold and warm) where the workload has them. Every process
-gets its own empty cache folder unless it is a warm curve. A curve stops at the first N whose
+torch.func, jax.jit and torch.compile (cold and warm) where the workload has them; on request the
+default path with its fused tier on another compiler or off (`engine+xla`, `engine+auto`,
+`engine+inductor`, `engine+off`: TIER_VARIANTS). Every process gets its own empty cache folder unless it is a warm curve. A curve stops at the first N whose
 calls took longer than `max_seconds` in all (its `note` says so), but never before `min_calls`
 calls; the process is killed if it overruns the budget by the `grace_s` allowance for start-up
 and one long call.
@@ -52,9 +53,20 @@ NOT_EXPLICIT: frozenset[str] = frozenset({DEFAULT_PATH, "torch_func", "jax"})
 # torch.compile: the first of these the workload has.
 TORCH_COMPILE: tuple[str, ...] = ("torch_func_compiled", "loop_compiled")
 # Methods that write inductor's cache, so a warm curve (a second process on the same folder) says something.
-INDUCTOR_METHODS = frozenset(OURS + TORCH_COMPILE)
+INDUCTOR_METHODS = frozenset(OURS + TORCH_COMPILE + ("engine+auto", "engine+inductor"))
+# The default path with its fused tier set otherwise: curve id -> (the method run, variables of its
+# process). The engine reads them at import (engine/fused.py), so each curve shows what one
+# compiler of the tier pays at which N; `engine` itself runs the tier as this process's variables set it.
+TIER_VARIANTS: dict[str, tuple[str, dict[str, str]]] = {
+    "engine+xla": ("engine", {"VMAPBENCH_FUSED_BACKEND": "xla"}),
+    "engine+auto": ("engine", {"VMAPBENCH_FUSED_BACKEND": "auto"}),
+    "engine+inductor": ("engine", {"VMAPBENCH_FUSED_BACKEND": "inductor"}),
+    "engine+off": ("engine", {"VMAPBENCH_FUSED": "0"}),
+}
 LABELS = {"engine": "ours", "engine_compiled": "ours (engine.compile)", "torch_func": "torch.func",
-          "jax": "jax.jit", "torch_func_compiled": "torch.compile", "loop_compiled": "torch.compile (loop)"}
+          "jax": "jax.jit", "torch_func_compiled": "torch.compile", "loop_compiled": "torch.compile (loop)",
+          "engine+xla": "ours, tier by XLA", "engine+auto": "ours, tier by XLA then inductor",
+          "engine+inductor": "ours, tier by inductor", "engine+off": "ours, tier off"}
 
 
 def record_grid(ns: Sequence[int]) -> list[int]:
@@ -109,6 +121,11 @@ def describe_call(call: dict[str, Any], packages: int | None = None) -> str:
         more = ", ..." if len(shown) < len(call["imported"]) else ""
         text += f", imported {call['modules']} modules: {', '.join(shown)}{more}"
     return text
+
+
+def run_method(method: str) -> tuple[str, dict[str, str]]:
+    """The workload method a curve runs and the variables its process gets (TIER_VARIANTS)."""
+    return TIER_VARIANTS.get(method, (method, {}))
 
 
 def curve_label(method: str, cache: str) -> str:
@@ -219,8 +236,11 @@ def measure(workload: str | None, size: str | None, methods: Sequence[tuple[str,
                 folders[method] = tempfile.mkdtemp(prefix="vmapbench-ttn-inductor-")
             if progress is not None:
                 progress(f"{workload or factory} [{size or '-'}] {curve_label(method, cache)} ...")
-            curves.append(measure_curve({**base, "method": method, "cache": cache}, folders[method],
-                                        timeout_s=max_seconds + grace_s, env=env))
+            runs, variables = run_method(method)
+            curve = measure_curve({**base, "method": runs, "cache": cache}, folders[method],
+                                  timeout_s=max_seconds + grace_s, env={**(env or {}), **variables})
+            curve.method = method
+            curves.append(curve)
     finally:
         for folder in folders.values():
             shutil.rmtree(folder, ignore_errors=True)
@@ -334,7 +354,7 @@ def markdown(doc: dict[str, Any], curves: Sequence[Curve]) -> str:
     explicit = [(k, g, explicit_curves(g)) for k, g in groups.items()]
     explicit = [(k, g, e) for k, g, e in explicit if e]
     if explicit:
-        lines += ["Explicit compiles / jax.jit, time to N from the first call:", "",
+        lines += ["Explicit compiles and the fused tier's other compilers / jax.jit, time to N from the first call:", "",
                   "| workload | size | compile | " + " | ".join(f"N={n}" for n in ns) + " |",
                   "| --- | --- | --- | " + " | ".join("---" for _ in ns) + " |"]
         for (workload, size), group, chosen in explicit:

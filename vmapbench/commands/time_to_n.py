@@ -21,7 +21,8 @@ from typing import Any, Sequence
 
 from vmapbench.commands.options import add_device
 from workloads.time_to_n import (DEFAULT_GRACE_S, DEFAULT_MAX_SECONDS, DEFAULT_NS, INDUCTOR_METHODS, RESULTS_DIR,
-                                 Curve, curves_of, describe_call, header, markdown, measure)
+                                 Curve, curves_of, describe_call, header, markdown, measure,
+                                 run_method)
 
 
 def document(curves: Sequence[Curve], *, ns: Sequence[int], max_seconds: float, threads: int, device: str,
@@ -61,7 +62,9 @@ def configure(parser: argparse.ArgumentParser) -> None:
                         help="measure a model the registry lacks: FUNCTION(method) returns the measured "
                              "zero-argument call for each method of --methods")
     parser.add_argument("-m", "--methods", default=None,
-                        help="comma list of methods (default: the workload's curves; with --fn: engine,torch_func)")
+                        help="comma list of methods (default: the workload's curves; with --fn: engine,torch_func); "
+                             "engine+xla, engine+auto, engine+inductor, engine+off: the default path with its fused "
+                             "tier on that compiler, or off")
     parser.add_argument("--n", default=",".join(map(str, DEFAULT_NS)),
                         help=f"comma list of N (default {','.join(map(str, DEFAULT_NS))})")
     parser.add_argument("--max-seconds", type=float, default=DEFAULT_MAX_SECONDS,
@@ -118,7 +121,7 @@ def main(args: argparse.Namespace) -> int:
             size = args.size or default_size(w)
             w.params(size)  # KeyError naming the valid sizes
             methods = curves_of(w.methods) if not args.methods else _methods_of(args.methods, ())
-            unknown = [m for m, _ in methods if not w.supports(m)]
+            unknown = [m for m, _ in methods if not w.supports(run_method(m)[0])]
             if unknown:
                 raise SystemExit(f"time-to-n: {w.name} has no method {unknown}; it has {', '.join(w.methods)}")
             jobs.append((w.name, size, methods))
