@@ -1,4 +1,5 @@
-"""The one timer: callables timed round by round, interleaved, and one callable's calls (`time_call`).
+"""The one timer: callables timed round by round, interleaved, one callable's calls (`time_call`),
+and a first call (`first_call_seconds`).
 
 Why interleaved: on a shared machine a load burst or a slow phase of the CPU falls on whichever
 call runs at that moment. Timed one round of each callable after another, the calls of a round
@@ -160,6 +161,20 @@ def batch_for(once: float, min_batch_s: float, max_calls: int, unit_s: float | N
         return Batch(calls, calls)
     unit = min(max_calls, math.ceil(unit_s / once))
     return Batch(unit * math.ceil(calls / unit), unit)
+
+
+def first_call_seconds(fn: Callable[[], Any], device: str | torch.device | None = None) -> float:
+    """Wall-clock seconds of one call of `fn`: a method's first call, where tracing, compiling and
+    caches happen, or whatever work brings it to its steady state.
+
+    One call, never repeated, so it stands apart from `rounds`, whose calls are steady ones. On a
+    CUDA device the queue is drained before the clock starts and before it stops.
+    """
+    synchronize(device)
+    start = time.perf_counter()
+    fn()
+    synchronize(device)
+    return time.perf_counter() - start
 
 
 def time_call(

@@ -100,19 +100,21 @@ def test_a_method_failing_its_check_is_reported_and_not_timed(monkeypatch: pytes
 def test_the_device_reaches_set_up_timing_and_first_calls(monkeypatch: pytest.MonkeyPatch) -> None:
     """--device cuda's path, exercised on CPU: every state is set up on the device asked for, and the
     first calls and the timed batches wait for that device (a GPU's queued work is in the time)."""
+    from measuring import timer
     from suite import probes
 
     w = workloads.get("rosenbrock_hessian")
     set_up, synced, timed = [], [], []
     real_setup, real_samples = w.setup, probes.interleaved_samples
     monkeypatch.setattr(w, "setup", lambda params, device: set_up.append(device) or real_setup(params, "cpu"))
-    monkeypatch.setattr(probes, "synchronize", synced.append)
+    monkeypatch.setattr(timer, "synchronize", synced.append)
     monkeypatch.setattr(probes, "interleaved_samples",
                         lambda calls, device, **kw: timed.append(device) or real_samples(calls, "cpu", **kw))
     row = peer_ratios.measure_workload(w, "d=8", rounds=3, budget_s=0.2, fused=False, device="cuda")
     assert row.device == "cuda" and not row.failed
     assert set_up == ["cuda"] * 3  # the timed state, and a fresh one for each of ours' and jax's warm first call
-    assert synced.count("cuda") == 4 and timed == ["cuda"]  # two first calls each for ours and jax
+    # two first calls each for ours and jax, the queue drained before and after each
+    assert synced.count("cuda") == 8 and timed == ["cuda"]
 
 
 def test_device_cuda_without_a_gpu_is_refused(monkeypatch: pytest.MonkeyPatch) -> None:

@@ -1,5 +1,7 @@
-"""measuring.timer.rounds: the order of the callables within a round."""
+"""measuring.timer: the order of the callables within a round of `rounds`, and `first_call_seconds`."""
 from __future__ import annotations
+
+import time
 
 import pytest
 
@@ -29,3 +31,9 @@ def test_rotate_starts_each_round_at_the_next_callable():
 def test_alternate_and_rotate_exclude_each_other():
     with pytest.raises(ValueError, match="pick one"):
         called_order(alternate=True, rotate=True)
+
+
+def test_first_call_seconds_times_one_call():
+    seen: list[str] = []
+    seconds = timer.first_call_seconds(lambda: seen.append("call") or time.sleep(0.01))
+    assert seen == ["call"] and 0.01 <= seconds < 5

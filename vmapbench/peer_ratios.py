@@ -48,6 +48,7 @@ import torch
 
 from measuring import malloc, stats
 from measuring.sizes import default_size
+from measuring.timer import first_call_seconds
 from vmapbench.commands.options import add_device
 
 PEERS: tuple[str, ...] = ("jax", "opacus_hooks", "opacus_ew", "opacus_functorch", "backpack")
@@ -235,24 +236,20 @@ def measure_workload(workload: Any, size: str, rounds: int, budget_s: float,
 def _first_call(workload: Any, method: str, state: Any, device: str = "cpu") -> float:
     """Seconds until `method`, freshly built on `state`, runs at its steady tier: its first call,
     and for ours the second, which with the fused tier forced compiles (or loads) its program."""
-    import time
-
     import engine
-    from suite import probes
+    from workloads.base import AUTO_TRACE_WARMUP
 
-    start = time.perf_counter()
-    workload.run(method, state)
-    if method == DEFAULT_PATH:  # seen, verified, recorded: the next call is the first replay
-        from workloads.base import AUTO_TRACE_WARMUP
+    def to_steady() -> None:
+        workload.run(method, state)
+        if method == DEFAULT_PATH:  # seen, verified, recorded: the next call is the first replay
+            for _ in range(AUTO_TRACE_WARMUP):
+                workload.run(method, state)
+        if method in (*OURS, DEFAULT_PATH) and engine.fused.fused_mode() != "off":
+            with engine.fused_tier("force"):
+                workload.run(method, state)
+            engine.settle()
 
-        for _ in range(AUTO_TRACE_WARMUP):
-            workload.run(method, state)
-    if method in (*OURS, DEFAULT_PATH) and engine.fused.fused_mode() != "off":
-        with engine.fused_tier("force"):
-            workload.run(method, state)
-        engine.settle()
-    probes.synchronize(device)
-    return time.perf_counter() - start
+    return first_call_seconds(to_steady, device)
 
 
 def _eager_reason(autos: list[Any], call: Callable[[], Any]) -> str | None:

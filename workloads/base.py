@@ -8,9 +8,10 @@ imported: the registry is complete before anyone reads it.
 from __future__ import annotations
 
 import itertools
-import time
 from dataclasses import dataclass, field
 from typing import Any, Callable, Iterable, Mapping
+
+from measuring.timer import first_call_seconds
 
 # Every method name a workload may implement, in the order tables show them.
 METHODS: tuple[str, ...] = (
@@ -138,9 +139,7 @@ class Workload:
         are made here too, so that measured calls are the steady state (replays, or eager where not
         proven).
         """
-        start = time.perf_counter()
-        self.run(method, state)
-        seconds = time.perf_counter() - start
+        seconds = first_call_seconds(lambda: self.run(method, state))
         if method in AUTO_TRACED_METHODS:
             for _ in range(AUTO_TRACE_WARMUP):
                 self.run(method, state)
