@@ -53,7 +53,7 @@ not move them, so they are compared with COUNT_FLOOR."""
 
 MEMORY_METRICS: frozenset[str] = frozenset({"track_alloc_peak_bytes"})
 """Memory metrics that are exact: the peak of tensor bytes one call allocated, counted at torch's
-allocator (workloads.measure.alloc_peak_bytes). The same call gives the same bytes in every
+allocator (measuring.memory.alloc_peak_bytes). The same call gives the same bytes in every
 process, so the gate compares them with MEMORY_FLOOR, no noise floor."""
 
 EXACT_METRICS: frozenset[str] = COUNT_METRICS | MEMORY_METRICS

@@ -6,10 +6,10 @@ One class per workload (named after it); parameters (size, method, device). The 
 - peakmem_run: the process's peak RSS after one call. It includes the torch import and the setup
   (hundreds of MB), so it compares methods on equal terms but is not the method's own memory:
 - track_alloc_peak_bytes (cpu, torch methods): the call's memory: the peak of bytes torch's CPU
-  allocator handed out during one call and held at once (workloads.measure.alloc_peak_bytes; exact,
+  allocator handed out during one call and held at once (measuring.memory.alloc_peak_bytes; exact,
   the same in every process).
 - track_xla_memory_bytes (jax): XLA's compiled memory analysis of the jitted program: temporaries
-  + outputs + arguments - aliased (workloads.measure.xla_memory).
+  + outputs + arguments - aliased (measuring.memory.xla_memory).
 - track_rss_delta_bytes: secondary, process-level: how far RSS rose during one call (pages, not
   tensors: 0 where the allocator reuses freed pages).
 - track_cuda_peak_bytes: torch.cuda.max_memory_allocated during one call (reset before it), above
@@ -33,7 +33,7 @@ from __future__ import annotations
 
 from typing import Any, Callable
 
-from workloads import measure
+from measuring import memory
 from workloads.base import BASELINE, REFERENCE, Workload
 
 from . import probes, selection, workload_pass
@@ -125,7 +125,7 @@ class _SteadyState:
     @_own_case
     @_once("bytes")
     def track_cuda_peak_bytes(self, size: str, method: str, device: str) -> int:
-        return measure.cuda_peak_bytes(_PREPARED[self.key], device)
+        return memory.cuda_peak_bytes(_PREPARED[self.key], device)
 
     @_own_case
     @_once("bytes")

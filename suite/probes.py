@@ -1,4 +1,4 @@
-"""Measurements the ASV suite needs beyond workloads.measure: threads, ratios, NVML, fallbacks.
+"""Measurements the ASV suite needs beyond measuring.memory: threads, ratios, NVML, fallbacks.
 
 - `pin_threads`: torch's intra-op thread count from OMP_NUM_THREADS (default 2), set in every
   benchmark process so timings from machines and runs are comparable; bench_runtime records it.

@@ -28,7 +28,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Sequence
 
-from workloads import measure
+from measuring import memory
 from workloads.base import BASELINE, REFERENCE
 
 from . import probes, selection
@@ -53,7 +53,7 @@ class CasePass:
     rss_bytes: dict[str, int] = field(default_factory=dict)
     alloc_bytes: dict[str, int] = field(default_factory=dict)  # torch CPU allocator's peak of one call
     xla_bytes: dict[str, int] = field(default_factory=dict)  # jax: XLA's compiled memory analysis, total
-    memory_skipped: str = ""  # why this commit's workloads.measure gives no allocator figures
+    memory_skipped: str = ""  # why this commit's jax method gives no XLA memory analysis
     fallbacks: dict[str, int] = field(default_factory=dict)
     torch_fallbacks: dict[str, int] = field(default_factory=dict)  # torch.func's own, during the same calls
     errors: dict[str, str] = field(default_factory=dict)
@@ -182,7 +182,7 @@ def measure_case(workload: Any, size: str, device: str, methods: list[str] | Non
         call = synchronized(functools.partial(workload.run, method, state), device)
         try:
             _first_call(workload, method, state, result)
-            result.rss_bytes[method] = measure.rss_delta_bytes(call)
+            result.rss_bytes[method] = memory.rss_delta_bytes(call)
             _allocated(method, state, call, device, result)
         except probes.peer_unavailable() as exc:  # a skip of this method's points, with the reason
             result.method_skips[method] = f"{workload.name} {method}: {exc}"
@@ -200,14 +200,17 @@ def measure_case(workload: Any, size: str, device: str, methods: list[str] | Non
 
 
 def _allocated(method: str, state: Any, call: Callable[[], Any], device: str, result: CasePass) -> None:
-    """The call's memory: the jax method's from XLA's analysis, a torch method's on cpu from torch's
-    allocator; a commit whose workloads.measure predates them gets `memory_skipped`."""
-    if not hasattr(measure, "alloc_peak_bytes"):
-        result.memory_skipped = "this commit's workloads.measure has no alloc_peak_bytes / xla_memory"
-    elif method == "jax":
-        result.xla_bytes[method] = measure.method_peak_bytes(state.fn(method), method, device)
+    """The call's memory (the checkout's measuring.memory, for every commit alike): the jax method's
+    from XLA's analysis, a torch method's on cpu from torch's allocator. A commit whose jax call
+    has no `xla_memory` (workloads.peers.jax_methods.compiled) gets `memory_skipped`."""
+    if method == "jax":
+        jitted = state.fn(method)
+        if not hasattr(jitted, "xla_memory"):
+            result.memory_skipped = "this commit's jax method has no xla_memory (XLA's memory analysis)"
+            return
+        result.xla_bytes[method] = memory.method_peak_bytes(jitted, method, device)
     elif device == "cpu":
-        result.alloc_bytes[method] = measure.method_peak_bytes(call, method, device)
+        result.alloc_bytes[method] = memory.method_peak_bytes(call, method, device)
 
 
 def synchronized(call: Callable[[], Any], device: str) -> Callable[[], Any]:

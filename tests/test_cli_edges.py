@@ -18,7 +18,7 @@ def render(table) -> str:
 def test_run_table_drops_the_memory_column_with_no_memory():
     from vmapbench.commands.run import results_table
     from workloads import get
-    from workloads.measure import Measurement
+    from measuring.measurement import Measurement
 
     w = get("mlp_hvp")
     size = w.quick[0]

@@ -91,29 +91,29 @@ def test_interleaved_samples_synchronise_before_and_after_each_batch(standin) ->
 
 def test_the_suites_timed_call_and_the_peak_reset_per_call(standin) -> None:
     """suite.workload_pass.synchronized (what time_run and the passes time) ends every call with a
-    synchronisation; measure.cuda_peak_bytes resets the peak before each call and reads it after a
+    synchronisation; measuring.memory.cuda_peak_bytes resets the peak before each call and reads it after a
     synchronisation."""
+    from measuring import memory
     from suite.workload_pass import synchronized
-    from workloads import measure
 
     synchronized(_call(standin), "cuda")()
     synchronized(_call(standin), "cpu")()
     assert standin == ["call", "sync", "call"]
     standin.clear()
     for _ in range(2):
-        measure.cuda_peak_bytes(_call(standin), "cuda")
+        memory.cuda_peak_bytes(_call(standin), "cuda")
     assert standin == ["sync", "reset", "call", "sync"] * 2
 
 
 def test_cuda_peak_bytes_sees_a_temporary_allocation_under_the_standin(standin) -> None:
-    from workloads import measure
+    from measuring import memory
 
     def allocate() -> None:
         t = torch.ones(64 * 2**20 // 4)
         del t
 
-    assert measure.cuda_peak_bytes(allocate, "cuda") >= 48 * 2**20
-    assert measure.cuda_peak_bytes(lambda: None, "cuda") < 16 * 2**20  # reset: the earlier peak is gone
+    assert memory.cuda_peak_bytes(allocate, "cuda") >= 48 * 2**20
+    assert memory.cuda_peak_bytes(lambda: None, "cuda") < 16 * 2**20  # reset: the earlier peak is gone
 
 
 def test_cuda_peak_bytes_sees_an_allocation_malloc_serves_from_its_free_lists() -> None:
@@ -124,14 +124,15 @@ def test_cuda_peak_bytes_sees_an_allocation_malloc_serves_from_its_free_lists() 
         import ctypes, torch
         libc = ctypes.CDLL(None)
         assert libc.mallopt(-4, 0) == 1 and libc.mallopt(-1, 1 << 40) == 1  # M_MMAP_MAX, M_TRIM_THRESHOLD
-        from workloads import cuda_standin, measure
+        from measuring import memory
+        from workloads import cuda_standin
         cuda_standin.install()
         t = torch.ones(80 * 2**20 // 4)
         del t
         def allocate():
             t = torch.ones(64 * 2**20 // 4)
             del t
-        print(measure.cuda_peak_bytes(allocate, "cuda"))
+        print(memory.cuda_peak_bytes(allocate, "cuda"))
     """)
     assert out.returncode == 0, out.stderr
     assert int(out.stdout.split()[-1]) >= 48 * 2**20
@@ -148,13 +149,13 @@ def test_nvml_peak_is_sampled_around_a_synchronised_call(standin) -> None:
 
 def test_a_standin_case_is_labelled_cuda_and_measured_as_cuda(standin) -> None:
     import workloads
-    from workloads import measure
+    from measuring.measurement import measure
 
     w = workloads.get("rosenbrock_hessian")
     state = w.setup(w.params(w.quick[0]), "cuda")
     assert state.device == "cuda"
     standin.clear()
-    m = measure.measure(w, "torch_func", w.quick[0], state, repeat=2, warmup=0)
+    m = measure(w, "torch_func", w.quick[0], state, repeat=2, warmup=0)
     assert m.device == "cuda" and standin.count("sync") >= 3 and "reset" in standin
 
 

@@ -99,7 +99,7 @@ def test_the_memory_plant_holds_1_2x_the_calls_own_peak_and_keeps_results_exact(
     tree = gate.extract(ROOT, gate.resolve(ROOT, "HEAD"), tmp_path / "tree")
     gate.plant_slowdown(tree, 1.2, "memory:mlp_hvp")
     code = ("import torch; torch.set_num_threads(1); from workloads.base import get; "
-            "from workloads.measure import alloc_peak_bytes as peak; w = get('mlp_hvp'); "
+            "from measuring.memory import alloc_peak_bytes as peak; w = get('mlp_hvp'); "
             "s = w.setup(w.params(w.quick[0]), 'cpu'); w.prepare('torch_func', s); w.run('torch_func', s); "
             "own = peak(s.fn('torch_func')); held = peak(lambda: w.run('torch_func', s)); "
             "assert abs(held / own - 1.2) < 0.01, (own, held); w.check(s, ['torch_func']); "

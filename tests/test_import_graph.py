@@ -134,6 +134,14 @@ def test_no_import_climbs_a_floor() -> None:
                        "imported down a floor, or inject it:\n" + "\n".join(f"{m} imports {p}" for m, p in found))
 
 
+def test_measuring_imports_no_other_package() -> None:
+    # The gate runs measured commits' trees (engine/ and workloads/ alone) with its own checkout's
+    # measuring/, so measuring/ must not reach into an engine or workloads of another commit.
+    found = sorted((mod, name) for mod, names in import_graph().items() if mod.split(".")[0] == "measuring"
+                   for name in names if name.split(".")[0] != "measuring")
+    assert not found, "measuring/ imports nothing else of the project:\n" + "\n".join(f"{m} imports {n}" for m, n in found)
+
+
 def test_a_climbing_import_inside_a_function_is_found(tmp_path: Path) -> None:
     for package in ("workloads", "measuring"):
         (tmp_path / package).mkdir()

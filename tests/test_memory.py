@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from workloads import measure
+from measuring import memory
 
 ROOT = Path(__file__).resolve().parents[1]
 FLOAT = 4  # bytes of a float32
@@ -24,14 +24,14 @@ def test_the_peak_counts_the_bytes_held_at_once():
         return b + c[:1].sum()
 
     # a and b (12000 B) at once; then b, c, the sum and the result: 8000 + 2000 + 4 + 8000
-    assert measure.alloc_peak_bytes(call) == 18004
-    assert measure.peak_bytes(call, "cpu") == 18004
+    assert memory.alloc_peak_bytes(call) == 18004
+    assert memory.peak_bytes(call, "cpu") == 18004
 
 
 def test_a_call_that_allocates_nothing_is_zero_and_freeing_older_tensors_does_not_lower_it():
     held = [torch.empty(10_000)]
-    assert measure.alloc_peak_bytes(lambda: None) == 0
-    assert measure.alloc_peak_bytes(lambda: held.clear() or torch.empty(1000)) == 1000 * FLOAT
+    assert memory.alloc_peak_bytes(lambda: None) == 0
+    assert memory.alloc_peak_bytes(lambda: held.clear() or torch.empty(1000)) == 1000 * FLOAT
 
 
 def test_backward_and_autograd_functional_allocations_are_counted_and_repeat():
@@ -41,20 +41,20 @@ def test_backward_and_autograd_functional_allocations_are_counted_and_repeat():
     def call() -> torch.Tensor:
         return torch.autograd.grad((x @ w).tanh().sum(), w)[0]
 
-    peaks = {measure.alloc_peak_bytes(call) for _ in range(3)}
+    peaks = {memory.alloc_peak_bytes(call) for _ in range(3)}
     assert len(peaks) == 1 and peaks.pop() >= 64 * 32 * FLOAT  # the activations at least
 
 
 def test_the_profilers_own_lines_are_dropped_and_the_calls_are_kept(capfd):
-    measure.alloc_peak_bytes(lambda: print("the call's own line", file=sys.stderr) or torch.empty(3))
+    memory.alloc_peak_bytes(lambda: print("the call's own line", file=sys.stderr) or torch.empty(3))
     err = capfd.readouterr().err
     assert "the call's own line" in err
-    assert not any(noise in err for noise in measure._PROFILER_NOISE)
+    assert not any(noise in err for noise in memory._PROFILER_NOISE)
 
 
 def test_jax_memory_needs_a_jitted_call():
     with pytest.raises(ValueError, match="jitted JAX call"):
-        measure.xla_memory(lambda: None)
+        memory.xla_memory(lambda: None)
 
 
 def test_xla_memory_analysis_names_its_parts():
@@ -64,10 +64,10 @@ def test_xla_memory_analysis_names_its_parts():
     w = workloads.get("logreg_hessian")
     state = w.setup(w.params(w.quick[0]), "cpu")
     w.prepare("jax", state)
-    got = measure.xla_memory(state.fn("jax"))
+    got = memory.xla_memory(state.fn("jax"))
     assert set(got) == {"temp", "output", "argument", "alias", "total"}
     assert got["total"] == got["temp"] + got["output"] + got["argument"] - got["alias"] > 0
-    assert measure.method_peak_bytes(state.fn("jax"), "jax") == got["total"]
+    assert memory.method_peak_bytes(state.fn("jax"), "jax") == got["total"]
 
 
 # A sample of workloads, every quick method of each: eager engine and its replays, chunked,

@@ -11,9 +11,9 @@ import pytest
 import torch
 
 import workloads
-from measuring import timer
+from measuring import memory, timer
 from vmapbench import cli
-from workloads import COMPILED_METHODS, ENGINE_METHODS, measure
+from workloads import COMPILED_METHODS, ENGINE_METHODS
 from workloads.define import CaseState
 
 # Engine bugs reported and not fixed yet: (workload, method) -> the bug. Their cases are strict
@@ -137,7 +137,7 @@ def test_rss_delta_sees_a_temporary_allocation() -> None:
         t = torch.ones(64 * 2**20 // 4)  # 64 MiB, touched, freed on return
         del t
 
-    assert measure.rss_delta_bytes(allocate) >= 32 * 2**20
+    assert memory.rss_delta_bytes(allocate) >= 32 * 2**20
 
 
 def test_cli_list_names_every_workload(capsys: pytest.CaptureFixture[str]) -> None:

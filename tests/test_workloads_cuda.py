@@ -12,10 +12,10 @@ import torch
 from torch.utils._pytree import tree_leaves
 
 import workloads
-from measuring import timer
+from measuring import memory, timer
 from vmapbench import cli
 from workloads import peers
-from workloads import COMPILED_METHODS, ENGINE_METHODS, cuda_standin, measure
+from workloads import COMPILED_METHODS, ENGINE_METHODS, cuda_standin
 
 pytestmark = [
     pytest.mark.cuda,
@@ -73,7 +73,7 @@ def test_cuda_peak_bytes_sees_a_temporary_allocation() -> None:
         del t
 
     # (the stand-in's figure is the resident set's, whose freed pages a new allocation may reuse)
-    assert measure.cuda_peak_bytes(allocate, "cuda") >= (48 if cuda_standin.active() else 64) * 2**20
+    assert memory.cuda_peak_bytes(allocate, "cuda") >= (48 if cuda_standin.active() else 64) * 2**20
 
 
 def test_time_call_synchronizes_on_cuda() -> None:

@@ -230,9 +230,9 @@ def plant_memory(tree: Path, factor: float, patterns: str) -> None:
     """Make every steady call of the workloads matching `patterns` (fnmatch, comma-separated) hold
     (factor - 1) x its own allocator peak more while it runs: a batched buffer of that size kept
     alive through the call, as a change that keeps one more intermediate alive would. The peak is
-    the unplanted call's (workloads.measure.alloc_peak_bytes of the tree), taken at each call
-    `Workload.prepare` makes (the first call and automatic tracing's warm-up: never a call the gate
-    times or counts), the last one kept."""
+    the unplanted call's (measuring.memory.alloc_peak_bytes, the gate checkout's: a measured tree
+    holds engine/ and workloads/ alone), taken at each call `Workload.prepare` makes (the first
+    call and automatic tracing's warm-up: never a call the gate times or counts), the last one kept."""
     path = tree / "workloads" / "__init__.py"
     wanted = [p for p in patterns.split(",") if p]
     path.write_text(path.read_text() + f"""
@@ -243,7 +243,7 @@ import fnmatch as _plant_fnmatch
 import torch as _plant_torch
 
 from workloads.base import all_workloads as _plant_all
-from workloads.measure import alloc_peak_bytes as _plant_peak
+from measuring.memory import alloc_peak_bytes as _plant_peak
 
 
 def _plant_held(workload):

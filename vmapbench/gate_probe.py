@@ -7,9 +7,9 @@ side (`Sides`: each side's `engine` and `workloads` are its own modules; one sid
 time). Why one process: CPU times of one commit in two processes differ on a shared box (load,
 memory layout) by more than a change the gate must see, and that spread, not the change, would
 set the floors if base and head were timed in processes of their own; timed round by round in one process, a head/base ratio
-cancels what the machine does to both. The measuring code is the gate's own (this file and the
-gate checkout's suite/, loaded under the alias package `_gate_suite`), as asv measures every
-commit with the current suite: a change to the measuring code in a pull request cannot show up as
+cancels what the machine does to both. The measuring code is the gate's own (this file, the gate
+checkout's suite/, loaded under the alias package `_gate_suite`, and its measuring/), as asv
+measures every commit with the current suite: a change to the measuring code in a pull request cannot show up as
 a change of the code measured.
 
 Two kinds of process:
@@ -100,17 +100,6 @@ def gate_measuring(module: str) -> ModuleType:
     engine/ and workloads/)."""
     gate_suite("")
     return importlib.import_module(f"measuring.{module}")
-
-
-def _gate_module(name: str, path: Path) -> ModuleType:
-    """A module of the gate checkout by its file (the measured commit's tree is what sys.path holds)."""
-    if name not in sys.modules:
-        spec = importlib.util.spec_from_file_location(name, path)
-        assert spec is not None and spec.loader is not None
-        module = importlib.util.module_from_spec(spec)
-        sys.modules[name] = module
-        spec.loader.exec_module(module)
-    return sys.modules[name]
 
 
 CLOCKS: dict[str, Callable[[], float]] = {"cpu": time.process_time, "wall": time.perf_counter}
@@ -479,9 +468,9 @@ def _empty_side() -> dict[str, Any]:
 def measure_memory(sides: Sides, calls: Mapping[str, Mapping[str, Callable[[], Any]]],
                    errors: Mapping[str, dict[str, str]], case: str) -> dict[str, dict[str, list[int]]]:
     """side -> method -> the allocator peak of MEMORY_REPEATS steady calls (bytes; the gate
-    checkout's workloads.measure.alloc_peak_bytes), every side and method, references included.
+    checkout's measuring.memory.alloc_peak_bytes), every side and method, references included.
     A method in REWARM_METHODS gets its untimed calls after its side is activated first."""
-    measure = _gate_module("_gate_measure", GATE_ROOT / "workloads" / "measure.py")
+    memory = gate_measuring("memory")
     out: dict[str, dict[str, list[int]]] = {}
     for label, methods in calls.items():
         sides.activate(label)
@@ -489,7 +478,7 @@ def measure_memory(sides: Sides, calls: Mapping[str, Mapping[str, Callable[[], A
             try:
                 for _ in range(REWARM_CALLS if method in REWARM_METHODS else 0):
                     fn()
-                out.setdefault(label, {})[method] = [measure.alloc_peak_bytes(fn) for _ in range(MEMORY_REPEATS)]
+                out.setdefault(label, {})[method] = [memory.alloc_peak_bytes(fn) for _ in range(MEMORY_REPEATS)]
             except Exception as exc:  # noqa: BLE001 - reported as this case's failure
                 errors[label][f"{case} {method} memory"] = f"{type(exc).__name__}: {exc}".splitlines()[0][:300]
     return out

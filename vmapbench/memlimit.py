@@ -24,7 +24,7 @@ registry, jax), so each starts without paying a fresh interpreter's imports, and
 probe's memory, threads and failures end with it. A fitting probe also reports its peak memory
 (the measure of every table: torch's allocator peak of the probe's inputs and calls, the CUDA
 caching allocator's on a GPU, XLA's compiled memory analysis for jax; see
-workloads.measure) and the parent its wall time; after two fitting batches the search extrapolates both to
+measuring.memory) and the parent its wall time; after two fitting batches the search extrapolates both to
 the budget and the probe time limit and aims its next probes just under and just over that point
 (`search`), so a limit takes ~5 probes instead of growing by 4x to it and bisecting. Only real
 probes decide a row. A probe slower than `--probe-timeout` is killed and counts as a failure whose
@@ -237,7 +237,7 @@ def _is_out_of_memory(exc: BaseException) -> bool:
 def _release_memory() -> None:
     import gc
 
-    from workloads.measure import release_free_heap
+    from measuring.memory import release_free_heap
 
     gc.collect()
     release_free_heap()
@@ -278,7 +278,7 @@ def _lift_memory_limit() -> None:
 def run_probe(workload: str, method: str, size: str, device: str, budget: int, threads: int) -> Probe:
     """Warm up at a small batch, cap memory at the current use + `budget`, then run `method` at the
     batch in `size` twice (the second call timed), measuring the allocator peak of the inputs and
-    the two calls (workloads.measure.peak_bytes; jax: XLA's analysis of its program) for the
+    the two calls (measuring.memory.peak_bytes; jax: XLA's analysis of its program) for the
     search's prediction. On CPU that peak comes from torch's profiler, whose own buffers must not
     count against the cap: the capped run decides the fit (and gives the time), then the cap is
     lifted and the same run is made again to measure its peak. Meant to run in a process of its own."""
@@ -287,7 +287,7 @@ def run_probe(workload: str, method: str, size: str, device: str, budget: int, t
     import torch
 
     import workloads
-    from workloads.measure import peak_bytes, xla_memory
+    from measuring.memory import peak_bytes, xla_memory
 
     torch.set_num_threads(threads)
     w = workloads.get(workload)

@@ -1,7 +1,7 @@
 """`python -m vmapbench.memory_table`: every quick workload x method's memory per call, in fresh processes.
 
 Each of `--processes` fresh interpreters builds every quick case on cpu, makes each method's
-warm-up calls and takes its memory per call (workloads.measure.method_peak_bytes: torch's
+warm-up calls and takes its memory per call (measuring.memory.method_peak_bytes: torch's
 allocator peak, XLA's analysis for jax). The table shows the bytes and whether every process gave
 the same; the exit code is 1 where one did not, 2 where a method failed.
 """
@@ -22,8 +22,8 @@ def measure_all(only: Sequence[str] = ()) -> dict[str, int | str]:
     """'workload|size|method' -> bytes per call (or 'error: ...'), for every quick cpu case."""
     import torch
 
+    from measuring import memory
     from suite import probes
-    from workloads import measure
     from workloads.base import iter_cases
 
     torch.set_num_threads(probes.requested_threads())
@@ -43,7 +43,7 @@ def measure_all(only: Sequence[str] = ()) -> dict[str, int | str]:
             state = states[w.name, size]
             w.prepare(method, state)
             w.run(method, state)
-            out[key] = measure.method_peak_bytes(state.fn(method), method, device)
+            out[key] = memory.method_peak_bytes(state.fn(method), method, device)
         except Exception as exc:  # noqa: BLE001 - reported in the table
             out[key] = f"error: {type(exc).__name__}: {exc}".splitlines()[0][:200]
     return out

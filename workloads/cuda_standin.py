@@ -161,10 +161,10 @@ def reset_peak_memory_stats(device: Any = None) -> None:
     resident set, and the call's allocation would go unseen."""
     global _peak_base
     _use("reset_peak_memory_stats")
-    from workloads.measure import _reset_peak_rss, release_free_heap
+    from measuring.memory import reset_peak_rss, release_free_heap
 
     release_free_heap()
-    _reset_peak_rss()
+    reset_peak_rss()
     _peak_base = _rss_bytes("VmRSS")
 
 

@@ -28,7 +28,8 @@ import engine
 import workloads
 from engine import autotrace
 from measuring import timer
-from workloads import measure
+from measuring.measurement import Measurement
+from measuring.memory import method_peak_bytes
 from vmapbench.commands.list import make_console
 from vmapbench.commands.options import add_device
 from workloads.base import BASELINE, REFERENCE
@@ -159,7 +160,7 @@ def expand_method(w: workloads.Workload, name: str) -> list[str]:
 
 
 def run_methods(w: workloads.Workload, methods: list[str], size: str, state: object, args: argparse.Namespace,
-                console: Console) -> tuple[dict[str, measure.Measurement], dict[str, str]]:
+                console: Console) -> tuple[dict[str, Measurement], dict[str, str]]:
     """First call (trace/compile) and warm-up of each method, then timed calls round-robin, then memory.
 
     Timing round-robin keeps the ratios fair on a shared machine; a failing method is reported
@@ -202,10 +203,10 @@ def run_methods(w: workloads.Workload, methods: list[str], size: str, state: obj
                              stop=lambda *_: progress.advance(task))
         for method in ok if args.memory else []:
             progress.update(task, description=f"{label} peak memory: {method}")
-            attempt(method, lambda: peaks.__setitem__(method, measure.method_peak_bytes(state.fn(method), method, device)))
+            attempt(method, lambda: peaks.__setitem__(method, method_peak_bytes(state.fn(method), method, device)))
             progress.advance(task)
     results = {
-        m: measure.Measurement(w.name, m, size, str(device), first[m], times[m], peaks.get(m, 0))
+        m: Measurement(w.name, m, size, str(device), first[m], times[m], peaks.get(m, 0))
         for m in ok if m not in failures
     }
     return results, failures
@@ -217,7 +218,7 @@ MEMORY_NOTE = ("memory/call: peak bytes of tensors one call allocated and held a
 
 
 def results_table(w: workloads.Workload, size: str, device: str, methods: list[str], repeat: int,
-                  results: dict[str, measure.Measurement], failures: dict[str, str], memory: bool) -> Table:
+                  results: dict[str, Measurement], failures: dict[str, str], memory: bool) -> Table:
     loop = results.get(BASELINE)
     ref = results.get(REFERENCE)
     table = Table(title=escape(f"{w.name} [{size}] on {device}: median of {repeat} calls"))

@@ -222,7 +222,7 @@ def compiled(build: Callable[[ModuleType], Fn], args: Sequence[Any]) -> Thunk:
             return _to_torch(out)
 
     def xla_memory() -> dict[str, int]:
-        """XLA's compiled memory analysis of the program `run` calls, in bytes (measure.xla_memory)."""
+        """XLA's compiled memory analysis of the program `run` calls, in bytes (measuring.memory.xla_memory)."""
         with jax.enable_x64(x64):
             stats = fn.lower(*jargs).compile().memory_analysis()
         if stats is None:

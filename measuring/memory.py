@@ -1,6 +1,4 @@
-"""A workload's memory per call, and `measure`, a table row of one method (times: measuring.timer).
-
-Each function takes a zero-argument callable (the measured call):
+"""A call's memory: each function takes a zero-argument callable (the measured call).
 
 - `alloc_peak_bytes(fn)`: the call's memory on CPU: the peak of bytes that torch's CPU allocator
   handed out during the call and that were live at once, read from the profiler's allocation
@@ -14,9 +12,9 @@ Each function takes a zero-argument callable (the measured call):
 - `xla_memory(call)`: the `jax` method's memory, from XLA's compiled memory analysis;
   `method_peak_bytes(call, method, device)` picks it for jax and `peak_bytes` for the rest.
 
-`measure(workload, method, state, ...)` combines them with `measuring.timer.time_call` into one
-`Measurement` for a table row. These stay with the workloads: the regression gate plants extra
-memory into a measured commit's workloads through `alloc_peak_bytes` (vmapbench.gate.plant_memory).
+It imports nothing of the project, so the regression gate plants memory into a measured commit's
+workloads with its own checkout's copy (vmapbench.gate.plant_memory), and measures every commit
+with it (vmapbench/gate_probe.py).
 """
 from __future__ import annotations
 
@@ -25,20 +23,13 @@ import gc
 import os
 import tempfile
 from contextlib import contextmanager
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable, Iterator
 
 import torch
 
-from measuring import stats
-
 _STATUS = Path("/proc/self/status")
 _CLEAR_REFS = Path("/proc/self/clear_refs")
-
-
-def median(times: list[float]) -> float:
-    return stats.median(times)
 
 
 def _status_kib(field: str) -> int:
@@ -48,7 +39,7 @@ def _status_kib(field: str) -> int:
     raise RuntimeError(f"{_STATUS} has no {field} line; RSS measurement needs Linux procfs")
 
 
-def _reset_peak_rss() -> bool:
+def reset_peak_rss() -> bool:
     """Reset the kernel's RSS high-water mark to the current RSS (Linux >= 4.0). False if denied."""
     try:
         _CLEAR_REFS.write_text("5")
@@ -86,7 +77,7 @@ def rss_delta_bytes(fn: Callable[[], Any]) -> int:
     if not _STATUS.exists():
         raise RuntimeError("rss_delta_bytes needs /proc/self/status (Linux); it is not available here")
     release_free_heap()
-    if _reset_peak_rss():
+    if reset_peak_rss():
         before = _status_kib("VmRSS")
     else:
         before = _status_kib("VmHWM")
@@ -203,37 +194,3 @@ def xla_memory(call: Callable[[], Any]) -> dict[str, int]:
         raise ValueError(f"{call!r} is not a jitted JAX call (workloads.peers.jax_methods.compiled): "
                          f"XLA's memory analysis exists only for the jax method")
     return analysis()
-
-
-@dataclass
-class Measurement:
-    """One method of one workload at one size: what a table row or a profile header shows."""
-
-    workload: str
-    method: str
-    size: str
-    device: str
-    first_call_s: float  # the first call: tracing / compiling happens here
-    times_s: list[float]
-    peak_bytes: int
-
-    @property
-    def median_s(self) -> float:
-        return median(self.times_s)
-
-
-def measure(workload: Any, method: str, size: str, state: Any, repeat: int = 5, warmup: int = 1,
-            memory: bool = True) -> Measurement:
-    """Measure `workload.run(method, state)`: first call, `repeat` timed calls, peak memory.
-
-    The only function here that needs measuring/ (imported in the call): a measured commit's tree,
-    as the regression gate extracts it, holds engine/ and workloads/ alone, and its plants import
-    this module's memory functions."""
-    from measuring.timer import time_call
-
-    device = getattr(state, "device", "cpu")
-    first = workload.prepare(method, state)
-    times = time_call(lambda: workload.run(method, state), repeat=repeat, warmup=warmup, device=device)
-    call = state.fn(method) if method == "jax" else (lambda: workload.run(method, state))
-    peak = method_peak_bytes(call, method, device) if memory else 0
-    return Measurement(workload.name, method, size, str(device), first, times, peak)
