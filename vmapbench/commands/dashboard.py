@@ -5,11 +5,13 @@ import argparse
 import sys
 from pathlib import Path
 
+from vmapbench.commands.options import add_results, results_found
+
 
 def configure(parser: argparse.ArgumentParser) -> None:
-    from dashboards.builder import DEFAULT_OUT, DEFAULT_RESULTS
-    parser.add_argument("--results", type=Path, default=DEFAULT_RESULTS,
-                        help=f"ASV results folder (default: {DEFAULT_RESULTS})")
+    from dashboards.builder import DEFAULT_OUT
+
+    add_results(parser)
     parser.add_argument("--out", type=Path, default=DEFAULT_OUT,
                         help=f"output folder, created or refreshed (default: {DEFAULT_OUT})")
     parser.add_argument("--continuous", action="store_true",
@@ -21,10 +23,7 @@ def configure(parser: argparse.ArgumentParser) -> None:
 def main(args: argparse.Namespace) -> int:
     from dashboards.builder import build_dashboard
 
-    if not args.results.is_dir():
-        print(f"vmapbench dashboard: no results folder {args.results}: run `make bench` first, or "
-              "pass --results DIR (the folder holding <machine>/machine.json and benchmarks.json).",
-              file=sys.stderr)
+    if not results_found("dashboard", args.results):
         return 2
     result = build_dashboard(args.results, args.out, continuous=args.continuous)
     figures = sum(result.pages.values())

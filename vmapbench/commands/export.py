@@ -5,11 +5,11 @@ import argparse
 import sys
 from pathlib import Path
 
+from vmapbench.commands.options import add_results, results_found
+
 
 def configure(parser: argparse.ArgumentParser) -> None:
-    from dashboards.builder import DEFAULT_RESULTS
-    parser.add_argument("--results", type=Path, default=DEFAULT_RESULTS,
-                        help=f"ASV results folder (default: {DEFAULT_RESULTS})")
+    add_results(parser)
     fmt = parser.add_mutually_exclusive_group()
     fmt.add_argument("--csv", action="store_true", help="write CSV (the default)")
     fmt.add_argument("--jsonl", action="store_true", help="write JSON lines")
@@ -25,10 +25,7 @@ def configure(parser: argparse.ArgumentParser) -> None:
 def main(args: argparse.Namespace) -> int:
     from dashboards.loader import load_results
 
-    if not args.results.is_dir():
-        print(f"vmapbench export: no results folder {args.results}: run `make bench` first, or "
-              "pass --results DIR (the folder holding <machine>/machine.json and benchmarks.json).",
-              file=sys.stderr)
+    if not results_found("export", args.results):
         return 2
     result = load_results(args.results, continuous=args.continuous)
     if result.empty:
