@@ -1,9 +1,10 @@
 """`asv continuous` as asv's users type it, in asv's own virtualenv: an A/A and a planted slowdown.
 
-A throwaway clone of this checkout gets two commits on top of its HEAD: an empty one (A/A) and one
-whose engine takes 1.3x its CPU time (vmapbench.gate.plant_slowdown, as `make continuous --plant`
-does). asv builds each commit into asv.conf.json's virtualenv (under .asv/env, reused between
-runs; the first run builds it) and runs a tiny selection: the instruction counts and the ratio to
+A throwaway clone of this checkout gets two commits on top of its HEAD (vmapbench.asv_runs, which
+also runs the whole quick selection for the docs): an empty one (A/A) and one whose engine takes
+1.3x its CPU time (vmapbench.gate.plant_slowdown, as `make continuous --plant` does). asv builds
+each commit into asv.conf.json's virtualenv (under .asv/env, reused between runs; the first run
+builds it) and runs a tiny selection: the instruction counts and the ratio to
 torch.func of the engine methods of one quick workload (gated by vmapbench.asv_verdict) and their
 raw times (stored, never called). The verdicts are asv's own lines. Without valgrind the counts
 are n/a and the planted half is skipped (the ratios alone do not decide a 1.3x on a loaded box).
@@ -13,19 +14,17 @@ from __future__ import annotations
 import json
 import re
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
 from suite import selection
-from vmapbench import bench, gate
+from vmapbench import asv_runs, bench
 from workloads import get as get_workload
 
 WORKLOAD = "rosenbrock_hessian"
 METHODS = ("engine", "engine_eager", "engine_traced")
-PLANTED = 1.3
 
 
 def selection_regexes(workload: str = WORKLOAD, methods: tuple[str, ...] = METHODS) -> list[str]:
@@ -39,62 +38,14 @@ def selection_regexes(workload: str = WORKLOAD, methods: tuple[str, ...] = METHO
             rf"^bench_counts\.Instructions\.track_instructions\({re.escape(repr(workload))}, ({alternation})\)$"]
 
 
-def throwaway_repo(tmp: Path) -> dict[str, str]:
-    """A clone of this checkout's HEAD with an empty commit and a planted one on top: name -> sha."""
-    repo = tmp / "repo"
-    subprocess.run(["git", "clone", "-q", str(ROOT), str(repo)], check=True)
-
-    def git(*args: str) -> str:
-        return subprocess.run(["git", "-c", "user.name=t", "-c", "user.email=t@t", *args], cwd=repo, check=True,
-                              capture_output=True, text=True).stdout.strip()
-
-    shas = {"base": git("rev-parse", "HEAD")}
-    git("commit", "-q", "--allow-empty", "-m", "empty: an A/A")
-    shas["empty"] = git("rev-parse", "HEAD")
-    git("checkout", "-q", "-b", "planted", shas["base"])
-    gate.plant_slowdown(repo, PLANTED, "engine")
-    git("commit", "-q", "-am", f"planted: the engine {PLANTED}x slower")
-    shas["planted"] = git("rev-parse", "HEAD")
-    return shas
-
-
-def asv_config(tmp: Path) -> Path:
-    """asv.conf.json for the clone: this checkout's suite and virtualenvs, results kept in `tmp`."""
-    conf = json.loads((ROOT / "asv.conf.json").read_text())
-    conf.update(repo=str(tmp / "repo"), benchmark_dir=str(ROOT / "suite"), results_dir=str(tmp / "results"),
-                html_dir=str(tmp / "html"), env_dir=str(ROOT / ".asv" / "env"))
-    path = tmp / "asv.conf.json"
-    path.write_text(json.dumps(conf))
-    return path
-
-
-def asv_env(home: Path) -> dict[str, str]:
-    import os
-
-    # One intra-op thread, as the gate times (docs/guide/asv-continuous.md: with two, a descheduled
-    # worker stalls a parallel op and a ratio moves many-fold between processes on a busy machine).
-    env = dict(os.environ, VMAPBENCH_PROFILE="quick", OMP_NUM_THREADS="1", HOME=str(home))
-    env.pop("VMAPBENCH_DEVICES", None)
-    env.pop("PYTHONPATH", None)
-    return env
-
-
-def continuous(tmp: Path, base: str, head: str, machine: str, *extra: str) -> subprocess.CompletedProcess:
-    """`asv continuous BASE HEAD` on the selection, run from this checkout (asv imports the
-    asv.conf.json plugin from there)."""
-    conf, env = tmp / "asv.conf.json", asv_env(tmp)
-    asv = [sys.executable, "-m", "asv"]
-    subprocess.run([*asv, "machine", "--yes", "--machine", machine, "--config", str(conf)], cwd=ROOT, env=env,
-                   check=True, capture_output=True)
-    bench_args = [a for r in selection_regexes() for a in ("--bench", r)]
-    return subprocess.run([*asv, "continuous", "--config", str(conf), "--machine", machine, *bench_args, *extra,
-                           base, head], cwd=ROOT, env=env, capture_output=True, text=True, timeout=1500)
+def continuous(tmp: Path, base: str, head: str, machine: str) -> subprocess.CompletedProcess:
+    return asv_runs.continuous(tmp, base, head, machine, selection_regexes(), timeout=1500)
 
 
 @pytest.mark.long  # minutes (two asv builds and runs): CI runs it apart (.ci/run, -m long)
 def test_asv_continuous_passes_an_empty_commit_and_fails_a_planted_slowdown(tmp_path: Path) -> None:
-    shas = throwaway_repo(tmp_path)
-    asv_config(tmp_path)
+    shas = asv_runs.throwaway_repo(tmp_path)
+    asv_runs.asv_config(tmp_path)
     machine = bench.machine_name()
 
     aa = continuous(tmp_path, shas["base"], shas["empty"], machine)
@@ -141,3 +92,27 @@ def test_asvs_environments_install_what_make_installs() -> None:
     assert any(".[peers]" in c for c in commands), commands
     assert any(c.endswith(f"pip install --no-deps {pin}") for c in commands), (commands, pin)
     assert ".vmapbench.asv_verdict" in conf["plugins"]
+
+
+ASV_TABLE = """| Change   | Before [dfafd8ff] <i42~1>   | After [7f45b734] <planted>   |   Ratio | Benchmark (Parameter)                                                              |
+|----------|-----------------------------|------------------------------|---------|------------------------------------------------------------------------------------|
+| +        | 5134629.5±5.5e+02           | 7350341.5±1.7e+03            |    1.43 | bench_counts.Instructions.track_instructions('rosenbrock_hessian', 'engine_eager') |
+| -        | 0.5                         | 0.4                          |    0.80 | bench_workloads.mlp_hvp.track_ratio_vs_torch_func('d=64', 'engine', 'cpu') |
+
+SOME BENCHMARKS HAVE CHANGED SIGNIFICANTLY.
+PERFORMANCE DECREASED.
+"""
+
+
+def test_asvs_table_is_read_back_and_matched_with_the_gates_signals() -> None:
+    rows = asv_runs.changed_rows(ASV_TABLE)
+    assert rows == {"worse": ["bench_counts.Instructions.track_instructions('rosenbrock_hessian', 'engine_eager')"],
+                    "better": ["bench_workloads.mlp_hvp.track_ratio_vs_torch_func('d=64', 'engine', 'cpu')"],
+                    "failed": []}
+    assert asv_runs.verdict_line(ASV_TABLE) == "PERFORMANCE DECREASED."
+    assert asv_runs.verdict_line("nothing") == "(no verdict printed)"
+    gate_slower = ["rosenbrock_hessian.instructions('d=128', 'engine_eager')", "PerOpOverhead.instructions('engine')"]
+    assert asv_runs.agreement(rows["worse"], gate_slower) == {"asv_worse_also_gate_slower": 1, "asv_worse": 1}
+    assert asv_runs.agreement(rows["worse"], gate_slower[1:]) == {"asv_worse_also_gate_slower": 0, "asv_worse": 1}
+    assert asv_runs.workload_method("bench_overhead.PerOpOverhead.track_overhead_us_per_op('engine')") == \
+        asv_runs.workload_method("PerOpOverhead.instructions('engine')")

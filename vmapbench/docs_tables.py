@@ -340,6 +340,29 @@ def gate_checks(source: Path) -> str:
     return "\n".join(lines)
 
 
+def asv_continuous(source: Path) -> str:
+    """`asv continuous` and the gate on the same commits (`python -m vmapbench.asv_runs --record`):
+    per run, each command's exit code and minutes, asv's verdict line and what each called slower."""
+    doc = json.loads(source.read_text())
+    lines = [f"Runs on `{doc['machine']}`, from `{source.relative_to(ROOT) if source.is_relative_to(ROOT) else source}`.",
+             "", "| run | selection | commit | load at start | asv: exit, verdict | asv: minutes, points "
+             "| asv: worse / better / failed | gate: exit, slower / gated | gate: minutes "
+             "| asv's worse points the gate also called slower |",
+             "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |"]
+    for run in doc["runs"]:
+        asv, gate, agree = run["asv"], run["gate"], run["agreement"]
+        lines.append(f"| {run['kind']} | {run['selection']} | `{run['base'][:8]}` | {run['load']:.1f} | "
+                     f"{asv['exit_code']}, {asv['verdict']} | {asv['seconds'] / 60:.1f}, {asv['points']} | "
+                     f"{len(asv['worse'])} / {len(asv['better'])} / {len(asv['failed'])} | "
+                     f"{gate['exit_code']}, {len(gate['slower'])} / {gate['gated']} | {gate['seconds'] / 60:.1f} | "
+                     f"{agree['asv_worse_also_gate_slower']} of {agree['asv_worse']} |")
+    named = sorted({n for run in doc["runs"] for n in run["asv"]["worse"]})
+    if named:
+        lines += ["", "asv's worse points, every run: " + ", ".join(f"`{n}`" for n in named[:40])
+                  + (f" and {len(named) - 40} more" if len(named) > 40 else "") + "."]
+    return "\n".join(lines)
+
+
 KINDS: dict[str, Callable[[Path], str]] = {
     "peers": peers,
     "peers-compile": peers_compile,
@@ -350,6 +373,7 @@ KINDS: dict[str, Callable[[Path], str]] = {
     "noise": noise,
     "noise-figure": noise_figure,
     "gate-checks": gate_checks,
+    "asv-continuous": asv_continuous,
     "coverage": coverage,
     "memlimit": memlimit,
     "fused-backends": fused_backends,
