@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import dataclasses
 import os
+import sys
 import textwrap
 from pathlib import Path
 
@@ -127,6 +128,24 @@ def test_a_tier_variant_runs_the_default_path_with_its_variables(factory_env: di
     assert plain.status == "failed" and "not 'off'" in plain.note, plain  # the check can fail
     assert ttn.run_method("engine+xla") == ("engine", {"VMAPBENCH_FUSED_BACKEND": "xla"})
     assert ttn.run_method("jax") == ("jax", {})
+
+
+def test_a_curve_asking_for_xla_where_it_cannot_run_is_skipped(monkeypatch: pytest.MonkeyPatch) -> None:
+    import importlib.util
+
+    from engine import fused_xla
+
+    spec = importlib.util.spec_from_file_location("_ttn_child", ttn.CHILD)
+    child = importlib.util.module_from_spec(spec)
+    monkeypatch.setattr(sys, "path", list(sys.path))  # the child's import sets its sys.path[0]
+    spec.loader.exec_module(child)
+    monkeypatch.setenv("VMAPBENCH_FUSED_BACKEND", "xla")
+    monkeypatch.setattr(fused_xla, "available", lambda: "jax is not installed (pip install 'jax[cpu]')")
+    with pytest.raises(NotImplementedError, match="XLA backend cannot run here: jax is not installed"):
+        child._require_backend("engine")
+    child._require_backend("torch_func")  # not the engine's: nothing asked of the tier
+    monkeypatch.setattr(fused_xla, "available", lambda: None)
+    child._require_backend("engine")
 
 
 def test_budget_stops_a_curve_and_failures_are_named(factory_env: dict[str, str]) -> None:

@@ -49,6 +49,7 @@ def _build(spec: dict[str, Any]) -> tuple[Callable[[], Any], Callable[[], str | 
 
     torch.set_num_threads(int(spec["threads"]))  # before jax: load_jax matches XLA's threads to it
     method = spec["method"]
+    _require_backend(method)
     if spec.get("factory"):
         import importlib
 
@@ -83,6 +84,18 @@ def imported_groups(names: set[str]) -> list[str]:
     own (`torch._dynamo`, `torch.fx`), sorted."""
     groups = {".".join(n.split(".")[:2]) if n.startswith("torch.") else n.split(".")[0] for n in names}
     return sorted(groups)
+
+
+def _require_backend(method: str) -> None:
+    """NotImplementedError (the curve is skipped, with the reason) where the engine is asked for
+    the fused tier's XLA backend (VMAPBENCH_FUSED_BACKEND=xla) and XLA cannot run here: the tier
+    would compile with inductor instead, and the curve would not be the one asked for."""
+    if method.startswith("engine") and os.environ.get("VMAPBENCH_FUSED_BACKEND", "").strip().lower() == "xla":
+        from engine import fused_xla
+
+        why = fused_xla.available()
+        if why is not None:
+            raise NotImplementedError(f"the fused tier's XLA backend cannot run here: {why}")
 
 
 def main(spec: dict[str, Any]) -> int:
