@@ -92,7 +92,7 @@ for _op, _name in [
     (aten.exp.default, "exp"), (aten.log.default, "log"), (aten.log1p.default, "log1p"),
     (aten.expm1.default, "expm1"), (aten.sqrt.default, "sqrt"), (aten.tanh.default, "tanh"),
     (aten.sin.default, "sin"), (aten.cos.default, "cos"), (aten.abs.default, "abs"), (aten.neg.default, "negative"),
-    (aten.sign.default, "sign"), (aten.floor.default, "floor"), (aten.ceil.default, "ceil"),
+    (aten.floor.default, "floor"), (aten.ceil.default, "ceil"),
     (aten.logical_not.default, "logical_not"), (aten.isnan.default, "isnan"), (aten.isinf.default, "isinf"),
     (aten.exp2.default, "exp2"), (aten.log2.default, "log2"), (aten.reciprocal.default, "reciprocal"),
     (aten.square.default, "square"), (aten.log10.default, "log10"), (aten.tan.default, "tan"),
@@ -101,6 +101,15 @@ for _op, _name in [
     (aten.round.default, "round"),
 ]:
     _unary(_op, _name)
+
+
+@rule(aten.sign.default, aten.sgn.default)
+def _sign(x: Any) -> Any:
+    """torch's sign of a real tensor: 0 at NaN and at -0.0, where jnp.sign gives NaN and -0.0."""
+    _, jnp, _ = _jax()
+    if jnp.iscomplexobj(x):
+        raise Unlowerable("sgn of a complex tensor")
+    return jnp.where((x == 0) | jnp.isnan(x), jnp.zeros_like(x), jnp.sign(x))
 
 
 @rule(aten.rsqrt.default)

@@ -67,6 +67,19 @@ def test_each_family_of_rules_agrees_with_torch(xla_tier, name):
     torch.testing.assert_close(engine.trace(fn)(x2), fn(x2), rtol=1e-5, atol=1e-5)
 
 
+def test_sign_is_torchs_at_nan_and_negative_zero(xla_tier):
+    # jnp.sign gives NaN at NaN and -0.0 at -0.0; torch.sign and torch.sgn give 0 at both.
+    x = torch.tensor([[float("nan"), -0.0, 0.0, -2.5], [3.0, -1e-30, float("inf"), float("-inf")]])
+
+    def fn(x):
+        return torch.stack([torch.sign(x), torch.sgn(x) * 2])
+
+    out, state, _ = _forced(fn, x)
+    assert _xla_ran(state), state
+    assert torch.equal(out, fn(x)) and not out.isnan().any()
+    assert torch.equal(torch.signbit(out), torch.signbit(fn(x)))  # +0.0 where torch has +0.0
+
+
 def _loss(w: torch.Tensor, x: torch.Tensor, t: torch.Tensor) -> torch.Tensor:
     z = torch.nn.functional.layer_norm(torch.tanh(x @ w), (3,))
     return torch.nn.functional.cross_entropy(z, t)
