@@ -22,11 +22,10 @@ Two kinds of process:
   +-TARGET_HALFWIDTH or the workload's budget is spent (rounds chosen by each signal's own
   variance). The per-op overhead chain (suite/bench_overhead.py) is timed the same way against
   native. A round's figure is the fastest unit of calls of its batch, per call; references that
-  run the same code on every side (`shared_references`) are timed on every side and read as their
-  mean. Output:
+  run the same code on every side are timed on the first side only (`shared_references`). Output:
   {"sides": {side: {"times": {workload: {size: {method: [seconds per call, one per round]}}},
   "overhead": {method: [...]}, "errors": {case: message}, "shared": {workload: [methods whose
-  list is every side's mean, the first side's list]}}}}, lists aligned by round across sides. With --memory each side also
+  list is the first side's]}}}}, lists aligned by round across sides. With --memory each side also
   has "memory": {workload: {size: {method: [allocator peak bytes of MEMORY_REPEATS calls]}}},
   every method of every side taken after the timing (exact figures: no rounds, no interleaving).
 - count (--count LIB, under valgrind, see measuring/counts.py): the per-op chain and the workloads
@@ -78,9 +77,11 @@ MIN_ROUNDS = 6  # even: rounds are read in pairs (forward order, then reverse; s
 MAX_ROUNDS = 24
 TARGET_HALFWIDTH = 0.02
 MIN_BATCH_S = 0.004
-# Units a batch is timed in at least: the fastest is the round's figure. A batch of one or two long
-# calls was often hit whole by one of the vCPU's slow phases (+8-10 ms of CPU time at once on this
-# box under load), which its fastest unit could not leave out.
+# Units a gated method's batch is timed in at least: the fastest is the round's figure. A batch of
+# one or two long calls was often hit whole by one of the vCPU's slow phases (+8-10 ms of CPU time
+# at once on this box under load), which its fastest unit could not leave out. (The references,
+# the slowest calls, keep their batches: four units of them would make every round several times
+# longer.)
 MIN_UNITS = 4
 UNIT_S = 0.0002  # a timed unit's least length: long enough that its two clock reads are under 1% of it
 # The per-op chain's input: overhead-bound small tensors, where a dispatch-path regression shows most.
@@ -145,8 +146,8 @@ def paired_samples(sides: Mapping[str, Mapping[str, Callable[[], Any]]], referen
     its ratio to `reference`), `max_rounds` are done, or `budget_s` x sides is spent.
 
     A round's figure of a method is the fastest unit of its batch, per call: the batch (at least
-    MIN_BATCH_S, and at least MIN_UNITS units) is timed in units of calls of at least UNIT_S each
-    (one call, for calls that long).
+    MIN_BATCH_S; for a gated method, one that is no reference, at least MIN_UNITS units) is timed
+    in units of calls of at least UNIT_S each (one call, for calls that long).
     This machine's vCPU runs at two speeds that switch every few milliseconds, and its slow phases
     only ever add time: the mean of a batch moved by the share of it that fell in a slow phase
     (adjacent batches of one call: 4% median, 30% at the 95th percentile), the fastest unit is the
@@ -154,11 +155,8 @@ def paired_samples(sides: Mapping[str, Mapping[str, Callable[[], Any]]], referen
     the calls (one in a unit's worth or rarer) does not show in it; what every call pays does.
 
     Methods in `shared` (references that run the same code on every side: see
-    `shared_references`) are timed on every side like the rest, so that every side's calls run
-    between the same neighbours (timed on the first side only, they made its block of calls the
-    only one holding the slow references, and its methods ran measurably otherwise than the same
-    code on the other sides); every side's list of such a method is then their mean, round by
-    round: a ratio to it cancels its noise exactly, as one list read by every side would.
+    `shared_references`) are timed on the first side only, and every other side's list is the
+    first's: a ratio to them, round by round, then cancels their noise exactly.
 
     A call's position in the round moves its time (first or last, after which other calls): the
     order flips every round and the number of rounds is even, so a pair of rounds (forward, then
@@ -176,7 +174,8 @@ def paired_samples(sides: Mapping[str, Mapping[str, Callable[[], Any]]], referen
     timer = gate_measuring("timer")
     order = list(sides)
     first = order[0] if order else ""
-    timed = [(side, n) for side, calls in sides.items() for n in calls]
+    # What each side times: a shared method on the first side only (the others read its list).
+    timed = [(side, n) for side, calls in sides.items() for n in calls if side == first or n not in shared]
     calls = {key: sides[key[0]][key[1]] for key in timed}
 
     def before(key: tuple[str, str]) -> None:
@@ -187,19 +186,17 @@ def paired_samples(sides: Mapping[str, Mapping[str, Callable[[], Any]]], referen
                 sides[side][name]()
 
     once = timer.single_calls(calls, clock=clock, collect=True, before=before)
-    batches = {key: timer.batch_for(once[key], MIN_BATCH_S, 10_000, unit_s=UNIT_S,
-                                    least=max(REWARM_MIN_CALLS if key[1] in rewarm else 1,
-                                              MIN_UNITS * math.ceil(UNIT_S / once[key]))) for key in timed}
+    def least(key: tuple[str, str]) -> int:
+        units = 1 if key[1] in REFERENCES else MIN_UNITS * math.ceil(UNIT_S / once[key])
+        return max(REWARM_MIN_CALLS if key[1] in rewarm else 1, units)
+
+    batches = {key: timer.batch_for(once[key], MIN_BATCH_S, 10_000, unit_s=UNIT_S, least=least(key))
+               for key in timed}
 
     def per_side(got: Mapping[tuple[str, str], list[float]]) -> dict[str, dict[str, list[float]]]:
-        """side -> method -> its rounds; a shared method's list is the sides' mean, round by round."""
-        def listed(side: str, name: str) -> list[float]:
-            if name not in shared:
-                return got.get((side, name), [])
-            lists = [got[(s, name)] for s in sides if (s, name) in got]
-            return [sum(values) / len(values) for values in zip(*lists)]
-
-        return {side: {name: listed(side, name) for name in calls} for side, calls in sides.items()}
+        """side -> method -> its rounds; a shared method's list is the first side's own list."""
+        return {side: {name: got.get((side, name), got.get((first, name), [])) for name in calls}
+                for side, calls in sides.items()}
 
     def stop(r: int, got: Mapping[tuple[str, str], list[float]], elapsed: Callable[[], float]) -> bool:
         if r + 1 < min_rounds or r % 2 == 0:  # stop after a reverse round only: pairs stay whole
