@@ -107,7 +107,7 @@ def verdict_line(output: str) -> str:
 
 
 def points_run(tmp: Path, machine: str, sha: str) -> int:
-    """How many benchmarks asv stored a result for at `sha` (n/a points included)."""
+    """How many benchmarks asv stored a result for at `sha` (a parameterized one counted once)."""
     files = list((tmp / "results" / machine).glob(f"{sha[:8]}-*.json"))
     return sum(len(json.loads(f.read_text()).get("results", {})) for f in files)
 

@@ -342,10 +342,11 @@ def gate_checks(source: Path) -> str:
 
 def asv_continuous(source: Path) -> str:
     """`asv continuous` and the gate on the same commits (`python -m vmapbench.asv_runs --record`):
-    per run, each command's exit code and minutes, asv's verdict line and what each called slower."""
+    per run, each command's exit code and minutes, asv's verdict line, the benchmarks it stored a
+    result for (a parameterized one counted once) and what each called slower."""
     doc = json.loads(source.read_text())
     lines = [f"Runs on `{doc['machine']}`, from `{source.relative_to(ROOT) if source.is_relative_to(ROOT) else source}`.",
-             "", "| run | selection | commit | load at start | asv: exit, verdict | asv: minutes, points "
+             "", "| run | selection | commit | load at start | asv: exit, verdict | asv: minutes, benchmarks "
              "| asv: worse / better / failed | gate: exit, slower / gated | gate: minutes "
              "| asv's worse points the gate also called slower |",
              "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |"]
