@@ -78,10 +78,9 @@ MAX_ROUNDS = 24
 TARGET_HALFWIDTH = 0.02
 MIN_BATCH_S = 0.004
 # Units a gated method's batch is timed in at least: the fastest is the round's figure. A batch of
-# one or two long calls was often hit whole by one of the vCPU's slow phases (+8-10 ms of CPU time
-# at once on this box under load), which its fastest unit could not leave out. (The references,
-# the slowest calls, keep their batches: four units of them would make every round several times
-# longer.)
+# one or two long calls was often hit whole by one of the vCPU's slow phases, which its fastest
+# unit could not leave out (docs/lab/2026-12-05-gate-aa-asymmetry.md). The references, the slowest
+# calls, keep their batches: four units of them would make every round several times longer.
 MIN_UNITS = 4
 UNIT_S = 0.0002  # a timed unit's least length: long enough that its two clock reads are under 1% of it
 # The per-op chain's input: overhead-bound small tensors, where a dispatch-path regression shows most.
