@@ -32,23 +32,23 @@ TIMEOUT_S = 4 * 3600
 ASV_ROW = re.compile(r"^\|\s*(?P<change>[+-x!])\s*\|[^|]*\|[^|]*\|\s*(?P<ratio>[^|]*?)\s*\|\s*(?P<name>[^|]+?)\s*\|$")
 
 
-def git(repo: Path, *args: str) -> str:
-    return subprocess.run(["git", "-c", "user.name=vmapbench", "-c", "user.email=vmapbench@localhost", *args],
-                          cwd=repo, check=True, capture_output=True, text=True).stdout.strip()
+# The throwaway commits' author (a fresh machine may have no git identity).
+IDENTITY = ("-c", "user.name=vmapbench", "-c", "user.email=vmapbench@localhost")
 
 
 def throwaway_repo(tmp: Path, factor: float = PLANTED, root: Path = ROOT) -> dict[str, str]:
     """A clone of `root`'s HEAD at tmp/repo with an empty commit and a planted one on top: name -> sha."""
     from vmapbench import gate
+    from vmapbench.bench import git
 
     repo = tmp / "repo"
     subprocess.run(["git", "clone", "-q", str(root), str(repo)], check=True)
     shas = {"base": git(repo, "rev-parse", "HEAD")}
-    git(repo, "commit", "-q", "--allow-empty", "-m", "empty: an A/A")
+    git(repo, *IDENTITY, "commit", "-q", "--allow-empty", "-m", "empty: an A/A")
     shas["empty"] = git(repo, "rev-parse", "HEAD")
     git(repo, "checkout", "-q", "-b", "planted", shas["base"])
     gate.plant_slowdown(repo, factor, "engine")
-    git(repo, "commit", "-q", "-am", f"planted: the engine {factor}x slower")
+    git(repo, *IDENTITY, "commit", "-q", "-am", f"planted: the engine {factor}x slower")
     shas["planted"] = git(repo, "rev-parse", "HEAD")
     return shas
 

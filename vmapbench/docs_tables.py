@@ -29,6 +29,16 @@ MARKER = re.compile(r"(<!-- table: (?P<kind>[\w-]+) (?P<source>\S+) -->\n)(?P<bo
 FENCE = re.compile(r"^```.*?^```[^\n]*$", re.S | re.M)
 
 
+def _shown(path: Path) -> Path:
+    """A results file as the pages name it: relative to the repository where it lies inside it."""
+    return path.relative_to(ROOT) if path.is_relative_to(ROOT) else path
+
+
+def _runs_on(doc: dict[str, Any], source: Path) -> str:
+    """The line above a table of recorded runs: the machine and the file."""
+    return f"Runs on `{doc['machine']}`, from `{_shown(source)}`."
+
+
 def _peer_rows(source: Path) -> list[Any]:
     from vmapbench.peer_ratios import Row
 
@@ -126,7 +136,7 @@ def time_to_n(source: Path) -> str:
     from workloads import time_to_n as ttn
 
     doc, curves = ttn.load(source)
-    return f"{ttn.header(doc)} From `{source.relative_to(ROOT) if source.is_relative_to(ROOT) else source}`." \
+    return f"{ttn.header(doc)} From `{_shown(source)}`." \
         f"\n\n{ttn.markdown(doc, curves)}"
 
 
@@ -203,7 +213,7 @@ def noise_figure(source: Path) -> str:
     floors = doc["floors"]
     times = [v for k, v in floors.items() if "instructions" not in k]
     counts = [v for k, v in floors.items() if "instructions" in k]
-    shown = source.relative_to(ROOT) if source.is_relative_to(ROOT) else source
+    shown = _shown(source)
     text = (f"On `{doc['machine']}` the gate's calibrated noise floor (from {doc['aa_runs']} A/A runs, the "
             f"same commit as base and head; 1.5 times the largest change they showed) is "
             f"{stats.median(times):.0%} for the median of its {len(times)} time signals, ratios timed "
@@ -275,7 +285,7 @@ def torch_versions(source: Path) -> str:
     def cell(est: Any, unit: str) -> str:
         return "–" if est is None else format_estimate(est, unit)
 
-    shown = ", ".join(f"`{p.relative_to(ROOT) if p.is_relative_to(ROOT) else p}`" for p in files)
+    shown = ", ".join(f"`{_shown(p)}`" for p in files)
     lines = [f"Measured on `{machine}` at commit `{full_commit[:8]}` under torch {', '.join(versions)}; "
              f"from {shown}.", "",
              "| workload | size | method | device | " + " | ".join(f"time · {v}" for v in versions)
@@ -324,7 +334,7 @@ def gate_checks(source: Path) -> str:
     kinds: dict[str, list[dict[str, Any]]] = defaultdict(list)
     for run in doc["runs"]:
         kinds[run["kind"]].append(run)
-    lines = [f"Runs on `{doc['machine']}`, from `{source.relative_to(ROOT) if source.is_relative_to(ROOT) else source}`.",
+    lines = [_runs_on(doc, source),
              "", "| runs of | runs | exit 0 / 1 / 2 | signals beyond their floor, per run | inconclusive, per run "
              "| own noise (twin), median | load at start | minutes, median |",
              "| --- | --- | --- | --- | --- | --- | --- | --- |"]
@@ -345,7 +355,7 @@ def asv_continuous(source: Path) -> str:
     per run, each command's exit code and minutes, asv's verdict line, the benchmarks it stored a
     result for (a parameterized one counted once) and what each called slower."""
     doc = json.loads(source.read_text())
-    lines = [f"Runs on `{doc['machine']}`, from `{source.relative_to(ROOT) if source.is_relative_to(ROOT) else source}`.",
+    lines = [_runs_on(doc, source),
              "", "| run | selection | commit | load at start | asv: exit, verdict | asv: minutes, benchmarks "
              "| asv: worse / better / failed | gate: exit, slower / gated | gate: minutes "
              "| asv's worse points the gate also called slower |",
