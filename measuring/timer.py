@@ -20,7 +20,8 @@ What they differ in are its options:
   its time), and the queue is drained before the first unit (`drain_each`: before every unit);
 - `alternate`: forward order on even rounds, reverse on odd ones (a call's position in the round
   moves its time); `rotate`: round r starts at the (r mod n)-th of n callables, so that with more
-  than two each takes every position in turn;
+  than two each takes every position in turn; `orders`: a cycle of orders given whole, round r
+  timing `orders[r % len(orders)]` (each a permutation of the callables);
 - `collect`: the garbage collector never runs inside a batch (as timeit does it): what is alive
   at the start is frozen out of its walks, each batch runs with it off and is followed by an
   untimed collection, so a collection does not land in whichever batch crossed its threshold;
@@ -34,7 +35,7 @@ import gc
 import math
 import time
 from dataclasses import dataclass
-from typing import Any, Callable, Hashable, Mapping, TypeVar
+from typing import Any, Callable, Hashable, Mapping, Sequence, TypeVar
 
 import torch
 
@@ -72,6 +73,7 @@ def rounds(
     device: str | torch.device | None = None,
     alternate: bool = False,
     rotate: bool = False,
+    orders: Sequence[Sequence[K]] | None = None,
     drain_each: bool = False,
     collect: bool = False,
     warmup_rounds: int = 0,
@@ -86,12 +88,16 @@ def rounds(
     """
     if count < 1:
         raise ValueError(f"rounds needs a count >= 1, got {count}")
-    if alternate and rotate:
-        raise ValueError("rounds: alternate and rotate are two orders; pick one")
+    if alternate + rotate + (orders is not None) > 1:
+        raise ValueError("rounds: alternate, rotate and orders are three orders; pick one")
     clock = clock or time.perf_counter  # looked up per call: a clock patched into this module applies
     batches = batches or {}
     order = list(calls)
     samples: dict[K, list[float]] = {key: [] for key in order}
+    if orders is not None:
+        orders = [list(o) for o in orders]
+        if not orders or any(len(o) != len(order) or set(o) != set(order) for o in orders):
+            raise ValueError("rounds: every one of `orders` must list each callable once")
     cuda = is_cuda(device)
 
     def timed(key: K) -> float:
@@ -119,6 +125,8 @@ def rounds(
         return fastest / batch.unit
 
     def round_order(r: int) -> list[K]:
+        if orders is not None:
+            return orders[r % len(orders)]
         if rotate:
             k = r % len(order)
             return order[k:] + order[:k]

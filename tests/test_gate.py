@@ -351,13 +351,13 @@ def test_adaptive_rounds_stop_early_for_a_steady_signal_and_run_on_for_a_noisy_o
     ticks = iter(range(10**6))
     clock = lambda: next(ticks) * 1e-3  # noqa: E731 - every call 1 ms on a fake clock
     steady = gate_probe.adaptive_samples({"a": lambda: None, "b": lambda: None}, "a", budget_s=1e9, clock=clock)
-    assert len(steady["a"]) == gate_probe.MIN_ROUNDS and gate_probe.MIN_ROUNDS % 2 == 0
+    assert len(steady["a"]) == 2 * gate_probe.MIN_CYCLES  # one side: cycles of two rounds
     rng = np.random.default_rng(0)
     jumpy = iter(np.cumsum(rng.exponential(1e-3, 10**5)))
     noisy = gate_probe.adaptive_samples({"a": lambda: None, "b": lambda: None}, "a", budget_s=1e9,
                                         clock=lambda: float(next(jumpy)))
-    assert len(noisy["a"]) > gate_probe.MIN_ROUNDS and len(noisy["a"]) == len(noisy["b"])
-    assert len(noisy["a"]) % 2 == 0  # whole pairs of rounds (forward, reverse)
+    assert len(noisy["a"]) > 2 * gate_probe.MIN_CYCLES and len(noisy["a"]) == len(noisy["b"])
+    assert len(noisy["a"]) % 2 == 0  # whole cycles of rounds (forward, reverse)
 
 
 def test_a_rounds_figure_is_its_fastest_unit_of_calls_per_call():
@@ -375,7 +375,8 @@ def test_a_rounds_figure_is_its_fastest_unit_of_calls_per_call():
     got = gate_probe.adaptive_samples({"a": fn}, None, budget_s=1e9, clock=lambda: now[0],
                                       min_rounds=2, max_rounds=2)
     assert got["a"] == pytest.approx([1e-3, 1e-3])  # the means were 1.67 ms
-    assert gate_probe.in_pairs([2.0, 1.0, 3.0, 5.0, 9.0]) == [1.0, 3.0]  # the faster round of each pair
+    assert gate_probe.in_cycles([2.0, 1.0, 3.0, 5.0, 9.0]) == [1.0, 3.0]  # the faster round of each pair
+    assert gate_probe.in_cycles([2.0, 1.0, 3.0, 5.0, 9.0, 4.0, 7.0], 3) == [1.0, 4.0]
 
 
 def test_short_calls_are_timed_in_units_so_the_clock_costs_little():
@@ -414,10 +415,61 @@ def test_a_shared_reference_is_timed_on_the_first_side_only_and_read_by_every_si
     sides = {side: {"engine": call(side, "engine", 1e-3 * k), "loop": call(side, "loop", 5e-3)}
              for side, k in (("base", 1), ("head", 2), ("twin", 1))}
     got = gate_probe.paired_samples(sides, "loop", budget_s=1e9, clock=lambda: now[0], shared=("loop",),
-                                    min_rounds=4, max_rounds=4)
+                                    min_rounds=6, max_rounds=6)
     assert ("head", "loop") not in log and ("twin", "loop") not in log and ("base", "loop") in log
-    assert got["head"]["loop"] == got["base"]["loop"] == got["twin"]["loop"] and len(got["base"]["loop"]) == 4
-    assert got["head"]["engine"] == pytest.approx([2e-3] * 4)
+    assert got["head"]["loop"] == got["base"]["loop"] == got["twin"]["loop"] and len(got["base"]["loop"]) == 6
+    assert got["head"]["engine"] == pytest.approx([2e-3] * 6)
+
+
+def test_every_side_takes_every_place_of_the_round_once_a_cycle():
+    # Two copies of one commit must measure alike: over a cycle of orders, each side's block runs
+    # once right after the shared references, once after each other side and once in each place.
+    from vmapbench import gate_probe
+
+    sides = {side: {"engine": None, "engine_traced": None, "torch_func": None, "loop": None}
+             for side in ("base", "head", "twin")}
+    orders = gate_probe.round_orders(sides, "base", shared=("torch_func", "loop"))
+    assert len(orders) == gate_probe.cycle_length(3) == 3
+    for order in orders:
+        assert order[:2] == [("base", "torch_func"), ("base", "loop")]
+        assert not any(name in ("torch_func", "loop") for side, name in order[2:])
+    after_references = [order[2][0] for order in orders]
+    places = {side: sorted(i for order in orders for i, key in enumerate(order) if key == (side, "engine"))
+              for side in sides}
+    predecessors = {side: sorted(order[i - 1][1] for order in orders
+                                 for i, key in enumerate(order) if key == (side, "engine"))
+                    for side in sides}
+    assert sorted(after_references) == ["base", "head", "twin"]
+    assert places["base"] == places["head"] == places["twin"] == [2, 4, 6]
+    assert predecessors["base"] == predecessors["head"] == predecessors["twin"] == [
+        "engine_traced", "engine_traced", "loop"]  # (another side's block, or the references)
+    # One side: forward, then reverse.
+    one = gate_probe.round_orders({"": {"a": None, "b": None}}, "")
+    assert one == [[("", "a"), ("", "b")], [("", "b"), ("", "a")]]
+
+
+def test_the_rounds_follow_the_cycle_and_stop_at_its_end():
+    from vmapbench import gate_probe
+
+    log: list[tuple[str, str]] = []
+    now = [0.0]
+
+    def call(side: str, name: str):
+        def fn():
+            log.append((side, name))
+            now[0] += 1e-3
+        return fn
+
+    sides = {side: {"engine": call(side, "engine"), "torch_func": call(side, "torch_func")}
+             for side in ("base", "head", "twin")}
+    got = gate_probe.paired_samples(sides, "torch_func", budget_s=1e9, clock=lambda: now[0],
+                                    shared=("torch_func",), max_rounds=10)
+    # whole cycles of three, MIN_CYCLES of them (a steady signal stops there; 10 rounds are 3 cycles)
+    assert len(got["head"]["engine"]) == 3 * gate_probe.MIN_CYCLES == 9
+    batches = [key for i, key in enumerate(log) if i == 0 or log[i - 1] != key]  # one entry a batch
+    firsts = [batches[i + 1][0] for i, key in enumerate(batches[:-1]) if key == ("base", "torch_func")]
+    # after the single calls (base's engine first) and one warm-up round, the sides rotate
+    assert firsts[-9:] == ["base", "head", "twin"] * 3
 
 
 def test_a_long_gated_call_is_timed_in_several_units():
@@ -440,7 +492,28 @@ def test_a_long_gated_call_is_timed_in_several_units():
     calls.clear()
     gate_probe.paired_samples({"base": {"loop": long_call("loop")}}, None, budget_s=1e9, clock=lambda: now[0],
                               min_rounds=2, max_rounds=2)
-    assert len(calls) == 1 + 3  # one single call to size the batch, then one a round (warm-up + 2)
+    assert len(calls) == 2 + 3  # two single calls to size the batch, then one a round (warm-up + 2)
+
+
+def test_every_side_of_a_method_gets_the_same_batch():
+    # A figure is the fastest unit of a batch: more units read lower. Copies of one commit must get
+    # the same units, even when the first single call (the one that sizes batches) ran cold.
+    from vmapbench import gate_probe
+
+    now = [0.0]
+    units: dict[str, list[int]] = {"base": [], "head": []}
+    cold = iter([50e-5])  # the first call in the process takes 50x longer
+
+    def call(side: str):
+        def fn():
+            units[side].append(1)
+            now[0] += next(cold, 1e-5)
+        return fn
+
+    got = gate_probe.paired_samples({"base": {"engine": call("base")}, "head": {"engine": call("head")}}, None,
+                                    budget_s=1e9, clock=lambda: now[0], min_rounds=2, max_rounds=2)
+    assert len(units["base"]) == len(units["head"])
+    assert got["base"]["engine"] == pytest.approx(got["head"]["engine"])
 
 
 def test_a_ratios_change_is_the_methods_own_when_its_reference_is_shared():
@@ -721,9 +794,9 @@ def test_every_side_takes_the_timed_choices_the_first_one_took(tmp_path):
         got = {}
         for side in ("a", "b"):
             sides.activate(side)
+            assert sys.modules["engine.timed_choices"].TABLE is sides.choices  # before any call decides
             from engine import script_replay, timed_choices
 
-            sides.activate(side)  # (as the probe does before a side's calls: its engine is imported by now)
             got[side] = timed_choices
             assert timed_choices.__file__.startswith(str(tmp_path / side))
             key = ("replay-heavy", script_replay._HEAVY_RULE, "graph")

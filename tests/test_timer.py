@@ -28,9 +28,17 @@ def test_rotate_starts_each_round_at_the_next_callable():
     assert called_order(rotate=True) == list("abc" "bca" "cab" "abc")
 
 
-def test_alternate_and_rotate_exclude_each_other():
+def test_orders_are_taken_in_turn():
+    assert called_order(orders=["cab", "bac"]) == list("cab" "bac" "cab" "bac")
+
+
+def test_the_orders_exclude_each_other_and_must_list_every_callable():
     with pytest.raises(ValueError, match="pick one"):
         called_order(alternate=True, rotate=True)
+    with pytest.raises(ValueError, match="pick one"):
+        called_order(alternate=True, orders=["abc"])
+    with pytest.raises(ValueError, match="each callable once"):
+        called_order(orders=["abc", "ab"])
 
 
 def test_first_call_seconds_times_one_call():

@@ -21,11 +21,13 @@ Two kinds of process:
   intra-op thread), until every side's ratio to torch.func over the first side's is known to
   +-TARGET_HALFWIDTH or the workload's budget is spent (rounds chosen by each signal's own
   variance). The per-op overhead chain (suite/bench_overhead.py) is timed the same way against
-  native. A round's figure is the fastest unit of calls of its batch, per call; references that
+  native. A round's figure is the fastest unit of calls of its batch, per call; the order of the
+  calls changes round by round in cycles (`round_orders`), read cycle by cycle; references that
   run the same code on every side are timed on the first side only (`shared_references`). Output:
   {"sides": {side: {"times": {workload: {size: {method: [seconds per call, one per round]}}},
   "overhead": {method: [...]}, "errors": {case: message}, "shared": {workload: [methods whose
-  list is the first side's]}}}}, lists aligned by round across sides. With --memory each side also
+  list is the first side's]}, "cycle": rounds in one cycle of the orders}}}, lists aligned by
+  round across sides. With --memory each side also
   has "memory": {workload: {size: {method: [allocator peak bytes of MEMORY_REPEATS calls]}}},
   every method of every side taken after the timing (exact figures: no rounds, no interleaving).
 - count (--count LIB, under valgrind, see measuring/counts.py): the per-op chain and the workloads
@@ -73,7 +75,7 @@ REWARM_MIN_CALLS = 8
 # Steady calls whose allocator peak is taken per side and method (--memory): exact figures, two to
 # show that the call allocates the same each time.
 MEMORY_REPEATS = 2
-MIN_ROUNDS = 6  # even: rounds are read in pairs (forward order, then reverse; see `paired_samples`)
+MIN_CYCLES = 3  # rounds are read cycle by cycle (`round_orders`), a cycle one sample: three at least
 MAX_ROUNDS = 24
 TARGET_HALFWIDTH = 0.02
 MIN_BATCH_S = 0.004
@@ -120,7 +122,7 @@ def halfwidth(samples: list[float]) -> float:
 
 
 def adaptive_samples(calls: Mapping[str, Callable[[], Any]], reference: str | None, budget_s: float,
-                     clock: Callable[[], float], min_rounds: int = MIN_ROUNDS, max_rounds: int = MAX_ROUNDS,
+                     clock: Callable[[], float], min_rounds: int | None = None, max_rounds: int = MAX_ROUNDS,
                      target: float = TARGET_HALFWIDTH) -> dict[str, list[float]]:
     """Seconds per call of each callable, one figure per round, the callables interleaved (forward
     order on even rounds, reverse on odd ones). Rounds go on past `min_rounds` until every
@@ -132,17 +134,18 @@ def adaptive_samples(calls: Mapping[str, Callable[[], Any]], reference: str | No
 
 def paired_samples(sides: Mapping[str, Mapping[str, Callable[[], Any]]], reference: str | None, budget_s: float,
                    clock: Callable[[], float], activate: Callable[[str], None] = lambda side: None,
-                   min_rounds: int = MIN_ROUNDS, max_rounds: int = MAX_ROUNDS,
+                   min_rounds: int | None = None, max_rounds: int = MAX_ROUNDS,
                    target: float = TARGET_HALFWIDTH, rewarm: Collection[str] = (),
                    shared: Collection[str] = ()) -> dict[str, dict[str, list[float]]]:
     """`adaptive_samples` over several sides (commits) of the same calls in one process: side ->
     method -> seconds per call, one figure per round, every list aligned by round (the calls of one
     round, of every side, ran moments apart: a head/base ratio taken round by round cancels what
     the machine's load did to both). `activate(side)` runs before a side's calls (it puts that
-    side's modules in place). Sides and methods alternate their order every round. The first side
-    is the one the others are compared with: rounds go on until every method's ratio to `reference`
-    of every other side over the first's, round by round, is known to `target` (or, with one side,
-    its ratio to `reference`), `max_rounds` are done, or `budget_s` x sides is spent.
+    side's modules in place). The order of the calls changes every round (`round_orders`), in
+    cycles. The first side with calls is the one the others are compared with: whole cycles go on
+    (at least MIN_CYCLES, or `min_rounds` rounded up to whole cycles) until every method's ratio to
+    `reference` of every other side over the first's, cycle by cycle, is known to `target` (or,
+    with one side, its ratio to `reference`), `max_rounds` are done, or `budget_s` x sides is spent.
 
     A round's figure of a method is the fastest unit of its batch, per call: the batch (at least
     MIN_BATCH_S; for a gated method, one that is no reference, at least MIN_UNITS units) is timed
@@ -158,9 +161,9 @@ def paired_samples(sides: Mapping[str, Mapping[str, Callable[[], Any]]], referen
     first's: a ratio to them, round by round, then cancels their noise exactly.
 
     A call's position in the round moves its time (first or last, after which other calls): the
-    order flips every round and the number of rounds is even, so a pair of rounds (forward, then
-    reverse) puts every call in mirrored positions; the gate reads the rounds in such pairs
-    (vmapbench.gate.signals). One unrecorded round warms every call up first.
+    orders of a cycle put every side's calls in every place once (`round_orders`), and the gate
+    reads the rounds cycle by cycle (vmapbench.gate.signals). One unrecorded round warms every call
+    up first.
 
     The garbage collector runs between batches, never inside one (as timeit does it): what is
     alive when the timing starts is frozen out of its walks (`gc.freeze`), and each batch runs
@@ -171,11 +174,13 @@ def paired_samples(sides: Mapping[str, Mapping[str, Callable[[], Any]]], referen
     their batch (automatic tracing re-proves its guard and rebuilds its checks once another side's
     modules were in place)."""
     timer = gate_measuring("timer")
-    order = list(sides)
-    first = order[0] if order else ""
+    present = [side for side, calls in sides.items() if calls]
+    first = present[0] if present else ""
     # What each side times: a shared method on the first side only (the others read its list).
     timed = [(side, n) for side, calls in sides.items() for n in calls if side == first or n not in shared]
     calls = {key: sides[key[0]][key[1]] for key in timed}
+    orders = round_orders(sides, first, shared)
+    cycle = len(orders)
 
     def before(key: tuple[str, str]) -> None:
         side, name = key
@@ -184,12 +189,19 @@ def paired_samples(sides: Mapping[str, Mapping[str, Callable[[], Any]]], referen
             for _ in range(REWARM_CALLS):
                 sides[side][name]()
 
-    once = timer.single_calls(calls, clock=clock, collect=True, before=before)
-    def least(key: tuple[str, str]) -> int:
-        units = 1 if key[1] in REFERENCES else MIN_UNITS * math.ceil(UNIT_S / once[key])
-        return max(REWARM_MIN_CALLS if key[1] in rewarm else 1, units)
+    # A method's batch is sized from its fastest single call on any side, the same batch on every
+    # side: a figure is the fastest of a batch's units, and the more units, the lower it reads, so
+    # copies of one commit with batches of their own (sized from single calls of which the first
+    # in the round ran cold) read apart by the count of their units. The single calls are made
+    # twice, the second round taken.
+    once = timer.rounds(calls, 1, clock=clock, collect=True, warmup_rounds=1, before=before)
+    fastest = {name: max(1e-7, min(once[key][0] for key in timed if key[1] == name)) for _, name in timed}
 
-    batches = {key: timer.batch_for(once[key], MIN_BATCH_S, 10_000, unit_s=UNIT_S, least=least(key))
+    def least(name: str) -> int:
+        units = 1 if name in REFERENCES else MIN_UNITS * math.ceil(UNIT_S / fastest[name])
+        return max(REWARM_MIN_CALLS if name in rewarm else 1, units)
+
+    batches = {key: timer.batch_for(fastest[key[1]], MIN_BATCH_S, 10_000, unit_s=UNIT_S, least=least(key[1]))
                for key in timed}
 
     def per_side(got: Mapping[tuple[str, str], list[float]]) -> dict[str, dict[str, list[float]]]:
@@ -197,39 +209,72 @@ def paired_samples(sides: Mapping[str, Mapping[str, Callable[[], Any]]], referen
         return {side: {name: got.get((side, name), got.get((first, name), [])) for name in calls}
                 for side, calls in sides.items()}
 
+    # Whole cycles only (the gate reads a cycle as one sample); MIN_CYCLES of them unless told.
+    least_rounds = cycle * (MIN_CYCLES if min_rounds is None else math.ceil(min_rounds / cycle))
+    count = max(least_rounds, cycle * (max_rounds // cycle))
+
     def stop(r: int, got: Mapping[tuple[str, str], list[float]], elapsed: Callable[[], float]) -> bool:
-        if r + 1 < min_rounds or r % 2 == 0:  # stop after a reverse round only: pairs stay whole
+        if r + 1 < least_rounds or (r + 1) % cycle:  # stop at the end of a cycle only
             return False
-        if elapsed() > budget_s * max(1, len(sides)):
+        if elapsed() > budget_s * max(1, len(present)):
             return True
-        return all(w < target for w in _round_widths(per_side(got), first, reference))
+        return all(w < target for w in _round_widths(per_side(got), first, reference, cycle))
 
     if not calls:
         return per_side({})
     # A round of warm-up first: the first batches after the first calls run cold.
-    return per_side(timer.rounds(calls, max_rounds, batches=batches, clock=clock, alternate=True, collect=True,
+    return per_side(timer.rounds(calls, count, batches=batches, clock=clock, orders=orders, collect=True,
                                  warmup_rounds=1, before=before, stop=stop))
 
 
-def in_pairs(rounds: Sequence[float]) -> list[float]:
-    """Rounds read in pairs, each the faster of a forward and a reverse round (the calls in mirrored
-    positions: see `paired_samples`); a last unpaired round is left out. Fewer than two rounds are
-    returned as they are. The gate reads every time signal this way (vmapbench.gate.signals)."""
-    if len(rounds) < 2:
+def round_orders(sides: Mapping[str, Mapping[str, Any]], first: str,
+                 shared: Collection[str] = ()) -> list[list[tuple[str, str]]]:
+    """The cycle of round orders `paired_samples` times its calls in, (side, method) keys.
+
+    One side: forward order, then reverse (a call's position in the round moves its time; a pair
+    puts every call in mirrored positions). Several sides: the shared references first, as a block
+    of their own, then one block per side (its methods in the order given), the side blocks rotated
+    by one every round: over a cycle of as many rounds as sides, every side's block runs once right
+    after the references, once after each other side, and once in each place of the round. Any
+    effect of a neighbour or a position (a long reference call before a method; the first
+    batch after the collector's run) then falls on every side alike, and a ratio of two copies of
+    one commit, read cycle by cycle (`in_cycles`), is 1 but for noise. A side with no calls (a
+    workload it lacks) keeps its empty place, so every workload of a probe has the same cycle."""
+    if len(sides) < 2:
+        forward = [(side, name) for side, calls in sides.items() for name in calls]
+        return [forward, forward[::-1]]
+    references = [(first, name) for name in sides.get(first, {}) if name in shared]
+    blocks = [[(side, name) for name in calls if name not in shared] for side, calls in sides.items()]
+    return [references + [key for block in blocks[r:] + blocks[:r] for key in block] for r in range(len(blocks))]
+
+
+def cycle_length(sides: int) -> int:
+    """Rounds in one cycle of `round_orders` for a probe of `sides` sides."""
+    return max(2, sides)
+
+
+def in_cycles(rounds: Sequence[float], cycle: int = 2) -> list[float]:
+    """Rounds read cycle by cycle (`round_orders`), each cycle's fastest round: every call was in
+    each of its places once, on every side alike. A last, incomplete cycle is left out; fewer
+    rounds than a cycle are returned as they are. The gate reads every time signal this way
+    (vmapbench.gate.signals)."""
+    if len(rounds) < cycle:
         return list(rounds)
-    return [min(rounds[i], rounds[i + 1]) for i in range(0, len(rounds) - 1, 2)]
+    return [min(rounds[i:i + cycle]) for i in range(0, len(rounds) - cycle + 1, cycle)]
 
 
-def _round_widths(samples: Mapping[str, Mapping[str, list[float]]], first: str, reference: str | None) -> list[float]:
-    """Half-widths of what the rounds estimate, read in pairs as the gate reads them: each method's
+def _round_widths(samples: Mapping[str, Mapping[str, list[float]]], first: str, reference: str | None,
+                  cycle: int = 2) -> list[float]:
+    """Half-widths of what the rounds estimate, read in cycles as the gate reads them: each method's
     ratio to `reference` of every side over `first`'s (one side: the ratio to `reference` itself);
     without a reference, the methods' own times side over side."""
     def per_round(side: str, name: str) -> list[float]:
-        own = in_pairs(samples[side][name])
+        own = in_cycles(samples[side][name], cycle)
         if reference is None or reference not in samples[side]:
             return own
-        return [a / b for a, b in zip(own, in_pairs(samples[side][reference]))]
+        return [a / b for a, b in zip(own, in_cycles(samples[side][reference], cycle))]
 
+    samples = {side: methods for side, methods in samples.items() if methods}
     widths = []
     for side, methods in samples.items():
         if side == first and len(samples) > 1:
@@ -328,6 +373,12 @@ class Sides:
         sys.path.insert(0, str(self.trees[label]))
         importlib.invalidate_caches()
         self.active = label
+        if (self.trees[label] / "engine" / "timed_choices.py").is_file():
+            # Imported now, not at the side's first call: a choice made before its engine is
+            # pointed at the shared table would be its own (a first workload's traced call of one
+            # side down another path than its copies', for the whole run).
+            with contextlib.suppress(Exception):  # a side whose engine fails to import fails at its calls
+                importlib.import_module("engine.timed_choices")
         self.share_choices()
 
     def share_choices(self) -> None:
@@ -471,8 +522,8 @@ def shared_references(sides: Sides, calls: Mapping[str, Mapping[str, Callable[[]
     return tuple(shared)
 
 
-def _empty_side() -> dict[str, Any]:
-    return {"times": {}, "overhead": {}, "errors": {}, "cpu_seconds": {}, "memory": {}}
+def _empty_side(sides: int) -> dict[str, Any]:
+    return {"times": {}, "overhead": {}, "errors": {}, "cpu_seconds": {}, "memory": {}, "cycle": cycle_length(sides)}
 
 
 def measure_memory(sides: Sides, calls: Mapping[str, Mapping[str, Callable[[], Any]]],
@@ -500,7 +551,7 @@ def measure_workloads(sides: Sides, budget_s: float, clock: Callable[[], float],
     `paired_samples`); a workload one side lacks is timed on the others. Per side:
     {"times": {workload: {size: {method: [s per call per round]}}}, "errors", "cpu_seconds"}, and
     with `memory` "memory": {workload: {size: {method: [bytes per call]}}} (`measure_memory`)."""
-    out = {label: _empty_side() for label in sides}
+    out = {label: _empty_side(len(sides.trees)) for label in sides}
     registry: dict[str, set[str]] = {}
     names: list[str] = []
     for label in sides:
@@ -529,9 +580,13 @@ def measure_workloads(sides: Sides, budget_s: float, clock: Callable[[], float],
                 sizes[label], calls[label] = size, got
         if calls:
             shared = shared_references(sides, calls, same_workloads)
-            timed = paired_samples(calls, "torch_func", budget_s, clock, activate=sides.activate,
+            # Every side keeps its place in the rounds' orders, one lacking this workload too.
+            timed = paired_samples({label: calls.get(label, {}) for label in sides}, "torch_func", budget_s,
+                                   clock, activate=sides.activate,
                                    rewarm=REWARM_METHODS if len(calls) > 1 else (), shared=shared)
             for label, samples in timed.items():
+                if label not in calls:
+                    continue
                 out[label]["times"].setdefault(name, {})[sizes[label]] = samples
                 if shared and label != next(iter(calls)):
                     out[label].setdefault("shared", {})[name] = list(shared)
@@ -575,9 +630,9 @@ def measure_overhead(budget_s: float, clock: Callable[[], float],
             continue
         if "native" in got:
             calls[label] = got
-    timed = paired_samples(calls, "native", budget_s, clock, activate=activate,
-                           rewarm=REWARM_METHODS if len(calls) > 1 else ()) if calls else {}
-    return {label: (timed.get(label, {}), errors[label]) for label in labels}
+    timed = paired_samples({label: calls.get(label, {}) for label in labels}, "native", budget_s, clock,
+                           activate=activate, rewarm=REWARM_METHODS if len(calls) > 1 else ()) if calls else {}
+    return {label: (timed.get(label, {}) if label in calls else {}, errors[label]) for label in labels}
 
 
 def count_regions(library: str, names: list[str], sides: Sides) -> dict[str, tuple[list[str], dict[str, str]]]:
