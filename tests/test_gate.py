@@ -827,3 +827,33 @@ def test_a_side_whose_registry_does_not_import_fails_alone(tmp_path):
     assert set(out["head"]["times"]["quadratic_hessian"].popitem()[1]) >= {"engine", "torch_func"}
     failed = gate.failures([{**out["base"], "process": "time-0"}])
     assert "this commit has no registry" in failed["measuring process"] or "ImportError" in failed["measuring process"]
+
+
+@pytest.mark.slow
+def test_an_aa_probe_reads_every_copy_alike(tmp_path):
+    """Three copies of one commit, measured by a real probe process: every engine signal of each
+    copy over base sits within its noise (its interval contains 1) or within 3% of 1. A bias of the
+    measuring order or of the batches (a copy 5-7% apart with a tight interval) fails it; a busy
+    machine widens the intervals and cannot."""
+    from measuring import stats
+
+    commit = gate.resolve(ROOT, "HEAD")
+    trees = {side: gate.extract(ROOT, commit, tmp_path / side) for side in ("base", "head", "twin")}
+    out = tmp_path / "probe.json"
+    cmd = [sys.executable, str(ROOT / "vmapbench" / "gate_probe.py"), "--workloads", "quadratic_hessian,nn_ffnn",
+           "--budget", "0.5", "--out", str(out)]
+    for side, tree in trees.items():
+        cmd += ["--tree", f"{side}={tree}"]
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    subprocess.run(cmd, check=True, cwd=ROOT, env=env, timeout=600)
+    probe = json.loads(out.read_text())["sides"]
+    got = {side: gate.signals(probe[side]) for side in trees}
+    checked = 0
+    for name, base in got["base"].items():
+        if "track_ratio_vs_torch_func" not in name or "'loop'" in name:
+            continue
+        for side in ("head", "twin"):
+            change = stats.paired_ratio([h / b for h, b in zip(got[side][name], base)])
+            assert change.lo <= 1 <= change.hi or abs(change.value - 1) < 0.03, (side, name, change)
+            checked += 1
+    assert checked >= 2 * 2 * 3  # two workloads, two copies, engine / eager / traced
