@@ -192,10 +192,12 @@ def paired_samples(sides: Mapping[str, Mapping[str, Callable[[], Any]]], referen
     # A method's batch is sized from its fastest single call on any side, the same batch on every
     # side: a figure is the fastest of a batch's units, and the more units, the lower it reads, so
     # copies of one commit with batches of their own (sized from single calls of which the first
-    # in the round ran cold) read apart by the count of their units. The single calls are made
-    # twice, the second round taken.
-    once = timer.rounds(calls, 1, clock=clock, collect=True, warmup_rounds=1, before=before)
-    fastest = {name: max(1e-7, min(once[key][0] for key in timed if key[1] == name)) for _, name in timed}
+    # in the round ran cold) read apart by the count of their units. One round of single calls
+    # only: each is a switch of side with a few calls between, and automatic tracing's guard
+    # gives up its native check for good after a few such (REWARM_MIN_CALLS); a second round
+    # spent that credit on some sides and not others.
+    once = timer.single_calls(calls, clock=clock, collect=True, before=before)
+    fastest = {name: min(once[key] for key in timed if key[1] == name) for _, name in timed}
 
     def least(name: str) -> int:
         units = 1 if name in REFERENCES else MIN_UNITS * math.ceil(UNIT_S / fastest[name])
