@@ -77,9 +77,11 @@ def test_signals_are_named_like_the_suite_points():
     ratio = got[f"bench_workloads.mlp_hvp.track_ratio_vs_torch_func({p.format('engine')})"]
     run = got[f"bench_workloads.mlp_hvp.time_run({p.format('engine')})"]
     ref = got[f"bench_workloads.mlp_hvp.time_run({p.format('torch_func')})"]
-    assert len(ratio) == len(run) == ROUNDS // 2 and ratio == pytest.approx([a / b for a, b in zip(run, ref)])
+    assert len(ratio) == len(run) == ROUNDS and ratio == pytest.approx([a / b for a, b in zip(run, ref)])
     raw = probe(0)["times"]["mlp_hvp"]["hidden=128,k=8"]["engine"]
-    assert run == pytest.approx([min(raw[i], raw[i + 1]) for i in range(0, ROUNDS, 2)])  # pairs of rounds
+    assert run == pytest.approx(raw)  # one sample a round (whole cycles of two: ROUNDS is even)
+    assert ROUNDS % 2 == 0 and len(gate.signals({**probe(0), "cycle": 3})[
+        f"bench_workloads.mlp_hvp.time_run({p.format('engine')})"]) == ROUNDS - ROUNDS % 3
     assert f"bench_workloads.mlp_hvp.track_ratio_vs_torch_func({p.format('torch_func')})" not in got
     assert f"bench_workloads.mlp_hvp.track_speedup_vs_loop({p.format('loop')})" not in got
     assert "bench_overhead.PerOpOverhead.track_overhead_us_per_op('engine', 'cpu')" in got
@@ -351,12 +353,12 @@ def test_adaptive_rounds_stop_early_for_a_steady_signal_and_run_on_for_a_noisy_o
     ticks = iter(range(10**6))
     clock = lambda: next(ticks) * 1e-3  # noqa: E731 - every call 1 ms on a fake clock
     steady = gate_probe.adaptive_samples({"a": lambda: None, "b": lambda: None}, "a", budget_s=1e9, clock=clock)
-    assert len(steady["a"]) == 2 * gate_probe.MIN_CYCLES  # one side: cycles of two rounds
+    assert len(steady["a"]) == gate_probe.MIN_ROUNDS and gate_probe.MIN_ROUNDS % 2 == 0  # one side: cycles of 2
     rng = np.random.default_rng(0)
     jumpy = iter(np.cumsum(rng.exponential(1e-3, 10**5)))
     noisy = gate_probe.adaptive_samples({"a": lambda: None, "b": lambda: None}, "a", budget_s=1e9,
                                         clock=lambda: float(next(jumpy)))
-    assert len(noisy["a"]) > 2 * gate_probe.MIN_CYCLES and len(noisy["a"]) == len(noisy["b"])
+    assert len(noisy["a"]) > gate_probe.MIN_ROUNDS and len(noisy["a"]) == len(noisy["b"])
     assert len(noisy["a"]) % 2 == 0  # whole cycles of rounds (forward, reverse)
 
 
@@ -375,8 +377,9 @@ def test_a_rounds_figure_is_its_fastest_unit_of_calls_per_call():
     got = gate_probe.adaptive_samples({"a": fn}, None, budget_s=1e9, clock=lambda: now[0],
                                       min_rounds=2, max_rounds=2)
     assert got["a"] == pytest.approx([1e-3, 1e-3])  # the means were 1.67 ms
-    assert gate_probe.in_cycles([2.0, 1.0, 3.0, 5.0, 9.0]) == [1.0, 3.0]  # the faster round of each pair
-    assert gate_probe.in_cycles([2.0, 1.0, 3.0, 5.0, 9.0, 4.0, 7.0], 3) == [1.0, 4.0]
+    assert gate_probe.whole_cycles([2.0, 1.0, 3.0, 5.0, 9.0]) == [2.0, 1.0, 3.0, 5.0]  # whole cycles of two
+    assert gate_probe.whole_cycles([2.0, 1.0, 3.0, 5.0, 9.0, 4.0, 7.0], 3) == [2.0, 1.0, 3.0, 5.0, 9.0, 4.0]
+    assert gate_probe.whole_cycles([2.0, 1.0], 3) == [2.0, 1.0]
 
 
 def test_short_calls_are_timed_in_units_so_the_clock_costs_little():
@@ -464,12 +467,12 @@ def test_the_rounds_follow_the_cycle_and_stop_at_its_end():
              for side in ("base", "head", "twin")}
     got = gate_probe.paired_samples(sides, "torch_func", budget_s=1e9, clock=lambda: now[0],
                                     shared=("torch_func",), max_rounds=10)
-    # whole cycles of three, MIN_CYCLES of them (a steady signal stops there; 10 rounds are 3 cycles)
-    assert len(got["head"]["engine"]) == 3 * gate_probe.MIN_CYCLES == 9
+    # whole cycles of three, MIN_ROUNDS (6) at least: a steady signal stops there
+    assert len(got["head"]["engine"]) == gate_probe.MIN_ROUNDS == 6
     batches = [key for i, key in enumerate(log) if i == 0 or log[i - 1] != key]  # one entry a batch
     firsts = [batches[i + 1][0] for i, key in enumerate(batches[:-1]) if key == ("base", "torch_func")]
     # after the single calls (base's engine first) and one warm-up round, the sides rotate
-    assert firsts[-9:] == ["base", "head", "twin"] * 3
+    assert firsts[-6:] == ["base", "head", "twin"] * 2
 
 
 def test_a_long_gated_call_is_timed_in_several_units():

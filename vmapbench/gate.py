@@ -414,15 +414,15 @@ def _per_round(values: Sequence[float], reference: Sequence[float], invert: bool
 def signals(probe: Mapping[str, Any]) -> dict[str, list[float]]:
     """Signal name (asv point name) -> its samples in one probe output.
 
-    Time probes, one sample per cycle of rounds (`in_cycles`; the ratios taken cycle by cycle: the
-    calls of one round ran moments apart): track_ratio_vs_torch_func (method / torch_func), track_speedup_vs_loop
+    Time probes, one sample per round, whole cycles of the rounds' orders (`whole_cycles`; the
+    ratios taken round by round: the calls of one round ran moments apart): track_ratio_vs_torch_func (method / torch_func), track_speedup_vs_loop
     (loop / method), track_overhead_us_per_op ((method - native) / ops, us), gated; time_run and
     time_chain (CPU s per call), reported; track_alloc_peak_bytes (bytes per call, one sample per
     measured call), gated. Count probes, one sample per counted call: instructions (of the call's
     region), gated.
     """
     from suite.bench_overhead import N_OPS
-    from vmapbench.gate_probe import in_cycles
+    from vmapbench.gate_probe import whole_cycles
 
     cycle = int(probe.get("cycle", 2))
     out: dict[str, list[float]] = {}
@@ -430,7 +430,7 @@ def signals(probe: Mapping[str, Any]) -> dict[str, list[float]]:
         cls = _cls(workload)
         copied = set(probe.get("shared", {}).get(workload, ()))
         for size, by_method in sizes.items():
-            seconds = {method: in_cycles(_listed(t), cycle) for method, t in by_method.items()}
+            seconds = {method: whole_cycles(_listed(t), cycle) for method, t in by_method.items()}
             for method, t in seconds.items():
                 if method in copied:  # the first side's reference, read here as a denominator only
                     continue
@@ -445,7 +445,7 @@ def signals(probe: Mapping[str, Any]) -> dict[str, list[float]]:
             for method, values in by_method.items():
                 out[f"bench_workloads.{_cls(workload)}.track_alloc_peak_bytes('{size}', '{method}', 'cpu')"] = \
                     [float(v) for v in _listed(values)]
-    chain = {method: in_cycles(_listed(t), cycle) for method, t in probe.get("overhead", {}).items()}
+    chain = {method: whole_cycles(_listed(t), cycle) for method, t in probe.get("overhead", {}).items()}
     for method, t in chain.items():
         out[f"bench_overhead.PerOpOverhead.time_chain('{method}', 'cpu')"] = t
         if method != "native" and "native" in chain:

@@ -75,7 +75,7 @@ REWARM_MIN_CALLS = 8
 # Steady calls whose allocator peak is taken per side and method (--memory): exact figures, two to
 # show that the call allocates the same each time.
 MEMORY_REPEATS = 2
-MIN_CYCLES = 3  # rounds are read cycle by cycle (`round_orders`), a cycle one sample: three at least
+MIN_ROUNDS = 6  # at least, rounded up to whole cycles of the orders (`round_orders`)
 MAX_ROUNDS = 24
 TARGET_HALFWIDTH = 0.02
 MIN_BATCH_S = 0.004
@@ -143,8 +143,8 @@ def paired_samples(sides: Mapping[str, Mapping[str, Callable[[], Any]]], referen
     the machine's load did to both). `activate(side)` runs before a side's calls (it puts that
     side's modules in place). The order of the calls changes every round (`round_orders`), in
     cycles. The first side with calls is the one the others are compared with: whole cycles go on
-    (at least MIN_CYCLES, or `min_rounds` rounded up to whole cycles) until every method's ratio to
-    `reference` of every other side over the first's, cycle by cycle, is known to `target` (or,
+    (`min_rounds`, else MIN_ROUNDS, rounded up to whole cycles) until every method's ratio to
+    `reference` of every other side over the first's, round by round, is known to `target` (or,
     with one side, its ratio to `reference`), `max_rounds` are done, or `budget_s` x sides is spent.
 
     A round's figure of a method is the fastest unit of its batch, per call: the batch (at least
@@ -211,8 +211,8 @@ def paired_samples(sides: Mapping[str, Mapping[str, Callable[[], Any]]], referen
         return {side: {name: got.get((side, name), got.get((first, name), [])) for name in calls}
                 for side, calls in sides.items()}
 
-    # Whole cycles only (the gate reads a cycle as one sample); MIN_CYCLES of them unless told.
-    least_rounds = cycle * (MIN_CYCLES if min_rounds is None else math.ceil(min_rounds / cycle))
+    # Whole cycles only: the places of the round are balanced over a cycle, not within a round.
+    least_rounds = cycle * math.ceil((MIN_ROUNDS if min_rounds is None else min_rounds) / cycle)
     count = max(least_rounds, cycle * (max_rounds // cycle))
 
     def stop(r: int, got: Mapping[tuple[str, str], list[float]], elapsed: Callable[[], float]) -> bool:
@@ -240,7 +240,7 @@ def round_orders(sides: Mapping[str, Mapping[str, Any]], first: str,
     after the references, once after each other side, and once in each place of the round. Any
     effect of a neighbour or a position (a long reference call before a method; the first
     batch after the collector's run) then falls on every side alike, and a ratio of two copies of
-    one commit, read cycle by cycle (`in_cycles`), is 1 but for noise. A side with no calls (a
+    one commit, over whole cycles (`whole_cycles`), is 1 but for noise. A side with no calls (a
     workload it lacks) keeps its empty place, so every workload of a probe has the same cycle."""
     if len(sides) < 2:
         forward = [(side, name) for side, calls in sides.items() for name in calls]
@@ -255,14 +255,15 @@ def cycle_length(sides: int) -> int:
     return max(2, sides)
 
 
-def in_cycles(rounds: Sequence[float], cycle: int = 2) -> list[float]:
-    """Rounds read cycle by cycle (`round_orders`), each cycle's fastest round: every call was in
-    each of its places once, on every side alike. A last, incomplete cycle is left out; fewer
-    rounds than a cycle are returned as they are. The gate reads every time signal this way
-    (vmapbench.gate.signals)."""
+def whole_cycles(rounds: Sequence[float], cycle: int = 2) -> list[float]:
+    """The rounds of whole cycles of the orders (`round_orders`): a last, incomplete cycle is left
+    out (its rounds put the calls in some places and not others); fewer rounds than a cycle are
+    returned as they are. Every round is one sample: a round's figure is already its batch's
+    fastest unit, and over whole cycles every side was in every place alike. The gate reads every
+    time signal this way (vmapbench.gate.signals)."""
     if len(rounds) < cycle:
         return list(rounds)
-    return [min(rounds[i:i + cycle]) for i in range(0, len(rounds) - cycle + 1, cycle)]
+    return list(rounds[:len(rounds) - len(rounds) % cycle])
 
 
 def _round_widths(samples: Mapping[str, Mapping[str, list[float]]], first: str, reference: str | None,
@@ -271,10 +272,10 @@ def _round_widths(samples: Mapping[str, Mapping[str, list[float]]], first: str, 
     ratio to `reference` of every side over `first`'s (one side: the ratio to `reference` itself);
     without a reference, the methods' own times side over side."""
     def per_round(side: str, name: str) -> list[float]:
-        own = in_cycles(samples[side][name], cycle)
+        own = whole_cycles(samples[side][name], cycle)
         if reference is None or reference not in samples[side]:
             return own
-        return [a / b for a, b in zip(own, in_cycles(samples[side][reference], cycle))]
+        return [a / b for a, b in zip(own, whole_cycles(samples[side][reference], cycle))]
 
     samples = {side: methods for side, methods in samples.items() if methods}
     widths = []
