@@ -22,7 +22,7 @@ Two kinds of process:
   +-TARGET_HALFWIDTH or the workload's budget is spent (rounds chosen by each signal's own
   variance). The per-op overhead chain (suite/bench_overhead.py) is timed the same way against
   native. A round's figure is the fastest unit of calls of its batch, per call; the order of the
-  calls changes round by round in cycles (`round_orders`), read cycle by cycle; references that
+  calls changes round by round in cycles (`round_orders`), whole cycles read; references that
   run the same code on every side are timed on the first side only (`shared_references`). Output:
   {"sides": {side: {"times": {workload: {size: {method: [seconds per call, one per round]}}},
   "overhead": {method: [...]}, "errors": {case: message}, "shared": {workload: [methods whose
@@ -161,9 +161,9 @@ def paired_samples(sides: Mapping[str, Mapping[str, Callable[[], Any]]], referen
     first's: a ratio to them, round by round, then cancels their noise exactly.
 
     A call's position in the round moves its time (first or last, after which other calls): the
-    orders of a cycle put every side's calls in every place once (`round_orders`), and the gate
-    reads the rounds cycle by cycle (vmapbench.gate.signals). One unrecorded round warms every call
-    up first.
+    orders of a cycle put every side's calls in every place once (`round_orders`), the rounds end
+    with a whole cycle, and the gate reads every round (vmapbench.gate.signals). One unrecorded
+    round warms every call up first.
 
     The garbage collector runs between batches, never inside one (as timeit does it): what is
     alive when the timing starts is frozen out of its walks (`gc.freeze`), and each batch runs
@@ -220,7 +220,7 @@ def paired_samples(sides: Mapping[str, Mapping[str, Callable[[], Any]]], referen
             return False
         if elapsed() > budget_s * max(1, len(present)):
             return True
-        return all(w < target for w in _round_widths(per_side(got), first, reference, cycle))
+        return all(w < target for w in _round_widths(per_side(got), first, reference))
 
     if not calls:
         return per_side({})
@@ -236,8 +236,9 @@ def round_orders(sides: Mapping[str, Mapping[str, Any]], first: str,
     One side: forward order, then reverse (a call's position in the round moves its time; a pair
     puts every call in mirrored positions). Several sides: the shared references first, as a block
     of their own, then one block per side (its methods in the order given), the side blocks rotated
-    by one every round: over a cycle of as many rounds as sides, every side's block runs once right
-    after the references, once after each other side, and once in each place of the round. Any
+    by one every round: over a cycle of as many rounds as sides (`cycle_length`), every side's block
+    runs once right after the references and once in each place of the round (otherwise after the
+    block before it, the same methods of another side). Any
     effect of a neighbour or a position (a long reference call before a method; the first
     batch after the collector's run) then falls on every side alike, and a ratio of two copies of
     one commit, over whole cycles (`whole_cycles`), is 1 but for noise. A side with no calls (a
@@ -247,7 +248,8 @@ def round_orders(sides: Mapping[str, Mapping[str, Any]], first: str,
         return [forward, forward[::-1]]
     references = [(first, name) for name in sides.get(first, {}) if name in shared]
     blocks = [[(side, name) for name in calls if name not in shared] for side, calls in sides.items()]
-    return [references + [key for block in blocks[r:] + blocks[:r] for key in block] for r in range(len(blocks))]
+    return [references + [key for block in blocks[r:] + blocks[:r] for key in block]
+            for r in range(cycle_length(len(blocks)))]
 
 
 def cycle_length(sides: int) -> int:
@@ -266,16 +268,16 @@ def whole_cycles(rounds: Sequence[float], cycle: int = 2) -> list[float]:
     return list(rounds[:len(rounds) - len(rounds) % cycle])
 
 
-def _round_widths(samples: Mapping[str, Mapping[str, list[float]]], first: str, reference: str | None,
-                  cycle: int = 2) -> list[float]:
-    """Half-widths of what the rounds estimate, read in cycles as the gate reads them: each method's
+def _round_widths(samples: Mapping[str, Mapping[str, list[float]]], first: str, reference: str | None) -> list[float]:
+    """Half-widths of what the rounds estimate (asked at the end of a cycle only, so every round is
+    one the gate reads): each method's
     ratio to `reference` of every side over `first`'s (one side: the ratio to `reference` itself);
     without a reference, the methods' own times side over side."""
     def per_round(side: str, name: str) -> list[float]:
-        own = whole_cycles(samples[side][name], cycle)
+        own = samples[side][name]
         if reference is None or reference not in samples[side]:
             return own
-        return [a / b for a, b in zip(own, whole_cycles(samples[side][reference], cycle))]
+        return [a / b for a, b in zip(own, samples[side][reference])]
 
     samples = {side: methods for side, methods in samples.items() if methods}
     widths = []
@@ -376,7 +378,7 @@ class Sides:
         sys.path.insert(0, str(self.trees[label]))
         importlib.invalidate_caches()
         self.active = label
-        if (self.trees[label] / "engine" / "timed_choices.py").is_file():
+        if "engine.timed_choices" not in sys.modules and (self.trees[label] / "engine" / "timed_choices.py").is_file():
             # Imported now, not at the side's first call: a choice made before its engine is
             # pointed at the shared table would be its own (a first workload's traced call of one
             # side down another path than its copies', for the whole run).
@@ -635,7 +637,7 @@ def measure_overhead(budget_s: float, clock: Callable[[], float],
             calls[label] = got
     timed = paired_samples({label: calls.get(label, {}) for label in labels}, "native", budget_s, clock,
                            activate=activate, rewarm=REWARM_METHODS if len(calls) > 1 else ()) if calls else {}
-    return {label: (timed.get(label, {}) if label in calls else {}, errors[label]) for label in labels}
+    return {label: (timed.get(label, {}), errors[label]) for label in labels}
 
 
 def count_regions(library: str, names: list[str], sides: Sides) -> dict[str, tuple[list[str], dict[str, str]]]:
