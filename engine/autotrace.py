@@ -70,7 +70,7 @@ from engine.fused import OFF as fused_off
 from engine.fused import _local as fused_mode
 from engine.errors import ReplayMismatchError
 from engine import replay_contract
-from engine.guardstate import MAX_MODULES, StateGuard, _Distribution, _NativeGuard, torch_globals
+from engine.guardstate import MAX_MODULES, StateGuard, _Distribution, _NativeGuard, _PythonMemo, torch_globals
 from engine.trace import _PLAIN, TracedFunction, _GuardFailed, _fast_signature, _signature, exact_value
 
 __all__ = [
@@ -225,6 +225,11 @@ class AutoTraced:
             self._memo_builds += 1
             if self._memo_builds >= _MEMO_BUILDS:
                 self._memo_wait = 1 << min(self._memo_builds, 20)
+        if native is None:  # the guard has no native check (yet): the Python one
+            memo = _PythonMemo.build(self._guard, args, entry)
+            if memo is not None:
+                self._memo = memo
+            return
         memo = _NativeGuard.build(native.guard, args)
         if memo is None or memo.grad != native.grad:
             return
@@ -253,6 +258,13 @@ class AutoTraced:
             traced = self.traced
             entry = traced._fast.get(key)
             if entry is not None:
+                if guard is not None and guard._natives is None and not kwargs \
+                        and (self._memo is None or self._memo.entry is not entry):
+                    # no native check yet: a Python memo of these arguments (see _call)
+                    if self._memo_wait:
+                        self._memo_wait -= 1
+                    else:
+                        self._remember(entry, None, args)
                 return traced._replay_hit(entry, args, kwargs, fast[1])
         mode = self._signatures.get(key)
         if mode is _REPLAY:

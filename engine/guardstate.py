@@ -287,6 +287,7 @@ class StateGuard:
         self.recorded = self._read()
         self._versions = _dict_versions(self._plain)
         self._tensor_guard = None  # torch's C++ check of the tensors' metadata, built with the native check
+        self._tag_checker: Callable[[], bool] | None = None  # _PythonMemo's state check, made at its first build
         # The classes' namespaces, the plain dicts behind their mappingproxies (a write to one,
         # `Cls.attr = v`, moves its version tag; None: some proxy is not a class's plain dict),
         # checked by tag by both checks; and, for the Python check (see _holds_by_tags), the
@@ -740,6 +741,132 @@ class StateGuard:
             if not all(map(operator.is_, now, items)):
                 return False
         return not self.buffers or all(_buffer_state(memoryview(o)) == recorded for o, recorded in self.buffers)
+
+
+def _cell_or_empty(cell: types.CellType) -> Any:
+    try:
+        return cell.cell_contents
+    except ValueError:
+        return _EMPTY
+
+
+# The Python memo's state check (see _PythonMemo) lists groups of up to this many items as one
+# comparison each, larger ones as one C-level map: a Python comparison costs about what a few
+# items of a map do.
+_INLINE_ITEMS = 8
+
+
+def _tag_check(guard: StateGuard) -> Callable[[], bool]:
+    """`check()`: True only where `guard._holds_by_tags()` would find the state as recorded with
+    its tags unchanged (False: let it decide), as one generated function of straight comparisons,
+    not the generic loops over groups that are mostly empty. The float32 precision and
+    validate_args default are left to the caller (_PythonMemo's, as the native memo's, compares
+    them inline). Any exception means False to the caller."""
+    ns: dict[str, Any] = {"dv": _dict_version, "E": _EMPTY, "is_": operator.is_, "chain": itertools.chain,
+                          "flat": _chain, "cell": _cell_or_empty, "dget": dict.get, "G": guard,
+                          "ddt": _default_dtype, "buf": _buffer_state}
+    conds: list[str] = []
+
+    def const(value: Any) -> str:
+        name = f"k{len(ns)}"
+        ns[name] = value
+        return name
+
+    def each(template: str, *columns: list) -> None:
+        """One comparison per row where few, else the same as one map over the columns."""
+        rows = list(zip(*columns))
+        if len(rows) <= _INLINE_ITEMS:
+            conds.extend(template.format(*map(const, row)) for row in rows)
+        elif rows:
+            conds.append(f"all(map(lambda *r: {template.format(*(f'r[{i}]' for i in range(len(columns))))}, "
+                         f"{', '.join(const(list(c)) for c in columns)}))")
+
+    sizes, cells, names, _, items, _ = guard.recorded
+    if guard._plain and len(guard._plain) <= _INLINE_ITEMS:  # (the tags as taken last: read at each call)
+        conds.append("(V := G._versions) is not None")
+        conds.extend(f"dv({const(d)}) == V[{i}]" for i, d in enumerate(guard._plain))
+    elif guard._plain:
+        conds.append(f"list(map(dv, {const(guard._plain)})) == G._versions")
+    if guard.tensors:
+        conds.append("G._tensors_hold()")
+    classes = guard._class_dicts
+    if classes:
+        conds.append(f"list(map(dv, {const(classes)})) == G._class_versions")
+    conds.append(f"ddt() is {const(sizes[0][0])}")
+    each("len({}) == {}", [*guard._others, *guard._seqs_checked], sizes[1:])
+    each("cell({}) is {}", guard.cells, cells)
+    each("dget({}, {}, E) is {}", guard._namespaces, guard._keys, names)
+    # items as _holds(full=False) reads them: the classes' keys and values (unless their tags are
+    # compared), the mutable sequences' items (lengths compared above), the objects' classes, the
+    # slotted attributes
+    variable = 2 * sum(map(len, guard._others)) if classes is None else 0
+    skipped = 0 if classes is None else 2 * sum(map(len, guard._others))
+    variable += sum(map(len, guard._seqs_checked))
+    rest = items[skipped:]
+    if variable:
+        now = "flat(G._seqs_checked)" if classes is not None else             "chain(flat(G._others), flat(d.values() for d in G._others), flat(G._seqs_checked))"
+        conds.append(f"all(map(is_, {now}, {const(rest[:variable])}))")
+    rest = rest[variable:]
+    each("type({}) is {}", guard.objects, rest[:len(guard.objects)])
+    each("getattr({}, {}, E) is {}", guard._slot_objects, guard._slot_names, rest[len(guard.objects):])
+    if guard.buffers:
+        each("buf(memoryview({})) == {}", *zip(*guard.buffers))
+    source = "def check():\n    return (" + "\n            and ".join(conds) + ")\n"
+    exec(compile(source, "<engine.guardstate tag check>", "exec"), ns)
+    return ns["check"]
+
+
+class _PythonMemo:
+    """A call's arguments and a StateGuard's state proved in one Python function, for a guard with
+    version tags and no native check (before native_checks_pay(): no Dynamo import): the
+    arguments by torch's TensorGuards (type, dispatch keys, dtype, device, requires_grad, sizes,
+    strides: engine.trace's signature key of plain tensors, and more) and their number; the grad
+    mode, torch-function modes, inference mode and autocast (what the native check's global-state
+    guard and `engine.autotrace._outermost` check); the state by `_tag_check`. It has the native
+    memo's interface, so engine.autotrace's replay path runs either inline (the float32 precision,
+    validate_args, engine levels, dispatch modes and compile flag are checked there). Its seconds
+    count toward native_checks_pay(); once that answers yes, it answers False and the full path
+    builds the native check."""
+
+    values: tuple = ()
+    rest = False
+    base = None  # (a native memo's argument-free check; none here)
+
+    def __init__(self, guard: StateGuard, args: tuple, entry: Any) -> None:
+        layouts = layout_guard(args)
+        if layouts is None:
+            raise TypeError("no layout guard for these arguments")
+        if guard._tag_checker is None:
+            guard._tag_checker = _tag_check(guard)
+        tags, count, grad = guard._tag_checker, len(args), torch.is_grad_enabled()
+        functions, inference, autocast = torch._C._len_torch_function_stack, torch.is_inference_mode_enabled, \
+            torch._C._is_any_autocast_enabled
+        enabled, clock, spent = torch.is_grad_enabled, time.perf_counter, _python_checks_s
+
+        def check(pair: tuple) -> bool:
+            start = clock()
+            args = pair[0]
+            holds = (len(args) == count and layouts(*args) and enabled() is grad and not functions()
+                     and not inference() and not autocast() and guard._natives is None
+                     and not (guard._deferred and native_checks_pay()) and tags())
+            spent[0] += clock() - start  # (one that raised is not charged: the full path runs next)
+            return holds
+
+        self.check, self.guard, self.entry, self.grad = check, guard, entry, grad
+        self.precision = float32_precision()
+        self.read_precision = _matmul_precision if isinstance(self.precision, str) else float32_precision
+        self.validate = _Distribution._validate_args
+
+    @classmethod
+    def build(cls, guard: StateGuard, args: tuple, entry: Any) -> "_PythonMemo | None":
+        """The memo of `args` (plain strided tensors) under `guard`, or None where it cannot be
+        made (no tags, a native check built, arguments TensorGuards refuses)."""
+        if guard._versions is None or guard._natives is not None:
+            return None
+        try:
+            return cls(guard, args, entry)
+        except (AttributeError, TypeError, RuntimeError, ValueError, SyntaxError):
+            return None
 
 
 class _ManagerKind(enum.Enum):  # torch._dynamo.guards.GuardManagerType, without importing Dynamo

@@ -10,15 +10,21 @@ import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
 import engine
-from engine import autoswitch, autotrace
+from engine import autoswitch, autotrace, guardstate
 from engine.autotrace import autotraced_state
 from tests.threads import run_together
 
 # The memo path is the standard state's (engine.autoswitch.departures empty): a process whose
 # default verifies every replay (VMAPBENCH_AUTO_TRACE=verify, CI's second pass) or is off never
 # takes it, and builds no memo.
-pytestmark = [pytest.mark.skipif(bool(autoswitch.departures), reason="automatic tracing is not in the standard state by default"),
-              pytest.mark.usefixtures("native_guards_now")]
+pytestmark = pytest.mark.skipif(bool(autoswitch.departures), reason="automatic tracing is not in the standard state by default")
+
+
+@pytest.fixture(autouse=True, params=["now", "never"], ids=["native", "python"])
+def guard_side(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Every case against both memos: the native one (guards checking natively, as in a process
+    that has imported Dynamo) and the Python one (engine.guardstate._PythonMemo) before that."""
+    monkeypatch.setattr(guardstate, "NATIVE_GUARDS", request.param)
 
 SCALE = 2.0
 

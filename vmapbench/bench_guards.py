@@ -9,8 +9,10 @@ allowed), `vmap(grad(loss))` over a batch of 8. The two callables are timed batc
 alternating (measuring.timer.rounds), in CPU seconds of this process (time.process_time: what
 other processes' load does not inflate), and reported as the median [quartiles] of the per-pair ratio auto/trace, with the
 guard check alone (StateGuard.holds, the full path's) and the replay path's check alone (the
-native check of the state and the arguments, AutoTraced._memo) in microseconds. Both run on the replay tier (the fused tier
-off): what is measured is the bookkeeping, not which tier a signature reached.
+check of the state and the arguments, AutoTraced._memo) in microseconds, for each side of the
+guards' check (`--guards`): in Python, as a process runs until Dynamo is imported (most of a small
+model's calls, engine.guardstate.NATIVE_IMPORT_S), and native. Both run on the replay tier (the
+fused tier off): what is measured is the bookkeeping, not which tier a signature reached.
 
 `--count` gives the same comparison in instructions per call instead (valgrind's callgrind, through
 measuring.counts: deterministic where CPU times on a shared machine are not): the process reruns
@@ -35,6 +37,7 @@ from measuring import counts, stats, timer
 
 DEFAULT_BLOCKS = (0, 2, 16, 64)  # 0: the tiny function
 COUNT_CALLS = 20  # calls counted per callable under callgrind
+_SIDE = {"never": "python", "now": "native"}  # the guards' check, by engine.guardstate.NATIVE_GUARDS
 
 
 def _model(blocks: int) -> Callable[[torch.Tensor], torch.Tensor]:
@@ -52,9 +55,11 @@ def _fastest(fn: Callable[[], Any], calls: int = 200, units: int = 3) -> float:
     return timer.rounds({"": fn}, 1, batches={"": timer.Batch(units * calls, calls)}, clock=time.process_time)[""][0]
 
 
-def _pair(blocks: int) -> tuple[Callable, Callable, Any, torch.Tensor]:
-    """(auto-traced, engine.trace'd, the AutoTraced, input) of one model size, both replaying."""
-    guardstate.NATIVE_GUARDS = "now"  # the settled state: a long run's guards check natively (NATIVE_IMPORT_S)
+def _pair(blocks: int, guards: str = "now") -> tuple[Callable, Callable, Any, torch.Tensor]:
+    """(auto-traced, engine.trace'd, the AutoTraced, input) of one model size, both replaying, the
+    guards checking natively (`guards="now"`: a long run's state, NATIVE_IMPORT_S) or in Python
+    ("never": a process that has not imported Dynamo, most of a small model's calls)."""
+    guardstate.NATIVE_GUARDS = guards
     loss = _model(blocks)
     auto = engine.vmap(engine.grad(loss))
     traced = engine.trace(engine.vmap(engine.grad(loss)))
@@ -68,9 +73,9 @@ def _pair(blocks: int) -> tuple[Callable, Callable, Any, torch.Tensor]:
     return auto, traced, state, x
 
 
-def measure(blocks: int, rounds: int = 15, budget: float = 0.02) -> dict[str, float]:
-    """Interleaved auto vs trace timings for one model size; see the module docstring."""
-    auto, traced, state, x = _pair(blocks)
+def measure(blocks: int, rounds: int = 15, budget: float = 0.02, guards: str = "now") -> dict[str, Any]:
+    """Interleaved auto vs trace timings for one model size and guard side; see the module docstring."""
+    auto, traced, state, x = _pair(blocks, guards)
     calls = {"trace": lambda: traced(x), "auto": lambda: auto(x)}
     once = timer.single_calls({"trace": calls["trace"]}, batches={"trace": timer.Batch(3, 3)}, clock=time.process_time)
     number = max(1, int(budget / once["trace"]))
@@ -83,14 +88,15 @@ def measure(blocks: int, rounds: int = 15, budget: float = 0.02) -> dict[str, fl
     checks = _fastest(check) if check is not None else float("nan")
     q1, median, q3 = stats.quartiles(ratios)
     return {
-        "blocks": blocks, "trace_us": stats.median(samples["trace"]) * 1e6, "auto_us": stats.median(samples["auto"]) * 1e6,
+        "blocks": blocks, "guards": guards, "trace_us": stats.median(samples["trace"]) * 1e6, "auto_us": stats.median(samples["auto"]) * 1e6,
         "ratio": median, "ratio_q1": q1, "ratio_q3": q3, "guard_us": holds * 1e6,
         "check_us": checks * 1e6,
     }
 
 
 def _replay_check(state: Any, x: torch.Tensor) -> Callable[[], Any] | None:
-    """The replay path's native check (state and arguments in one C call), or None where none was built."""
+    """The replay path's check of the state and the arguments (native: one C call; or the Python
+    memo), or None where none was built."""
     memo = state._memo
     if memo is None:
         return None
@@ -105,6 +111,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     p.add_argument("--blocks", type=int, nargs="+", default=list(DEFAULT_BLOCKS), help="model sizes (0: a tiny function)")
     p.add_argument("--rounds", type=int, default=15)
     p.add_argument("--threads", type=int, default=1)
+    p.add_argument("--guards", nargs="+", choices=("now", "never"), default=["never", "now"],
+                   help="the guards' check: in Python (never: before Dynamo is imported) and/or native (now)")
     p.add_argument("--count", action="store_true", help="instructions per call under callgrind instead of CPU time")
     p.add_argument("--count-child", metavar="LIB", help=argparse.SUPPRESS)  # the process callgrind runs
     args = p.parse_args(argv)
@@ -127,42 +135,47 @@ def _count(args: argparse.Namespace) -> int:
         out = Path(tmp)
         library = counts.build_requests(out / "lib")
         command = [*counts.command(out), sys.executable, "-m", "vmapbench.bench_guards", "--count-child", str(library),
-                   "--threads", str(args.threads), "--blocks", *map(str, args.blocks)]
+                   "--threads", str(args.threads), "--guards", *args.guards, "--blocks", *map(str, args.blocks)]
         subprocess.run(command, check=True)
         dumped = counts.read_dumps(out)
-    print(f"{'model':>12} {'trace instr':>12} {'auto instr':>12} {'auto/trace':>10} {'guard instr':>12} {'check instr':>12}")
-    for blocks in args.blocks:
-        name = "tiny fn" if blocks == 0 else f"{blocks} blocks"
-        trace, auto, guard = (dumped[f"{blocks}:{what}"] / COUNT_CALLS for what in ("trace", "auto", "guard"))
-        check = dumped.get(f"{blocks}:check", float("nan") * COUNT_CALLS) / COUNT_CALLS
-        print(f"{name:>12} {trace:12.0f} {auto:12.0f} {auto / trace:10.3f} {guard:12.0f} {check:12.0f}", flush=True)
+    print(f"{'model':>12} {'guards':>7} {'trace instr':>12} {'auto instr':>12} {'auto/trace':>10} {'guard instr':>12} {'check instr':>12}")
+    for guards in args.guards:
+        for blocks in args.blocks:
+            name = "tiny fn" if blocks == 0 else f"{blocks} blocks"
+            trace, auto, guard = (dumped[f"{guards}:{blocks}:{what}"] / COUNT_CALLS for what in ("trace", "auto", "guard"))
+            check = dumped.get(f"{guards}:{blocks}:check", float("nan") * COUNT_CALLS) / COUNT_CALLS
+            print(f"{name:>12} {_SIDE[guards]:>7} {trace:12.0f} {auto:12.0f} {auto / trace:10.3f} {guard:12.0f} {check:12.0f}",
+                  flush=True)
     return 0
 
 
 def _count_child(args: argparse.Namespace) -> int:
     requests = counts.Requests(args.count_child)
-    for blocks in args.blocks:
-        auto, traced, state, x = _pair(blocks)
-        guard = state._guard
-        measured = [("trace", lambda: traced(x)), ("auto", lambda: auto(x)), ("guard", guard.holds)]
-        check = _replay_check(state, x)
-        if check is not None:
-            measured.append(("check", check))
-        for label, fn in measured:
-            fn()
-            with requests.region(f"{blocks}:{label}"):
-                for _ in range(COUNT_CALLS):
-                    fn()
+    for guards in args.guards:
+        for blocks in args.blocks:
+            auto, traced, state, x = _pair(blocks, guards)
+            guard = state._guard
+            measured = [("trace", lambda: traced(x)), ("auto", lambda: auto(x)), ("guard", guard.holds)]
+            check = _replay_check(state, x)
+            if check is not None:
+                measured.append(("check", check))
+            for label, fn in measured:
+                fn()
+                with requests.region(f"{guards}:{blocks}:{label}"):
+                    for _ in range(COUNT_CALLS):
+                        fn()
     return 0
 
 
 def _report(args: argparse.Namespace) -> int:
-    print(f"{'model':>12} {'trace us':>10} {'auto us':>10} {'auto/trace [q1-q3]':>22} {'guard us':>9} {'check us':>9}")
-    for blocks in args.blocks:
-        m = measure(blocks, args.rounds)
-        name = "tiny fn" if blocks == 0 else f"{blocks} blocks"
-        ratio = f"{m['ratio']:.3f} [{m['ratio_q1']:.2f}-{m['ratio_q3']:.2f}]"
-        print(f"{name:>12} {m['trace_us']:10.1f} {m['auto_us']:10.1f} {ratio:>22} {m['guard_us']:9.1f} {m['check_us']:9.1f}", flush=True)
+    print(f"{'model':>12} {'guards':>7} {'trace us':>10} {'auto us':>10} {'auto/trace [q1-q3]':>22} {'guard us':>9} {'check us':>9}")
+    for guards in args.guards:
+        for blocks in args.blocks:
+            m = measure(blocks, args.rounds, guards=guards)
+            name = "tiny fn" if blocks == 0 else f"{blocks} blocks"
+            ratio = f"{m['ratio']:.3f} [{m['ratio_q1']:.2f}-{m['ratio_q3']:.2f}]"
+            print(f"{name:>12} {_SIDE[guards]:>7} {m['trace_us']:10.1f} {m['auto_us']:10.1f} {ratio:>22} {m['guard_us']:9.1f}"
+                  f" {m['check_us']:9.1f}", flush=True)
     return 0
 
 
