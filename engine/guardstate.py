@@ -762,9 +762,10 @@ def _tag_check(guard: StateGuard) -> Callable[[], bool]:
     not the generic loops over groups that are mostly empty. The float32 precision and
     validate_args default are left to the caller (_PythonMemo's, as the native memo's, compares
     them inline). Any exception means False to the caller."""
-    ns: dict[str, Any] = {"dv": _dict_version, "E": _EMPTY, "is_": operator.is_, "chain": itertools.chain,
-                          "flat": _chain, "cell": _cell_or_empty, "dget": dict.get, "G": guard,
-                          "ddt": _default_dtype, "buf": _buffer_state}
+    ns: dict[str, Any] = {"dv": _dict_version, "E": _EMPTY, "is_": operator.is_, "eq": operator.eq,
+                          "repeat": itertools.repeat, "chain": itertools.chain, "flat": _chain,
+                          "cell": _cell_or_empty, "dget": dict.get, "G": guard, "ddt": _default_dtype,
+                          "buf": _buffer_state}
     conds: list[str] = []
 
     def const(value: Any) -> str:
@@ -772,30 +773,38 @@ def _tag_check(guard: StateGuard) -> Callable[[], bool]:
         ns[name] = value
         return name
 
-    def each(template: str, *columns: list) -> None:
-        """One comparison per row where few, else the same as one map over the columns."""
+    def each(inline: str, mapped: str, *columns: list) -> None:
+        """One comparison per row where few (`inline`), else one C-level map over the columns."""
         rows = list(zip(*columns))
         if len(rows) <= _INLINE_ITEMS:
-            conds.extend(template.format(*map(const, row)) for row in rows)
+            conds.extend(inline.format(*map(const, row)) for row in rows)
         elif rows:
-            conds.append(f"all(map(lambda *r: {template.format(*(f'r[{i}]' for i in range(len(columns))))}, "
-                         f"{', '.join(const(list(c)) for c in columns)}))")
+            conds.append(mapped.format(*(const(list(c)) for c in columns)))
 
-    sizes, cells, names, _, items, _ = guard.recorded
-    if guard._plain and len(guard._plain) <= _INLINE_ITEMS:  # (the tags as taken last: read at each call)
+    sizes, cells, names, entries, items, _ = guard.recorded
+    # The plain dicts: those recorded empty (most of a Module's hook tables) by being empty still
+    # (the same contents, what their tags prove; a truth test costs a fraction of a tag's read),
+    # the others by their tags as taken last (read at each call: they are taken anew where they
+    # moved and the contents held).
+    empty = [d for d, n in zip(guard._plain, entries) if n == 0]
+    tagged = [(i, d) for i, (d, n) in enumerate(zip(guard._plain, entries)) if n != 0]
+    if empty:
+        conds.append(f"not any({const(empty)})")
+    if tagged and len(tagged) <= _INLINE_ITEMS:
         conds.append("(V := G._versions) is not None")
-        conds.extend(f"dv({const(d)}) == V[{i}]" for i, d in enumerate(guard._plain))
-    elif guard._plain:
-        conds.append(f"list(map(dv, {const(guard._plain)})) == G._versions")
+        conds.extend(f"dv({const(d)}) == V[{i}]" for i, d in tagged)
+    elif tagged:
+        indices, dicts = zip(*tagged)
+        conds.append(f"tuple(map(dv, {const(list(dicts))})) == {const(operator.itemgetter(*indices))}(G._versions)")
     if guard.tensors:
         conds.append("G._tensors_hold()")
     classes = guard._class_dicts
     if classes:
         conds.append(f"list(map(dv, {const(classes)})) == G._class_versions")
     conds.append(f"ddt() is {const(sizes[0][0])}")
-    each("len({}) == {}", [*guard._others, *guard._seqs_checked], sizes[1:])
-    each("cell({}) is {}", guard.cells, cells)
-    each("dget({}, {}, E) is {}", guard._namespaces, guard._keys, names)
+    each("len({}) == {}", "all(map(eq, map(len, {}), {}))", [*guard._others, *guard._seqs_checked], sizes[1:])
+    each("cell({}) is {}", "all(map(is_, map(cell, {}), {}))", guard.cells, cells)
+    each("dget({}, {}, E) is {}", "all(map(is_, map(dget, {}, {}, repeat(E)), {}))", guard._namespaces, guard._keys, names)
     # items as _holds(full=False) reads them: the classes' keys and values (unless their tags are
     # compared), the mutable sequences' items (lengths compared above), the objects' classes, the
     # slotted attributes
@@ -804,13 +813,15 @@ def _tag_check(guard: StateGuard) -> Callable[[], bool]:
     variable += sum(map(len, guard._seqs_checked))
     rest = items[skipped:]
     if variable:
-        now = "flat(G._seqs_checked)" if classes is not None else             "chain(flat(G._others), flat(d.values() for d in G._others), flat(G._seqs_checked))"
+        now = "flat(G._seqs_checked)" if classes is not None \
+            else "chain(flat(G._others), flat(d.values() for d in G._others), flat(G._seqs_checked))"
         conds.append(f"all(map(is_, {now}, {const(rest[:variable])}))")
     rest = rest[variable:]
-    each("type({}) is {}", guard.objects, rest[:len(guard.objects)])
-    each("getattr({}, {}, E) is {}", guard._slot_objects, guard._slot_names, rest[len(guard.objects):])
+    each("type({}) is {}", "all(map(is_, map(type, {}), {}))", guard.objects, rest[:len(guard.objects)])
+    each("getattr({}, {}, E) is {}", "all(map(is_, map(getattr, {}, {}, repeat(E)), {}))",
+         guard._slot_objects, guard._slot_names, rest[len(guard.objects):])
     if guard.buffers:
-        each("buf(memoryview({})) == {}", *zip(*guard.buffers))
+        each("buf(memoryview({})) == {}", "all(map(eq, map(buf, map(memoryview, {})), {}))", *zip(*guard.buffers))
     source = "def check():\n    return (" + "\n            and ".join(conds) + ")\n"
     exec(compile(source, "<engine.guardstate tag check>", "exec"), ns)
     return ns["check"]
