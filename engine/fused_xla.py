@@ -47,13 +47,28 @@ def available() -> str | None:
 
 def _import_jax() -> Any:
     try:
+        owned = "jax" not in sys.modules
         _configure_threads()
         import jax
         import jax.numpy  # noqa: F401
+        if owned:
+            _run_inline(jax)
     except Exception as exc:  # noqa: BLE001 - a broken jax: the tier uses inductor from now on
         _BROKEN.append(f"jax could not be imported ({type(exc).__name__}: {exc})")
         raise jax_lowering.Unlowerable(_BROKEN[0]) from exc
     return jax
+
+
+def _run_inline(jax: Any) -> None:
+    """XLA's CPU programs run on the calling thread, where this process imported jax for the tier
+    (a user's own jax is left as configured). With jax's default asynchronous dispatch each call
+    is handed to a pool thread, which spins after it waiting for more work: about as much CPU
+    again as the program on a recorded graph's small calls, taken from the caller's cores
+    (docs/lab). Read when jax's CPU client is made, at the first compile after this."""
+    try:
+        jax.config.update("jax_cpu_enable_async_dispatch", False)
+    except (AttributeError, KeyError, ValueError):  # a jax without the option: dispatch as it does
+        pass
 
 
 def _configure_threads() -> None:

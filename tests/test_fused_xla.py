@@ -213,3 +213,27 @@ def test_an_xla_program_that_lost_its_trial_counts_on_toward_inductor_under_auto
     else:
         assert (tier.state, tier.backend, entry.tier) == ("slower", "xla", None)
     torch.testing.assert_close(traced(x), x * 2 + 1)
+
+
+_DISPATCH = """
+import sys
+if sys.argv[1] == "user": import jax
+from engine import fused_xla
+fused_xla._import_jax()
+from jax._src import xla_bridge
+print(xla_bridge._CPU_ENABLE_ASYNC_DISPATCH.value)
+"""
+
+
+@pytest.mark.parametrize("first, asynchronous", [("tier", "False"), ("user", "True")])
+def test_the_tiers_own_jax_runs_programs_on_the_calling_thread(first, asynchronous):
+    """Where the tier imports jax, XLA's CPU programs run inline (no pool thread spinning after
+    each call); a jax the user imported first keeps its dispatch."""
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[1]
+    done = subprocess.run([sys.executable, "-c", _DISPATCH, first], cwd=root, capture_output=True, text=True,
+                          timeout=120, check=True)
+    assert done.stdout.strip().splitlines()[-1] == asynchronous
