@@ -11,6 +11,7 @@ around the compile and each call. The package is optional: `available()` says wh
 from __future__ import annotations
 
 import importlib.util
+import operator
 import os
 import sys
 from typing import Any, Callable
@@ -53,10 +54,22 @@ def _import_jax() -> Any:
         import jax.numpy  # noqa: F401
         if owned:
             _run_inline(jax)
+        _find_capsules()
     except Exception as exc:  # noqa: BLE001 - a broken jax: the tier uses inductor from now on
         _BROKEN.append(f"jax could not be imported ({type(exc).__name__}: {exc})")
         raise jax_lowering.Unlowerable(_BROKEN[0]) from exc
     return jax
+
+
+def _find_capsules() -> None:
+    """jax's direct route from a buffer to a DLPack capsule (private: where this jax has none,
+    outputs take the public route, `_tensors`)."""
+    global _to_capsule
+    try:
+        from jax._src.lib import _jax
+    except ImportError:
+        return
+    _to_capsule = getattr(_jax, "buffer_to_dlpack_managed_tensor", None)
 
 
 def _run_inline(jax: Any) -> None:
@@ -199,7 +212,7 @@ class _Call:
     tier's FusedProgram has checked its layout by then). The call's own arguments, and inputs XLA
     would copy, are passed as numpy views on every call."""
 
-    __slots__ = ("compiled", "feeds", "x64", "held", "device", "arguments", "memory_bytes")
+    __slots__ = ("compiled", "feeds", "x64", "held", "every", "device", "arguments", "memory_bytes")
 
     def __init__(self, compiled: Any, feeds: list, x64: bool, arguments: int) -> None:
         import jax
@@ -209,17 +222,19 @@ class _Call:
         # per input: (tensor, data_ptr, array) where XLA shares the tensor's memory, False where it
         # copied it; one tuple, replaced whole, so a concurrent call never pairs a tensor with another's array
         self.held: list[Any] = [None] * len(feeds)
+        # where every input past the call's own is held: (their tensors, data_ptrs, arrays), one
+        # tuple replaced whole, checked by C-level maps instead of the loop over `held`
+        self.every: tuple[tuple, list, list] | None = None
         self.device = jax.devices("cpu")[0]
 
     def __call__(self, inputs: list) -> list:
-        held, feeds, n = self.held, self.feeds, self.arguments
+        feeds, n = self.feeds, self.arguments
         args = [feeds[i].array(inputs[i]) for i in range(n)]
-        for i in range(n, len(feeds)):
-            feed, t, h = feeds[i], inputs[i], held[i]
-            if h and h[0] is t and h[1] == t.data_ptr():
-                args.append(h[2])
-            else:
-                args.append(self._array(i, feed, t))
+        every, rest = self.every, inputs[n:]
+        if every is not None and all(map(operator.is_, every[0], rest)) and list(map(_data_ptr, rest)) == every[1]:
+            args += every[2]
+        else:
+            args += [self._held(i, feeds[i], t) for i, t in enumerate(rest, n)]
         inputs.clear()  # the tier's convention: the program empties the list it is given
         if self.x64:
             import jax
@@ -228,7 +243,18 @@ class _Call:
                 outs = self.compiled(*args)
         else:
             outs = self.compiled(*args)
-        return [torch.from_dlpack(o) for o in outs]
+        return _tensors(outs)
+
+    def _held(self, i: int, feed: _Feed, t: torch.Tensor) -> Any:
+        """Input `i` (past the call's own) as XLA takes it: its held array while it is the same
+        tensor at the same address, else anew (`_array`)."""
+        h = self.held[i]
+        if h and h[0] is t and h[1] == t.data_ptr():
+            return h[2]
+        array = self._array(i, feed, t)
+        held = self.held[self.arguments:]
+        self.every = (tuple(h[0] for h in held), [h[1] for h in held], [h[2] for h in held]) if all(held) else None
+        return array
 
     def _array(self, i: int, feed: _Feed, t: torch.Tensor) -> Any:
         """The input as XLA takes it; kept for the next call where XLA shares its memory (a
@@ -245,3 +271,22 @@ class _Call:
         else:
             self.held[i] = False
         return array
+
+
+
+_data_ptr = torch.Tensor.data_ptr
+_to_capsule: Any = None  # jax's buffer_to_dlpack_managed_tensor, where this jax has it (_import_jax)
+
+
+def _tensors(outs: Any) -> list[torch.Tensor]:
+    """The program's outputs as tensors sharing XLA's buffers: each single-device array's buffer
+    straight to a DLPack capsule (a fraction of `torch.from_dlpack(array)`'s cost, which goes
+    through jax's Python checks), or that public route where this jax lacks the direct one."""
+    if _to_capsule is not None:
+        try:
+            buffers = [o._arrays for o in outs]
+            if all(len(b) == 1 for b in buffers):
+                return [torch.utils.dlpack.from_dlpack(_to_capsule(b[0], stream=None)) for b in buffers]
+        except (AttributeError, TypeError, RuntimeError):
+            pass
+    return [torch.from_dlpack(o) for o in outs]

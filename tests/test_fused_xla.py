@@ -117,14 +117,34 @@ def test_a_program_follows_its_captured_tensors(xla_tier):
     out, state, traced = _forced(f, X)
     assert _xla_ran(state), state
     torch.testing.assert_close(out, f(X))
-    with torch.no_grad():
-        c.mul_(-2.0)  # the same memory, other bytes
-    torch.testing.assert_close(traced(X), f(X))
-    c.data = torch.randn(7, 5).t()  # other memory, other strides
-    torch.testing.assert_close(traced(X), f(X))
-    c.data = torch.randn(5, 7)
-    torch.testing.assert_close(traced(X), f(X))
+    with engine.fused_tier(True):  # (the tests' default is off: VMAPBENCH_FUSED=0, conftest)
+        with torch.no_grad():
+            c.mul_(-2.0)  # the same memory, other bytes
+        torch.testing.assert_close(traced(X), f(X))
+        c.data = torch.randn(7, 5).t()  # other memory, other strides
+        torch.testing.assert_close(traced(X), f(X))
+        c.data = torch.randn(5, 7)
+        torch.testing.assert_close(traced(X), f(X))
     assert traced.tiers()[0]["state"] == "fused"
+
+
+def test_a_held_tensor_given_new_memory_of_its_layout_is_handed_to_xla_again(xla_tier, monkeypatch):
+    """The same tensor object at another address, with the layout the program was compiled for
+    (`.data` set to a tensor like it): its new memory is passed, never the array of the old one."""
+    c = torch.randn(5, 7)
+
+    def f(x: torch.Tensor) -> torch.Tensor:
+        return (x * c).exp().sum(0)
+
+    out, state, traced = _forced(f, X)
+    assert _xla_ran(state), state
+    ran = []
+    monkeypatch.setattr(fused_xla._Call, "__call__", lambda self, inputs, call=fused_xla._Call.__call__: ran.append(1) or call(self, inputs))
+    with engine.fused_tier(True):  # (the tests' default is off: VMAPBENCH_FUSED=0, conftest)
+        for seed in range(3):
+            c.data = torch.randn(5, 7, generator=torch.Generator().manual_seed(seed))
+            torch.testing.assert_close(traced(X), f(X))
+    assert len(ran) == 3, "the program did not run"
 
 
 def test_expanded_and_transposed_inputs_reach_xla_without_a_copy():
