@@ -154,8 +154,11 @@ class AutoTraced:
             entry = memo.entry
             traced = self.traced
             if entry is traced._mru:
+                flatten = memo.flatten
                 try:
-                    holds = (memo.check((args, memo.values)) and memo.read_precision() == memo.precision
+                    flat = args if flatten is None else flatten(args)  # (a Python memo of a parameter dict)
+                    holds = (flat is not None and memo.check((flat, memo.values))
+                             and memo.read_precision() == memo.precision
                              and _Distribution._validate_args is memo.validate and (not memo.rest or memo._rest())
                              and not _active and not _dispatch_modes() and _interpreters() is None
                              and not _compiler._is_compiling_flag)
@@ -165,12 +168,12 @@ class AutoTraced:
                     traced._hits += 1  # TracedFunction._replay_hit, inlined (the entry is the most recent)
                     try:
                         # TracedFunction._replay, inlined: under no_grad unless the entry is inert
-                        # (the arguments tuple stands for the flat list: plain tensors, positional)
+                        # (flat: the call's tensors in leaf order, the arguments tuple where they are all)
                         if entry.inert or not _grad_enabled():
-                            return entry.call(args)
+                            return entry.call(flat)
                         _set_grad_enabled(False)
                         try:
-                            return entry.call(args)
+                            return entry.call(flat)
                         finally:
                             _set_grad_enabled(True)
                     except _GuardFailed:

@@ -827,6 +827,50 @@ def _tag_check(guard: StateGuard) -> Callable[[], bool]:
     return ns["check"]
 
 
+_MEMO_TENSORS = frozenset({torch.Tensor, torch.nn.Parameter})  # (engine.trace's _FAST_TENSORS)
+
+
+def _flattener(args: tuple) -> Callable[[tuple], list | None] | None:
+    """None where `args` are plain tensors (their tuple is the flat list); else `flatten(args)`:
+    the tensors in engine.trace's leaf order (a dict's values in its key order), or None where the
+    call's arguments are not built like these (number, container types, a dict's keys in order,
+    a sequence's length). What is inside is left to the layout check (TensorGuards: each one a
+    tensor of the exact type). Raises TypeError for other arguments (numbers, nesting)."""
+    shapes: list[Any] = []
+    for a in args:
+        t = type(a)
+        if t in _MEMO_TENSORS:
+            shapes.append(None)
+        elif t is dict and all(type(v) in _MEMO_TENSORS for v in a.values()):
+            shapes.append((dict, tuple(a)))
+        elif (t is list or t is tuple) and all(type(v) in _MEMO_TENSORS for v in a):
+            shapes.append((t, len(a)))
+        else:
+            raise TypeError("arguments other than tensors and flat containers of them")
+    if all(s is None for s in shapes):
+        return None
+    count = len(args)
+
+    def flatten(args: tuple) -> list | None:
+        if len(args) != count:
+            return None
+        flat: list = []
+        for a, shape in zip(args, shapes):
+            if shape is None:
+                flat.append(a)
+            elif shape[0] is dict:
+                if type(a) is not dict or tuple(a) != shape[1]:
+                    return None
+                flat += a.values()
+            else:
+                if type(a) is not shape[0] or len(a) != shape[1]:
+                    return None
+                flat += a
+        return flat
+
+    return flatten
+
+
 class _PythonMemo:
     """A call's arguments and a StateGuard's state proved in one Python function, for a guard with
     version tags and no native check (before native_checks_pay(): no Dynamo import): the
@@ -844,17 +888,19 @@ class _PythonMemo:
     base = None  # (a native memo's argument-free check; none here)
 
     def __init__(self, guard: StateGuard, args: tuple, entry: Any) -> None:
-        layouts = layout_guard(args)
+        self.flatten = _flattener(args)
+        flat = args if self.flatten is None else self.flatten(args)
+        layouts = layout_guard(flat)
         if layouts is None:
             raise TypeError("no layout guard for these arguments")
         if guard._tag_checker is None:
             guard._tag_checker = _tag_check(guard)
-        tags, count, grad = guard._tag_checker, len(args), torch.is_grad_enabled()
+        tags, count, grad = guard._tag_checker, len(flat), torch.is_grad_enabled()
         functions, inference, autocast = torch._C._len_torch_function_stack, torch.is_inference_mode_enabled, \
             torch._C._is_any_autocast_enabled
         enabled, clock, spent = torch.is_grad_enabled, time.perf_counter, _python_checks_s
 
-        def check(pair: tuple) -> bool:
+        def check(pair: tuple) -> bool:  # pair: (the call's tensors, flattened where `flatten`; ())
             start = clock()
             args = pair[0]
             holds = (len(args) == count and layouts(*args) and enabled() is grad and not functions()
@@ -870,8 +916,9 @@ class _PythonMemo:
 
     @classmethod
     def build(cls, guard: StateGuard, args: tuple, entry: Any) -> "_PythonMemo | None":
-        """The memo of `args` (plain strided tensors) under `guard`, or None where it cannot be
-        made (no tags, a native check built, arguments TensorGuards refuses)."""
+        """The memo of `args` (plain strided tensors, or flat dicts, lists and tuples of them: a
+        parameter dict) under `guard`, or None where it cannot be made (no tags, a native check
+        built, other arguments, tensors TensorGuards refuses)."""
         if guard._versions is None or guard._natives is not None:
             return None
         try:
@@ -931,6 +978,7 @@ class _NativeGuard:
 
     __slots__ = ("root", "check", "values", "rest_cells", "rest_slotted", "rest_seqs", "rest_others", "guard", "grad",
                  "precision", "read_precision", "validate", "rest", "entry", "base")
+    flatten = None  # (the arguments a memo proves are plain tensors: their tuple is the flat list)
 
     def __init__(self) -> None:
         self.root: Any = None

@@ -260,3 +260,87 @@ def test_arguments_other_than_tensors_get_no_memo_and_keep_their_exact_keys(keys
     assert state._memo is None and state.traced.cache_info().hits >= 8
     assert bool((fn(x, -0.0) < 0).all())  # -0.0: another key than 0.0, as eager gives -inf
     assert bool((fn(x, 0.0) > 0).all())
+
+
+# A parameter dict (the functional_call pattern) and flat lists/tuples of tensors: the Python memo
+# proves them (their structure in Python, the tensors by TensorGuards); the native memo does not
+# (its tree checks positional tensors only), so there the key is built.
+
+def _weighted(p, x):
+    return (p["w"] * x).sin().sum() + p["b"].sum()
+
+
+def _params():
+    return {"w": torch.randn(3), "b": torch.randn(2)}
+
+
+def _warm(fn, *args):
+    """Call `fn` until it replays; its AutoTraced, whose memo is the Python one on the Python side."""
+    for _ in range(5):
+        fn(*args)
+    state = autotraced_state(fn)
+    assert state is not None and state.impure is None and state.traced.cache_info().hits
+    python = guardstate.NATIVE_GUARDS == "never"
+    assert (state._memo is not None and state._memo.entry is state.traced._mru) is python
+    return state
+
+
+def test_a_parameter_dict_replays_through_the_python_memo(keys):
+    fn = engine.vmap(engine.grad(lambda p, x: _weighted(p, x)), in_dims=(None, 0))
+    p, x = _params(), torch.randn(4, 3)
+    _warm(fn, p, x)
+    python = guardstate.NATIVE_GUARDS == "never"
+    keys.clear()
+    for _ in range(3):
+        got = fn(p, x)
+        torch.testing.assert_close(got, torch.func.vmap(torch.func.grad(_weighted), in_dims=(None, 0))(p, x))
+    assert (keys == []) is python
+
+
+_DICT_CHANGES = {
+    "a key renamed": lambda p: {"w": p["w"], "c": p["b"]},
+    "the keys reordered": lambda p: {"b": p["b"], "w": p["w"]},
+    "a key more": lambda p: {**p, "z": torch.ones(1)},
+    "a value of another shape": lambda p: {"w": torch.randn(3), "b": torch.randn(3)},
+    "a value of another dtype": lambda p: {"w": p["w"].double(), "b": p["b"]},
+    "a value a Parameter": lambda p: {"w": torch.nn.Parameter(p["w"].clone()), "b": p["b"]},
+    "an OrderedDict": lambda p: __import__("collections").OrderedDict(p),
+    "new tensors, the same layout": lambda p: {"w": torch.randn(3), "b": torch.randn(2)},
+}
+
+
+@pytest.mark.parametrize("change", list(_DICT_CHANGES), ids=list(_DICT_CHANGES))
+def test_another_parameter_dict_gives_the_eager_result(change):
+    def loss(p, x):
+        return sum(((v.sum() if k != "w" else (v * x).sin().sum()) for k, v in p.items()), torch.zeros(()))
+
+    fn = engine.vmap(engine.grad(lambda p, x: loss(p, x)), in_dims=(None, 0))
+    ref = torch.func.vmap(torch.func.grad(loss), in_dims=(None, 0))
+    p, x = _params(), torch.randn(4, 3)
+    _warm(fn, p, x)
+    q = _DICT_CHANGES[change](p)
+    for _ in range(5):
+        got, want = fn(q, x), ref(q, x)
+        assert list(got) == list(want)
+        for k in want:
+            torch.testing.assert_close(got[k], want[k])
+    for k, v in fn(p, x).items():  # and the memo's own dict again
+        torch.testing.assert_close(v, ref(p, x)[k])
+
+
+@pytest.mark.parametrize("container", [list, tuple])
+def test_a_list_or_tuple_of_tensors_of_another_length_or_type_gives_the_eager_result(container):
+    def loss(ws, x):
+        return sum(((w * x).sin().sum() for w in ws), torch.zeros(()))
+
+    fn = engine.vmap(engine.grad(lambda ws, x: loss(ws, x)), in_dims=(None, 0))
+    ref = torch.func.vmap(torch.func.grad(loss), in_dims=(None, 0))
+    ws, x = container([torch.randn(3), torch.randn(3)]), torch.randn(4, 3)
+    _warm(fn, ws, x)
+    other = tuple if container is list else list
+    for changed in (container([*ws, torch.randn(3)]), other(ws), container([ws[1], ws[0]]), ws):
+        for _ in range(5):
+            got, want = fn(changed, x), ref(changed, x)
+            assert type(got) is type(want) and len(got) == len(want)
+            for g, w in zip(got, want):
+                torch.testing.assert_close(g, w)
