@@ -70,7 +70,7 @@ from engine.fused import OFF as fused_off
 from engine.fused import _local as fused_mode
 from engine.errors import ReplayMismatchError
 from engine import replay_contract
-from engine.guardstate import MAX_MODULES, StateGuard, _Distribution, _NativeGuard, _PythonMemo, torch_globals
+from engine.guardstate import MAX_MODULES, StateGuard, _Distribution, _FlatArgsMemo, _NativeGuard, _PythonMemo, torch_globals
 from engine.trace import _PLAIN, TracedFunction, _GuardFailed, _fast_signature, _signature, exact_value
 
 __all__ = [
@@ -234,7 +234,12 @@ class AutoTraced:
                 self._memo = memo
             return
         memo = _NativeGuard.build(native.guard, args)
-        if memo is None or memo.grad != native.grad:
+        if memo is None:  # arguments the tree does not take: a parameter dict, a list of tensors
+            flat = _FlatArgsMemo.build(native, args, entry)
+            if flat is not None:
+                self._memo = flat
+            return
+        if memo.grad != native.grad:
             return
         memo.entry, memo.base = entry, native
         self._memo = memo

@@ -927,6 +927,40 @@ class _PythonMemo:
             return None
 
 
+class _FlatArgsMemo:
+    """The native memo's counterpart for arguments its tree does not take (flat dicts, lists and
+    tuples of tensors: a parameter dict): the arguments flattened and checked as _PythonMemo
+    does (`_flattener`, TensorGuards), the state and torch's ambient state by the guard's own
+    native check (`base`), the rest inline in engine.autotrace as for any memo."""
+
+    values: tuple = ()
+
+    def __init__(self, native: "_NativeGuard", args: tuple, entry: Any) -> None:
+        self.flatten = _flattener(args)
+        if self.flatten is None:
+            raise TypeError("plain tensors: the native memo proves them")
+        flat = self.flatten(args)
+        layouts = layout_guard(flat)
+        if layouts is None:
+            raise TypeError("no layout guard for these arguments")
+        count, state, values = len(flat), native.check, native.values
+
+        def check(pair: tuple) -> bool:  # pair: (the call's tensors, flattened; ())
+            args = pair[0]
+            return len(args) == count and layouts(*args) and state(values)
+
+        self.check, self.entry, self.base, self.guard, self.grad = check, entry, native, native.guard, native.grad
+        self.precision, self.read_precision, self.validate = native.precision, native.read_precision, native.validate
+        self.rest, self._rest = native.rest, native._rest
+
+    @classmethod
+    def build(cls, native: "_NativeGuard", args: tuple, entry: Any) -> "_FlatArgsMemo | None":
+        try:
+            return cls(native, args, entry)
+        except (AttributeError, TypeError, RuntimeError, ValueError):
+            return None
+
+
 class _ManagerKind(enum.Enum):  # torch._dynamo.guards.GuardManagerType, without importing Dynamo
     GUARD_MANAGER = 1
 

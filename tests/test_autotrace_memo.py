@@ -262,9 +262,9 @@ def test_arguments_other_than_tensors_get_no_memo_and_keep_their_exact_keys(keys
     assert bool((fn(x, 0.0) > 0).all())
 
 
-# A parameter dict (the functional_call pattern) and flat lists/tuples of tensors: the Python memo
-# proves them (their structure in Python, the tensors by TensorGuards); the native memo does not
-# (its tree checks positional tensors only), so there the key is built.
+# A parameter dict (the functional_call pattern) and flat lists/tuples of tensors: their structure
+# checked in Python, their tensors by TensorGuards, the state by the Python memo's check or the
+# guard's native one (guardstate._FlatArgsMemo: the native tree takes positional tensors only).
 
 def _weighted(p, x):
     return (p["w"] * x).sin().sum() + p["b"].sum()
@@ -275,26 +275,25 @@ def _params():
 
 
 def _warm(fn, *args):
-    """Call `fn` until it replays; its AutoTraced, whose memo is the Python one on the Python side."""
-    for _ in range(5):
+    """Call `fn` until it replays through a memo; its AutoTraced."""
+    for _ in range(6):
         fn(*args)
     state = autotraced_state(fn)
     assert state is not None and state.impure is None and state.traced.cache_info().hits
-    python = guardstate.NATIVE_GUARDS == "never"
-    assert (state._memo is not None and state._memo.entry is state.traced._mru) is python
+    assert state._memo is not None and state._memo.entry is state.traced._mru, "no memo was built"
     return state
 
 
-def test_a_parameter_dict_replays_through_the_python_memo(keys):
+def test_a_parameter_dict_replays_through_a_memo(keys):
     fn = engine.vmap(engine.grad(lambda p, x: _weighted(p, x)), in_dims=(None, 0))
     p, x = _params(), torch.randn(4, 3)
-    _warm(fn, p, x)
-    python = guardstate.NATIVE_GUARDS == "never"
+    state = _warm(fn, p, x)
+    assert type(state._memo).__name__ == ("_PythonMemo" if guardstate.NATIVE_GUARDS == "never" else "_FlatArgsMemo")
     keys.clear()
     for _ in range(3):
         got = fn(p, x)
         torch.testing.assert_close(got, torch.func.vmap(torch.func.grad(_weighted), in_dims=(None, 0))(p, x))
-    assert (keys == []) is python
+    assert keys == []
 
 
 _DICT_CHANGES = {
@@ -344,3 +343,19 @@ def test_a_list_or_tuple_of_tensors_of_another_length_or_type_gives_the_eager_re
             assert type(got) is type(want) and len(got) == len(want)
             for g, w in zip(got, want):
                 torch.testing.assert_close(g, w)
+
+
+def test_a_state_change_after_a_parameter_dicts_memo_gives_the_eager_result():
+    scale = [2.0]
+
+    def loss(p, x):
+        return (p["w"] * x * scale[0]).sin().sum() + p["b"].sum()
+
+    fn = engine.vmap(engine.grad(lambda p, x: loss(p, x)), in_dims=(None, 0))
+    p, x = _params(), torch.randn(4, 3)
+    _warm(fn, p, x)
+    scale[0] = -3.0  # a list item the function reads: guarded by identity
+    for _ in range(4):
+        got, want = fn(p, x), torch.func.vmap(torch.func.grad(loss), in_dims=(None, 0))(p, x)
+        for k in want:
+            torch.testing.assert_close(got[k], want[k])
