@@ -156,7 +156,7 @@ class AutoTraced:
             if entry is traced._mru:
                 flatten = memo.flatten
                 try:
-                    flat = args if flatten is None else flatten(args)  # (a Python memo of a parameter dict)
+                    flat = args if flatten is None else flatten(args)  # (a memo of a parameter dict, a list)
                     holds = (flat is not None and memo.check((flat, memo.values))
                              and memo.read_precision() == memo.precision
                              and _Distribution._validate_args is memo.validate and (not memo.rest or memo._rest())

@@ -252,6 +252,9 @@ class _Call:
         if h and h[0] is t and h[1] == t.data_ptr():
             return h[2]
         array = self._array(i, feed, t)
+        if not self.held[i]:  # a position XLA copies is passed anew each call: no `every`
+            self.every = None
+            return array
         held = self.held[self.arguments:]
         self.every = (tuple(h[0] for h in held), [h[1] for h in held], [h[2] for h in held]) if all(held) else None
         return array
@@ -271,7 +274,6 @@ class _Call:
         else:
             self.held[i] = False
         return array
-
 
 
 _data_ptr = torch.Tensor.data_ptr
