@@ -33,6 +33,7 @@ from torch.distributions import Distribution as _Distribution
 
 from engine.graph_passes import layout_guard
 from engine.purity import _ENGINE_DIR, _is_torch_or_engine, generated, global_names
+from engine.trace import _FAST_TENSORS
 
 __all__ = ["StateGuard"]
 
@@ -827,7 +828,6 @@ def _tag_check(guard: StateGuard) -> Callable[[], bool]:
     return ns["check"]
 
 
-_MEMO_TENSORS = frozenset({torch.Tensor, torch.nn.Parameter})  # (engine.trace's _FAST_TENSORS)
 
 
 def _flattener(args: tuple) -> Callable[[tuple], list | None] | None:
@@ -839,11 +839,11 @@ def _flattener(args: tuple) -> Callable[[tuple], list | None] | None:
     shapes: list[Any] = []
     for a in args:
         t = type(a)
-        if t in _MEMO_TENSORS:
+        if t in _FAST_TENSORS:
             shapes.append(None)
-        elif t is dict and all(type(v) in _MEMO_TENSORS for v in a.values()):
+        elif t is dict and all(type(v) in _FAST_TENSORS for v in a.values()):
             shapes.append((dict, tuple(a)))
-        elif (t is list or t is tuple) and all(type(v) in _MEMO_TENSORS for v in a):
+        elif (t is list or t is tuple) and all(type(v) in _FAST_TENSORS for v in a):
             shapes.append((t, len(a)))
         else:
             raise TypeError("arguments other than tensors and flat containers of them")
@@ -871,6 +871,17 @@ def _flattener(args: tuple) -> Callable[[tuple], list | None] | None:
     return flatten
 
 
+def _flat_layouts(args: tuple) -> tuple[Callable[[tuple], list | None] | None, Any, Callable[..., bool]]:
+    """A memo's view of a call's arguments: (`_flattener(args)`, the tensors it checks, their
+    TensorGuards check). Raises TypeError where the arguments have no such check."""
+    flatten = _flattener(args)
+    flat = args if flatten is None else flatten(args)
+    layouts = layout_guard(flat)
+    if layouts is None:
+        raise TypeError("no layout guard for these arguments")
+    return flatten, flat, layouts
+
+
 class _PythonMemo:
     """A call's arguments and a StateGuard's state proved in one Python function, for a guard with
     version tags and no native check (before native_checks_pay(): no Dynamo import): the
@@ -888,11 +899,7 @@ class _PythonMemo:
     base = None  # (a native memo's argument-free check; none here)
 
     def __init__(self, guard: StateGuard, args: tuple, entry: Any) -> None:
-        self.flatten = _flattener(args)
-        flat = args if self.flatten is None else self.flatten(args)
-        layouts = layout_guard(flat)
-        if layouts is None:
-            raise TypeError("no layout guard for these arguments")
+        self.flatten, flat, layouts = _flat_layouts(args)
         if guard._tag_checker is None:
             guard._tag_checker = _tag_check(guard)
         tags, count, grad = guard._tag_checker, len(flat), torch.is_grad_enabled()
@@ -936,13 +943,9 @@ class _FlatArgsMemo:
     values: tuple = ()
 
     def __init__(self, native: "_NativeGuard", args: tuple, entry: Any) -> None:
-        self.flatten = _flattener(args)
+        self.flatten, flat, layouts = _flat_layouts(args)
         if self.flatten is None:
             raise TypeError("plain tensors: the native memo proves them")
-        flat = self.flatten(args)
-        layouts = layout_guard(flat)
-        if layouts is None:
-            raise TypeError("no layout guard for these arguments")
         count, state, values = len(flat), native.check, native.values
 
         def check(pair: tuple) -> bool:  # pair: (the call's tensors, flattened; ())
