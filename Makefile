@@ -87,7 +87,9 @@ profile: $(STAMP)
 # make continuous BASE=<rev> HEAD=<rev> [GATE_ARGS="--summary-md FILE"]: the regression
 # gate (vmapbench/gate.py). Its exit code survives make: 0 no regression, 1 regression, 2 a failed
 # case. GNU make turns any failed recipe into 2, so the gate runs while the Makefile is read
-# (its output on stderr), and a 1 is passed on through make's --question mode. It needs the
+# (its output on stderr), and a 1 is passed on through make's --question mode. The gate's 3, too
+# noisy to decide, comes out as make's 2 with that message (`python -m vmapbench.continuous`
+# exits 3 itself). It needs the
 # environment of `make venv` (not built from here: a parse-time install would also run under -n).
 GATE_CMD = $(PY) -m vmapbench.continuous $(or $(BASE),HEAD~1) $(or $(HEAD),HEAD) $(GATE_ARGS)
 ifneq ($(filter continuous,$(MAKECMDGOALS)),)
@@ -95,6 +97,8 @@ ifeq ($(findstring n,$(firstword -$(MAKEFLAGS))),)
 GATE_RC := $(shell if [ -x $(PY) ]; then $(GATE_CMD) 1>&2; echo $$?; else echo novenv; fi)
 ifeq ($(GATE_RC),1)
 MAKEFLAGS += --question
+else ifeq ($(GATE_RC),3)
+$(error make continuous: the gate exited 3: too noisy to decide (its noise is printed above); run it again on a quieter machine)
 else ifeq ($(GATE_RC),novenv)
 $(error make continuous: $(PY) does not exist; run `make venv` first)
 else ifneq ($(GATE_RC),0)

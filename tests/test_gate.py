@@ -642,15 +642,37 @@ def test_continuous_exit_codes_and_result_placement(tmp_path, monkeypatch):
         continuous.main(["no-such-rev", "HEAD", "--machine", "m"])
 
 
-@pytest.mark.parametrize("code", [0, 1, 2])
+def test_too_noisy_to_decide_has_its_own_exit_code(tmp_path):
+    """A run whose head and twin differ by more than its floors could judge answers 3 with its
+    noise, not "slower" and not "no regression"; a count beyond its floor still says 1, and the
+    same run at ordinary noise decides as before."""
+    limit = gate.decidable_noise()
+    assert 0.05 < limit < 0.1  # a floor of EVIDENCE_MARGIN x it reaches the smallest plant, 1.1x
+    quiet = outcome_of(sides(0), tmp_path)
+    assert quiet.twin_noise < limit and quiet.exit_code == 0 and not quiet.too_noisy
+    noisy = gate.Outcome(quiet.rows, {}, [], limit * 1.5)
+    assert noisy.too_noisy and noisy.exit_code == gate.TOO_NOISY_EXIT == 3
+    slowed = outcome_of(sides(0, engine_factor=1.0, counts_factor=1.05), tmp_path)
+    assert slowed.exit_code == 1
+    assert gate.Outcome(slowed.rows, {}, [], limit * 1.5).exit_code == 1  # an exact signal decides
+    timed = outcome_of(sides(0, engine_factor=1.3, counts_factor=1.0), tmp_path)
+    assert timed.exit_code == 1 and not any(stats.is_exact(r.name) for r in gate.regressions(timed.rows))
+    assert gate.Outcome(timed.rows, {}, [], limit * 1.5).exit_code == 3
+    assert gate.Outcome(timed.rows, {"x": "boom"}, [], limit * 1.5).exit_code == 2
+    md = gate.markdown(noisy.rows, {}, "t", too_noisy=noisy.twin_noise)
+    assert "**too noisy to decide**" in md and f"{noisy.twin_noise:.1%}" in md
+
+
+@pytest.mark.parametrize("code", [0, 1, 2, 3])
 def test_make_continuous_keeps_the_gate_exit_code(tmp_path, code):
     stub = tmp_path / "python"
     stub.write_text(f"#!/bin/sh\necho \"stub gate $*\"\nexit {code}\n")
     stub.chmod(0o755)
     proc = subprocess.run(["make", "-s", "continuous", f"PY={stub}", "BASE=HEAD", "HEAD=HEAD"], cwd=ROOT,
                           capture_output=True, text=True)
-    assert proc.returncode == code, proc.stderr
+    assert proc.returncode == min(code, 2), proc.stderr  # make's own failure is 2
     assert "stub gate -m vmapbench.continuous HEAD HEAD" in proc.stderr
+    assert ("too noisy to decide" in proc.stderr) == (code == 3)
 
 
 @pytest.mark.parametrize("target", ["engine", "transform:hessian", "workloads:nn_*,bayes_*"])

@@ -8,7 +8,8 @@ This is `vmapbench gate` without --calibrate (vmapbench/gate.py says how it meas
 It replaced a wrapper of `asv continuous --factor 1.2`, which on this 2-core machine flagged 23
 benchmarks a refactor could not touch: one round per commit, the commits one after the other, a
 factor applied to raw wall times and memory. Exit codes are asv continuous's: 0 no regression,
-1 a gated signal slower beyond its noise floor, 2 a case failed at head. Its rows are written to
+1 a gated signal slower beyond its noise floor, 2 a case failed at head; and 3, too noisy to
+decide (the run's own noise beyond what its floors can judge, gate.decidable_noise). Its rows are written to
 .asv/continuous/<machine>/<base8>-<head8>.json, never to results/ (reference results of
 `make bench`, which the dashboard's History draws).
 """

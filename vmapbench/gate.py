@@ -33,7 +33,9 @@ So:
 
 Exit codes, as asv continuous: 0 nothing regressed (improvements are fine), 1 a gated signal is
 slower (only those are named, with their intervals), 2 a case failed at head or a measuring
-process died.
+process died; and 3, too noisy to decide: the run's own noise (head against its twin) is so
+large that its floors could not see the smallest slowdown the gate is calibrated to catch, and
+no exact signal (instruction count, allocator peak) is slower. It prints the noise measured.
 """
 from __future__ import annotations
 
@@ -79,6 +81,10 @@ PROBE_TIMEOUT_S = 900
 EVIDENCE_MARGIN = 1.5
 EVIDENCE_QUANTILE = 0.9
 EVIDENCE_POOL_MIN = 8
+# Too noisy to decide (exit 3): this run's twin noise (Outcome.twin_noise) above the one at which
+# an evidence floor (EVIDENCE_MARGIN x the noise) reaches the smallest planted slowdown the gate
+# must catch (PLANTS' smallest factor). Time signals then cannot tell "unchanged" from "slower".
+TOO_NOISY_EXIT = 3
 OUT_DIR = Path(".asv") / "continuous"
 PLANT_MARK = "# --- planted by `vmapbench gate --calibrate`"
 
@@ -637,6 +643,13 @@ def regressions(rows: Iterable[Row]) -> list[Row]:
     return [r for r in rows if r.gated and r.verdict == "slower"]
 
 
+def decidable_noise() -> float:
+    """The largest twin noise (a fraction) at which the gate still decides: an evidence floor
+    of EVIDENCE_MARGIN x this noise equals the smallest slowdown of PLANTS."""
+    smallest = min(factor for factor, _ in PLANTS.values())
+    return math.expm1(math.log(smallest) / EVIDENCE_MARGIN)
+
+
 # --- reporting -----------------------------------------------------------------------------------
 
 def _short(name: str) -> str:
@@ -665,13 +678,17 @@ def tally(rows: Iterable[Row]) -> dict[str, int]:
     return out
 
 
-def markdown(rows: Sequence[Row], failed: Mapping[str, str], title: str, skipped: Sequence[str] = ()) -> str:
-    """A GitHub job summary: the verdict, the called changes, then every signal in a <details>."""
+def markdown(rows: Sequence[Row], failed: Mapping[str, str], title: str, skipped: Sequence[str] = (),
+             too_noisy: float | None = None) -> str:
+    """A GitHub job summary: the verdict, the called changes, then every signal in a <details>.
+    `too_noisy`: the run's noise where the gate answered "too noisy to decide" (Outcome.too_noisy)."""
     gated = [r for r in rows if r.gated]
     slower = regressions(rows)
     faster = [r for r in gated if r.verdict == "faster"]
     counts = tally(rows)
-    head = ("**failed**" if failed else "**regression**" if slower else "**no regression**")
+    head = ("**failed**" if failed else f"**too noisy to decide** (this run's noise {too_noisy:.1%})"
+            if too_noisy is not None and not any(stats.is_exact(r.name) for r in slower)
+            else "**regression**" if slower else "**no regression**")
     lines = [f"### {title}", "",
              f"{head}: {len(gated)} gated signals ({sum(stats.is_count(r.name) for r in gated)} instruction counts, "
              f"{sum(stats.is_memory(r.name) for r in gated)} allocator peaks), "
@@ -713,8 +730,20 @@ class Outcome:
     twin_noise: float | None = None
 
     @property
+    def too_noisy(self) -> bool:
+        """This run's noise is beyond what its time signals can decide (decidable_noise)."""
+        return self.twin_noise is not None and self.twin_noise > decidable_noise()
+
+    @property
     def exit_code(self) -> int:
-        return 2 if self.failed else 1 if regressions(self.rows) else 0
+        if self.failed:
+            return 2
+        slower = regressions(self.rows)
+        if any(stats.is_exact(r.name) for r in slower):
+            return 1
+        if self.too_noisy:
+            return TOO_NOISY_EXIT
+        return 1 if slower else 0
 
 
 @contextlib.contextmanager
@@ -792,7 +821,13 @@ def report(result: Outcome, base: str, head: str, summary_md: Path | None, json_
         print(f"\ngate: {len(result.failed)} benchmarks failed at {head}:")
         for case, message in result.failed.items():
             print(f"  {case}: {message}")
-    if slower:
+    if result.exit_code == TOO_NOISY_EXIT:
+        print(f"\ngate: TOO NOISY TO DECIDE: this run's noise, {result.twin_noise:.1%} (head against its twin), "
+              f"is above {decidable_noise():.1%}, where its floors could no longer see a "
+              f"{min(f for f, _ in PLANTS.values())}x slowdown, and no instruction count or allocator peak is "
+              f"slower. Run it again on a quieter machine (exit {TOO_NOISY_EXIT})."
+              + (f" Time signals that read slower: {', '.join(_short(r.name) for r in slower)}." if slower else ""))
+    elif slower:
         print(f"\ngate: PERFORMANCE DECREASED: {len(slower)} gated signals slower beyond their noise floor:")
         for r in slower:
             print(f"  {_short(r.name)}: {stats.relative_change(r.change)} (floor {_floor(r)}, {r.source})")
@@ -800,7 +835,8 @@ def report(result: Outcome, base: str, head: str, summary_md: Path | None, json_
         print(f"\ngate: no regression ({len(gated)} gated signals)")
     if summary_md is not None:
         with summary_md.open("a") as fh:
-            fh.write(markdown(result.rows, result.failed, f"Benchmarks gate: {base} -> {head}", result.skipped) + "\n")
+            fh.write(markdown(result.rows, result.failed, f"Benchmarks gate: {base} -> {head}", result.skipped,
+                              result.twin_noise if result.too_noisy else None) + "\n")
     if json_out is not None:
         json_out.parent.mkdir(parents=True, exist_ok=True)
         json_out.write_text(json.dumps({"base": base, "head": head, "exit_code": result.exit_code,
