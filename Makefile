@@ -67,8 +67,11 @@ bench-full: $(if $(filter 1,$(PEERS)),$(PEERS_STAMP),$(STAMP))
 headlines: $(PEERS_STAMP)
 	$(PY) -m vmapbench.headlines $(HEADLINE_ARGS)
 
+# make test runs the tests in TEST_WORKERS processes (pytest-xdist), each test file in one of them
+# (module fixtures built once); TEST_WORKERS=0 runs them in this process.
+TEST_WORKERS ?= 2
 test: $(PEERS_STAMP)
-	$(PY) -m pytest $(PYTEST_ARGS)
+	$(PY) -m pytest -n $(TEST_WORKERS) --dist loadfile $(PYTEST_ARGS)
 
 dashboard: $(STAMP)
 	$(PY) -m vmapbench dashboard
