@@ -209,8 +209,11 @@ class _Call:
     Most inputs of a recorded graph are its captured tensors and folded values, the same tensor
     objects call after call: each is handed to XLA once, as an array sharing its memory, and
     that array is passed again while the input is the same object at the same address (the
-    tier's FusedProgram has checked its layout by then). The call's own arguments, and inputs XLA
-    would copy, are passed as numpy views on every call."""
+    tier's FusedProgram has checked its layout by then). The call's own arguments are passed as
+    numpy views, except one that is the same tensor at the same address as in the call before
+    (a parameter): it is held as the captured ones are, from its second call running on. Inputs
+    XLA would copy are passed as numpy views on every call. Only the held tensors are kept
+    alive by the program; an argument seen once is remembered by its id and address alone."""
 
     __slots__ = ("compiled", "feeds", "x64", "held", "every", "device", "arguments", "memory_bytes")
 
@@ -229,7 +232,7 @@ class _Call:
 
     def __call__(self, inputs: list) -> list:
         feeds, n = self.feeds, self.arguments
-        args = [feeds[i].array(inputs[i]) for i in range(n)]
+        args = [self._argument(i, feeds[i], inputs[i]) for i in range(n)]
         every, rest = self.every, inputs[n:]
         if every is not None and all(map(operator.is_, every[0], rest)) and list(map(_data_ptr, rest)) == every[1]:
             args += every[2]
@@ -244,6 +247,22 @@ class _Call:
         else:
             outs = self.compiled(*args)
         return _tensors(outs)
+
+    def _argument(self, i: int, feed: _Feed, t: torch.Tensor) -> Any:
+        """The call's own input `i` as XLA takes it: its held array while it is the tensor held
+        at its address; an XLA array of it where it is the tensor of the call before (by id and
+        address) at the same address; else a numpy view (remembered as (id, address, None))."""
+        h = self.held[i]
+        if h:
+            if h[2] is not None:
+                if h[0] is t and h[1] == t.data_ptr():
+                    return h[2]
+            elif h[0] == id(t) and h[1] == t.data_ptr():
+                return self._array(i, feed, t)
+        elif h is False:  # XLA copies this position
+            return feed.array(t)
+        self.held[i] = (id(t), t.data_ptr(), None)
+        return feed.array(t)
 
     def _held(self, i: int, feed: _Feed, t: torch.Tensor) -> Any:
         """Input `i` (past the call's own) as XLA takes it: its held array while it is the same

@@ -147,6 +147,36 @@ def test_a_held_tensor_given_new_memory_of_its_layout_is_handed_to_xla_again(xla
     assert len(ran) == 3, "the program did not run"
 
 
+def test_an_argument_passed_again_is_held_and_followed(xla_tier, monkeypatch):
+    """A call's own argument that is the same tensor at the same address twice running is held
+    as an XLA array sharing its memory; what the program then computes follows the tensor: an
+    in-place write, new memory of the same layout (`.data`), another tensor, and back."""
+    w = torch.randn(7, 3)
+
+    def f(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
+        return (x @ w).tanh().sum(0)
+
+    out, state, traced = _forced(f, X, w)
+    assert _xla_ran(state), state
+    calls = []
+    monkeypatch.setattr(fused_xla._Call, "__call__",
+                        lambda self, inputs, call=fused_xla._Call.__call__: calls.append(self) or call(self, inputs))
+    other = torch.randn(7, 3)
+    with engine.fused_tier(True):  # (the tests' default is off: VMAPBENCH_FUSED=0, conftest)
+        for step in range(4):
+            torch.testing.assert_close(traced(X, w), f(X, w))
+        held = [h for h in calls[-1].held[:calls[-1].arguments] if h and h[2] is not None]
+        assert any(h[0] is w for h in held), "an argument passed again was not held"
+        w.mul_(2)  # in place, same memory
+        torch.testing.assert_close(traced(X, w), f(X, w))
+        w.data = torch.randn(7, 3)  # the same object, new memory of its layout
+        torch.testing.assert_close(traced(X, w), f(X, w))
+        torch.testing.assert_close(traced(X, other), f(X, other))
+        torch.testing.assert_close(traced(X, w), f(X, w))
+        torch.testing.assert_close(traced(X, w), f(X, w))
+    assert len(calls) == 9, "the program did not run on every call"
+
+
 def test_expanded_and_transposed_inputs_reach_xla_without_a_copy():
     """An input of stride 0 is passed as its one row, a transposed one in memory order."""
     base = torch.randn(3, 1)
