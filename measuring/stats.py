@@ -195,11 +195,17 @@ _T_QUANTILES: Mapping[float, Mapping[int, float]] = {
            10: 3.169, 12: 3.055, 15: 2.947, 20: 2.845, 25: 2.787, 30: 2.750, 40: 2.704, 60: 2.660},
     0.95: {1: 12.706, 2: 4.303, 3: 3.182, 4: 2.776, 5: 2.571, 6: 2.447, 7: 2.365, 8: 2.306, 9: 2.262,
            10: 2.228, 12: 2.179, 15: 2.131, 20: 2.086, 25: 2.060, 30: 2.042, 40: 2.021, 60: 2.000},
+    0.90: {1: 6.314, 2: 2.920, 3: 2.353, 4: 2.132, 5: 2.015, 6: 1.943, 7: 1.895, 8: 1.860, 9: 1.833,
+           10: 1.812, 12: 1.782, 15: 1.753, 20: 1.725, 25: 1.708, 30: 1.697, 40: 1.684, 60: 1.671},
 }
+# "unchanged" is an equivalence test (two one-sided tests, TOST, each at EQUIVALENCE_ALPHA): the
+# change's (1 - 2 x alpha) interval within the floor. "slower" keeps the CONFIDENCE interval.
+EQUIVALENCE_ALPHA = 0.05
+EQUIVALENCE_CONFIDENCE = 1 - 2 * EQUIVALENCE_ALPHA
 
 
 def t_quantile(df: int, confidence: float = CONFIDENCE) -> float:
-    """The two-sided Student's t quantile for `df` degrees of freedom (a table: 0.99 and 0.95)."""
+    """The two-sided Student's t quantile for `df` degrees of freedom (a table: 0.99, 0.95, 0.90)."""
     table = _T_QUANTILES.get(round(confidence, 4))
     if table is None:
         raise ValueError(f"t_quantile: confidence {confidence} is not tabulated (use one of {sorted(_T_QUANTILES)})")
@@ -274,13 +280,16 @@ def verdicts(lo: Any, hi: Any, n: Any, noise_floor: Any = DEFAULT_NOISE_FLOOR,
     return np.where(slower, "slower", np.where(faster, "faster", "unchanged"))
 
 
-def gate_verdict(change: Estimate, noise_floor: float, higher_is_better: bool = False) -> str:
+def gate_verdict(change: Estimate, noise_floor: float, higher_is_better: bool = False,
+                 equivalence: Estimate | None = None) -> str:
     """The gate's verdict on a head/base `change`: `verdict`'s three, plus "inconclusive".
 
     "slower"/"faster" when the whole interval lies beyond the floor (as `verdict`); "unchanged"
-    only when the whole interval lies within it; "inconclusive" when the interval reaches across
-    a floor boundary, or there is no interval (fewer than MIN_SAMPLES a side): too wide to decide,
-    and never reported as a regression. An infinite floor (the noise is unknown) decides nothing."""
+    only when the whole interval lies within it, or where `equivalence` is given (the same change
+    at EQUIVALENCE_CONFIDENCE: a TOST equivalence test) when that interval does; "inconclusive"
+    when the interval reaches across a floor boundary, or there is no interval (fewer than
+    MIN_SAMPLES a side): too wide to decide, and never reported as a regression. An infinite floor
+    (the noise is unknown) decides nothing."""
     if math.isinf(noise_floor):
         return "inconclusive"
     called = verdict(change, noise_floor, higher_is_better)
@@ -288,7 +297,8 @@ def gate_verdict(change: Estimate, noise_floor: float, higher_is_better: bool = 
         return called
     if change.n < MIN_SAMPLES:
         return "inconclusive"
-    inside = change.lo >= 1 / (1 + noise_floor) and change.hi <= 1 + noise_floor
+    within = equivalence if equivalence is not None else change
+    inside = within.lo >= 1 / (1 + noise_floor) and within.hi <= 1 + noise_floor
     return "unchanged" if inside else "inconclusive"
 
 

@@ -194,6 +194,26 @@ def test_gate_verdict_calls_inconclusive_what_an_interval_cannot_decide():
     assert stats.gate_verdict(stats.Estimate(0.7, 0.6, 0.8, 5), floor, higher_is_better=True) == "slower"
 
 
+def test_unchanged_is_an_equivalence_test_and_slower_keeps_its_interval():
+    """With the change's 90% interval (TOST at 5% a side) a 99% interval reaching past the floor
+    can still be "unchanged" where the 90% one lies within it; "slower" is decided by the 99%
+    interval alone, so no equivalence interval makes a change slower or keeps it from being so."""
+    floor = 0.10
+    wide, narrow = stats.Estimate(1.04, 0.96, 1.13, 8), stats.Estimate(1.04, 0.99, 1.08, 8)
+    assert stats.gate_verdict(wide, floor) == "inconclusive"
+    assert stats.gate_verdict(wide, floor, equivalence=narrow) == "unchanged"
+    assert stats.gate_verdict(wide, floor, equivalence=stats.Estimate(1.04, 0.98, 1.11, 8)) == "inconclusive"
+    slow = stats.Estimate(1.3, 1.2, 1.4, 8)
+    assert stats.gate_verdict(slow, floor, equivalence=stats.Estimate(1.0, 0.99, 1.01, 8)) == "slower"
+    reaching = stats.Estimate(1.15, 1.05, 1.25, 8)
+    assert stats.gate_verdict(reaching, floor, equivalence=stats.Estimate(1.15, 1.12, 1.18, 8)) == "inconclusive"
+    # the 90% interval of the same ratios is inside the 99% one
+    ratios = [1.02, 0.97, 1.05, 1.01, 0.99, 1.04, 1.0, 1.03]
+    e99, e90 = stats.paired_ratio(ratios), stats.paired_ratio(ratios, stats.EQUIVALENCE_CONFIDENCE)
+    assert e99.lo < e90.lo <= e90.value == e99.value <= e90.hi < e99.hi
+    assert stats.t_quantile(5, 0.90) < stats.t_quantile(5, 0.95) < stats.t_quantile(5, 0.99)
+
+
 def test_calibrated_floor_is_none_without_a_file_or_an_entry(tmp_path):
     point = "bench_workloads.mlp_hvp.instructions('hidden=128,k=8', 'engine', 'cpu')"
     assert stats.calibrated_floor(point, "fresh", root=tmp_path) is None
@@ -214,4 +234,4 @@ def test_paired_ratio_widens_with_few_pairs():
     assert many.hi < 0.8 and many.lo > 0.65  # enough pairs: an interval that decides
     assert few.value == pytest.approx(0.72) and stats.t_quantile(2) == pytest.approx(9.925)
     with pytest.raises(ValueError, match="not tabulated"):
-        stats.t_quantile(5, 0.9)
+        stats.t_quantile(5, 0.8)

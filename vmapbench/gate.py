@@ -28,8 +28,9 @@ So:
   signals (`evidence_floors`); never a blanket default;
 - per signal, head/base gets an interval (the bootstrap of the median of the round-by-round ratios
   for times, the extremes of the counts), and stats.gate_verdict calls it "slower" only when the
-  whole interval lies beyond the floor; an interval reaching across the floor is "inconclusive",
-  never "slower".
+  whole interval lies beyond the floor; "unchanged" where a time signal's 90% interval lies
+  within it (an equivalence test, TOST at 5% a side); an interval reaching across the floor is
+  "inconclusive", never "slower".
 
 Exit codes, as asv continuous: 0 nothing regressed (improvements are fine), 1 a gated signal is
 slower (only those are named, with their intervals), 2 a case failed at head or a measuring
@@ -523,13 +524,21 @@ def round_ratios(base: Runs, other: Runs, name: str) -> list[float]:
     return out
 
 
-def paired_change(base: Runs, head: Runs, name: str) -> stats.Estimate:
+def paired_change(base: Runs, head: Runs, name: str, confidence: float = stats.CONFIDENCE) -> stats.Estimate:
     """head/base of a time signal: the median of its pair-by-pair ratios (base and head timed
-    moments apart in one process) with stats.paired_ratio's interval."""
+    moments apart in one process) with stats.paired_ratio's interval at `confidence`."""
     ratios = round_ratios(base, head, name)
     if not ratios:
         raise ValueError(f"{name}: no round measured on both sides")
-    return stats.paired_ratio(ratios)
+    return stats.paired_ratio(ratios, confidence)
+
+
+def _equivalence(base: Runs, head: Runs, name: str) -> stats.Estimate | None:
+    """The change of a time signal at stats.EQUIVALENCE_CONFIDENCE (what "unchanged" tests)."""
+    try:
+        return paired_change(base, head, name, stats.EQUIVALENCE_CONFIDENCE)
+    except (ValueError, ZeroDivisionError):
+        return None
 
 
 def twin_spread(base: Runs, twin: Runs) -> dict[str, float]:
@@ -626,14 +635,17 @@ def compare(base_runs: Runs, head_runs: Runs, machine: str | None, root: Path | 
         else:
             floor, source = math.inf, "none"
         hib = stats.higher_is_better(name)
-        decided = stats.gate_verdict(change, floor, hib) if gated else stats.verdict(change, floor, hib)
-        if gated and not stats.is_exact(name) and twin_runs:
+        timed = gated and not stats.is_exact(name)
+        equivalence = _equivalence(base_runs, head_runs, name) if timed else None
+        decided = stats.gate_verdict(change, floor, hib, equivalence) if gated else stats.verdict(change, floor, hib)
+        if timed and twin_runs:
             try:  # (ValueError: the twin has no round of this signal)
                 other = paired_change(base_runs, twin_runs, name)
             except (ValueError, ZeroDivisionError):
                 other = None
             if other is not None:
-                decided = _agreed(decided, stats.gate_verdict(other, floor, hib))
+                decided = _agreed(decided, stats.gate_verdict(other, floor, hib,
+                                                              _equivalence(base_runs, twin_runs, name)))
                 change = min((change, other), key=lambda c: abs(math.log(c.value)))
         rows.append(Row(name, gated, decided, floor, change, stats.estimate(b), stats.estimate(h), source))
     return rows
