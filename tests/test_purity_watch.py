@@ -255,7 +255,7 @@ def test_global_names_read_from_raw_bytecode_match_dis():
 
     import torch.distributions  # noqa: F401  (more code to compare on)
 
-    codes, stack = set(), [f.__code__ for f in gc.get_objects() if isinstance(f, types.FunctionType)]
+    codes, stack = set(), [f.__code__ for f in gc.get_objects() if type(f) is types.FunctionType]
     while stack:
         code = stack.pop()
         if code not in codes:
