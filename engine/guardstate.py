@@ -828,8 +828,6 @@ def _tag_check(guard: StateGuard) -> Callable[[], bool]:
     return ns["check"]
 
 
-
-
 def _flattener(args: tuple) -> Callable[[tuple], list | None] | None:
     """None where `args` are plain tensors (their tuple is the flat list); else `flatten(args)`:
     the tensors in engine.trace's leaf order (a dict's values in its key order), or None where the

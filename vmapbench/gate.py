@@ -655,11 +655,15 @@ def regressions(rows: Iterable[Row]) -> list[Row]:
     return [r for r in rows if r.gated and r.verdict == "slower"]
 
 
+def smallest_plant() -> float:
+    """The smallest slowdown factor of PLANTS: what the gate is calibrated to catch."""
+    return min(factor for factor, _ in PLANTS.values())
+
+
 def decidable_noise() -> float:
     """The largest twin noise (a fraction) at which the gate still decides: an evidence floor
-    of EVIDENCE_MARGIN x this noise equals the smallest slowdown of PLANTS."""
-    smallest = min(factor for factor, _ in PLANTS.values())
-    return math.expm1(math.log(smallest) / EVIDENCE_MARGIN)
+    of EVIDENCE_MARGIN x this noise equals smallest_plant()."""
+    return math.expm1(math.log(smallest_plant()) / EVIDENCE_MARGIN)
 
 
 # --- reporting -----------------------------------------------------------------------------------
@@ -693,14 +697,13 @@ def tally(rows: Iterable[Row]) -> dict[str, int]:
 def markdown(rows: Sequence[Row], failed: Mapping[str, str], title: str, skipped: Sequence[str] = (),
              too_noisy: float | None = None) -> str:
     """A GitHub job summary: the verdict, the called changes, then every signal in a <details>.
-    `too_noisy`: the run's noise where the gate answered "too noisy to decide" (Outcome.too_noisy)."""
+    `too_noisy`: the run's noise where the gate answered "too noisy to decide" (exit TOO_NOISY_EXIT)."""
     gated = [r for r in rows if r.gated]
     slower = regressions(rows)
     faster = [r for r in gated if r.verdict == "faster"]
     counts = tally(rows)
     head = ("**failed**" if failed else f"**too noisy to decide** (this run's noise {too_noisy:.1%})"
-            if too_noisy is not None and not any(stats.is_exact(r.name) for r in slower)
-            else "**regression**" if slower else "**no regression**")
+            if too_noisy is not None else "**regression**" if slower else "**no regression**")
     lines = [f"### {title}", "",
              f"{head}: {len(gated)} gated signals ({sum(stats.is_count(r.name) for r in gated)} instruction counts, "
              f"{sum(stats.is_memory(r.name) for r in gated)} allocator peaks), "
@@ -836,7 +839,7 @@ def report(result: Outcome, base: str, head: str, summary_md: Path | None, json_
     if result.exit_code == TOO_NOISY_EXIT:
         print(f"\ngate: TOO NOISY TO DECIDE: this run's noise, {result.twin_noise:.1%} (head against its twin), "
               f"is above {decidable_noise():.1%}, where its floors could no longer see a "
-              f"{min(f for f, _ in PLANTS.values())}x slowdown, and no instruction count or allocator peak is "
+              f"{smallest_plant()}x slowdown, and no instruction count or allocator peak is "
               f"slower. Run it again on a quieter machine (exit {TOO_NOISY_EXIT})."
               + (f" Time signals that read slower: {', '.join(_short(r.name) for r in slower)}." if slower else ""))
     elif slower:
@@ -848,7 +851,7 @@ def report(result: Outcome, base: str, head: str, summary_md: Path | None, json_
     if summary_md is not None:
         with summary_md.open("a") as fh:
             fh.write(markdown(result.rows, result.failed, f"Benchmarks gate: {base} -> {head}", result.skipped,
-                              result.twin_noise if result.too_noisy else None) + "\n")
+                              result.twin_noise if result.exit_code == TOO_NOISY_EXIT else None) + "\n")
     if json_out is not None:
         json_out.parent.mkdir(parents=True, exist_ok=True)
         json_out.write_text(json.dumps({"base": base, "head": head, "exit_code": result.exit_code,
