@@ -138,18 +138,25 @@ def rounds(
             if keep:
                 samples[key].append(seconds)
 
+    # (frozen for the rounds only, unless the caller had frozen it: a freeze left behind hides
+    # everything alive from gc.get_objects() for the rest of the process)
+    thaw = collect and gc.get_freeze_count() == 0
     if collect:
         gc.collect()
         gc.freeze()
-    if cuda and not drain_each:
-        synchronize(device)
-    for r in range(warmup_rounds):
-        one_round(r, keep=False)
-    started = clock() if stop is not None else 0.0
-    for r in range(count):
-        one_round(r, keep=True)
-        if stop is not None and stop(r, samples, lambda: clock() - started):
-            break
+    try:
+        if cuda and not drain_each:
+            synchronize(device)
+        for r in range(warmup_rounds):
+            one_round(r, keep=False)
+        started = clock() if stop is not None else 0.0
+        for r in range(count):
+            one_round(r, keep=True)
+            if stop is not None and stop(r, samples, lambda: clock() - started):
+                break
+    finally:
+        if thaw:
+            gc.unfreeze()
     return samples
 
 
