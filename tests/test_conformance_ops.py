@@ -162,3 +162,27 @@ def test_inplace_op_without_rule_runs_its_out_of_place_rule(name: str) -> None:
 def test_inplace_twin_keeps_the_in_place_dtype_check() -> None:
     with pytest.raises(RuntimeError, match="can't be cast"):
         engine.vmap(lambda a: a.clone().copysign_(torch.tensor(-1.0)))(torch.arange(12).reshape(3, 4))
+
+
+SOFTMAX_BACKWARD = {
+    "log": lambda g, y: torch.ops.aten._log_softmax_backward_data(g, y, -1, g.dtype),
+    "plain": lambda g, y: torch.ops.aten._softmax_backward_data(g, y, y.dim() - 1, g.dtype),
+    "log_dim0": lambda g, y: torch.ops.aten._log_softmax_backward_data(g, y, 0, g.dtype),
+}
+
+
+@pytest.mark.parametrize("name", sorted(SOFTMAX_BACKWARD))
+@pytest.mark.parametrize("classes", [1, 4, 7, 8, 33])
+@pytest.mark.parametrize("in_dims", [(0, 0), (0, None), (None, 0), (1, 0)])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+def test_softmax_backwards_match_loop(name: str, classes: int, in_dims: tuple, dtype: torch.dtype) -> None:
+    """The softmax backwards under vmap, short last dims (a formula on float32) and long, against
+    the loop, either argument unbatched."""
+    g = torch.Generator().manual_seed(classes)
+    grad = torch.randn(5, 6, classes, generator=g, dtype=dtype)
+    out = torch.randn(5, 6, classes, generator=g, dtype=dtype).log_softmax(-1)
+    if name == "plain":
+        out = out.exp()
+    grad = grad if in_dims[0] != 1 else grad.movedim(0, 1).contiguous()
+    grad, out = (grad[0] if in_dims[0] is None else grad), (out[0] if in_dims[1] is None else out)
+    check(SOFTMAX_BACKWARD[name], in_dims, grad, out, exact=False)
