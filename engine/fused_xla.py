@@ -151,10 +151,30 @@ def _agrees(got: list, expected: list) -> None:
         if e.dtype.is_floating_point:
             rtol, atol = TOLERANCE.get(e.dtype, (1e-4, 1e-5))
             scale = float(e.abs().nan_to_num(0, 0, 0).max()) if e.numel() else 0.0
-            torch.testing.assert_close(g, e, rtol=rtol, atol=atol * max(scale, 1.0), equal_nan=True,
-                                       msg=lambda m, i=i: f"the XLA program's output {i} differs from the replay's: {m}")
+            why = _difference(g, e, rtol, atol * max(scale, 1.0))
+            if why is not None:
+                raise XlaRejected(f"the XLA program's output {i} differs from the replay's: {why}")
         elif not torch.equal(g, e):
             raise XlaRejected(f"output {i} differs from the replay's")
+
+
+def _difference(got: torch.Tensor, expected: torch.Tensor, rtol: float, atol: float) -> str | None:
+    """None where every element is within atol + rtol * |expected| (NaN where the replay has NaN,
+    an infinity exactly), else what differs: torch.testing.assert_close's rule, without its first
+    call's imports (torch.distributed, sympy: most of a second, holding the GIL the caller needs)."""
+    nan = expected.isnan()
+    if not torch.equal(got.isnan(), nan):
+        return "NaN where the replay has a number, or a number where it has NaN"
+    finite = expected.isfinite()
+    infinite = ~finite & ~nan
+    if infinite.any() and not torch.equal(got[infinite], expected[infinite]):
+        return "an infinity where the replay has another value"
+    excess = ((got - expected).abs() - rtol * expected.abs()).masked_fill(~finite, 0)
+    if excess.numel() and float(excess.max()) > atol:
+        worst = int(excess.argmax())
+        return (f"{int((excess > atol).sum())} of {excess.numel()} elements beyond rtol {rtol:g}, atol {atol:g}; "
+                f"at flat index {worst}: {got.reshape(-1)[worst].item()!r} against {expected.reshape(-1)[worst].item()!r}")
+    return None
 
 
 class _Feed:

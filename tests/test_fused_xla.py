@@ -321,3 +321,21 @@ def test_the_tiers_own_jax_runs_programs_on_the_calling_thread(first, asynchrono
     done = subprocess.run([sys.executable, "-c", _DISPATCH, first], cwd=root, capture_output=True, text=True,
                           timeout=120, check=True)
     assert done.stdout.strip().splitlines()[-1] == asynchronous
+
+
+def test_the_agreement_check_follows_assert_closes_rule():
+    """fused_xla._difference: within atol + rtol * |expected| passes, NaN only where the replay has
+    NaN, an infinity only as itself; what differs is named."""
+    e = torch.tensor([1.0, -2.0, float("nan"), float("inf"), float("-inf"), 0.0])
+    assert fused_xla._difference(e.clone(), e, 1e-5, 1e-6) is None
+    assert fused_xla._difference(e + torch.tensor([1e-6, -1e-5, 0, 0, 0, 5e-7]), e, 1e-5, 1e-6) is None
+    beyond = e.clone()
+    beyond[1] = -2.001
+    assert "1 of 6 elements" in fused_xla._difference(beyond, e, 1e-5, 1e-6)
+    for i, v in [(2, 1.0), (0, float("nan")), (3, 1e30), (4, float("inf")), (5, float("inf"))]:
+        wrong = e.clone()
+        wrong[i] = v
+        assert fused_xla._difference(wrong, e, 1e-5, 1e-6) is not None, (i, v)
+    for e, g in [(torch.full((2, 3), 1e-6), torch.full((2, 3), 2e-6))]:
+        assert fused_xla._difference(g, e, 0.0, 1e-6) is None
+        assert fused_xla._difference(g, e, 0.0, 5e-7) is not None
