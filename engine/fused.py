@@ -598,7 +598,9 @@ class Tier:
         """The backend for this signature and what its compile is expected to cost: XLA's measured
         compile time, or for inductor nothing when the program is on disk (checked once)."""
         self.backend = _backend_for(entry.gm, inputs)
-        if self.backend == "xla":
+        if self.backend == "xla" and BACKEND == "auto" and self._known(entry, inputs):
+            self.backend, self.cost = "inductor", 0.0  # inductor's program is on disk: it loads, and runs fastest
+        elif self.backend == "xla":
             self.cost = _xla_cost()
         elif self.backend == "inductor":
             self.cost = 0.0 if self._known(entry, inputs) else COLD_COMPILE_S

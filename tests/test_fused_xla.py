@@ -252,6 +252,22 @@ def test_auto_chooses_xla_where_it_can_and_inductor_elsewhere(monkeypatch):
     assert fused._backend_for(random, [X]) == "inductor"  # a program must draw what the replay draws
 
 
+@pytest.mark.parametrize("on_disk", [True, False])
+def test_auto_takes_inductors_program_where_it_is_on_disk(monkeypatch, on_disk):
+    """Under auto a signature whose inductor program is on disk loads it (at no compile cost);
+    otherwise XLA compiles it, at XLA's cost."""
+    monkeypatch.setattr(fused, "BACKEND", "auto")
+    monkeypatch.setattr(fused.Tier, "_known", lambda self, entry, inputs: on_disk)
+
+    class Entry:
+        gm = make_fx(lambda x: x * 2)(X)
+
+    entry = Entry()
+    tier = fused.Tier(entry)
+    tier._choose(entry, [X])
+    assert (tier.backend, tier.cost) == (("inductor", 0.0) if on_disk else ("xla", fused._xla_cost()))
+
+
 def test_without_jax_the_tier_says_so_once_and_uses_inductor(monkeypatch):
     monkeypatch.setattr(fused, "BACKEND", "auto")
     monkeypatch.setattr(fused_xla, "available", lambda: "jax is not installed (pip install 'jax[cpu]')")
