@@ -9,6 +9,7 @@ docs/design/fused.md.
 """
 from __future__ import annotations
 
+import atexit
 import contextlib
 import functools
 import hashlib
@@ -17,6 +18,7 @@ import itertools
 import operator
 import os
 import queue
+import signal
 import subprocess
 import sys
 import threading
@@ -462,8 +464,12 @@ class _Compiler:
             # run_path, not the script itself: the script's folder (engine/) on sys.path would
             # shadow standard modules (trace, functional) in the worker
             code = f"import runpy; runpy.run_path({str(script)!r}, run_name='__main__')"
+            # its own process group (POSIX): ended whole, with the compilers it runs, when this
+            # process exits (below) or dies (the worker watches for that: fused_worker.exit_with_parent)
             self._process = subprocess.Popen([sys.executable, "-c", code], stdin=subprocess.PIPE,
-                                             stdout=subprocess.PIPE, stderr=subprocess.DEVNULL)
+                                             stdout=subprocess.PIPE, stderr=subprocess.DEVNULL,
+                                             start_new_session=hasattr(os, "killpg"))
+            atexit.register(_end_worker, self._process)
         return self._process
 
     def _compile(self, job: Job) -> str:
@@ -478,6 +484,20 @@ class _Compiler:
         if status != "ok":
             raise RuntimeError(f"inductor could not compile the graph: {payload}")
         return payload
+
+
+def _end_worker(process: subprocess.Popen) -> None:
+    """At this process's exit: the compile worker and its compilers, if still running (a compile
+    it has not returned would reach no one)."""
+    if process.poll() is not None:
+        return
+    try:
+        if hasattr(os, "killpg"):
+            os.killpg(process.pid, signal.SIGKILL)
+        else:
+            process.kill()
+    except OSError:  # gone meanwhile
+        pass
 
 
 _COMPILER = _Compiler()  # inductor's jobs, through the worker process

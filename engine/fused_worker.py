@@ -15,9 +15,12 @@ caller), so the caller's import of the module source finds them there instead of
 from __future__ import annotations
 
 import operator
+import os
 import pickle
+import signal
 import struct
 import sys
+import threading
 import time
 import traceback
 from typing import Any, BinaryIO
@@ -181,7 +184,25 @@ def serve(stdin: BinaryIO, stdout: BinaryIO) -> None:
         write_message(stdout, (job, "ok", source, time.perf_counter() - start))
 
 
+def exit_with_parent(poll_s: float = 0.5) -> None:
+    """End this worker, and the compilers it started, once the process that started it is gone
+    (a compile outliving its caller would take a core from whatever runs next, for up to minutes,
+    and its program would reach no one: the caller stores it). A daemon thread polls the parent
+    id; the worker leads its own process group (the caller starts it so), killed whole."""
+    parent = os.getppid()
+
+    def watch() -> None:
+        while os.getppid() == parent:
+            time.sleep(poll_s)
+        if hasattr(os, "killpg") and os.getpgrp() == os.getpid():
+            os.killpg(os.getpid(), signal.SIGKILL)
+        os._exit(0)
+
+    threading.Thread(target=watch, name="exit-with-parent", daemon=True).start()
+
+
 if __name__ == "__main__":
+    exit_with_parent()
     import torch
 
     torch.set_num_threads(1)

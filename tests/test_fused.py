@@ -544,3 +544,69 @@ def test_a_program_refuses_inputs_of_other_sizes_dtype_or_device_with_the_same_s
     assert program([x.view(torch.int32)]) is None
     assert program([torch.randn(8)]) is None  # same strides (1,), other sizes
     assert program([x.double()]) is None
+
+
+def _running(pid: int) -> bool:
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().split(")")[-1].split()[0] != "Z"  # a zombie has ended
+    except FileNotFoundError:
+        return False
+
+
+def _ends(pid: int, within_s: float = 60.0) -> bool:
+    import time
+
+    deadline = time.monotonic() + within_s
+    while _running(pid) and time.monotonic() < deadline:
+        time.sleep(0.2)
+    return not _running(pid)
+
+
+@pytest.mark.skipif(not hasattr(__import__("os"), "killpg") or not __import__("os").path.isdir("/proc"),
+                    reason="POSIX process groups and /proc")
+def test_the_compile_worker_ends_with_the_process_that_started_it():
+    """A compile worker left running after its caller is gone would take a core from whatever
+    runs next, for minutes, for a program no one stores: a process under
+    fused_worker.exit_with_parent (the worker runs it first), busy, ends with the compilers it
+    started once its parent dies without running exit handlers. The tier starts its worker
+    leading its own process group."""
+    import os
+    import subprocess
+    import sys
+
+    busy = ("import subprocess, time\nfrom engine.fused_worker import exit_with_parent\nexit_with_parent(0.1)\n"
+            "c = subprocess.Popen(['sleep', '600'])\nprint(c.pid, flush=True)\ntime.sleep(600)\n")
+    parent = ("import os, subprocess, sys\n"
+              f"w = subprocess.Popen([sys.executable, '-c', {busy!r}], stdout=subprocess.PIPE, text=True, "
+              "start_new_session=True)\n"
+              "print(w.pid, w.stdout.readline().strip(), flush=True)\nos._exit(0)\n")
+    out = subprocess.run([sys.executable, "-c", parent], capture_output=True, text=True, timeout=120, check=True)
+    worker, child = map(int, out.stdout.split()[-2:])
+    assert _ends(worker), f"the worker {worker} outlived its caller"
+    assert _ends(child), f"the worker's compiler {child} outlived it"
+
+    code = "import os\nfrom engine import fused\nw = fused._COMPILER._worker()\nprint(w.pid, os.getsid(w.pid), flush=True)\n"
+    pid, session = map(int, subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120,
+                                           check=True).stdout.split()[-2:])
+    assert session == pid, "the tier's worker does not lead its own process group"
+    assert _ends(pid)
+    assert "exit_with_parent()" in open(fused.__file__.replace("fused.py", "fused_worker.py")).read().split(
+        'if __name__ == "__main__":')[1]
+
+
+@pytest.mark.skipif(not hasattr(__import__("os"), "killpg") or not __import__("os").path.isdir("/proc"),
+                    reason="POSIX process groups and /proc")
+def test_at_exit_a_busy_worker_is_ended_with_its_children():
+    """fused._end_worker (registered at exit) ends a worker still compiling, and what it runs."""
+    import subprocess
+    import sys
+
+    code = "import subprocess, sys, time\nc = subprocess.Popen(['sleep', '120'])\nprint(c.pid, flush=True)\ntime.sleep(120)\n"
+    process = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, text=True,
+                               start_new_session=True)
+    child = int(process.stdout.readline())
+    fused._end_worker(process)
+    process.wait(30)
+    assert _ends(child), "the worker's compiler outlived it"
+    fused._end_worker(process)  # a second call, on a process gone: nothing
