@@ -75,11 +75,13 @@ def _mode_from(value: str) -> str:
 
 _DEFAULT = _mode_from(os.environ.get("VMAPBENCH_FUSED", "1"))
 
-# Which compiler makes CPU programs: "inductor" (the default: its programs run fastest, see
-# docs/design/fused.md), "xla" (XLA or nothing), "auto" (XLA where jax is usable and has a rule for
-# every op of the graph, else inductor). CUDA programs are inductor's.
+# Which compiler makes CPU programs: "auto" (the default: XLA first where jax is usable and has a
+# rule for every op of the graph, its compile a fraction of a second; then inductor, whose compile
+# takes tens of seconds for programs that run faster, once the XLA program's calls pay for it: see
+# Tier.climb and docs/design/fused.md), "inductor" (inductor only), "xla" (XLA or nothing). CUDA
+# programs are inductor's.
 BACKENDS = ("inductor", "xla", "auto")
-BACKEND = os.environ.get("VMAPBENCH_FUSED_BACKEND", "inductor").strip().lower() or "inductor"
+BACKEND = os.environ.get("VMAPBENCH_FUSED_BACKEND", "auto").strip().lower() or "auto"
 if BACKEND not in BACKENDS:
     raise ValueError(f"VMAPBENCH_FUSED_BACKEND={BACKEND!r}: expected one of {', '.join(BACKENDS)}")
 
@@ -580,7 +582,8 @@ class Tier:
     compile job. `entry` is held weakly: an evicted signature's compile finishes into nothing.
     """
 
-    __slots__ = ("replays", "replay_seconds", "state", "job", "error", "backend", "cost", "_entry", "__weakref__")
+    __slots__ = ("replays", "replay_seconds", "state", "job", "error", "backend", "cost", "below", "_entry",
+                 "__weakref__")
 
     def __init__(self, entry: Any) -> None:
         self.replays = 0
@@ -590,6 +593,8 @@ class Tier:
         self.error: str | None = None
         self.backend: str | None = None  # chosen at the MIN_REPLAYS-th replay ("xla" or "inductor")
         self.cost = COLD_COMPILE_S  # what the compile is expected to cost the caller, in seconds
+        # under auto, the XLA program the signature runs while inductor's is compiled and tried (see climb)
+        self.below: FusedProgram | None = None
         self._entry = weakref.ref(entry)
 
     def seen(self, seconds: float, inputs: list, mode: str) -> None:
@@ -602,6 +607,8 @@ class Tier:
                 for watch in REPLAY_WATCHERS:
                     watch(entry.gm, inputs, len(entry.tensor_pos))
         if mode == FORCE:
+            if BACKEND == "auto" and self.backend is None:
+                self.backend = "inductor"  # waited for anyway: the program auto ends with (see climb)
             self.promote(inputs, wait=True)
         # (on every replay: `pays` inline, the entry looked up only where it may hold)
         elif self.replays == MIN_REPLAYS or (self.replays > MIN_REPLAYS
@@ -675,6 +682,11 @@ class Tier:
 
     def finished(self, job: Job) -> None:
         """Called by the compiler thread: switch the entry to the program (or record the failure)."""
+        if job.program is None and self.below is not None:
+            # inductor failed where the XLA program runs: it keeps running
+            self.state, self.backend, self.error = "fused", "xla", f"inductor: {job.error}"
+            self.below = None
+            return
         if job.program is None:
             self.state, self.error = "failed", job.error
             if job.backend == "xla" and BACKEND == "auto":
@@ -691,14 +703,53 @@ class Tier:
         if entry is not None:
             program = job.program
             if TRIAL_CALLS and all(m[3].type == "cpu" for m in job.meta):
-                program = Trial(program, entry, self)
+                program = Trial(program, entry, self, self.below)
             elif graphable(job.meta, entry.gm):
                 program = CudaGraphed(program)
+            else:
+                program = self.kept(program)
             entry.fused = program
+
+    def kept(self, program: "FusedProgram") -> Any:
+        """What runs once `program` is in place: under auto an XLA program is timed toward
+        inductor's compile (`Climb`); anything else runs as it is."""
+        self.below = None
+        if self.backend == "xla" and BACKEND == "auto":
+            self.replays, self.replay_seconds, self.cost = 0, 0.0, COLD_COMPILE_S
+            return Climb(program, self)
+        return program
+
+    def climb(self, seconds: float, climb: "Climb") -> None:
+        """An XLA program's call of `seconds` ran (under auto). XLA is the tier's first compiler:
+        its compile costs a fraction of a second, inductor's tens of seconds for programs that run
+        faster (docs/design/fused.md). So the XLA program's time counts toward inductor's compile
+        as the replay's counted toward XLA's (`pays`); once it pays, inductor compiles in its
+        worker while the XLA program runs, and its program is tried against the XLA one: the
+        faster is kept."""
+        self.replays += 1
+        self.replay_seconds += seconds
+        if not pays(self.replays, self.replay_seconds, self.cost):
+            return
+        entry = self._entry()
+        if entry is None or self.job is None or self.state != "fused":
+            return
+        entry.fused = climb.program  # no more timing
+        xla = self.job
+        self.below, self.backend, self.state = climb.program, "inductor", "pending"
+        self.job = Job(self, xla.description, xla.meta, xla.key, INDEX.get(xla.key))
+        _COMPILER.submit(self.job)
 
     def slower(self, entry: Any, fused_s: float, replay_s: float) -> None:
         """The trial found the program slower than the replay: the signature stays on the replay
-        (under `auto`, an XLA program's signature counts on toward inductor, as a refused one does)."""
+        (under `auto`, an XLA program's signature counts on toward inductor, as a refused one does);
+        or, for inductor's program tried against the XLA one (`climb`), on the XLA program."""
+        if self.below is not None:
+            self.state, self.backend = "fused", "xla"
+            self.error = (f"inductor's program took {fused_s * 1e3:.3g} ms a call against the XLA program's "
+                          f"{replay_s * 1e3:.3g} ms (medians of {TRIAL_CALLS} calls each, alternated): XLA's is kept")
+            entry.fused, self.below = self.below, None
+            DROPPED.append(self.error)
+            return
         self.state = "slower"
         self.error = (f"the program took {fused_s * 1e3:.3g} ms a call against the replay's {replay_s * 1e3:.3g} ms "
                       f"(medians of {TRIAL_CALLS} calls each, alternated): the replay is kept")
@@ -836,12 +887,14 @@ class Trial:
     convolutions, where its layout choices cost more than fusing saves) is dropped, and the signature keeps replaying (`Tier.slower`, shown by tiers()); else
     the entry gets the program itself. Either side's result is the call's (the replay's is exact, the
     program's within the tier's tolerance). On CUDA, host time says little of a program's cost, so
-    CUDA programs start without a trial. It stands in for the program meanwhile (its attributes)."""
+    CUDA programs start without a trial. It stands in for the program meanwhile (its attributes).
+    `baseline`: a program to try it against instead of the replay (inductor's against XLA's, Tier.climb)."""
 
-    __slots__ = ("program", "entry", "tier", "calls", "times")
+    __slots__ = ("program", "entry", "tier", "calls", "times", "baseline")
 
-    def __init__(self, program: "FusedProgram", entry: Any, tier: Tier) -> None:
+    def __init__(self, program: "FusedProgram", entry: Any, tier: Tier, baseline: Any = None) -> None:
         self.program, self.entry, self.tier = program, weakref.ref(entry), tier
+        self.baseline = baseline
         self.calls = 0
         self.times: tuple[list[float], list[float]] = ([], [])
 
@@ -852,10 +905,15 @@ class Trial:
         entry = self.entry()
         if entry is None:
             return self.program(inputs, *rest)
-        side = self.calls & 1  # 0: the program, 1: the replay
+        side = self.calls & 1  # 0: the program, 1: the replay (or the baseline)
         self.calls += 1
         start = time.perf_counter()
-        outs = entry.run(*inputs) if side else self.program(inputs, *rest)
+        if not side:
+            outs = self.program(inputs, *rest)
+        elif self.baseline is None:
+            outs = entry.run(*inputs)
+        else:
+            outs = self.baseline(inputs, *rest)
         seconds = time.perf_counter() - start
         if outs is None:  # the program's checks failed: the caller replays, and this is no timing
             return None
@@ -866,7 +924,27 @@ class Trial:
             if fused_s > SLOWER * replay_s:
                 self.tier.slower(entry, fused_s, replay_s)
             else:
-                entry.fused = self.program
+                entry.fused = self.tier.kept(self.program)
+        return outs
+
+
+class Climb:
+    """An XLA program under auto, each call timed toward inductor's compile (Tier.climb); it
+    stands in for the program (its attributes)."""
+
+    __slots__ = ("program", "tier")
+
+    def __init__(self, program: "FusedProgram", tier: Tier) -> None:
+        self.program, self.tier = program, tier
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.program, name)
+
+    def __call__(self, inputs: list, *rest: Any) -> Any:
+        start = time.perf_counter()
+        outs = self.program(inputs, *rest)
+        if outs is not None:
+            self.tier.climb(time.perf_counter() - start, self)
         return outs
 
 

@@ -644,7 +644,8 @@ class TracedFunction:
     def tiers(self) -> list[dict[str, Any]]:
         """Each recorded signature's fused-tier state, least recently used first: 'state' (replay,
         pending, fused, failed, ineligible, or None when its graph cannot be fused), the replays
-        counted toward the move up, the compile's (or the load's) seconds, and any error."""
+        counted toward the move up, the compile's (or the load's) seconds, the backend chosen
+        ("xla", "inductor"; None before the choice), and any error."""
         out = []
         for e in self._cache.values():
             p = e.promotion
@@ -655,6 +656,7 @@ class TracedFunction:
                 "replay_seconds": 0.0 if p is None else p.replay_seconds,
                 "compile_seconds": None if job is None else job.seconds,
                 "from_disk": job is not None and job.known is not None,
+                "backend": None if p is None else p.backend,
                 "error": None if p is None else p.error,
             })
         return out

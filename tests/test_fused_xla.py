@@ -355,3 +355,68 @@ def test_the_agreement_check_follows_assert_closes_rule():
     for e, g in [(torch.full((2, 3), 1e-6), torch.full((2, 3), 2e-6))]:
         assert fused_xla._difference(g, e, 0.0, 1e-6) is None
         assert fused_xla._difference(g, e, 0.0, 5e-7) is not None
+
+
+_STAND_IN = """
+CALLS = [0]
+
+def call(args):
+    x = args[0]
+    args.clear()
+    CALLS[0] += 1
+    return (x * 2 + 1,)
+"""
+
+
+@pytest.mark.parametrize("inductor", ["wins", "loses", "fails"])
+def test_under_auto_an_xla_program_climbs_to_inductors(monkeypatch, tmp_path, inductor):
+    """auto: the XLA program first; its calls then count toward inductor's compile, whose program
+    is tried against the XLA one, and the faster kept (a stand-in for inductor's output; which
+    side is faster is set by the trial's threshold); where inductor fails the XLA program runs on.
+    Every call's result is right throughout."""
+    inductor_wins = inductor == "wins"
+    monkeypatch.setattr(fused, "BACKEND", "auto")
+    monkeypatch.setattr(fused, "MIN_REPLAYS", 2)
+    monkeypatch.setattr(fused, "TRIAL_CALLS", 2)
+    monkeypatch.setattr(fused, "SLOWER", 1e9)  # the XLA program passes its trial against the replay
+    monkeypatch.setattr(fused, "COLD_COMPILE_S", 0.0)
+    monkeypatch.setattr(fused, "_xla_cost", lambda: 0.0)
+    monkeypatch.setattr(fused, "INDEX", fused.GraphIndex(tmp_path))
+    compiles = []
+
+    def stand_in(job):
+        compiles.append(job.backend)
+        if inductor == "fails":
+            raise RuntimeError("inductor could not compile the graph: a stand-in's failure")
+        if not inductor_wins:
+            monkeypatch.setattr(fused, "SLOWER", 0.0)  # inductor's program loses to the XLA one
+        return _STAND_IN
+
+    monkeypatch.setattr(fused._COMPILER, "_compile", stand_in)
+    traced = engine.trace(lambda x: x * 2 + 1)
+    x = torch.randn(6)
+    states = []
+    with engine.fused_tier(True):
+        for _ in range(40):
+            torch.testing.assert_close(traced(x), x * 2 + 1)
+            fused.settle(60)
+            (state,) = traced.tiers()
+            states.append((state["state"], state["backend"]))
+    if inductor == "fails":
+        assert states[-1] == ("fused", "xla") and traced.tiers()[0]["error"].startswith("inductor: "), states
+        assert traced._cache[next(iter(traced._cache))].fused.source == "xla"
+        return
+    assert states.index(("fused", "xla")) < states.index(("fused", "inductor")), states
+    assert compiles == ["inductor"]
+    (entry,) = traced._cache.values()
+    program = entry.fused
+    assert type(program) is fused.FusedProgram, program
+    if inductor_wins:
+        assert states[-1] == ("fused", "inductor") and program.source == _STAND_IN
+        calls = program.call.__globals__["CALLS"][0]
+        with engine.fused_tier(True):
+            torch.testing.assert_close(traced(x), x * 2 + 1)
+        assert program.call.__globals__["CALLS"][0] == calls + 1
+    else:
+        assert states[-1] == ("fused", "xla") and program.source == "xla"
+        assert "XLA program's" in traced.tiers()[0]["error"]
