@@ -607,8 +607,10 @@ class Tier:
                 for watch in REPLAY_WATCHERS:
                     watch(entry.gm, inputs, len(entry.tensor_pos))
         if mode == FORCE:
-            if BACKEND == "auto" and self.backend is None:
-                self.backend = "inductor"  # waited for anyway: the program auto ends with (see climb)
+            if BACKEND == "auto" and self.state == "replay":
+                # waited for anyway: the program auto ends with (see climb), whatever was chosen
+                # for this signature before (an XLA choice made in a call that did not force)
+                self.backend, self.cost = "inductor", COLD_COMPILE_S
             self.promote(inputs, wait=True)
         # (on every replay: `pays` inline, the entry looked up only where it may hold)
         elif self.replays == MIN_REPLAYS or (self.replays > MIN_REPLAYS

@@ -420,3 +420,20 @@ def test_under_auto_an_xla_program_climbs_to_inductors(monkeypatch, tmp_path, in
     else:
         assert states[-1] == ("fused", "xla") and program.source == "xla"
         assert "XLA program's" in traced.tiers()[0]["error"]
+
+
+@pytest.mark.parametrize("chosen", [None, "xla"])
+def test_force_under_auto_compiles_inductors_program(monkeypatch, chosen):
+    """force waits for the compile, so under auto it compiles the program auto ends with,
+    inductor's, also where an earlier unforced call had chosen XLA for the signature."""
+    monkeypatch.setattr(fused, "BACKEND", "auto")
+    traced = engine.trace(lambda x: x * 2 + 1)
+    x = torch.randn(4)
+    traced(x)
+    (entry,) = traced._cache.values()
+    tier = fused.Tier(entry)
+    tier.backend = chosen
+    promoted = []
+    monkeypatch.setattr(tier.__class__, "promote", lambda self, inputs, wait: promoted.append((self.backend, wait)))
+    tier.seen(1e-4, [x], fused.FORCE)
+    assert promoted == [("inductor", True)]
