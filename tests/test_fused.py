@@ -11,18 +11,7 @@ import torch
 import engine
 from engine import fused
 from engine.fused_worker import build_graph
-
-# A generated-module stand-in for inductor's output: the same arithmetic as `_double_plus_one`'s
-# graph, counting its calls so a test can tell which tier answered.
-FAKE_SOURCE = """
-CALLS = [0]
-
-def call(args):
-    x = args[0]  # (then the graph's numbers 2 and 1, as tensors made once: engine.graph_passes)
-    args.clear()
-    CALLS[0] += 1
-    return (x * 2 + 1,)
-"""
+from fused_stand_in import FAKE_SOURCE
 
 
 def _double_plus_one(x: torch.Tensor) -> torch.Tensor:

@@ -10,6 +10,7 @@ from torch.fx.experimental.proxy_tensor import make_fx
 
 import engine
 from engine import fused, fused_xla, jax_lowering
+from fused_stand_in import FAKE_SOURCE
 
 pytest.importorskip("jax")
 
@@ -357,17 +358,6 @@ def test_the_agreement_check_follows_assert_closes_rule():
         assert fused_xla._difference(g, e, 0.0, 5e-7) is not None
 
 
-_STAND_IN = """
-CALLS = [0]
-
-def call(args):
-    x = args[0]
-    args.clear()
-    CALLS[0] += 1
-    return (x * 2 + 1,)
-"""
-
-
 @pytest.mark.parametrize("inductor", ["wins", "loses", "fails"])
 def test_under_auto_an_xla_program_climbs_to_inductors(monkeypatch, tmp_path, inductor):
     """auto: the XLA program first; its calls then count toward inductor's compile, whose program
@@ -390,7 +380,7 @@ def test_under_auto_an_xla_program_climbs_to_inductors(monkeypatch, tmp_path, in
             raise RuntimeError("inductor could not compile the graph: a stand-in's failure")
         if not inductor_wins:
             monkeypatch.setattr(fused, "SLOWER", 0.0)  # inductor's program loses to the XLA one
-        return _STAND_IN
+        return FAKE_SOURCE
 
     monkeypatch.setattr(fused._COMPILER, "_compile", stand_in)
     traced = engine.trace(lambda x: x * 2 + 1)
@@ -412,7 +402,7 @@ def test_under_auto_an_xla_program_climbs_to_inductors(monkeypatch, tmp_path, in
     program = entry.fused
     assert type(program) is fused.FusedProgram, program
     if inductor_wins:
-        assert states[-1] == ("fused", "inductor") and program.source == _STAND_IN
+        assert states[-1] == ("fused", "inductor") and program.source == FAKE_SOURCE
         calls = program.call.__globals__["CALLS"][0]
         with engine.fused_tier(True):
             torch.testing.assert_close(traced(x), x * 2 + 1)
