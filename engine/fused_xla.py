@@ -14,6 +14,7 @@ import importlib.util
 import operator
 import os
 import sys
+import threading
 from typing import Any, Callable
 
 import torch
@@ -212,15 +213,16 @@ class _Feed:
             a = jnp.broadcast_to(a, self.shape)
         return a
 
-    def array(self, t: torch.Tensor) -> Any:
-        """The tensor as the program takes it (a numpy view; a copy only where no view serves)."""
+    def source(self, t: torch.Tensor) -> torch.Tensor:
+        """The tensor viewed as passed (its broadcast dims narrowed, in memory order), not copied."""
         for i in self.narrow:
             t = t.narrow(i, 0, 1)
-        if self.order is not None:
-            t = t.permute(self.order)
-        elif not self.contiguous:
-            t = t.contiguous()
-        return t.numpy()
+        return t.permute(self.order) if self.order is not None else t
+
+    def array(self, t: torch.Tensor) -> Any:
+        """The tensor as the program takes it (a numpy view; a copy only where no view serves)."""
+        t = self.source(t)
+        return (t if self.contiguous else t.contiguous()).numpy()
 
 
 class _Call:
@@ -231,76 +233,110 @@ class _Call:
     that array is passed again while the input is the same object at the same address (the
     tier's FusedProgram has checked its layout by then). The call's own arguments are passed as
     numpy views, except one that is the same tensor at the same address as in the call before
-    (a parameter): it is held as the captured ones are, from its second call running on. Inputs
-    XLA would copy are passed as numpy views on every call. Only the held tensors are kept
-    alive by the program; an argument seen once is remembered by its id and address alone."""
+    (a parameter): it is held as the captured ones are, from its second call running on.
 
-    __slots__ = ("compiled", "feeds", "x64", "held", "every", "device", "arguments", "memory_bytes")
+    XLA shares only memory aligned as it wants (torch's allocator aligns so; numpy's, under
+    `torch.from_numpy`, and views at an offset need not): it copies any other input on every
+    call, through its Python checks, several times a plain copy's cost. Such a position gets a
+    staging tensor of torch's own, handed to XLA once (shared), and each call copies its input
+    into it, all such positions in one torch call; a call that finds the staging tensors in use
+    by another thread passes numpy views instead. Only the held tensors are kept alive by the
+    program; an argument seen once is remembered by its id and address alone."""
+
+    __slots__ = ("compiled", "feeds", "x64", "held", "every", "device", "arguments", "memory_bytes", "staging")
 
     def __init__(self, compiled: Any, feeds: list, x64: bool, arguments: int) -> None:
         import jax
 
         self.compiled, self.feeds, self.x64, self.arguments = compiled, feeds, x64, arguments
         self.memory_bytes: int | None = None
-        # per input: (tensor, data_ptr, array) where XLA shares the tensor's memory, False where it
-        # copied it; one tuple, replaced whole, so a concurrent call never pairs a tensor with another's array
+        # per input: (tensor, data_ptr, array) where XLA shares the tensor's memory, (tensor,
+        # data_ptr, array, staging tensor) where it shares the staging tensor's instead, False where
+        # it would copy both; one tuple, replaced whole, so a concurrent call never pairs a tensor
+        # with another's array
         self.held: list[Any] = [None] * len(feeds)
-        # where every input past the call's own is held: (their tensors, data_ptrs, arrays), one
-        # tuple replaced whole, checked by C-level maps instead of the loop over `held`
-        self.every: tuple[tuple, list, list] | None = None
+        # where every input past the call's own is held: (their tensors, data_ptrs, arrays, the
+        # staged positions), one tuple replaced whole, checked by C-level maps instead of the
+        # loop over `held`
+        self.every: tuple[tuple, list, list, tuple] | None = None
         self.device = jax.devices("cpu")[0]
+        self.staging = threading.Lock()  # held from the copies into staging tensors to the outputs
 
     def __call__(self, inputs: list) -> list:
         feeds, n = self.feeds, self.arguments
-        args = [self._argument(i, feeds[i], inputs[i]) for i in range(n)]
+        staged: list = []  # (position, held record) of the inputs to copy into staging tensors
+        args = [self._argument(i, feeds[i], inputs[i], staged) for i in range(n)]
         every, rest = self.every, inputs[n:]
         if every is not None and all(map(operator.is_, every[0], rest)) and list(map(_data_ptr, rest)) == every[1]:
             args += every[2]
+            staged += every[3]
         else:
-            args += [self._held(i, feeds[i], t) for i, t in enumerate(rest, n)]
+            args += [self._held(i, feeds[i], t, staged) for i, t in enumerate(rest, n)]
+        lock = None
+        if staged:
+            if self.staging.acquire(blocking=False):
+                lock = self.staging
+                torch._foreach_copy_([h[3] for _, h in staged], [feeds[i].source(inputs[i]) for i, _ in staged])
+            else:  # another thread's inputs are in them: this call passes its own
+                for i, _ in staged:
+                    args[i] = feeds[i].array(inputs[i])
         inputs.clear()  # the tier's convention: the program empties the list it is given
-        if self.x64:
-            import jax
+        try:
+            if self.x64:
+                import jax
 
-            with jax.enable_x64(True):
+                with jax.enable_x64(True):
+                    outs = self.compiled(*args)
+            else:
                 outs = self.compiled(*args)
-        else:
-            outs = self.compiled(*args)
-        return _tensors(outs)
+            return _tensors(outs)  # (ready: XLA has finished reading the staging tensors)
+        finally:
+            if lock is not None:
+                lock.release()
 
-    def _argument(self, i: int, feed: _Feed, t: torch.Tensor) -> Any:
+    def _argument(self, i: int, feed: _Feed, t: torch.Tensor, staged: list) -> Any:
         """The call's own input `i` as XLA takes it: its held array while it is the tensor held
-        at its address; an XLA array of it where it is the tensor of the call before (by id and
-        address) at the same address; else a numpy view (remembered as (id, address, None))."""
+        at its address, or a staging tensor's array once it has one; an XLA array of it where it
+        is the tensor of the call before (by id and address) at the same address; else a numpy
+        view (remembered as (id, address, None))."""
         h = self.held[i]
         if h:
+            if len(h) == 4:
+                staged.append((i, h))
+                return h[2]
             if h[2] is not None:
                 if h[0] is t and h[1] == t.data_ptr():
                     return h[2]
             elif h[0] == id(t) and h[1] == t.data_ptr():
-                return self._array(i, feed, t)
+                return self._array(i, feed, t, staged)
         elif h is False:  # XLA copies this position
             return feed.array(t)
         self.held[i] = (id(t), t.data_ptr(), None)
         return feed.array(t)
 
-    def _held(self, i: int, feed: _Feed, t: torch.Tensor) -> Any:
+    def _held(self, i: int, feed: _Feed, t: torch.Tensor, staged: list) -> Any:
         """Input `i` (past the call's own) as XLA takes it: its held array while it is the same
-        tensor at the same address, else anew (`_array`)."""
+        tensor at the same address, its staging tensor's where it has one, else anew (`_array`)."""
         h = self.held[i]
+        if h and len(h) == 4:
+            staged.append((i, h))
+            return h[2]
         if h and h[0] is t and h[1] == t.data_ptr():
             return h[2]
-        array = self._array(i, feed, t)
+        array = self._array(i, feed, t, staged)
         if not self.held[i]:  # a position XLA copies is passed anew each call: no `every`
             self.every = None
             return array
         held = self.held[self.arguments:]
-        self.every = (tuple(h[0] for h in held), [h[1] for h in held], [h[2] for h in held]) if all(held) else None
+        self.every = ((tuple(h[0] for h in held), [h[1] for h in held], [h[2] for h in held],
+                       tuple((j, h) for j, h in enumerate(held, self.arguments) if len(h) == 4))
+                      if all(held) else None)
         return array
 
-    def _array(self, i: int, feed: _Feed, t: torch.Tensor) -> Any:
-        """The input as XLA takes it; kept for the next call where XLA shares its memory (a
-        position whose array XLA copied is passed as a numpy view from then on)."""
+    def _array(self, i: int, feed: _Feed, t: torch.Tensor, staged: list) -> Any:
+        """The input as XLA takes it; kept for the next call where XLA shares its memory, or else
+        a staging tensor's (filled by the caller: `staged`). A position where XLA would copy both
+        is passed as a numpy view from then on."""
         view = feed.array(t)
         if self.held[i] is False or not view.nbytes:
             return view
@@ -308,10 +344,16 @@ class _Call:
 
         with jax.enable_x64(self.x64):
             array = jax.device_put(view, self.device)
-        if array.unsafe_buffer_pointer() == view.ctypes.data:
-            self.held[i] = (t, t.data_ptr(), array)
-        else:
+            if array.unsafe_buffer_pointer() == view.ctypes.data:
+                self.held[i] = (t, t.data_ptr(), array)
+                return array
+            stage = torch.empty(view.shape, dtype=feed.dtype)
+            array = jax.device_put(stage.numpy(), self.device)
+        if array.unsafe_buffer_pointer() != stage.data_ptr():
             self.held[i] = False
+            return view
+        self.held[i] = record = (t, t.data_ptr(), array, stage)
+        staged.append((i, record))
         return array
 
 

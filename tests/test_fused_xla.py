@@ -212,6 +212,51 @@ def test_an_argument_passed_again_is_held_and_followed(xla_tier, monkeypatch):
     assert len(calls) == 9, "the program did not run on every call"
 
 
+def _unaligned(*shape: int) -> torch.Tensor:
+    """A tensor 16 bytes into torch's memory: aligned as torch's kernels need, not as XLA shares."""
+    n = 1
+    for s in shape:
+        n *= s
+    base = torch.randn(n + 4, generator=torch.Generator().manual_seed(n))
+    t = base[4:].view(*shape)
+    assert t.data_ptr() % 64 == 16
+    return t
+
+
+def test_inputs_xla_would_copy_are_staged_and_followed(xla_tier, monkeypatch):
+    """A captured tensor and a repeated argument whose memory XLA does not share are each copied
+    into a staging tensor of the program's; what it computes follows them (in-place writes,
+    other tensors), and a call that finds the staging tensors in use passes its own inputs."""
+    c, w = _unaligned(5, 7), _unaligned(7, 3)
+
+    def f(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
+        return (x * c).exp() @ w.tanh()
+
+    out, state, traced = _forced(f, X, w)
+    assert _xla_ran(state), state
+    calls = []
+    monkeypatch.setattr(fused_xla._Call, "__call__",
+                        lambda self, inputs, call=fused_xla._Call.__call__: calls.append(self) or call(self, inputs))
+    with engine.fused_tier(True):  # (the tests' default is off: VMAPBENCH_FUSED=0, conftest)
+        for _ in range(3):
+            torch.testing.assert_close(traced(X, w), f(X, w))
+        staged = [h[0] for h in calls[-1].held if h and len(h) == 4]
+        assert any(t is c for t in staged) and any(t is w for t in staged), "no input was staged"
+        with torch.no_grad():
+            c.mul_(-0.5)
+            w.add_(1.0)
+        torch.testing.assert_close(traced(X, w), f(X, w))
+        other = _unaligned(7, 3) * 2
+        torch.testing.assert_close(traced(X, other), f(X, other))
+        assert calls[-1].staging.acquire(blocking=False)  # as if another thread's call were copying
+        try:
+            torch.testing.assert_close(traced(X, w * 3), f(X, w * 3))
+        finally:
+            calls[-1].staging.release()
+        torch.testing.assert_close(traced(X, w), f(X, w))
+    assert len(calls) == 7, "the program did not run on every call"
+
+
 def test_expanded_and_transposed_inputs_reach_xla_without_a_copy():
     """An input of stride 0 is passed as its one row, a transposed one in memory order."""
     base = torch.randn(3, 1)
