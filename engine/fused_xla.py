@@ -204,13 +204,14 @@ class _Feed:
         return jax.ShapeDtypeStruct(self.passed, jax_lowering.np_dtype(self.dtype))
 
     def expand(self, a: Any) -> Any:
-        """Inside the program: the passed array back to the input's logical shape."""
+        """Inside the program: the passed array back to the input's logical shape (broadcast
+        lazily: see jax_lowering.Broadcast)."""
         import jax.numpy as jnp
 
         if self.inverse is not None:
             a = jnp.transpose(a, self.inverse)
         if self.narrow:
-            a = jnp.broadcast_to(a, self.shape)
+            return jax_lowering.Broadcast(a, self.shape)
         return a
 
     def source(self, t: torch.Tensor) -> torch.Tensor:

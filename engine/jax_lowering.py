@@ -18,7 +18,7 @@ from typing import Any, Callable
 import torch
 import torch.fx
 
-__all__ = ["RULES", "Unlowerable", "lower", "observe", "lowerable"]
+__all__ = ["Broadcast", "RULES", "Unlowerable", "lower", "observe", "lowerable"]
 
 aten = torch.ops.aten
 
@@ -977,10 +977,46 @@ def _describe(value: Any) -> Any:
     return None
 
 
+class Broadcast:
+    """A value known to be `compact` broadcast to `shape`: the same rank, each dim of `compact`
+    either `shape`'s or 1. Batching rules and torch.distributions' broadcast_all expand small
+    tensors before elementwise work; `lower` keeps such a value compact through elementwise ops
+    (each output element is the op of the inputs' elements at its index, whatever the layout),
+    so an expensive op (lgamma, digamma, exp) runs once per distinct element rather than once per
+    element of the expanded shape, and broadcasts it only where another op needs it whole."""
+
+    __slots__ = ("compact", "shape")
+
+    def __init__(self, compact: Any, shape: tuple) -> None:
+        self.compact, self.shape = compact, shape
+
+    def whole(self) -> Any:
+        _, jnp, _ = _jax()
+        return jnp.broadcast_to(self.compact, self.shape)
+
+
+# Ops whose every output element is a function of the inputs' elements at its index alone (the
+# rest of their arguments scalars): computed on Broadcast values' compact arrays.
+ELEMENTWISE = frozenset(op for name in [
+    "exp", "log", "log1p", "expm1", "sqrt", "tanh", "sin", "cos", "abs", "neg", "floor", "ceil", "logical_not",
+    "isnan", "isinf", "exp2", "log2", "reciprocal", "square", "log10", "tan", "asin", "acos", "atan", "sinh",
+    "cosh", "trunc", "round", "sign", "sgn", "rsqrt", "sigmoid", "relu", "erf", "lgamma", "digamma", "softplus",
+    "add", "sub", "rsub", "mul", "div", "pow", "maximum", "minimum", "clamp", "clamp_min", "clamp_max", "where",
+    "eq", "ne", "lt", "le", "gt", "ge", "logical_and", "logical_or", "threshold_backward", "tanh_backward",
+    "sigmoid_backward", "softplus_backward", "gelu", "gelu_backward", "silu", "silu_backward", "elu",
+    "leaky_relu", "leaky_relu_backward", "hardtanh", "hardtanh_backward", "xlogy", "remainder", "atan2",
+    "clone", "alias", "detach",
+] for op in (getattr(getattr(aten, name), o) for o in getattr(aten, name).overloads()) if op in RULES)
+# Reductions of a whole tensor to one truth value: the same over a Broadcast's compact array,
+# where the broadcast shape is not empty.
+WHOLE_TRUTH = frozenset({aten.all.default, aten._is_all_true.default, aten.any.default, aten._is_any_true.default})
+
+
 def lower(gm: torch.fx.GraphModule, meta: dict) -> Callable[..., tuple]:
-    """A function of jax arrays (one per placeholder, in order) computing `gm`'s outputs, as a
-    tuple. Raises Unlowerable for an op without a rule, and while JAX traces it, for a value
-    whose shape differs from the one recorded in `meta` (see `observe`)."""
+    """A function of jax arrays (one per placeholder, in order; a placeholder may be passed as a
+    Broadcast) computing `gm`'s outputs, as a tuple. Raises Unlowerable for an op without a rule,
+    and while JAX traces it, for a value whose shape differs from the one recorded in `meta`
+    (see `observe`)."""
     missing = lowerable(gm)
     if missing is not None:
         raise Unlowerable(f"the XLA backend has no rule for {missing}")
@@ -990,13 +1026,16 @@ def lower(gm: torch.fx.GraphModule, meta: dict) -> Callable[..., tuple]:
         env: dict = {}
         it = iter(args)
 
-        def value(x: Any) -> Any:
+        def value(x: Any, compact: bool = False) -> Any:
             if isinstance(x, torch.fx.Node):
-                return env[x]
+                v = env[x]
+                if isinstance(v, Broadcast):
+                    return v.compact if compact else v.whole()
+                return v
             if isinstance(x, (list, tuple)):
-                return type(x)(value(y) for y in x)
+                return type(x)(value(y, compact) for y in x)
             if isinstance(x, dict):
-                return {k: value(v) for k, v in x.items()}
+                return {k: value(v, compact) for k, v in x.items()}
             return x
 
         for node in nodes:
@@ -1007,14 +1046,61 @@ def lower(gm: torch.fx.GraphModule, meta: dict) -> Callable[..., tuple]:
                 return tuple(out) if isinstance(out, (list, tuple)) else (out,)
             else:
                 target, args_, kwargs = _unwrap(node)
+                lazy = any(isinstance(env.get(a), Broadcast) for a in args_ if isinstance(a, torch.fx.Node))
+                recorded = meta.get(node.name)
                 if target is operator.getitem:
                     result = operator.getitem(*value(args_))
+                elif target is aten.expand.default and isinstance(recorded, _Value):
+                    result = _broadcast(value(args_[0], compact=True), recorded.shape)
+                elif lazy and target in ELEMENTWISE and isinstance(recorded, _Value):
+                    operands = _compact_operands(args_, env, recorded.shape)
+                    result = _broadcast(_conform_compact(RULES[target](*operands, **value(kwargs)), recorded, node),
+                                        recorded.shape)
+                elif lazy and target in WHOLE_TRUTH and len(args_) == 1 and math.prod(env[args_[0]].shape):
+                    result = RULES[target](value(args_[0], compact=True))
                 else:
                     result = RULES[target](*value(args_), **value(kwargs))
-                env[node] = _conform(result, meta.get(node.name), node)
+                env[node] = result if isinstance(result, Broadcast) else _conform(result, recorded, node)
         raise Unlowerable("the graph has no output node")
 
     return run
+
+
+def _broadcast(compact: Any, shape: tuple) -> Any:
+    """`compact` as a value of `shape`: itself where it has that shape, else a Broadcast of it
+    (raised to `shape`'s rank with leading dims of 1)."""
+    _, jnp, _ = _jax()
+    compact = jnp.asarray(compact)
+    if tuple(compact.shape) == tuple(shape):
+        return compact
+    if compact.ndim < len(shape):
+        compact = compact.reshape((1,) * (len(shape) - compact.ndim) + tuple(compact.shape))
+    if compact.ndim != len(shape) or any(c not in (1, n) for c, n in zip(compact.shape, shape)):
+        raise Unlowerable(f"a value of shape {tuple(compact.shape)} does not broadcast to {tuple(shape)}")
+    return Broadcast(compact, tuple(shape))
+
+
+def _compact_operands(args: tuple, env: dict, shape: tuple) -> list:
+    """An elementwise op's arguments on compact arrays: each tensor argument that had the op's
+    output shape in torch is given the common shape of the compact ones, so that a rule sees
+    operands shaped alike wherever torch's were (its formula may rely on it, jax.vjp does)."""
+    _, jnp, _ = _jax()
+    seen = []  # per argument: (what the rule gets, its shape in torch where it is a tensor)
+    for a in args:
+        v = env[a] if isinstance(a, torch.fx.Node) else a
+        seen.append((v.compact, v.shape) if isinstance(v, Broadcast)
+                    else (v, getattr(v, "shape", None) if isinstance(a, torch.fx.Node) else None))
+    common = jnp.broadcast_shapes(*(tuple(v.shape) for v, full in seen if full is not None))
+    return [jnp.broadcast_to(v, common) if full is not None and tuple(full) == tuple(shape) and tuple(v.shape) != common
+            else v for v, full in seen]
+
+
+def _conform_compact(result: Any, recorded: "_Value", node: torch.fx.Node) -> Any:
+    """An elementwise op's result on compact arrays, in torch's dtype (see `_conform`)."""
+    _, jnp, _ = _jax()
+    result = jnp.asarray(result)
+    want = np_dtype(recorded.dtype)
+    return result if result.dtype == want else result.astype(want)
 
 
 def _conform(result: Any, recorded: Any, node: torch.fx.Node) -> Any:

@@ -106,6 +106,43 @@ def test_per_sample_gradients_and_hessians_match_torch_func(xla_tier):
     torch.testing.assert_close(out, torch.func.vmap(torch.func.hessian(logp))(ws))
 
 
+def _expanded_chain(x: torch.Tensor, y: torch.Tensor) -> tuple:
+    """Elementwise work on expanded values, mixed with whole ones (one by a rule that needs its
+    operands shaped alike), truth reductions of them, and an expanded value that leaves the graph."""
+    e = x[:, None].expand(4, 6)  # (4, 1) seen as (4, 6)
+    z = torch.lgamma(e * 0.5 + 1.0) + torch.digamma(e.exp() + 1.0)
+    z = torch.where(e > 0, z, -z) * y + (e - y).abs()
+    return z, (e > -10).all(), e.sigmoid(), y[None].expand(2, 4, 6).sum(0), aten.gelu_backward(e, y)
+
+
+def test_expanded_values_are_computed_compact_and_agree_with_torch(xla_tier):
+    """An expanded tensor's elementwise ops run on its distinct elements (jax_lowering.Broadcast:
+    lgamma and digamma see a (4, 1) operand, not (4, 6)), and the program agrees with torch."""
+    x, y = torch.randn(4), torch.randn(4, 6)
+    out, state, _ = _forced(_expanded_chain, x, y)
+    assert _xla_ran(state), state
+    for got, want in zip(out, _expanded_chain(x, y)):
+        torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)
+    import jax
+
+    gm = make_fx(_expanded_chain)(x, y)
+    meta, _ = jax_lowering.observe(gm, [x, y])
+    jaxpr = str(jax.make_jaxpr(jax_lowering.lower(gm, meta))(x.numpy(), y.numpy()))
+    heavy = [line for line in jaxpr.splitlines() if "lgamma" in line or "digamma" in line]
+    assert heavy and all("f32[4,1]" in line and "f32[4,6]" not in line for line in heavy), heavy
+
+
+def test_a_truth_reduction_of_an_empty_expanded_value_is_torchs(xla_tier):
+    """all() over a value expanded to no elements is True whatever its one row holds."""
+    def f(x: torch.Tensor) -> torch.Tensor:
+        return (x[:, None].expand(3, 0) > 0).all().float() + x.sum()
+
+    x = -torch.ones(3)
+    out, state, _ = _forced(f, x)
+    assert _xla_ran(state), state
+    assert torch.equal(out, f(x))
+
+
 @pytest.mark.parametrize("dims", [1, 2])
 def test_grouped_convolution_gradients_agree_with_torch(xla_tier, dims):
     """convolution_backward with groups, stride, padding and dilation (the weight gradient has its
