@@ -186,3 +186,29 @@ def test_softmax_backwards_match_loop(name: str, classes: int, in_dims: tuple, d
     grad = grad if in_dims[0] != 1 else grad.movedim(0, 1).contiguous()
     grad, out = (grad[0] if in_dims[0] is None else grad), (out[0] if in_dims[1] is None else out)
     check(SOFTMAX_BACKWARD[name], in_dims, grad, out, exact=False)
+
+
+SHARED_INDEX_PUT = {
+    # (x's shape, the indices, the values' shape per example): indices the batch shares
+    "column": ((4, 8), lambda: [None, torch.tensor([3, 0, 3, 7, 1])], (4, 5)),
+    "leading": ((6, 3), lambda: [torch.tensor([5, 1, 5])], (3, 3)),
+    "adjacent_pair": ((3, 4, 5), lambda: [None, torch.tensor([0, 3, 3]), torch.tensor([4, 4, 1])], (3, 3)),
+    "not_adjacent": ((3, 4, 6), lambda: [torch.tensor([0, 2, 2]), None, torch.tensor([1, 5, 1])], (3, 4)),
+    "broadcast_values": ((5, 4), lambda: [torch.tensor([[1], [3]]), torch.tensor([0, 2, 2])], (1, 3)),
+}
+
+
+@pytest.mark.parametrize("accumulate", [True, False])
+@pytest.mark.parametrize("name", sorted(SHARED_INDEX_PUT))
+def test_index_put_with_shared_indices_matches_loop(name: str, accumulate: bool) -> None:
+    """index_put whose indices are the same for every example (an index's backward under vmap):
+    x batched or not, values batched or not."""
+    shape, indices, vshape = SHARED_INDEX_PUT[name]
+    g = torch.Generator().manual_seed(len(name))
+    x, v = torch.randn(3, *shape, generator=g), torch.randn(3, *vshape, generator=g)
+
+    def put(x: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+        return torch.ops.aten.index_put.default(x, indices(), v, accumulate)
+
+    for in_dims in [(0, 0), (0, None), (None, 0)]:
+        check(put, in_dims, x if in_dims[0] == 0 else x[0], v if in_dims[1] == 0 else v[0], exact=accumulate is False)

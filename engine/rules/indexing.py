@@ -131,6 +131,13 @@ def index_put_rule(info, in_dims, x, indices, values, accumulate=False):
     n_adv = len(lshapes)
     indexed_rank = len(bshape) + rank_x - n_adv
     rank = len(bshape)
+    if n_adv and all(d is None for d in idims):
+        # indices shared by the batch: the batch dim is one more sliced dim (None), as in
+        # index_rule; the indexed view keeps it first, or after the advanced dims where those
+        # are not adjacent. (An arange index would make every update a point of its own.)
+        vphys = pad_batched(vm, indexed_rank)
+        out = aten.index_put.default(xm, [None, *indices], vphys if adjacent else vphys.movedim(0, rank), accumulate)
+        return out, 0
     phys = [None] * k + [torch.arange(B, device=x.device).view((B,) + (1,) * rank)]
     for t, d in zip(indices[k:], idims[k:]):
         phys.append(pad_batched(t, rank) if (t is not None and d is not None) else t)
