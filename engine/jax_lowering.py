@@ -1010,6 +1010,31 @@ ELEMENTWISE = frozenset(op for name in [
 # Reductions of a whole tensor to one truth value: the same over a Broadcast's compact array,
 # where the broadcast shape is not empty.
 WHOLE_TRUTH = frozenset({aten.all.default, aten._is_all_true.default, aten.any.default, aten._is_any_true.default})
+# Elementwise ops whose every element costs a transcendental function. XLA's CPU fusion copies an
+# elementwise producer, with the chain that feeds it, into each consumer's fusion; where one
+# consumer is a check (a comparison reduced to one truth value: torch.distributions' argument
+# checks, read beside the gradient's formulas of the same rates), the whole chain is computed
+# twice. Such a value of at least SHARED_ELEMENTS elements is computed once, behind an
+# optimization barrier, and read from memory by each consumer.
+TRANSCENDENTAL = frozenset(op for name in [
+    "exp", "exp2", "expm1", "log", "log1p", "log2", "log10", "tanh", "sigmoid", "erf", "lgamma", "digamma",
+    "sin", "cos", "tan", "asin", "acos", "atan", "atan2", "sinh", "cosh", "softplus", "gelu", "silu", "elu",
+    "xlogy",
+] for op in (getattr(getattr(aten, name), o) for o in getattr(aten, name).overloads()) if op in RULES)
+SHARED_ELEMENTS = 1024
+COMPARISONS = frozenset(getattr(getattr(aten, name), o) for name in ["eq", "ne", "lt", "le", "gt", "ge"]
+                        for o in ("Tensor", "Scalar"))
+
+
+def _checked(gm: torch.fx.GraphModule) -> set:
+    """The transcendental nodes read by a check and by something else (see TRANSCENDENTAL)."""
+    checked = set()
+    for node in gm.graph.nodes:
+        if (node.op == "call_function" and _unwrap(node)[0] in COMPARISONS and node.users
+                and all(_unwrap(u)[0] in WHOLE_TRUTH for u in node.users if u.op == "call_function")):
+            checked.update(a for a in node.args if isinstance(a, torch.fx.Node) and len(a.users) > 1
+                           and a.op == "call_function" and _unwrap(a)[0] in TRANSCENDENTAL)
+    return checked
 
 
 def lower(gm: torch.fx.GraphModule, meta: dict) -> Callable[..., tuple]:
@@ -1021,6 +1046,7 @@ def lower(gm: torch.fx.GraphModule, meta: dict) -> Callable[..., tuple]:
     if missing is not None:
         raise Unlowerable(f"the XLA backend has no rule for {missing}")
     nodes = list(gm.graph.nodes)
+    checked = _checked(gm)
 
     def run(*args: Any) -> tuple:
         env: dict = {}
@@ -1061,9 +1087,21 @@ def lower(gm: torch.fx.GraphModule, meta: dict) -> Callable[..., tuple]:
                 else:
                     result = RULES[target](*value(args_), **value(kwargs))
                 env[node] = result if isinstance(result, Broadcast) else _conform(result, recorded, node)
+                if node in checked:
+                    env[node] = _computed_once(env[node])
         raise Unlowerable("the graph has no output node")
 
     return run
+
+
+def _computed_once(value: Any) -> Any:
+    """`value` (an array or a Broadcast's compact array) behind an optimization barrier where it
+    has SHARED_ELEMENTS elements or more (see TRANSCENDENTAL)."""
+    _, _, lax = _jax()
+    if isinstance(value, Broadcast):
+        compact = value.compact
+        return Broadcast(lax.optimization_barrier(compact), value.shape) if compact.size >= SHARED_ELEMENTS else value
+    return lax.optimization_barrier(value) if getattr(value, "size", 0) >= SHARED_ELEMENTS else value
 
 
 def _broadcast(compact: Any, shape: tuple) -> Any:

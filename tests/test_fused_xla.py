@@ -143,6 +143,30 @@ def test_a_truth_reduction_of_an_empty_expanded_value_is_torchs(xla_tier):
     assert torch.equal(out, f(x))
 
 
+def _shared_rates(z: torch.Tensor) -> tuple:
+    """One exp read by two consumers (a formula and a check of the same values), one by one."""
+    r = z.exp()
+    return r * z + r.sum(), (r >= 0).all(), z.tanh() * 2
+
+
+def test_a_transcendental_value_read_twice_is_computed_once_and_agrees(xla_tier):
+    """An exp read by a check and by a formula, large enough, is behind an optimization barrier
+    (XLA would compute it, and what feeds it, in each consumer's fusion); a tanh read once, or a
+    small exp, is not."""
+    import jax
+
+    for n, barriers in [(64, 1), (8, 0)]:
+        z = torch.randn(n, 32, generator=torch.Generator().manual_seed(n)) * 0.1
+        out, state, _ = _forced(_shared_rates, z)
+        assert _xla_ran(state), state
+        for got, want in zip(out, _shared_rates(z)):
+            torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)
+        gm = make_fx(_shared_rates)(z)
+        meta, _ = jax_lowering.observe(gm, [z])
+        jaxpr = str(jax.make_jaxpr(jax_lowering.lower(gm, meta))(z.numpy()))
+        assert jaxpr.count("optimization_barrier") == barriers, jaxpr
+
+
 @pytest.mark.parametrize("dims", [1, 2])
 def test_grouped_convolution_gradients_agree_with_torch(xla_tier, dims):
     """convolution_backward with groups, stride, padding and dilation (the weight gradient has its
