@@ -995,9 +995,15 @@ class Broadcast:
         return jnp.broadcast_to(self.compact, self.shape)
 
 
+def _overloads(*names: str) -> frozenset:
+    """Every overload of the named aten ops that has a rule."""
+    return frozenset(op for name in names for op in (getattr(getattr(aten, name), o) for o in getattr(aten, name).overloads())
+                     if op in RULES)
+
+
 # Ops whose every output element is a function of the inputs' elements at its index alone (the
 # rest of their arguments scalars): computed on Broadcast values' compact arrays.
-ELEMENTWISE = frozenset(op for name in [
+ELEMENTWISE = _overloads(
     "exp", "log", "log1p", "expm1", "sqrt", "tanh", "sin", "cos", "abs", "neg", "floor", "ceil", "logical_not",
     "isnan", "isinf", "exp2", "log2", "reciprocal", "square", "log10", "tan", "asin", "acos", "atan", "sinh",
     "cosh", "trunc", "round", "sign", "sgn", "rsqrt", "sigmoid", "relu", "erf", "lgamma", "digamma", "softplus",
@@ -1006,7 +1012,7 @@ ELEMENTWISE = frozenset(op for name in [
     "sigmoid_backward", "softplus_backward", "gelu", "gelu_backward", "silu", "silu_backward", "elu",
     "leaky_relu", "leaky_relu_backward", "hardtanh", "hardtanh_backward", "xlogy", "remainder", "atan2",
     "clone", "alias", "detach",
-] for op in (getattr(getattr(aten, name), o) for o in getattr(aten, name).overloads()) if op in RULES)
+)
 # Reductions of a whole tensor to one truth value: the same over a Broadcast's compact array,
 # where the broadcast shape is not empty.
 WHOLE_TRUTH = frozenset({aten.all.default, aten._is_all_true.default, aten.any.default, aten._is_any_true.default})
@@ -1016,14 +1022,13 @@ WHOLE_TRUTH = frozenset({aten.all.default, aten._is_all_true.default, aten.any.d
 # checks, read beside the gradient's formulas of the same rates), the whole chain is computed
 # twice. Such a value of at least SHARED_ELEMENTS elements is computed once, behind an
 # optimization barrier, and read from memory by each consumer.
-TRANSCENDENTAL = frozenset(op for name in [
+TRANSCENDENTAL = _overloads(
     "exp", "exp2", "expm1", "log", "log1p", "log2", "log10", "tanh", "sigmoid", "erf", "lgamma", "digamma",
     "sin", "cos", "tan", "asin", "acos", "atan", "atan2", "sinh", "cosh", "softplus", "gelu", "silu", "elu",
     "xlogy",
-] for op in (getattr(getattr(aten, name), o) for o in getattr(aten, name).overloads()) if op in RULES)
+)
 SHARED_ELEMENTS = 1024
-COMPARISONS = frozenset(getattr(getattr(aten, name), o) for name in ["eq", "ne", "lt", "le", "gt", "ge"]
-                        for o in ("Tensor", "Scalar"))
+COMPARISONS = _overloads("eq", "ne", "lt", "le", "gt", "ge")
 
 
 def _checked(gm: torch.fx.GraphModule) -> set:
@@ -1052,17 +1057,19 @@ def lower(gm: torch.fx.GraphModule, meta: dict) -> Callable[..., tuple]:
         env: dict = {}
         it = iter(args)
 
-        def value(x: Any, compact: bool = False) -> Any:
+        def value(x: Any) -> Any:
             if isinstance(x, torch.fx.Node):
                 v = env[x]
-                if isinstance(v, Broadcast):
-                    return v.compact if compact else v.whole()
-                return v
+                return v.whole() if isinstance(v, Broadcast) else v
             if isinstance(x, (list, tuple)):
-                return type(x)(value(y, compact) for y in x)
+                return type(x)(value(y) for y in x)
             if isinstance(x, dict):
-                return {k: value(v, compact) for k, v in x.items()}
+                return {k: value(v) for k, v in x.items()}
             return x
+
+        def compact(x: torch.fx.Node) -> Any:
+            v = env[x]
+            return v.compact if isinstance(v, Broadcast) else v
 
         for node in nodes:
             if node.op == "placeholder":
@@ -1077,13 +1084,12 @@ def lower(gm: torch.fx.GraphModule, meta: dict) -> Callable[..., tuple]:
                 if target is operator.getitem:
                     result = operator.getitem(*value(args_))
                 elif target is aten.expand.default and isinstance(recorded, _Value):
-                    result = _broadcast(value(args_[0], compact=True), recorded.shape)
+                    result = _broadcast(compact(args_[0]), recorded)
                 elif lazy and target in ELEMENTWISE and isinstance(recorded, _Value):
-                    operands = _compact_operands(args_, env, recorded.shape)
-                    result = _broadcast(_conform_compact(RULES[target](*operands, **value(kwargs)), recorded, node),
-                                        recorded.shape)
+                    result = _broadcast(RULES[target](*_compact_operands(args_, env, recorded.shape), **value(kwargs)),
+                                        recorded)
                 elif lazy and target in WHOLE_TRUTH and len(args_) == 1 and math.prod(env[args_[0]].shape):
-                    result = RULES[target](value(args_[0], compact=True))
+                    result = RULES[target](compact(args_[0]))
                 else:
                     result = RULES[target](*value(args_), **value(kwargs))
                 env[node] = result if isinstance(result, Broadcast) else _conform(result, recorded, node)
@@ -1104,11 +1110,14 @@ def _computed_once(value: Any) -> Any:
     return lax.optimization_barrier(value) if getattr(value, "size", 0) >= SHARED_ELEMENTS else value
 
 
-def _broadcast(compact: Any, shape: tuple) -> Any:
-    """`compact` as a value of `shape`: itself where it has that shape, else a Broadcast of it
-    (raised to `shape`'s rank with leading dims of 1)."""
+def _broadcast(compact: Any, recorded: "_Value") -> Any:
+    """`compact` as the recorded value, in its dtype (see `_conform`): itself where it has the
+    recorded shape, else a Broadcast of it (raised to that rank with leading dims of 1)."""
     _, jnp, _ = _jax()
-    compact = jnp.asarray(compact)
+    compact, shape = jnp.asarray(compact), recorded.shape
+    want = np_dtype(recorded.dtype)
+    if compact.dtype != want:
+        compact = compact.astype(want)
     if tuple(compact.shape) == tuple(shape):
         return compact
     if compact.ndim < len(shape):
@@ -1131,14 +1140,6 @@ def _compact_operands(args: tuple, env: dict, shape: tuple) -> list:
     common = jnp.broadcast_shapes(*(tuple(v.shape) for v, full in seen if full is not None))
     return [jnp.broadcast_to(v, common) if full is not None and tuple(full) == tuple(shape) and tuple(v.shape) != common
             else v for v, full in seen]
-
-
-def _conform_compact(result: Any, recorded: "_Value", node: torch.fx.Node) -> Any:
-    """An elementwise op's result on compact arrays, in torch's dtype (see `_conform`)."""
-    _, jnp, _ = _jax()
-    result = jnp.asarray(result)
-    want = np_dtype(recorded.dtype)
-    return result if result.dtype == want else result.astype(want)
 
 
 def _conform(result: Any, recorded: Any, node: torch.fx.Node) -> Any:
