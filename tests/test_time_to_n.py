@@ -224,6 +224,17 @@ def test_ours_over_jax_reads_the_cold_default_path() -> None:
     assert ttn.ours_over_jax([jax, cold], 300) is None
 
 
+def test_markdown_divides_by_the_jax_curve_or_says_it_has_none() -> None:
+    jax = ttn.Curve("w", "s", "jax", "cold", ns=[1, 30], seconds=[0.5, 1.0], first_call_at_s=1.0)
+    ours = ttn.Curve("w", "s", "engine", "cold", ns=[1, 30], seconds=[1.0, 3.0], first_call_at_s=1.0)
+    doc = {"ns": [1, 30]}
+    table = ttn.markdown(doc, [jax, ours])
+    assert "| w | s | 2 | 3 |" in table and "No jax.jit curve" not in table
+    alone = ttn.markdown(doc, [dataclasses.replace(jax, method="jax_jit"), ours])
+    assert "No jax.jit curve to divide by" in alone and "| w | s | 2 | 3 |" not in alone
+    assert "| w | ours, cold cache | 1 | 1 | 3 |" in alone  # the seconds are still shown
+
+
 def test_suite_selects_the_profile_points_by_family() -> None:
     import re
 

@@ -342,8 +342,14 @@ def markdown(doc: dict[str, Any], curves: Sequence[Curve]) -> str:
     groups = by_workload(curves)
     default = {k: g for k, g in groups.items() if any(c.method == DEFAULT_PATH for c in g)}
     lines = []
+    ratios = any(c.method == "jax" for c in curves)
+    if not ratios:  # (a --fn model's jax.jit curve under another name, say)
+        lines += ["No jax.jit curve to divide by: the ratio tables need a method named `jax` (with --fn, "
+                  "FUNCTION('jax') returns the jax.jit call).", ""]
     for title, from_start in (("from the first call", False), ("from process start (imports and setup included)",
                                                               True)):
+        if not ratios:
+            break
         lines += [f"The default path (cold cache) / jax.jit, time to N {title}:", "",
                   "| workload | size | " + " | ".join(f"N={n}" for n in ns) + " |",
                   "| --- | --- | " + " | ".join("---" for _ in ns) + " |"]
@@ -353,7 +359,7 @@ def markdown(doc: dict[str, Any], curves: Sequence[Curve]) -> str:
         lines.append("")
     explicit = [(k, g, explicit_curves(g)) for k, g in groups.items()]
     explicit = [(k, g, e) for k, g, e in explicit if e]
-    if explicit:
+    if explicit and ratios:
         lines += ["Explicit compiles and the fused tier's other compilers / jax.jit, time to N from the first call:", "",
                   "| workload | size | compile | " + " | ".join(f"N={n}" for n in ns) + " |",
                   "| --- | --- | --- | " + " | ".join("---" for _ in ns) + " |"]
