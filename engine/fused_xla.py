@@ -10,6 +10,7 @@ around the compile and each call. The package is optional: `available()` says wh
 """
 from __future__ import annotations
 
+import functools
 import importlib.util
 import operator
 import os
@@ -240,7 +241,9 @@ class _Call:
     `torch.from_numpy`, and views at an offset need not): it copies any other input on every
     call, through its Python checks, several times a plain copy's cost. Such a position gets a
     staging tensor of torch's own, handed to XLA once (shared), and each call copies its input
-    into it, all such positions in one torch call; a call that finds the staging tensors in use
+    into it: the held tensor by numpy (a C copy between two views taken once; a torch op between
+    XLA calls costs several times its own time, its code evicted by XLA's), any other tensor in
+    one torch call for all such positions; a call that finds the staging tensors in use
     by another thread passes numpy views instead. Only the held tensors are kept alive by the
     program; an argument seen once is remembered by its id and address alone."""
 
@@ -252,7 +255,8 @@ class _Call:
         self.compiled, self.feeds, self.x64, self.arguments = compiled, feeds, x64, arguments
         self.memory_bytes: int | None = None
         # per input: (tensor, data_ptr, array) where XLA shares the tensor's memory, (tensor,
-        # data_ptr, array, staging tensor) where it shares the staging tensor's instead, False where
+        # data_ptr, array, staging tensor, the tensor's copy into it by numpy's views of both, or
+        # None where its view needs a copy) where it shares the staging tensor's instead, False where
         # it would copy both; one tuple, replaced whole, so a concurrent call never pairs a tensor
         # with another's array
         self.held: list[Any] = [None] * len(feeds)
@@ -277,7 +281,15 @@ class _Call:
         if staged:
             if self.staging.acquire(blocking=False):
                 lock = self.staging
-                torch._foreach_copy_([h[3] for _, h in staged], [feeds[i].source(inputs[i]) for i, _ in staged])
+                others = []
+                for i, h in staged:
+                    t, copy = inputs[i], h[4]
+                    if copy is not None and t is h[0] and t.data_ptr() == h[1]:  # (layout: checked by the tier)
+                        copy()
+                    else:
+                        others.append(i)
+                if others:
+                    torch._foreach_copy_([self.held[i][3] for i in others], [feeds[i].source(inputs[i]) for i in others])
             else:  # another thread's inputs are in them: this call passes its own
                 for i, _ in staged:
                     args[i] = feeds[i].array(inputs[i])
@@ -302,7 +314,7 @@ class _Call:
         view (remembered as (id, address, None))."""
         h = self.held[i]
         if h:
-            if len(h) == 4:
+            if len(h) == 5:
                 staged.append((i, h))
                 return h[2]
             if h[2] is not None:
@@ -319,7 +331,7 @@ class _Call:
         """Input `i` (past the call's own) as XLA takes it: its held array while it is the same
         tensor at the same address, its staging tensor's where it has one, else anew (`_array`)."""
         h = self.held[i]
-        if h and len(h) == 4:
+        if h and len(h) == 5:
             staged.append((i, h))
             return h[2]
         if h and h[0] is t and h[1] == t.data_ptr():
@@ -330,7 +342,7 @@ class _Call:
             return array
         held = self.held[self.arguments:]
         self.every = ((tuple(h[0] for h in held), [h[1] for h in held], [h[2] for h in held],
-                       tuple((j, h) for j, h in enumerate(held, self.arguments) if len(h) == 4))
+                       tuple((j, h) for j, h in enumerate(held, self.arguments) if len(h) == 5))
                       if all(held) else None)
         return array
 
@@ -353,7 +365,10 @@ class _Call:
         if array.unsafe_buffer_pointer() != stage.data_ptr():
             self.held[i] = False
             return view
-        self.held[i] = record = (t, t.data_ptr(), array, stage)
+        import numpy
+
+        copy = functools.partial(numpy.copyto, stage.numpy(), feed.source(t).detach().numpy()) if feed.contiguous else None
+        self.held[i] = record = (t, t.data_ptr(), array, stage, copy)
         staged.append((i, record))
         return array
 

@@ -287,11 +287,12 @@ def _unaligned(*shape: int) -> torch.Tensor:
 def test_inputs_xla_would_copy_are_staged_and_followed(xla_tier, monkeypatch):
     """A captured tensor and a repeated argument whose memory XLA does not share are each copied
     into a staging tensor of the program's; what it computes follows them (in-place writes,
-    other tensors), and a call that finds the staging tensors in use passes its own inputs."""
-    c, w = _unaligned(5, 7), _unaligned(7, 3)
+    other tensors, writes through numpy's view, a transposed one), and a call that finds the
+    staging tensors in use passes its own inputs."""
+    c, w, ct = _unaligned(5, 7), _unaligned(7, 3), _unaligned(3, 7).t()
 
     def f(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
-        return (x * c).exp() @ w.tanh()
+        return (x * c).exp() @ (w.tanh() + ct)
 
     out, state, traced = _forced(f, X, w)
     assert _xla_ran(state), state
@@ -301,11 +302,14 @@ def test_inputs_xla_would_copy_are_staged_and_followed(xla_tier, monkeypatch):
     with engine.fused_tier(True):  # (the tests' default is off: VMAPBENCH_FUSED=0, conftest)
         for _ in range(3):
             torch.testing.assert_close(traced(X, w), f(X, w))
-        staged = [h[0] for h in calls[-1].held if h and len(h) == 4]
-        assert any(t is c for t in staged) and any(t is w for t in staged), "no input was staged"
+        staged = [h[0] for h in calls[-1].held if h and len(h) == 5]
+        assert all(any(t is s for t in staged) for s in (c, w, ct)), "an input was not staged"
         with torch.no_grad():
             c.mul_(-0.5)
             w.add_(1.0)
+        torch.testing.assert_close(traced(X, w), f(X, w))
+        ct.numpy()[1] *= 3.0  # (no version counter moves)
+        w.numpy()[0] = 0.25
         torch.testing.assert_close(traced(X, w), f(X, w))
         other = _unaligned(7, 3) * 2
         torch.testing.assert_close(traced(X, other), f(X, other))
@@ -315,7 +319,7 @@ def test_inputs_xla_would_copy_are_staged_and_followed(xla_tier, monkeypatch):
         finally:
             calls[-1].staging.release()
         torch.testing.assert_close(traced(X, w), f(X, w))
-    assert len(calls) == 7, "the program did not run on every call"
+    assert len(calls) == 8, "the program did not run on every call"
 
 
 def test_expanded_and_transposed_inputs_reach_xla_without_a_copy():
