@@ -1088,6 +1088,8 @@ def lower(gm: torch.fx.GraphModule, meta: dict) -> Callable[..., tuple]:
                 elif lazy and target in ELEMENTWISE and isinstance(recorded, _Value):
                     result = _broadcast(RULES[target](*_compact_operands(args_, env, recorded.shape), **value(kwargs)),
                                         recorded)
+                elif target in ALL_TRUE and (bound := _bound_check(args_[0], env)) is not None:
+                    result = bound
                 elif lazy and target in WHOLE_TRUTH and len(args_) == 1 and math.prod(env[args_[0]].shape):
                     result = RULES[target](compact(args_[0]))
                 else:
@@ -1098,6 +1100,52 @@ def lower(gm: torch.fx.GraphModule, meta: dict) -> Callable[..., tuple]:
         raise Unlowerable("the graph has no output node")
 
     return run
+
+
+ALL_TRUE = frozenset({aten.all.default, aten._is_all_true.default})
+# A bound on every element, `all(x >= s)`, is the bound on the elements' extreme, `min(x) >= s`:
+# one reduction of the values, which XLA vectorizes and fuses with their producer, where a truth
+# reduction of the comparison is split into reduce-windows of predicates. NaN agrees (an extreme
+# over a NaN is NaN), and an empty tensor keeps the truth reduction (it has no extreme).
+# comparison -> (the extreme of its left operand, the one of its right)
+_EXTREMES = {"ge": ("min", "max"), "gt": ("min", "max"), "le": ("max", "min"), "lt": ("max", "min")}
+
+
+def _bound_check(node: Any, env: dict) -> Any:
+    """`all(node)` as one comparison of an extreme, where `node` compares a non-empty tensor with a
+    number or a one-element value and nothing else reads it; else None."""
+    if not isinstance(node, torch.fx.Node) or node.op != "call_function" or len(node.users) != 1:
+        return None
+    target, args_, kwargs = _unwrap(node)
+    name = getattr(getattr(target, "overloadpacket", None), "__name__", None)
+    if name not in _EXTREMES or kwargs or len(args_) != 2:
+        return None
+    _, jnp, _ = _jax()
+    a, b = (env[x] if isinstance(x, torch.fx.Node) else x for x in args_)
+    compare = getattr(operator, name)
+    if _one(b) and _elements(a):
+        return compare(getattr(jnp, _EXTREMES[name][0])(_compact(a)), _scalar(_compact(b)))
+    if _one(a) and _elements(b):
+        return compare(_scalar(_compact(a)), getattr(jnp, _EXTREMES[name][1])(_compact(b)))
+    return None
+
+
+def _compact(x: Any) -> Any:
+    return x.compact if isinstance(x, Broadcast) else x
+
+
+def _elements(x: Any) -> int:
+    """How many elements the value has as the graph sees it (a Broadcast: its shape's); 0 for a number."""
+    return math.prod(x.shape) if isinstance(x, Broadcast) or hasattr(x, "shape") else 0
+
+
+def _one(x: Any) -> bool:
+    return isinstance(x, (bool, int, float)) or _elements(x) == 1
+
+
+def _scalar(x: Any) -> Any:
+    _, jnp, _ = _jax()
+    return jnp.reshape(x, ()) if hasattr(x, "shape") else x
 
 
 def _computed_once(value: Any) -> Any:

@@ -167,6 +167,34 @@ def test_a_transcendental_value_read_twice_is_computed_once_and_agrees(xla_tier)
         assert jaxpr.count("optimization_barrier") == barriers, jaxpr
 
 
+def _bounds(x: torch.Tensor, s: torch.Tensor) -> tuple:
+    return ((x >= 0).all(), (x > s).all(), (0.5 < x).all(), (s < x).all(), (x <= 2).all(),
+            (x.abs() < s + 3).all(), (x == 0).all(), (x >= 0.25).any())
+
+
+@pytest.mark.parametrize("case", ["positive", "a NaN", "below", "empty", "integers"])
+def test_bounds_on_every_element_compare_one_extreme_and_agree(xla_tier, case):
+    """`all(x >= s)` and its kin (a number or a one-element bound, on either side) lower to a
+    comparison of x's min or max, not a truth reduction, and agree with torch: NaN included; an
+    empty tensor and the other checks (==, any) keep the truth reduction."""
+    import jax
+
+    x = {"positive": torch.linspace(0.6, 1.9, 12), "a NaN": torch.tensor([0.7, float("nan"), 1.0]),
+         "below": torch.tensor([0.7, -0.1, 3.0]), "empty": torch.zeros(0),
+         "integers": torch.tensor([1, 2, 0])}[case]
+    s = torch.tensor(0.55)
+    gm = make_fx(_bounds)(x, s)
+    meta, _ = jax_lowering.observe(gm, [x, s])
+    program = jax_lowering.lower(gm, meta)
+    with jax.enable_x64(True):  # (as the tier runs a program with 64-bit inputs)
+        got = [bool(v) for v in jax.jit(program)(x.numpy(), s.numpy())]
+        jaxpr = str(jax.make_jaxpr(program)(x.numpy(), s.numpy()))
+    assert got == [bool(v) for v in _bounds(x, s)]
+    extremes = jaxpr.count("reduce_min") + jaxpr.count("reduce_max")
+    truths = jaxpr.count("reduce_and") + jaxpr.count("reduce_or")
+    assert (extremes, truths) == ((0, 8) if case == "empty" else (6, 2)), jaxpr
+
+
 @pytest.mark.parametrize("dims", [1, 2])
 def test_grouped_convolution_gradients_agree_with_torch(xla_tier, dims):
     """convolution_backward with groups, stride, padding and dilation (the weight gradient has its
