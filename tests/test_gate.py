@@ -365,6 +365,34 @@ def test_adaptive_rounds_stop_early_for_a_steady_signal_and_run_on_for_a_noisy_o
     assert len(noisy["a"]) % 2 == 0  # whole cycles of rounds (forward, reverse)
 
 
+def test_the_time_process_keeps_the_collector_frozen_through_its_rounds(monkeypatch, tmp_path):
+    """The time process freezes the collector before measuring, so each rounds' untimed
+    collections walk only what the timed calls made (measuring.timer.rounds keeps a freeze it did
+    not make), not the whole heap of torch and three commits, workload after workload."""
+    import gc
+
+    from vmapbench import gate_probe
+
+    seen = []
+
+    def measure(sides, budget, clock, only, memory=False):
+        timer = gate_probe.gate_measuring("timer")
+        for _ in range(2):  # two workloads' rounds
+            timer.rounds({"a": lambda: None}, 2, collect=True)
+            seen.append(gc.get_freeze_count())
+        return {}
+
+    monkeypatch.setattr(gate_probe, "Sides", lambda trees: {})
+    monkeypatch.setattr(gate_probe, "measure_workloads", measure)
+    monkeypatch.setattr(gate_probe, "gate_suite", lambda name: type("S", (), {"pin_threads": staticmethod(lambda: None)}))
+    assert gc.get_freeze_count() == 0
+    try:
+        assert gate_probe.main(["--tree", f"base={tmp_path}", "--out", str(tmp_path / "out.json")]) == 0
+    finally:
+        gc.unfreeze()  # (this test process's own objects back to the collector's walks)
+    assert len(seen) == 2 and all(n > 0 for n in seen), seen
+
+
 def test_a_rounds_figure_is_its_fastest_unit_of_calls_per_call():
     # The vCPU's slow phases only ever add time: a batch's figure is its fastest unit of calls
     # (calls grouped to at least UNIT_S), not its mean. A call every third of which takes 3 ms.
