@@ -7,6 +7,7 @@ import os
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pytest
@@ -885,17 +886,15 @@ def test_a_side_whose_registry_does_not_import_fails_alone(tmp_path):
     assert "this commit has no registry" in failed["measuring process"] or "ImportError" in failed["measuring process"]
 
 
-@pytest.mark.slow
-def test_an_aa_probe_reads_every_copy_alike(tmp_path):
-    """Three copies of one commit, measured by a real probe process: every engine signal of each
-    copy over base sits within its noise (its interval contains 1) or within 3% of 1. A bias of the
-    measuring order or of the batches (a copy 5-7% apart with a tight interval) fails it; a busy
-    machine widens the intervals and cannot."""
+def _aa_probe_departures(tmp_path: Path, run: int) -> tuple[dict[tuple[str, str], Any], int]:
+    """One real probe process over three copies of HEAD: {(copy, signal): its estimate over base}
+    for the engine signals neither within their noise (interval containing 1) nor within 3% of 1,
+    and how many signals were checked."""
     from measuring import stats
 
     commit = gate.resolve(ROOT, "HEAD")
-    trees = {side: gate.extract(ROOT, commit, tmp_path / side) for side in ("base", "head", "twin")}
-    out = tmp_path / "probe.json"
+    trees = {side: gate.extract(ROOT, commit, tmp_path / f"{side}{run}") for side in ("base", "head", "twin")}
+    out = tmp_path / f"probe{run}.json"
     cmd = [sys.executable, str(ROOT / "vmapbench" / "gate_probe.py"), "--workloads", "quadratic_hessian,nn_ffnn",
            "--budget", "0.5", "--out", str(out)]
     for side, tree in trees.items():
@@ -904,12 +903,28 @@ def test_an_aa_probe_reads_every_copy_alike(tmp_path):
     subprocess.run(cmd, check=True, cwd=ROOT, env=env, timeout=600)
     probe = json.loads(out.read_text())["sides"]
     got = {side: gate.signals(probe[side]) for side in trees}
-    checked = 0
+    departures, checked = {}, 0
     for name, base in got["base"].items():
         if "track_ratio_vs_torch_func" not in name or "'loop'" in name:
             continue
         for side in ("head", "twin"):
             change = stats.paired_ratio([h / b for h, b in zip(got[side][name], base)])
-            assert change.lo <= 1 <= change.hi or abs(change.value - 1) < 0.03, (side, name, change)
+            if not (change.lo <= 1 <= change.hi or abs(change.value - 1) < 0.03):
+                departures[(side, name)] = change
             checked += 1
+    return departures, checked
+
+
+@pytest.mark.slow
+def test_an_aa_probe_reads_every_copy_alike(tmp_path):
+    """Three copies of one commit, measured by a real probe process: every engine signal of each
+    copy over base sits within its noise (its interval contains 1) or within 3% of 1. A bias of the
+    measuring order or of the batches (a copy 5-7% apart with a tight interval) fails it. A signal
+    that departs is measured again in a second process: a bias departs again, while a departure
+    the other test worker's load made (a few percent, an interval just short of 1) does not."""
+    departures, checked = _aa_probe_departures(tmp_path, 0)
     assert checked >= 2 * 2 * 3  # two workloads, two copies, engine / eager / traced
+    if departures:
+        again, _ = _aa_probe_departures(tmp_path, 1)
+        both = {key: (departures[key], again[key]) for key in departures.keys() & again.keys()}
+        assert not both, both
