@@ -287,9 +287,9 @@ class _Call:
                     if copy is not None and t is h[0] and t.data_ptr() == h[1]:  # (layout: checked by the tier)
                         copy()
                     else:
-                        others.append(i)
+                        others.append((i, h))
                 if others:
-                    torch._foreach_copy_([self.held[i][3] for i in others], [feeds[i].source(inputs[i]) for i in others])
+                    torch._foreach_copy_([h[3] for _, h in others], [feeds[i].source(inputs[i]) for i, _ in others])
             else:  # another thread's inputs are in them: this call passes its own
                 for i, _ in staged:
                     args[i] = feeds[i].array(inputs[i])

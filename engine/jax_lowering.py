@@ -1067,10 +1067,6 @@ def lower(gm: torch.fx.GraphModule, meta: dict) -> Callable[..., tuple]:
                 return {k: value(v) for k, v in x.items()}
             return x
 
-        def compact(x: torch.fx.Node) -> Any:
-            v = env[x]
-            return v.compact if isinstance(v, Broadcast) else v
-
         for node in nodes:
             if node.op == "placeholder":
                 env[node] = next(it)
@@ -1084,14 +1080,14 @@ def lower(gm: torch.fx.GraphModule, meta: dict) -> Callable[..., tuple]:
                 if target is operator.getitem:
                     result = operator.getitem(*value(args_))
                 elif target is aten.expand.default and isinstance(recorded, _Value):
-                    result = _broadcast(compact(args_[0]), recorded)
+                    result = _broadcast(_compact(env[args_[0]]), recorded)
                 elif lazy and target in ELEMENTWISE and isinstance(recorded, _Value):
                     result = _broadcast(RULES[target](*_compact_operands(args_, env, recorded.shape), **value(kwargs)),
                                         recorded)
                 elif target in ALL_TRUE and (bound := _bound_check(args_[0], env)) is not None:
                     result = bound
-                elif lazy and target in WHOLE_TRUTH and len(args_) == 1 and math.prod(env[args_[0]].shape):
-                    result = RULES[target](compact(args_[0]))
+                elif lazy and target in WHOLE_TRUTH and len(args_) == 1 and _elements(env[args_[0]]):
+                    result = RULES[target](_compact(env[args_[0]]))
                 else:
                     result = RULES[target](*value(args_), **value(kwargs))
                 env[node] = result if isinstance(result, Broadcast) else _conform(result, recorded, node)
@@ -1131,6 +1127,7 @@ def _bound_check(node: Any, env: dict) -> Any:
 
 
 def _compact(x: Any) -> Any:
+    """A Broadcast's compact array, or the value itself."""
     return x.compact if isinstance(x, Broadcast) else x
 
 

@@ -346,10 +346,8 @@ def markdown(doc: dict[str, Any], curves: Sequence[Curve]) -> str:
     if not ratios:  # (a --fn model's jax.jit curve under another name, say)
         lines += ["No jax.jit curve to divide by: the ratio tables need a method named `jax` (with --fn, "
                   "FUNCTION('jax') returns the jax.jit call).", ""]
-    for title, from_start in (("from the first call", False), ("from process start (imports and setup included)",
-                                                              True)):
-        if not ratios:
-            break
+    titles = (("from the first call", False), ("from process start (imports and setup included)", True))
+    for title, from_start in titles if ratios else ():
         lines += [f"The default path (cold cache) / jax.jit, time to N {title}:", "",
                   "| workload | size | " + " | ".join(f"N={n}" for n in ns) + " |",
                   "| --- | --- | " + " | ".join("---" for _ in ns) + " |"]
