@@ -76,10 +76,10 @@ def test_xla_memory_analysis_names_its_parts():
 SAMPLE = ("logreg_hessian", "psg_mlp", "mlp_hvp")
 
 
-@pytest.mark.slow  # three fresh interpreters importing torch, the peers and jax
-def test_three_fresh_processes_give_the_same_bytes():
+@pytest.mark.slow  # fresh interpreters importing torch, the peers and jax
+def test_two_fresh_processes_give_the_same_bytes():
     env = {**os.environ, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "2"}
-    proc = subprocess.run([sys.executable, "-m", "vmapbench.memory_table", "--processes", "3",
+    proc = subprocess.run([sys.executable, "-m", "vmapbench.memory_table", "--processes", "2",
                            "--workloads", ",".join(SAMPLE)], cwd=ROOT, env=env, capture_output=True, text=True,
                           timeout=900)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
