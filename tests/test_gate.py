@@ -886,6 +886,32 @@ def test_a_side_whose_registry_does_not_import_fails_alone(tmp_path):
     assert "this commit has no registry" in failed["measuring process"] or "ImportError" in failed["measuring process"]
 
 
+def test_memory_is_taken_on_the_sides_asked_and_a_shared_reference_once(tmp_path):
+    """Allocator peaks are exact: the twin (a copy of head) is not measured again, and a reference
+    that runs the same files on every side (`shared_references`) is measured on the first side
+    only, as it is timed; the engine's methods on every side asked, with the same bytes on copies
+    of one commit."""
+    from vmapbench import gate_probe
+
+    commit = gate.resolve(ROOT, "HEAD")
+    sides = gate_probe.Sides({side: gate.extract(ROOT, commit, tmp_path / side) for side in ("base", "head", "twin")})
+    try:
+        out = gate_probe.measure_workloads(sides, budget_s=0.01, clock=gate_probe.CLOCKS["cpu"],
+                                           only=["quadratic_hessian"], memory=["base", "head"])
+    finally:
+        sides.close()
+    (base,) = out["base"]["memory"]["quadratic_hessian"].values()
+    (head,) = out["head"]["memory"]["quadratic_hessian"].values()
+    assert set(base) == set(gate_probe.GATE_METHODS) and not out["twin"]["memory"]
+    assert out["head"]["shared"]["quadratic_hessian"] == ["torch_func", "loop"]
+    assert set(head) == set(gate_probe.GATE_METHODS) - {"torch_func", "loop"}
+    assert all(head[m] == base[m] and len(set(base[m])) == 1 for m in head), (base, head)
+    rows = gate.compare(gate._runs([{**out["base"], "process": "time-0"}]),
+                        gate._runs([{**out["head"], "process": "time-0"}]), "never-calibrated")
+    memory = [r for r in rows if stats.is_memory(r.name)]
+    assert len(memory) == len(head) and all(r.verdict == "unchanged" for r in memory)
+
+
 def _aa_probe_departures(tmp_path: Path, run: int) -> tuple[dict[tuple[str, str], Any], int]:
     """One real probe process over three copies of HEAD: {(copy, signal): its estimate over base}
     for the engine signals neither within their noise (interval containing 1) nor within 3% of 1,

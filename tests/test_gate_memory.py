@@ -84,6 +84,7 @@ def test_the_first_time_process_measures_memory_the_others_do_not(tmp_path):
     first = gate.probe_command(tmp_path / "out.json", gate.Job("time", 0), trees)
     second = gate.probe_command(tmp_path / "out.json", gate.Job("time", 1), trees)
     assert "--memory" in first and "--memory" not in second
+    assert first[first.index("--memory") + 1] == "base,head"  # exact: the twin would read head's bytes again
 
 
 def test_the_memory_plant_writes_valid_python(tmp_path):

@@ -74,6 +74,9 @@ PROBE_BUDGET_S = 0.6
 SIDES = ("base", "head", "twin")
 # The sides counted: counts repeat to a fraction of a percent, they need no twin.
 COUNT_SIDES = ("base", "head")
+# The sides whose allocator peaks are taken: exact bytes, the same in every process (a twin would
+# read head's again).
+MEMORY_SIDES = ("base", "head")
 PROBE_TIMEOUT_S = 900
 # The floor of a time signal from the run's own evidence: EVIDENCE_MARGIN x the larger of its own
 # twin-vs-head |log ratio| and the EVIDENCE_QUANTILE of that of its pool (its metric and method).
@@ -320,7 +323,7 @@ def probe_command(out: Path, job: Job, trees: Mapping[str, Path], library: Path 
         assert library is not None
         return [*counts.command(out.parent / job.label), sys.executable, "-c", runner, *sides, "--count", str(library),
                 "--workloads", ",".join(COUNTED_WORKLOADS), "--out", str(out)]
-    memory = ["--memory"] if job.index == 0 else []  # exact: one process measures it
+    memory = ["--memory", ",".join(MEMORY_SIDES)] if job.index == 0 else []  # exact: one process measures it
     return [sys.executable, "-c", runner, *sides, "--workloads", "all", "--overhead", *memory,
             "--budget", str(PROBE_BUDGET_S), "--clock", "cpu", "--out", str(out)]
 

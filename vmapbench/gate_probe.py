@@ -532,15 +532,22 @@ def _empty_side(sides: int) -> dict[str, Any]:
 
 
 def measure_memory(sides: Sides, calls: Mapping[str, Mapping[str, Callable[[], Any]]],
-                   errors: Mapping[str, dict[str, str]], case: str) -> dict[str, dict[str, list[int]]]:
+                   errors: Mapping[str, dict[str, str]], case: str,
+                   shared: Collection[str] = ()) -> dict[str, dict[str, list[int]]]:
     """side -> method -> the allocator peak of MEMORY_REPEATS steady calls (bytes; the gate
-    checkout's measuring.memory.alloc_peak_bytes), every side and method, references included.
-    A method in REWARM_METHODS gets its untimed calls after its side is activated first."""
+    checkout's measuring.memory.alloc_peak_bytes), every side of `calls` and method; a method in
+    `shared` (a reference that runs the same files on every side: `shared_references`) on the
+    first side only, as it is timed (the same code allocates the same bytes: a peak taken again
+    on another side could not differ). A method in REWARM_METHODS gets its untimed calls after its
+    side is activated first."""
     memory = gate_measuring("memory")
     out: dict[str, dict[str, list[int]]] = {}
+    first = next(iter(calls), None)
     for label, methods in calls.items():
         sides.activate(label)
         for method, fn in methods.items():
+            if method in shared and label != first:
+                continue
             try:
                 for _ in range(REWARM_CALLS if method in REWARM_METHODS else 0):
                     fn()
@@ -551,11 +558,12 @@ def measure_memory(sides: Sides, calls: Mapping[str, Mapping[str, Callable[[], A
 
 
 def measure_workloads(sides: Sides, budget_s: float, clock: Callable[[], float],
-                      only: list[str] | None = None, memory: bool = False) -> dict[str, dict[str, Any]]:
+                      only: list[str] | None = None, memory: Collection[str] = ()) -> dict[str, dict[str, Any]]:
     """Every workload of every side's registry (or `only`), its sides timed together (see
     `paired_samples`); a workload one side lacks is timed on the others. Per side:
     {"times": {workload: {size: {method: [s per call per round]}}}, "errors", "cpu_seconds"}, and
-    with `memory` "memory": {workload: {size: {method: [bytes per call]}}} (`measure_memory`)."""
+    for the sides in `memory` "memory": {workload: {size: {method: [bytes per call]}}}
+    (`measure_memory`)."""
     out = {label: _empty_side(len(sides.trees)) for label in sides}
     registry: dict[str, set[str]] = {}
     names: list[str] = []
@@ -595,9 +603,12 @@ def measure_workloads(sides: Sides, budget_s: float, clock: Callable[[], float],
                 out[label]["times"].setdefault(name, {})[sizes[label]] = samples
                 if shared and label != next(iter(calls)):
                     out[label].setdefault("shared", {})[name] = list(shared)
-            if memory:
-                errors = {label: out[label]["errors"] for label in calls}
-                for label, peaks in measure_memory(sides, calls, errors, f"{name} {sizes[label]}").items():
+            measured = {label: got for label, got in calls.items() if label in memory}
+            if measured:
+                errors = {label: out[label]["errors"] for label in measured}
+                shared_here = shared if next(iter(measured)) == next(iter(calls)) else ()
+                for label, peaks in measure_memory(sides, measured, errors, f"{name} {sizes[label]}",
+                                                   shared_here).items():
                     out[label]["memory"].setdefault(name, {})[sizes[label]] = peaks
         for label in calls:
             out[label]["cpu_seconds"][name] = time.process_time() - started
@@ -693,8 +704,9 @@ def main(argv: list[str] | None = None) -> int:
                         "one the others are compared with")
     p.add_argument("--workloads", default="all", help="comma list of workloads, 'all' (the registry) or '' (none)")
     p.add_argument("--overhead", action="store_true", help="also measure the per-op overhead chain")
-    p.add_argument("--memory", action="store_true",
-                   help="also take every method's allocator peak per call (bytes: exact, see measure_memory)")
+    p.add_argument("--memory", nargs="?", const="all", default="", metavar="SIDES",
+                   help="also take every method's allocator peak per call (bytes: exact, see measure_memory), "
+                        "on every side or on the sides of this comma list")
     p.add_argument("--budget", type=float, default=0.5, help="CPU seconds of one workload's timed rounds per side at most")
     p.add_argument("--clock", choices=sorted(CLOCKS), default="cpu",
                    help="cpu: CPU seconds of this process (default; other processes' load does not count); wall")
@@ -721,7 +733,11 @@ def main(argv: list[str] | None = None) -> int:
         # timed calls made, not torch's and three commits' heaps, every workload over again.
         gc.collect()
         gc.freeze()
-        out = measure_workloads(sides, args.budget, clock, only, memory=args.memory)
+        memory = list(sides) if args.memory == "all" else [m for m in args.memory.split(",") if m]
+        unknown = sorted(set(memory) - set(sides))
+        if unknown:
+            p.error(f"--memory {args.memory}: no side named {', '.join(unknown)} (the sides: {', '.join(sides)})")
+        out = measure_workloads(sides, args.budget, clock, only, memory=memory)
         if args.overhead:
             for label, (times, errors) in measure_overhead(args.budget, clock, sides).items():
                 out[label]["overhead"] = times
