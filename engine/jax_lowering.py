@@ -736,6 +736,95 @@ def _grouped_weight_grad(grad: Any, x: Any, w_shape: Any, stride: Any, padding: 
     return dw.reshape(tuple(w_shape))
 
 
+# --- pooling
+
+
+def _two(v: Any, default: Any = None) -> tuple[int, int]:
+    """A 2-d pooling argument as (height, width): one number for both, or a pair (`default` where
+    it is empty: max_pool2d's stride defaults to its kernel)."""
+    if v is None or (isinstance(v, (list, tuple)) and len(v) == 0):
+        v = default
+    if isinstance(v, int):
+        return v, v
+    if len(v) == 1:
+        return int(v[0]), int(v[0])
+    return int(v[0]), int(v[1])
+
+
+def _pool_out(size: int, k: int, s: int, p: int, d: int, ceil_mode: bool) -> int:
+    """Output length of a pooling window along one axis: torch's pooling_output_shape."""
+    out = (size + 2 * p - d * (k - 1) - 1 + (s - 1 if ceil_mode else 0)) // s + 1
+    if ceil_mode and (out - 1) * s >= size + p:
+        out -= 1
+    return out
+
+
+@rule(aten.max_pool2d_with_indices.default)
+def _max_pool2d_with_indices(x: Any, kernel_size: Any, stride: Any = (), padding: Any = 0, dilation: Any = 1,
+                             ceil_mode: bool = False) -> Any:
+    """The window maxima and their flat indices into each input plane, as torch's CPU kernel picks
+    them: the window read row by row, a value taken where it is greater than the maximum so far
+    or NaN (so the first of equal maxima, the last NaN), starting from -inf at the window's first
+    element inside the input. One strided slice per window element: pooling windows are small."""
+    import numpy as np
+
+    _, jnp, lax = _jax()
+    if x.ndim not in (3, 4):
+        raise Unlowerable(f"a {x.ndim}-d input to max_pool2d")
+    (kh, kw), (ph, pw), (dh, dw) = _two(kernel_size), _two(padding), _two(dilation)
+    sh, sw = _two(stride, kernel_size)
+    height, width = x.shape[-2:]
+    oh, ow = _pool_out(height, kh, sh, ph, dh, ceil_mode), _pool_out(width, kw, sw, pw, dw, ceil_mode)
+    rows, cols = np.arange(oh) * sh - ph, np.arange(ow) * sw - pw  # each window's corner, input coordinates
+    below = max(0, int(rows[-1]) + (kh - 1) * dh - (height - 1))
+    right = max(0, int(cols[-1]) + (kw - 1) * dw - (width - 1))
+    padded = jnp.pad(x, [(0, 0)] * (x.ndim - 2) + [(ph, below), (pw, right)])
+    lead = tuple(x.shape[:-2])
+
+    def first_inside(corners: Any, d: int) -> Any:
+        return corners + np.maximum(0, -(corners // d)) * d  # a window starting in the padding skips whole steps
+
+    index = jnp.asarray(np.add.outer(first_inside(rows, dh) * width, first_inside(cols, dw)))
+    best = jnp.full(lead + (oh, ow), -jnp.inf, x.dtype)
+    index = jnp.broadcast_to(index, lead + (oh, ow))
+    for i in range(kh):
+        r = rows + i * dh
+        inside_r = (r >= 0) & (r < height)
+        for j in range(kw):
+            c = cols + j * dw
+            inside = np.outer(inside_r, (c >= 0) & (c < width))
+            if not inside.any():
+                continue
+            start = (0,) * len(lead) + (i * dh, j * dw)
+            limit = lead + (i * dh + (oh - 1) * sh + 1, j * dw + (ow - 1) * sw + 1)
+            v = lax.slice(padded, start, limit, (1,) * len(lead) + (sh, sw))
+            take = (v > best) | jnp.isnan(v)
+            if not inside.all():
+                take = take & jnp.asarray(inside)
+            best = jnp.where(take, v, best)
+            index = jnp.where(take, jnp.asarray(np.add.outer(r * width, c)), index)
+    return best, index
+
+
+@rule(aten.max_pool2d.default)
+def _max_pool2d(x: Any, kernel_size: Any, stride: Any = (), padding: Any = 0, dilation: Any = 1,
+                ceil_mode: bool = False) -> Any:
+    return _max_pool2d_with_indices(x, kernel_size, stride, padding, dilation, ceil_mode)[0]
+
+
+@rule(aten.max_pool2d_with_indices_backward.default)
+def _max_pool2d_with_indices_backward(grad: Any, x: Any, kernel_size: Any, stride: Any, padding: Any,
+                                      dilation: Any, ceil_mode: bool, indices: Any) -> Any:
+    """Each output's gradient added at its maximum's index (the forward's, as torch's kernel does)."""
+    import math
+
+    _, jnp, _ = _jax()
+    planes = math.prod(x.shape[:-2])
+    g, at = grad.reshape(planes, -1), indices.reshape(planes, -1)
+    out = jnp.zeros((planes, x.shape[-2] * x.shape[-1]), grad.dtype)
+    return out.at[jnp.arange(planes)[:, None], at].add(g).reshape(x.shape)
+
+
 # --- indexing
 
 

@@ -229,6 +229,56 @@ def test_grouped_convolution_gradients_agree_with_torch(xla_tier, dims):
     torch.testing.assert_close(got, torch.func.vmap(torch.func.grad(loss), in_dims=(None, 0))(w1, xs))
 
 
+POOLS = {  # kernel, stride, padding, dilation, ceil_mode
+    "plain": ([2, 2], [], [0, 0], [1, 1], False),
+    "overlapping": ([3, 2], [1, 2], [1, 0], [1, 1], False),
+    "padded_dilated": ([3, 3], [2, 2], [1, 1], [2, 1], False),
+    "ceil": ([2, 3], [2, 2], [0, 1], [1, 1], True),
+}
+
+
+@pytest.mark.parametrize("case", sorted(POOLS))
+def test_max_pooling_picks_torchs_maxima_and_routes_gradients_alike(xla_tier, case):
+    """max_pool2d_with_indices: the same maxima and indices as torch's kernel (the first of equal
+    maxima, NaN taken, -inf windows, padding, dilation, ceil_mode), its backward the same gradient;
+    and per-sample gradients of a small CNN with pooling through vmap(grad), against torch.func."""
+    kernel, stride, padding, dilation, ceil_mode = POOLS[case]
+    g = torch.Generator().manual_seed(5)
+    x = torch.randint(-3, 4, (2, 3, 9, 8), generator=g).double()  # small integers: many ties
+    x[0, 0, 2, 3] = float("nan")
+    x[0, 1, 4:, :5] = float("-inf")
+    x[1, 2, 0, 0] = x[1, 2, 0, 1] = float("nan")
+
+    def forward(x):
+        return aten.max_pool2d_with_indices(x, kernel, stride, padding, dilation, ceil_mode)
+
+    (got, at), state, _ = _forced(forward, x)
+    assert _xla_ran(state), state
+    want, want_at = forward(x)
+    torch.testing.assert_close(got, want, rtol=0, atol=0, equal_nan=True)
+    assert torch.equal(at, want_at)
+    grad = torch.randn(want.shape, generator=g, dtype=torch.float64)
+
+    def backward(grad, x, at):
+        return aten.max_pool2d_with_indices_backward(grad, x, kernel, stride, padding, dilation, ceil_mode, at)
+
+    got, state, _ = _forced(backward, grad, x, want_at)
+    assert _xla_ran(state), state
+    torch.testing.assert_close(got, backward(grad, x, want_at))
+
+    w = torch.randn(4, 3, 3, 3, generator=g, dtype=torch.float64)
+
+    def loss(w, xi):
+        y = torch.nn.functional.conv2d(xi[None], w, padding=1).relu()
+        return torch.nn.functional.max_pool2d(y, kernel, stride or None, padding, dilation, ceil_mode).square().sum()
+
+    xs = torch.randn(5, 3, 9, 8, generator=g, dtype=torch.float64)
+    grads = engine.vmap(engine.grad(loss), in_dims=(None, 0))
+    got, state, _ = _forced(grads, w, xs)
+    assert _xla_ran(state), state
+    torch.testing.assert_close(got, torch.func.vmap(torch.func.grad(loss), in_dims=(None, 0))(w, xs))
+
+
 def test_a_program_follows_its_captured_tensors(xla_tier):
     """The program keeps the captured tensors' arrays between calls (sharing their memory): an
     in-place write is seen, and a tensor given other memory, strides or values by `.data` is
