@@ -341,14 +341,50 @@ def test_missing_valgrind_skips_the_counts_with_a_reason(monkeypatch, tmp_path):
 
 
 def test_one_process_times_base_its_twin_and_head_and_one_counts_base_and_head():
-    assert [j.label for j in gate.jobs(counting=True)] == ["time-0", "count-0"]
-    assert [j.kind for j in gate.jobs(counting=False)] == ["time", "time"]  # the free core: more rounds
+    # The core the count leaves free times the workloads the first time process has not reached.
+    assert [(j.label, j.share) for j in gate.jobs(counting=True)] == [("time-0", "front"), ("count-0", ""),
+                                                                        ("time-1", "back")]
+    assert [(j.kind, j.share) for j in gate.jobs(counting=False)] == [("time", ""), ("time", "")]  # more rounds
     trees = {side: Path(f"/x/{side}") for side in gate.SIDES}
     cmd = gate.probe_command(Path("/x/count-0.json"), gate.Job("count"), trees, Path("/lib.so"))
     assert cmd[0] == "valgrind" and "--instr-atstart=no" in cmd and "--count" in cmd
     assert [cmd[i + 1] for i, a in enumerate(cmd) if a == "--tree"] == ["base=/x/base", "head=/x/head"]
     cmd = gate.probe_command(Path("/x/time-0.json"), gate.Job("time"), trees)
     assert [cmd[i + 1] for i, a in enumerate(cmd) if a == "--tree"] == ["base=/x/base", "head=/x/head", "twin=/x/twin"]
+    assert "--claims" not in cmd and "--overhead" in cmd
+    front, count, back = (gate.probe_command(Path(f"/x/{j.label}.json"), j, trees, Path("/lib.so"))
+                          for j in gate.jobs(counting=True))
+    assert front[front.index("--claims") + 1] == back[back.index("--claims") + 1] == "/x/claims"
+    assert "--from-end" in back and "--from-end" not in front and "--claims" not in count
+    assert "--overhead" in front and "--overhead" not in back  # the per-op chain: timed once
+    assert "--memory" in front and "--memory" in back  # each workload's peaks, by the process that times it
+
+
+def test_two_time_processes_sharing_the_registry_time_each_workload_once(tmp_path):
+    """One claims from the first workload on, the other from the last back, each its own; what
+    one process claimed the other skips."""
+    from vmapbench import gate_probe
+
+    commit = gate.resolve(ROOT, "HEAD")
+    sides = gate_probe.Sides({"base": gate.extract(ROOT, commit, tmp_path / "base")})
+    names = ["quadratic_hessian", "rosenbrock_hessian", "mlp_jacobian"]
+    claim = gate_probe.claimer(tmp_path / "claims")
+    try:
+        assert claim("mlp_jacobian")  # taken by the other process, from the end
+        out = gate_probe.measure_workloads(sides, budget_s=0.01, clock=gate_probe.CLOCKS["cpu"], only=names,
+                                           claim=claim, from_end=False)
+        again = gate_probe.measure_workloads(sides, budget_s=0.01, clock=gate_probe.CLOCKS["cpu"], only=names,
+                                             claim=gate_probe.claimer(tmp_path / "claims"), from_end=True)
+        asked: list[str] = []
+        last = gate_probe.measure_workloads(sides, budget_s=0.01, clock=gate_probe.CLOCKS["cpu"], only=names,
+                                            claim=lambda name: not asked.append(name) and len(asked) == 1,
+                                            from_end=True)
+    finally:
+        sides.close()
+    assert set(out["base"]["times"]) == {"quadratic_hessian", "rosenbrock_hessian"}
+    assert not again["base"]["times"] and not claim("quadratic_hessian")
+    assert sorted(p.name for p in (tmp_path / "claims").iterdir()) == sorted(names)
+    assert asked == names[::-1] and set(last["base"]["times"]) == {"mlp_jacobian"}
 
 
 def test_adaptive_rounds_stop_early_for_a_steady_signal_and_run_on_for_a_noisy_one():

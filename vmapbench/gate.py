@@ -13,7 +13,9 @@ So:
   commit in a second folder: a time signal is called only where both copies agree, and their
   spread is the run's own A/A evidence); the measuring processes
   (vmapbench/gate_probe.py) load every side into one interpreter side by side and run
-  `os.cpu_count()` at a time: a time process and a count process under valgrind;
+  `os.cpu_count()` at a time: a time process and a count process under valgrind, then, on the
+  core the count leaves, a second time process that takes the workloads the first has not
+  reached, from the registry's last back (`jobs`);
 - the time process times every workload of the registry (engine, engine_eager, engine_traced,
   torch_func, loop at the first quick size) of base, twin and head interleaved round by round in
   CPU seconds, rounds chosen by each signal's own variance, plus the per-op overhead chain against
@@ -293,10 +295,14 @@ for _plant_w in _plant_all():
 @dataclass(frozen=True)
 class Job:
     """One measuring process: `kind` (time or count), `index` among its kind. Every process loads
-    the sides it measures (SIDES, or COUNT_SIDES for a count) side by side."""
+    the sides it measures (SIDES, or COUNT_SIDES for a count) side by side. `share`: a time
+    process that takes its workloads from a list shared with the other time process ("front":
+    from the registry's first on, "back": from its last back), each workload timed by the one
+    that claimed it; "": every workload."""
 
     kind: str
     index: int = 0
+    share: str = ""
 
     @property
     def label(self) -> str:
@@ -309,8 +315,13 @@ class Job:
 
 def jobs(counting: bool) -> list[Job]:
     """The processes of one comparison, run side by side on two cores: the time process and the
-    count process, or without counts a second time process (more rounds of the same pairs)."""
-    return [Job("time", 0), Job("count")] if counting else [Job("time", 0), Job("time", 1)]
+    count process, then on the core the count leaves free a second time process that takes the
+    workloads the first has not reached, from the last back (the count takes less time than the
+    timing: the core would idle); without counts a second time process from the start (more rounds
+    of the same pairs)."""
+    if counting:
+        return [Job("time", 0, "front"), Job("count"), Job("time", 1, "back")]
+    return [Job("time", 0), Job("time", 1)]
 
 
 def probe_command(out: Path, job: Job, trees: Mapping[str, Path], library: Path | None = None) -> list[str]:
@@ -323,8 +334,12 @@ def probe_command(out: Path, job: Job, trees: Mapping[str, Path], library: Path 
         assert library is not None
         return [*counts.command(out.parent / job.label), sys.executable, "-c", runner, *sides, "--count", str(library),
                 "--workloads", ",".join(COUNTED_WORKLOADS), "--out", str(out)]
-    memory = ["--memory", ",".join(MEMORY_SIDES)] if job.index == 0 else []  # exact: one process measures it
-    return [sys.executable, "-c", runner, *sides, "--workloads", "all", "--overhead", *memory,
+    # Memory is exact: one process measures each workload's (the one that times it, where they share).
+    memory = ["--memory", ",".join(MEMORY_SIDES)] if job.index == 0 or job.share else []
+    shared = ["--claims", str(out.parent / "claims"), *(["--from-end"] if job.share == "back" else [])] \
+        if job.share else []
+    overhead = ["--overhead"] if job.index == 0 else []
+    return [sys.executable, "-c", runner, *sides, "--workloads", "all", *shared, *overhead, *memory,
             "--budget", str(PROBE_BUDGET_S), "--clock", "cpu", "--out", str(out)]
 
 

@@ -45,6 +45,7 @@ import importlib
 import importlib.util
 import json
 import math
+import os
 import sys
 import time
 import traceback
@@ -557,10 +558,28 @@ def measure_memory(sides: Sides, calls: Mapping[str, Mapping[str, Callable[[], A
     return out
 
 
+def claimer(folder: Path) -> Callable[[str], bool]:
+    """`claim(name)`: True for the one process (of those given `folder`) that asks first for a
+    workload, False for the others (a file created in `folder` only if it does not exist)."""
+    folder.mkdir(parents=True, exist_ok=True)
+
+    def claim(name: str) -> bool:
+        try:
+            os.close(os.open(folder / name, os.O_CREAT | os.O_EXCL | os.O_WRONLY))
+        except FileExistsError:
+            return False
+        return True
+
+    return claim
+
+
 def measure_workloads(sides: Sides, budget_s: float, clock: Callable[[], float],
-                      only: list[str] | None = None, memory: Collection[str] = ()) -> dict[str, dict[str, Any]]:
+                      only: list[str] | None = None, memory: Collection[str] = (),
+                      claim: Callable[[str], bool] | None = None, from_end: bool = False) -> dict[str, dict[str, Any]]:
     """Every workload of every side's registry (or `only`), its sides timed together (see
-    `paired_samples`); a workload one side lacks is timed on the others. Per side:
+    `paired_samples`); a workload one side lacks is timed on the others. With `claim`, only the
+    workloads it grants (the others are another process's: see `claimer`), taken from the last
+    back where `from_end`. Per side:
     {"times": {workload: {size: {method: [s per call per round]}}}, "errors", "cpu_seconds"}, and
     for the sides in `memory` "memory": {workload: {size: {method: [bytes per call]}}}
     (`measure_memory`)."""
@@ -580,7 +599,9 @@ def measure_workloads(sides: Sides, budget_s: float, clock: Callable[[], float],
             if name not in names:
                 names.append(name)
     same_workloads = same_files(sides.trees.values(), "workloads")
-    for name in names:
+    for name in (names[::-1] if from_end else names):
+        if claim is not None and not claim(name):
+            continue
         started = time.process_time()
         sizes: dict[str, str] = {}
         calls: dict[str, dict[str, Callable[[], Any]]] = {}
@@ -712,6 +733,9 @@ def main(argv: list[str] | None = None) -> int:
                    help="cpu: CPU seconds of this process (default; other processes' load does not count); wall")
     p.add_argument("--count", default=None, metavar="LIB",
                    help="count instructions under callgrind with this client-request library (measuring.counts)")
+    p.add_argument("--claims", default=None, metavar="DIR",
+                   help="time only the workloads no other process given this folder has claimed first")
+    p.add_argument("--from-end", action="store_true", help="with --claims: take the workloads from the last back")
     p.add_argument("--out", required=True)
     args = p.parse_args(argv)
     if not args.tree:
@@ -737,7 +761,8 @@ def main(argv: list[str] | None = None) -> int:
         unknown = sorted(set(memory) - set(sides))
         if unknown:
             p.error(f"--memory {args.memory}: no side named {', '.join(unknown)} (the sides: {', '.join(sides)})")
-        out = measure_workloads(sides, args.budget, clock, only, memory=memory)
+        claim = claimer(Path(args.claims)) if args.claims else None
+        out = measure_workloads(sides, args.budget, clock, only, memory=memory, claim=claim, from_end=args.from_end)
         if args.overhead:
             for label, (times, errors) in measure_overhead(args.budget, clock, sides).items():
                 out[label]["overhead"] = times
