@@ -412,7 +412,7 @@ def test_the_time_process_keeps_the_collector_frozen_through_its_rounds(monkeypa
 
     seen = []
 
-    def measure(sides, budget, clock, only, memory=False):
+    def measure(sides, budget, clock, only, memory=(), claim=None, from_end=False):
         timer = gate_probe.gate_measuring("timer")
         for _ in range(2):  # two workloads' rounds
             timer.rounds({"a": lambda: None}, 2, collect=True)
