@@ -801,6 +801,55 @@ def test_callgrind_counts_a_region_exactly(tmp_path):
     assert 1.9 < got["two|0"] / got["one|0"] < 2.1
 
 
+def test_the_count_process_counts_steady_calls_after_a_switch_of_side(tmp_path, monkeypatch):
+    """Each counted repeat is a steady call: after a switch of side, automatic tracing's first
+    calls rebuild the guard's and the arguments' checks, and a repeat that counted one read up to
+    24x the other (every engine signal inconclusive). Python calls made inside each region stand
+    in for its instructions here (deterministic, no valgrind): the repeats make the same calls."""
+    import contextlib
+
+    from vmapbench import gate_probe
+
+    made: dict[str, int] = {}
+
+    class Requests:
+        on_valgrind = True
+
+        def __init__(self, library):
+            pass
+
+        def instrument(self, on):
+            pass
+
+        @contextlib.contextmanager
+        def region(self, label):
+            calls = [0]
+
+            def profile(frame, event, arg):
+                if event == "call":
+                    calls[0] += 1
+
+            sys.setprofile(profile)
+            try:
+                yield
+            finally:
+                sys.setprofile(None)
+                made[label] = calls[0]
+
+    monkeypatch.setattr(counts, "Requests", Requests)
+    commit = gate.resolve(ROOT, "HEAD")
+    sides = gate_probe.Sides({side: gate.extract(ROOT, commit, tmp_path / side) for side in ("base", "head")})
+    try:
+        got = gate_probe.count_regions("lib", ["quadratic_hessian"], sides)
+    finally:
+        sides.close()
+    assert all(not errors for _, errors in got.values()), got
+    cases = {label.rsplit("|", 1)[0] for label in made}
+    assert {"base|wl|quadratic_hessian|d=8|engine", "base|chain|engine_auto"} <= cases, cases
+    for case in cases:
+        assert made[f"{case}|0"] == made[f"{case}|1"], (case, made[f"{case}|0"], made[f"{case}|1"])
+
+
 @pytest.mark.parametrize("argv", [["HEAD", "HEAD", "--plant", "0.9"], ["no-such-revision", "HEAD"]])
 def test_a_gate_that_cannot_compare_exits_2_not_1(argv):
     """1 means "a regression" to make continuous and CI; a bad argument or revision is a failure (2)."""

@@ -69,6 +69,11 @@ REWARM_METHODS = ("engine", "engine_auto")
 # native check, the second its argument check (engine.autotrace's memo), both built anew after a
 # switch; with one, the second build fell inside the timed batch (a batch of ~12 calls 3-4x slower).
 REWARM_CALLS = 2
+# Uncounted calls of such a method before its counted ones: the calls after a switch rebuild the
+# guard's checks and the argument check, and only from the fourth call on did two counted repeats
+# agree (counted from the second, the first repeat read up to 24x the second: every such signal
+# was inconclusive). The time process needs fewer: a round's figure is its batch's fastest unit.
+COUNT_REWARM_CALLS = 3
 # Their batches make at least this many calls: a guard whose tags move (here: once per switch)
 # more often than every engine.guardstate._REBUILD_CALLS (8) calls gives up its native check for
 # good, which would switch the measured path in the middle of a run.
@@ -706,9 +711,13 @@ def count_regions(library: str, names: list[str], sides: Sides) -> dict[str, tup
     gc.collect()
     gc.freeze()
     for case, per_side in cases.items():
+        method = case.rsplit("|", 1)[-1]
         for label, call in per_side:
             sides.activate(label)
-            call()  # its code translated with instrumentation on, once, before it is counted
+            # Its code translated with instrumentation on before it is counted; a method in
+            # REWARM_METHODS called COUNT_REWARM_CALLS times after the switch of side.
+            for _ in range(COUNT_REWARM_CALLS if method in REWARM_METHODS else 1):
+                call()
             for rep in range(counted.COUNT_REPEATS):
                 with requests.region(f"{label}|{case}|{rep}"):
                     call()
