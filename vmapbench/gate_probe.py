@@ -69,10 +69,10 @@ REWARM_METHODS = ("engine", "engine_auto")
 # native check, the second its argument check (engine.autotrace's memo), both built anew after a
 # switch; with one, the second build fell inside the timed batch (a batch of ~12 calls 3-4x slower).
 REWARM_CALLS = 2
-# Uncounted calls of such a method before its counted ones: the calls after a switch rebuild the
-# guard's checks and the argument check, and only from the fourth call on did two counted repeats
-# agree (counted from the second, the first repeat read up to 24x the second: every such signal
-# was inconclusive). The time process needs fewer: a round's figure is its batch's fastest unit.
+# Uncounted calls of such a method before its counted ones: the first calls after a switch rebuild
+# the guard's checks and the argument check, and a repeat that counted a rebuild reads several
+# times the other (the signal's interval then spans any floor). The time process needs fewer: a
+# round's figure is its batch's fastest unit.
 COUNT_REWARM_CALLS = 3
 # Their batches make at least this many calls: a guard whose tags move (here: once per switch)
 # more often than every engine.guardstate._REBUILD_CALLS (8) calls gives up its native check for
