@@ -836,18 +836,23 @@ def test_the_count_process_counts_steady_calls_after_a_switch_of_side(tmp_path, 
                 sys.setprofile(None)
                 made[label] = calls[0]
 
+    import gc
+
     monkeypatch.setattr(counts, "Requests", Requests)
+    monkeypatch.setenv("VMAPBENCH_NATIVE_GUARDS", "now")  # as in the gate's processes (gate.probe_env)
     commit = gate.resolve(ROOT, "HEAD")
     sides = gate_probe.Sides({side: gate.extract(ROOT, commit, tmp_path / side) for side in ("base", "head")})
     try:
         got = gate_probe.count_regions("lib", ["quadratic_hessian"], sides)
     finally:
         sides.close()
+        gc.unfreeze()  # count_regions freezes its process's heap for good: this one's goes back
     assert all(not errors for _, errors in got.values()), got
     cases = {label.rsplit("|", 1)[0] for label in made}
     assert {"base|wl|quadratic_hessian|d=8|engine", "base|chain|engine_auto"} <= cases, cases
-    for case in cases:
-        assert made[f"{case}|0"] == made[f"{case}|1"], (case, made[f"{case}|0"], made[f"{case}|1"])
+    for case in cases:  # a rebuild counted made several times the calls; steady repeats agree
+        first, second = made[f"{case}|0"], made[f"{case}|1"]
+        assert abs(first / second - 1) < 0.02, (case, first, second)
 
 
 @pytest.mark.parametrize("argv", [["HEAD", "HEAD", "--plant", "0.9"], ["no-such-revision", "HEAD"]])
