@@ -816,8 +816,6 @@ def _max_pool2d(x: Any, kernel_size: Any, stride: Any = (), padding: Any = 0, di
 def _max_pool2d_with_indices_backward(grad: Any, x: Any, kernel_size: Any, stride: Any, padding: Any,
                                       dilation: Any, ceil_mode: bool, indices: Any) -> Any:
     """Each output's gradient added at its maximum's index (the forward's, as torch's kernel does)."""
-    import math
-
     _, jnp, _ = _jax()
     planes = math.prod(x.shape[:-2])
     g, at = grad.reshape(planes, -1), indices.reshape(planes, -1)

@@ -632,9 +632,8 @@ def measure_workloads(sides: Sides, budget_s: float, clock: Callable[[], float],
             measured = {label: got for label, got in calls.items() if label in memory}
             if measured:
                 errors = {label: out[label]["errors"] for label in measured}
-                shared_here = shared if next(iter(measured)) == next(iter(calls)) else ()
                 for label, peaks in measure_memory(sides, measured, errors, f"{name} {sizes[label]}",
-                                                   shared_here).items():
+                                                   shared).items():
                     out[label]["memory"].setdefault(name, {})[sizes[label]] = peaks
         for label in calls:
             out[label]["cpu_seconds"][name] = time.process_time() - started
