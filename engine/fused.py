@@ -402,9 +402,14 @@ class _Compiler:
         self._process: subprocess.Popen | None = None
         self._pending: set[Job] = set()
         self._jobs = 0
+        self._closed = False
 
     def submit(self, job: Job) -> None:
         with self._lock:
+            if self._closed:  # the process is exiting: nothing would call the program
+                job.error = CLOSED
+                job.done.set()
+                return
             self._pending.add(job)
             if self._thread is None or not self._thread.is_alive():
                 self._thread = threading.Thread(target=self._run, name="engine-fused-compiler", daemon=True)
@@ -427,11 +432,22 @@ class _Compiler:
                 if not job.done.wait(left):
                     return False
 
+    def close(self, timeout: float) -> bool:
+        """At this process's exit: start no more compiles and wait up to `timeout` seconds for the
+        one in flight (True if none is left). An XLA compile runs C++ on the compiler thread with
+        the GIL released; a daemon thread that comes back to Python once the interpreter is
+        finalizing is unwound through those frames, and the process aborts (SIGABRT)."""
+        with self._lock:
+            self._closed = True
+        return self.settle(timeout)
+
     def _run(self) -> None:
         while True:
             job = self._queue.get()
             start = time.perf_counter()
             try:
+                if self._closed:
+                    raise RuntimeError(CLOSED)
                 if job.backend == "xla":
                     call, source = self._compile_xla(job), "xla"
                 else:
@@ -502,8 +518,22 @@ def _end_worker(process: subprocess.Popen) -> None:
         pass
 
 
+CLOSED = "not compiled: the process is exiting"
+# How long the process's exit waits for a compile in flight (an XLA compile takes seconds at most).
+EXIT_WAIT_S = 60.0
 _COMPILER = _Compiler()  # inductor's jobs, through the worker process
 _XLA = _Compiler()  # XLA's jobs, compiled on its thread (XLA's compile releases the GIL)
+
+
+def _close_compilers() -> None:
+    """At exit, each compiler's thread left idle (see _Compiler.close)."""
+    for compiler in (_XLA, _COMPILER):
+        compiler.close(EXIT_WAIT_S)
+
+
+# Registered before any worker's _end_worker: atexit runs last-in first, so an inductor compile
+# in flight has lost its worker (and ends) by the time its thread is waited for.
+atexit.register(_close_compilers)
 # Every finished job of this process, in order: what benchmarks read to put compile cost on the record.
 HISTORY: list[dict[str, Any]] = []
 # Called at each fusable signature's first replay as watch(graph, inputs, number of call arguments):

@@ -615,3 +615,51 @@ def test_force_under_auto_compiles_inductors_program(monkeypatch, chosen):
     monkeypatch.setattr(tier.__class__, "promote", lambda self, inputs, wait: promoted.append((self.backend, wait)))
     tier.seen(1e-4, [x], fused.FORCE)
     assert promoted == [("inductor", True)]
+
+
+_EXIT_IN_FLIGHT = """
+import atexit
+import time
+import torch
+from torch.fx.experimental.proxy_tensor import make_fx
+
+def report():  # registered before the engine's own exit handlers: runs after them
+    print("done" if job.done.is_set() else "in flight", job.error, flush=True)
+
+atexit.register(report)
+from engine import fused, fused_xla
+
+fused_xla._import_jax()  # loaded here: the compiler thread goes straight to XLA's C++ compile
+
+def chain(x):
+    for i in range(120):
+        x = torch.tanh(x * 1.001 + i) if i % 2 else torch.sin(x) @ torch.ones(8, 8)
+    return x
+
+x = torch.randn(8, 8)
+job = fused.Job(None, [], [], "exit", None, backend="xla", gm=make_fx(chain)(x), inputs=[x], arguments=1)
+fused._XLA.submit(job)
+while not fused._XLA._queue.empty():  # until the compiler thread has taken it: in flight at exit
+    time.sleep(0.001)
+"""
+
+
+def test_a_process_that_exits_during_an_xla_compile_waits_for_it_and_exits_cleanly():
+    """A script that ends while the tier compiles: its exit waits for the compile in flight (the
+    compiler thread, back in Python after finalization began, would abort the process)."""
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[1]
+    done = subprocess.run([sys.executable, "-c", _EXIT_IN_FLIGHT], cwd=root, capture_output=True, text=True,
+                          timeout=180)
+    assert (done.returncode, done.stdout.strip().splitlines()[-1:]) == (0, ["done None"]), done.stderr[-2000:]
+
+
+def test_a_closed_compiler_takes_no_new_job():
+    compiler = fused._Compiler()
+    assert compiler.close(1.0)
+    job = fused.Job(None, [], [], "late", None, backend="xla")
+    compiler.submit(job)
+    assert job.done.is_set() and job.error == fused.CLOSED and compiler.pending() == 0
