@@ -15,6 +15,7 @@ import torch
 import workloads
 from vmapbench import cli
 from workloads import nn_models, peers
+from peer_skips import skip_unless_installed
 from workloads.base import PEER_METHODS
 
 # The modules to hide to make each peer method's package look uninstalled.
@@ -166,6 +167,8 @@ def test_jax_that_cannot_run_here_is_a_skip_in_every_suite_metric(module: str, w
     """jax installed but refusing at its first call (e.g. XLA cannot match torch's threads): a skip
     from the first call, in the metric's own setup or in the case's pass."""
     from workloads.peers import jax_methods
+
+    skip_unless_installed("jax")  # (without jax, the test above covers these points)
 
     def refuse(device: object = "cpu") -> None:
         raise peers.PeerUnavailable("XLA cannot run on torch's thread count here (test)")

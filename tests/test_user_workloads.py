@@ -13,6 +13,7 @@ import torch
 
 import workloads
 from workloads import COMPILED_METHODS, bayes_models
+from peer_skips import skip_unless_installed
 
 FAMILIES = ("bayes_models", "torch_func_tutorials")
 
@@ -47,6 +48,7 @@ _states: dict[tuple[str, str], object] = {}
 def test_method_matches_float64_loop_without_fallback(name: str, size: str, method: str) -> None:
     import engine
 
+    skip_unless_installed(method)
     w = workloads.get(name)
     if (name, size) not in _states:
         _states[name, size] = w.setup(w.params(size), "cpu")

@@ -12,6 +12,7 @@ import torch
 
 import workloads
 from measuring import memory, timer
+from peer_skips import skip_unless_installed
 from vmapbench import cli
 from workloads import COMPILED_METHODS, ENGINE_METHODS
 from workloads.define import CaseState
@@ -81,6 +82,7 @@ def test_anchor_sizes_are_in_the_quick_profile() -> None:
 
 @pytest.mark.parametrize("name,method", EAGER_CASES)
 def test_method_matches_float64_loop(name: str, method: str) -> None:
+    skip_unless_installed(method)
     workloads.get(name).check(smallest_state(name), [method])
 
 
