@@ -88,11 +88,12 @@ def _run_inline(jax: Any) -> None:
 
 def _configure_threads() -> None:
     """XLA single-threaded where torch is, when this process has not started XLA yet (XLA reads
-    XLA_FLAGS once, at its start); a user's own XLA_FLAGS are kept."""
+    XLA_FLAGS once, at its start); a user's own XLA_FLAGS are kept, first: XLA's parser stops at
+    the first word that is not a `--` flag and ignores every flag after it."""
     flags = os.environ.get("XLA_FLAGS", "")
     if "jax" in sys.modules or "multi_thread_eigen" in flags or torch.get_num_threads() != 1:
         return
-    os.environ["XLA_FLAGS"] = f"--xla_cpu_multi_thread_eigen=false intra_op_parallelism_threads=1 {flags}".strip()
+    os.environ["XLA_FLAGS"] = f"{flags} --xla_cpu_multi_thread_eigen=false".strip()
 
 
 def compile_graph(gm: torch.fx.GraphModule, inputs: list, arguments: int | None = None) -> Callable[[list], list]:

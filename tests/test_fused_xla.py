@@ -663,3 +663,29 @@ def test_a_closed_compiler_takes_no_new_job():
     job = fused.Job(None, [], [], "late", None, backend="xla")
     compiler.submit(job)
     assert job.done.is_set() and job.error == fused.CLOSED and compiler.pending() == 0
+
+
+_USER_FLAGS = """
+import torch
+from engine import fused_xla
+
+torch.set_num_threads(1)
+jax = fused_xla._import_jax()
+jax.jit(lambda x: x * 2 + 1)(jax.numpy.ones(3)).block_until_ready()
+"""
+
+
+def test_the_users_xla_flags_reach_xla_when_the_tier_starts_it(tmp_path):
+    """The tier adds its single-thread flag to a user's XLA_FLAGS without hiding any of them (XLA's
+    parser ignores every flag after a word that is not one): here, the user's dump folder fills."""
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[1]
+    dump = tmp_path / "dump"
+    env = {**os.environ, "XLA_FLAGS": f"--xla_dump_to={dump}"}
+    subprocess.run([sys.executable, "-c", _USER_FLAGS], cwd=root, env=env, capture_output=True, text=True,
+                   timeout=120, check=True)
+    assert dump.is_dir() and any(dump.iterdir()), "XLA ignored the user's --xla_dump_to"

@@ -21,7 +21,7 @@ Equal footing with the torch methods:
   method's timing. Integer labels are int32 in 32-bit mode (what JAX has) and int64 in 64-bit mode.
 - Same threads: XLA's CPU client runs one intra-op thread per core by default and has no flag for
   another count. When torch runs on one thread (OMP_NUM_THREADS=1) we set
-  `XLA_FLAGS=--xla_cpu_multi_thread_eigen=false intra_op_parallelism_threads=1` before jax is
+  `XLA_FLAGS=--xla_cpu_multi_thread_eigen=false` before jax is
   imported; when torch uses every core, XLA's default matches; any count in between cannot be
   matched, so the method refuses (NotImplementedError) instead of timing on unequal terms.
 - Honest timing: the jitted call is followed by `block_until_ready` inside the measured call (JAX
@@ -51,7 +51,7 @@ Fn = Callable[..., Any]
 Thunk = Callable[[], Any]
 MakeMethod = Callable[[str, dict[str, Any]], Thunk]
 
-SINGLE_THREAD_FLAGS = ("--xla_cpu_multi_thread_eigen=false", "intra_op_parallelism_threads=1")
+SINGLE_THREAD_FLAGS = ("--xla_cpu_multi_thread_eigen=false",)
 # The torch thread count XLA was configured for when jax was first imported through load_jax.
 _configured_threads: int | None = None
 
