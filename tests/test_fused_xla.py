@@ -4,6 +4,8 @@ program that disagrees with the replay or aliases differently is refused, and a 
 take is said by name and left to inductor or the replay."""
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 import torch
 from torch.fx.experimental.proxy_tensor import make_fx
@@ -15,6 +17,7 @@ from fused_stand_in import FAKE_SOURCE
 pytest.importorskip("jax")
 
 aten = torch.ops.aten
+ROOT = Path(__file__).resolve().parents[1]
 
 
 @pytest.fixture
@@ -644,16 +647,10 @@ while not fused._XLA._queue.empty():  # until the compiler thread has taken it: 
 """
 
 
-def test_a_process_that_exits_during_an_xla_compile_waits_for_it_and_exits_cleanly():
+def test_a_process_that_exits_during_an_xla_compile_waits_for_it_and_exits_cleanly(run_in_tree):
     """A script that ends while the tier compiles: its exit waits for the compile in flight (the
     compiler thread, back in Python after finalization began, would abort the process)."""
-    import subprocess
-    import sys
-    from pathlib import Path
-
-    root = Path(__file__).resolve().parents[1]
-    done = subprocess.run([sys.executable, "-c", _EXIT_IN_FLIGHT], cwd=root, capture_output=True, text=True,
-                          timeout=180)
+    done = run_in_tree(ROOT, _EXIT_IN_FLIGHT)
     assert (done.returncode, done.stdout.strip().splitlines()[-1:]) == (0, ["done None"]), done.stderr[-2000:]
 
 
@@ -675,17 +672,10 @@ jax.jit(lambda x: x * 2 + 1)(jax.numpy.ones(3)).block_until_ready()
 """
 
 
-def test_the_users_xla_flags_reach_xla_when_the_tier_starts_it(tmp_path):
+def test_the_users_xla_flags_reach_xla_when_the_tier_starts_it(tmp_path, monkeypatch, run_in_tree):
     """The tier adds its single-thread flag to a user's XLA_FLAGS without hiding any of them (XLA's
     parser ignores every flag after a word that is not one): here, the user's dump folder fills."""
-    import os
-    import subprocess
-    import sys
-    from pathlib import Path
-
-    root = Path(__file__).resolve().parents[1]
     dump = tmp_path / "dump"
-    env = {**os.environ, "XLA_FLAGS": f"--xla_dump_to={dump}"}
-    subprocess.run([sys.executable, "-c", _USER_FLAGS], cwd=root, env=env, capture_output=True, text=True,
-                   timeout=120, check=True)
+    monkeypatch.setenv("XLA_FLAGS", f"--xla_dump_to={dump}")
+    run_in_tree(ROOT, _USER_FLAGS).check_returncode()
     assert dump.is_dir() and any(dump.iterdir()), "XLA ignored the user's --xla_dump_to"

@@ -13,8 +13,8 @@ from torch.utils._pytree import tree_leaves
 
 import workloads
 from measuring import memory, timer
+from peer_skips import skip_unless_installed
 from vmapbench import cli
-from workloads import peers
 from workloads import COMPILED_METHODS, ENGINE_METHODS, cuda_standin
 
 pytestmark = [
@@ -42,10 +42,7 @@ def _cases(cases: list[tuple[str, str]]) -> list:
 
 def _setup(name: str, method: str):
     w = workloads.get(name)
-    try:
-        peers.check_available(method)
-    except peers.PeerUnavailable as exc:
-        pytest.skip(str(exc))
+    skip_unless_installed(method)
     return w, w.setup(w.params(w.sizes[0]), "cuda")
 
 
