@@ -88,12 +88,17 @@ def _run_inline(jax: Any) -> None:
 
 def _configure_threads() -> None:
     """XLA single-threaded where torch is, when this process has not started XLA yet (XLA reads
-    XLA_FLAGS once, at its start); a user's own XLA_FLAGS are kept, first: XLA's parser stops at
-    the first word that is not a `--` flag and ignores every flag after it."""
-    flags = os.environ.get("XLA_FLAGS", "")
-    if "jax" in sys.modules or "multi_thread_eigen" in flags or torch.get_num_threads() != 1:
+    its settings once, when its CPU client is made): Eigen off XLA's intra-op pool (XLA_FLAGS) and
+    that pool one thread (PJRT_NPROC; with a pool per core XLA splits loop fusions over it, and
+    its threads spin for work on the caller's cores). A user's own settings are kept: their
+    XLA_FLAGS first, as XLA's parser stops at the first word that is not a `--` flag."""
+    if "jax" in sys.modules or torch.get_num_threads() != 1:
         return
-    os.environ["XLA_FLAGS"] = f"{flags} --xla_cpu_multi_thread_eigen=false".strip()
+    flags = os.environ.get("XLA_FLAGS", "")
+    if "multi_thread_eigen" not in flags:
+        os.environ["XLA_FLAGS"] = f"{flags} --xla_cpu_multi_thread_eigen=false".strip()
+    if "NPROC" not in os.environ:
+        os.environ.setdefault("PJRT_NPROC", "1")
 
 
 def compile_graph(gm: torch.fx.GraphModule, inputs: list, arguments: int | None = None) -> Callable[[list], list]:

@@ -3,7 +3,9 @@ that lists it, float32 stays float32, JAX's 64-bit mode is never left on, and an
 (missing, wrong thread count, no CUDA jaxlib) makes the method skip with a reason."""
 from __future__ import annotations
 
+import os
 import sys
+from pathlib import Path
 
 import pytest
 import torch
@@ -75,6 +77,50 @@ def test_unequal_thread_counts_refuse() -> None:
             jax_methods.load_jax("cpu")
     finally:
         torch.set_num_threads(before)
+
+
+def test_an_xla_pool_sized_unlike_torch_refuses(monkeypatch) -> None:
+    """XLA's pool size is read from PJRT_NPROC: one the user set to another count than torch's
+    threads makes the method refuse, naming it."""
+    import jax  # noqa: F401
+
+    from workloads.peers import jax_methods
+
+    monkeypatch.setenv("XLA_FLAGS", " ".join(jax_methods.SINGLE_THREAD_FLAGS))
+    monkeypatch.setenv("PJRT_NPROC", "2")
+    before = torch.get_num_threads()
+    try:
+        torch.set_num_threads(1)
+        with pytest.raises(NotImplementedError, match="PJRT_NPROC=1"):
+            jax_methods.load_jax("cpu")
+    finally:
+        torch.set_num_threads(before)
+
+
+_POOL_THREADS = """
+import os
+import torch
+from workloads.peers import jax_methods
+
+torch.set_num_threads(1)
+jax = jax_methods.load_jax("cpu")
+jax.jit(lambda x: x * 2 + 1)(jax.numpy.ones((256, 256))).block_until_ready()
+names = [open(f"/proc/self/task/{t}/comm").read() for t in os.listdir("/proc/self/task")]
+print(sum("XLAEigen" in n for n in names))
+"""
+
+
+@pytest.mark.skipif(not os.path.isdir("/proc/self/task"), reason="counts threads through Linux's /proc")
+def test_at_one_torch_thread_xla_runs_one_pool_thread(monkeypatch, run_in_tree) -> None:
+    """XLA's intra-op pool is one thread per core by default (loop fusions split over it even with
+    Eigen's threads off): the method sizes it to torch's one thread before jax starts."""
+    if len(os.sched_getaffinity(0)) < 2:
+        pytest.skip("XLA's default pool is one thread on one core: nothing to tell apart")
+    for name in ("PJRT_NPROC", "NPROC", "XLA_FLAGS"):
+        monkeypatch.delenv(name, raising=False)
+    done = run_in_tree(Path(__file__).resolve().parents[1], _POOL_THREADS)
+    done.check_returncode()
+    assert int(done.stdout.split()[-1]) == 1
 
 
 def test_cuda_without_a_cuda_jaxlib_skips() -> None:

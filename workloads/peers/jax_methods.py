@@ -19,11 +19,12 @@ Equal footing with the torch methods:
 - Same dtype: float32 inputs run with JAX's 64-bit mode off; float64 inputs (the check's reference
   dtype) run inside `jax.enable_x64(True)`, entered per call, so it is never left on for another
   method's timing. Integer labels are int32 in 32-bit mode (what JAX has) and int64 in 64-bit mode.
-- Same threads: XLA's CPU client runs one intra-op thread per core by default and has no flag for
-  another count. When torch runs on one thread (OMP_NUM_THREADS=1) we set
-  `XLA_FLAGS=--xla_cpu_multi_thread_eigen=false` before jax is
-  imported; when torch uses every core, XLA's default matches; any count in between cannot be
-  matched, so the method refuses (NotImplementedError) instead of timing on unequal terms.
+- Same threads: XLA's CPU client sizes its intra-op pool (Eigen's matrix products and the loop
+  fusions it splits) from `PJRT_NPROC` when the client is made, one thread per core otherwise.
+  Before jax is imported we set `PJRT_NPROC` to torch's thread count, and at one thread also
+  `XLA_FLAGS=--xla_cpu_multi_thread_eigen=false`; a user's own `PJRT_NPROC` is kept, and where
+  XLA's threads then differ from torch's the method refuses (NotImplementedError) instead of
+  timing on unequal terms.
 - Honest timing: the jitted call is followed by `block_until_ready` inside the measured call (JAX
   may dispatch asynchronously; on CPU we turn that off, `jax_cpu_enable_async_dispatch=False`, so
   the call runs on the caller's thread like torch's), and the outputs come back as torch tensors
@@ -52,6 +53,8 @@ Thunk = Callable[[], Any]
 MakeMethod = Callable[[str, dict[str, Any]], Thunk]
 
 SINGLE_THREAD_FLAGS = ("--xla_cpu_multi_thread_eigen=false",)
+# Read by XLA (DefaultThreadPoolSize) when its CPU client is made: the intra-op pool's size.
+POOL_VARIABLES = ("PJRT_NPROC", "NPROC")
 # The torch thread count XLA was configured for when jax was first imported through load_jax.
 _configured_threads: int | None = None
 
@@ -93,6 +96,27 @@ def _single_thread_flags_set() -> bool:
     return all(f in flags for f in SINGLE_THREAD_FLAGS)
 
 
+def xla_pool_threads() -> int:
+    """The size of XLA's CPU intra-op pool in this process, as XLA reads it: the first of
+    POOL_VARIABLES that is a whole number, else the cores this process may use."""
+    for name in POOL_VARIABLES:
+        try:
+            return max(0, int(os.environ[name]))
+        except (KeyError, ValueError):
+            continue
+    return _cores()
+
+
+def _configure_xla_threads(threads: int) -> None:
+    """Before jax's import: XLA's pool sized to torch's `threads` (unless the user sized it) and,
+    at one thread, Eigen kept off the pool."""
+    if threads == 1 and not _single_thread_flags_set():
+        old = os.environ.get("XLA_FLAGS", "").split()
+        os.environ["XLA_FLAGS"] = " ".join([*old, *(f for f in SINGLE_THREAD_FLAGS if f not in old)])
+    if not any(name in os.environ for name in POOL_VARIABLES) and threads != _cores():
+        os.environ[POOL_VARIABLES[0]] = str(threads)
+
+
 def load_jax(device: str | torch.device = "cpu") -> ModuleType:
     """Import jax with XLA's CPU threads matching torch's (see the module docstring).
 
@@ -102,9 +126,7 @@ def load_jax(device: str | torch.device = "cpu") -> ModuleType:
     global _configured_threads
     threads = torch.get_num_threads()
     if "jax" not in sys.modules:
-        if threads == 1 and not _single_thread_flags_set():
-            old = os.environ.get("XLA_FLAGS", "").split()
-            os.environ["XLA_FLAGS"] = " ".join([*old, *(f for f in SINGLE_THREAD_FLAGS if f not in old)])
+        _configure_xla_threads(threads)
         _configured_threads = threads
     try:
         import jax
@@ -132,21 +154,22 @@ def load_jax(device: str | torch.device = "cpu") -> ModuleType:
         # methods run in full float32 there (workloads.define.full_float32), and so does this.
         jax.config.update("jax_default_matmul_precision", "highest")
         return jax
-    single = _single_thread_flags_set()
+    single, pool = _single_thread_flags_set(), xla_pool_threads()
     if threads == 1 and not single:
         raise PeerUnavailable(
             "torch runs on 1 thread but jax was imported before XLA_FLAGS could make XLA single-threaded; "
-            f"set XLA_FLAGS='{' '.join(SINGLE_THREAD_FLAGS)}' before starting Python"
+            f"set XLA_FLAGS='{' '.join(SINGLE_THREAD_FLAGS)}' {POOL_VARIABLES[0]}=1 before starting Python"
         )
     if threads > 1 and single:
         raise PeerUnavailable(
             f"torch runs on {threads} threads but XLA was started single-threaded (XLA_FLAGS or an earlier "
             f"OMP_NUM_THREADS=1 import, configured for {_configured_threads}); run jax in a fresh process"
         )
-    if 1 < threads < _cores():
+    if pool != threads:
         raise PeerUnavailable(
-            f"torch runs on {threads} threads but XLA's CPU client uses all {_cores()} cores and has no flag "
-            "for another count; set OMP_NUM_THREADS=1 or to the core count for an equal-footing comparison"
+            f"torch runs on {threads} thread(s) but XLA's CPU pool has {pool} ({POOL_VARIABLES[0]}="
+            f"{os.environ.get(POOL_VARIABLES[0], 'unset')}, {_cores()} cores); set {POOL_VARIABLES[0]}={threads} "
+            "before starting Python (or leave it unset: the jax method sets it before importing jax)"
         )
     return jax
 
