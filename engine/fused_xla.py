@@ -87,18 +87,24 @@ def _run_inline(jax: Any) -> None:
 
 
 def _configure_threads() -> None:
-    """XLA single-threaded where torch is, when this process has not started XLA yet (XLA reads
-    its settings once, when its CPU client is made): Eigen off XLA's intra-op pool (XLA_FLAGS) and
-    that pool one thread (PJRT_NPROC; with a pool per core XLA splits loop fusions over it, and
-    its threads spin for work on the caller's cores). A user's own settings are kept: their
-    XLA_FLAGS first, as XLA's parser stops at the first word that is not a `--` flag."""
-    if "jax" in sys.modules or torch.get_num_threads() != 1:
+    """XLA on torch's threads, when this process has not started XLA yet (XLA reads its settings
+    once, when its CPU client is made): its intra-op pool sized to torch's thread count
+    (PJRT_NPROC; one thread per core otherwise, over which XLA splits loop fusions, its threads
+    spinning for work on the caller's cores) and, at one thread, Eigen kept off that pool
+    (XLA_FLAGS). A user's own settings are kept: their XLA_FLAGS first, as XLA's parser stops at
+    the first word that is not a `--` flag."""
+    threads = torch.get_num_threads()
+    if "jax" in sys.modules:
         return
     flags = os.environ.get("XLA_FLAGS", "")
-    if "multi_thread_eigen" not in flags:
+    if threads == 1 and "multi_thread_eigen" not in flags:
         os.environ["XLA_FLAGS"] = f"{flags} --xla_cpu_multi_thread_eigen=false".strip()
-    if "NPROC" not in os.environ:
-        os.environ.setdefault("PJRT_NPROC", "1")
+    try:
+        cores = len(os.sched_getaffinity(0))
+    except AttributeError:  # not Linux
+        cores = os.cpu_count() or 1
+    if "PJRT_NPROC" not in os.environ and "NPROC" not in os.environ and threads != cores:
+        os.environ["PJRT_NPROC"] = str(threads)
 
 
 def compile_graph(gm: torch.fx.GraphModule, inputs: list, arguments: int | None = None) -> Callable[[list], list]:

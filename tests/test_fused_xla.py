@@ -710,3 +710,25 @@ def test_the_tiers_xla_pool_is_one_thread_where_torch_is_unless_the_user_sized_i
     done = run_in_tree(ROOT, _POOL_THREADS)
     done.check_returncode()
     assert int(done.stdout.split()[-1]) == int(users or 1)
+
+
+_POOL_SIZE = """
+import os
+import torch
+from engine import fused_xla
+
+os.sched_getaffinity = lambda pid: set(range(8))  # eight cores, torch on two of them
+torch.set_num_threads(2)
+fused_xla._import_jax()
+print(os.environ.get("PJRT_NPROC"), os.environ.get("XLA_FLAGS"))
+"""
+
+
+def test_the_tiers_xla_pool_follows_torchs_thread_count(monkeypatch, run_in_tree):
+    """At a thread count between one and the core count the pool is sized to it, and Eigen stays
+    on the pool (the flag is for one thread only)."""
+    for name in ("PJRT_NPROC", "NPROC", "XLA_FLAGS"):
+        monkeypatch.delenv(name, raising=False)
+    done = run_in_tree(ROOT, _POOL_SIZE)
+    done.check_returncode()
+    assert done.stdout.split() == ["2", "None"]
