@@ -86,25 +86,49 @@ def _run_inline(jax: Any) -> None:
         pass
 
 
+# XLA sizes its CPU intra-op pool from the first of these that is a number when its client is made
+# (DefaultThreadPoolSize in XLA's pjrt/utils.cc), else from the cores this process may use.
+POOL_VARIABLES = ("PJRT_NPROC", "NPROC")
+
+
+def cores() -> int:
+    """The cores this process may run on (XLA's default pool size)."""
+    try:
+        return len(os.sched_getaffinity(0))
+    except AttributeError:  # not Linux
+        return os.cpu_count() or 1
+
+
+def pool_threads() -> int:
+    """The size of XLA's CPU intra-op pool in this process, as XLA reads it."""
+    for name in POOL_VARIABLES:
+        try:
+            return max(0, int(os.environ[name]))
+        except (KeyError, ValueError):
+            continue
+    return cores()
+
+
+def size_pool(threads: int) -> None:
+    """Before XLA's CPU client is made: its intra-op pool sized to `threads` (with one thread per
+    core XLA splits loop fusions over it, its threads spinning for work on the caller's cores),
+    unless the user sized it or `threads` is XLA's default already."""
+    if not any(name in os.environ for name in POOL_VARIABLES) and threads != cores():
+        os.environ[POOL_VARIABLES[0]] = str(threads)
+
+
 def _configure_threads() -> None:
     """XLA on torch's threads, when this process has not started XLA yet (XLA reads its settings
-    once, when its CPU client is made): its intra-op pool sized to torch's thread count
-    (PJRT_NPROC; one thread per core otherwise, over which XLA splits loop fusions, its threads
-    spinning for work on the caller's cores) and, at one thread, Eigen kept off that pool
-    (XLA_FLAGS). A user's own settings are kept: their XLA_FLAGS first, as XLA's parser stops at
-    the first word that is not a `--` flag."""
-    threads = torch.get_num_threads()
+    once, when its CPU client is made): its pool sized to torch's thread count (`size_pool`) and,
+    at one thread, Eigen kept off that pool (XLA_FLAGS). A user's own settings are kept: their
+    XLA_FLAGS first, as XLA's parser stops at the first word that is not a `--` flag."""
     if "jax" in sys.modules:
         return
+    threads = torch.get_num_threads()
     flags = os.environ.get("XLA_FLAGS", "")
     if threads == 1 and "multi_thread_eigen" not in flags:
         os.environ["XLA_FLAGS"] = f"{flags} --xla_cpu_multi_thread_eigen=false".strip()
-    try:
-        cores = len(os.sched_getaffinity(0))
-    except AttributeError:  # not Linux
-        cores = os.cpu_count() or 1
-    if "PJRT_NPROC" not in os.environ and "NPROC" not in os.environ and threads != cores:
-        os.environ["PJRT_NPROC"] = str(threads)
+    size_pool(threads)
 
 
 def compile_graph(gm: torch.fx.GraphModule, inputs: list, arguments: int | None = None) -> Callable[[list], list]:

@@ -55,3 +55,28 @@ def run_in_tree() -> Callable[[Path, str], subprocess.CompletedProcess]:
         return subprocess.run([sys.executable, "-c", code], cwd=tree, env={**os.environ, "PYTHONPATH": str(tree)},
                               capture_output=True, text=True, timeout=300)
     return run
+
+
+_POOL_COUNT = """
+import os
+import torch
+torch.set_num_threads(1)
+{start}
+jax.jit(lambda x: x * 2 + 1)(jax.numpy.ones((256, 256))).block_until_ready()
+print(sum("XLAEigen" in open(f"/proc/self/task/{{t}}/comm").read() for t in os.listdir("/proc/self/task")))
+"""
+
+
+@pytest.fixture
+def xla_pool_in_child(run_in_tree: Callable[[Path, str], subprocess.CompletedProcess]) -> Callable[[str], int]:
+    """The threads of XLA's intra-op pool in a fresh interpreter of this tree, torch on one thread,
+    after `start` (code that imports jax its own way and binds `jax`) and one jitted call."""
+    if not os.path.isdir("/proc/self/task"):
+        pytest.skip("counts threads through Linux's /proc")
+    root = Path(__file__).resolve().parents[1]
+
+    def count(start: str) -> int:
+        done = run_in_tree(root, _POOL_COUNT.format(start=start))
+        done.check_returncode()
+        return int(done.stdout.split()[-1])
+    return count

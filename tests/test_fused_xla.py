@@ -682,22 +682,8 @@ def test_the_users_xla_flags_reach_xla_when_the_tier_starts_it(tmp_path, monkeyp
     assert dump.is_dir() and any(dump.iterdir()), "XLA ignored the user's --xla_dump_to"
 
 
-_POOL_THREADS = """
-import os
-import torch
-from engine import fused_xla
-
-torch.set_num_threads(1)
-jax = fused_xla._import_jax()
-jax.jit(lambda x: x * 2 + 1)(jax.numpy.ones((256, 256))).block_until_ready()
-names = [open(f"/proc/self/task/{t}/comm").read() for t in os.listdir("/proc/self/task")]
-print(sum("XLAEigen" in n for n in names))
-"""
-
-
-@pytest.mark.skipif(not os.path.isdir("/proc/self/task"), reason="counts threads through Linux's /proc")
 @pytest.mark.parametrize("users", [None, "3"])
-def test_the_tiers_xla_pool_is_one_thread_where_torch_is_unless_the_user_sized_it(users, monkeypatch, run_in_tree):
+def test_the_tiers_xla_pool_is_one_thread_where_torch_is_unless_the_user_sized_it(users, monkeypatch, xla_pool_in_child):
     """XLA's intra-op pool is one thread per core unless PJRT_NPROC says otherwise; at torch's one
     thread the tier makes it one (a user's own size is kept)."""
     if users is None:
@@ -707,9 +693,7 @@ def test_the_tiers_xla_pool_is_one_thread_where_torch_is_unless_the_user_sized_i
     else:
         monkeypatch.setenv("PJRT_NPROC", users)
     monkeypatch.delenv("NPROC", raising=False)
-    done = run_in_tree(ROOT, _POOL_THREADS)
-    done.check_returncode()
-    assert int(done.stdout.split()[-1]) == int(users or 1)
+    assert xla_pool_in_child("from engine import fused_xla\njax = fused_xla._import_jax()") == int(users or 1)
 
 
 _POOL_SIZE = """

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import os
 import sys
-from pathlib import Path
+from typing import Iterator
 
 import pytest
 import torch
@@ -63,23 +63,27 @@ def test_missing_jax_skips_with_a_reason(monkeypatch: pytest.MonkeyPatch) -> Non
         w.setup(w.params("d=8"), "cpu").fn("jax")
 
 
-def test_unequal_thread_counts_refuse() -> None:
+@pytest.fixture
+def one_torch_thread() -> Iterator[None]:
+    """torch on one thread for the test, its count restored after."""
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(before)
+
+
+def test_unequal_thread_counts_refuse(one_torch_thread) -> None:
     import jax  # noqa: F401  (imported without the single-thread XLA flags)
 
     from workloads.peers import jax_methods
 
     if jax_methods._single_thread_flags_set():
         pytest.skip("XLA_FLAGS already makes XLA single-threaded in this process")
-    before = torch.get_num_threads()
-    try:
-        torch.set_num_threads(1)
-        with pytest.raises(NotImplementedError, match="1 thread"):
-            jax_methods.load_jax("cpu")
-    finally:
-        torch.set_num_threads(before)
+    with pytest.raises(NotImplementedError, match="1 thread"):
+        jax_methods.load_jax("cpu")
 
 
-def test_an_xla_pool_sized_unlike_torch_refuses(monkeypatch) -> None:
+def test_an_xla_pool_sized_unlike_torch_refuses(monkeypatch, one_torch_thread) -> None:
     """XLA's pool size is read from PJRT_NPROC: one the user set to another count than torch's
     threads makes the method refuse, naming it."""
     import jax  # noqa: F401
@@ -88,39 +92,18 @@ def test_an_xla_pool_sized_unlike_torch_refuses(monkeypatch) -> None:
 
     monkeypatch.setenv("XLA_FLAGS", " ".join(jax_methods.SINGLE_THREAD_FLAGS))
     monkeypatch.setenv("PJRT_NPROC", "2")
-    before = torch.get_num_threads()
-    try:
-        torch.set_num_threads(1)
-        with pytest.raises(NotImplementedError, match="PJRT_NPROC=1"):
-            jax_methods.load_jax("cpu")
-    finally:
-        torch.set_num_threads(before)
+    with pytest.raises(NotImplementedError, match="PJRT_NPROC=1"):
+        jax_methods.load_jax("cpu")
 
 
-_POOL_THREADS = """
-import os
-import torch
-from workloads.peers import jax_methods
-
-torch.set_num_threads(1)
-jax = jax_methods.load_jax("cpu")
-jax.jit(lambda x: x * 2 + 1)(jax.numpy.ones((256, 256))).block_until_ready()
-names = [open(f"/proc/self/task/{t}/comm").read() for t in os.listdir("/proc/self/task")]
-print(sum("XLAEigen" in n for n in names))
-"""
-
-
-@pytest.mark.skipif(not os.path.isdir("/proc/self/task"), reason="counts threads through Linux's /proc")
-def test_at_one_torch_thread_xla_runs_one_pool_thread(monkeypatch, run_in_tree) -> None:
+def test_at_one_torch_thread_xla_runs_one_pool_thread(monkeypatch, xla_pool_in_child) -> None:
     """XLA's intra-op pool is one thread per core by default (loop fusions split over it even with
     Eigen's threads off): the method sizes it to torch's one thread before jax starts."""
     if len(os.sched_getaffinity(0)) < 2:
         pytest.skip("XLA's default pool is one thread on one core: nothing to tell apart")
     for name in ("PJRT_NPROC", "NPROC", "XLA_FLAGS"):
         monkeypatch.delenv(name, raising=False)
-    done = run_in_tree(Path(__file__).resolve().parents[1], _POOL_THREADS)
-    done.check_returncode()
-    assert int(done.stdout.split()[-1]) == 1
+    assert xla_pool_in_child('from workloads.peers import jax_methods\njax = jax_methods.load_jax("cpu")') == 1
 
 
 def test_cuda_without_a_cuda_jaxlib_skips() -> None:

@@ -44,6 +44,7 @@ import numpy
 import torch
 from torch.utils._pytree import tree_leaves
 
+from engine import fused_xla
 from workloads.methods import NTK_FORMULATIONS
 from workloads.methods import leapfrog as trajectory
 from workloads.peers.availability import PeerUnavailable
@@ -53,8 +54,7 @@ Thunk = Callable[[], Any]
 MakeMethod = Callable[[str, dict[str, Any]], Thunk]
 
 SINGLE_THREAD_FLAGS = ("--xla_cpu_multi_thread_eigen=false",)
-# Read by XLA (DefaultThreadPoolSize) when its CPU client is made: the intra-op pool's size.
-POOL_VARIABLES = ("PJRT_NPROC", "NPROC")
+_POOL = fused_xla.POOL_VARIABLES[0]
 # The torch thread count XLA was configured for when jax was first imported through load_jax.
 _configured_threads: int | None = None
 
@@ -84,37 +84,19 @@ jax = Deferred("jax")
 jnp = Deferred("jax.numpy")
 
 
-def _cores() -> int:
-    try:
-        return len(os.sched_getaffinity(0))
-    except AttributeError:  # pragma: no cover - not Linux
-        return os.cpu_count() or 1
-
-
 def _single_thread_flags_set() -> bool:
     flags = os.environ.get("XLA_FLAGS", "").split()
     return all(f in flags for f in SINGLE_THREAD_FLAGS)
 
 
-def xla_pool_threads() -> int:
-    """The size of XLA's CPU intra-op pool in this process, as XLA reads it: the first of
-    POOL_VARIABLES that is a whole number, else the cores this process may use."""
-    for name in POOL_VARIABLES:
-        try:
-            return max(0, int(os.environ[name]))
-        except (KeyError, ValueError):
-            continue
-    return _cores()
-
-
 def _configure_xla_threads(threads: int) -> None:
-    """Before jax's import: XLA's pool sized to torch's `threads` (unless the user sized it) and,
-    at one thread, Eigen kept off the pool."""
+    """Before jax's import: XLA's pool sized to torch's `threads` (the rule the fused tier follows
+    too, so a process where either starts jax runs the other on the same pool) and, at one
+    thread, Eigen kept off the pool."""
     if threads == 1 and not _single_thread_flags_set():
         old = os.environ.get("XLA_FLAGS", "").split()
         os.environ["XLA_FLAGS"] = " ".join([*old, *(f for f in SINGLE_THREAD_FLAGS if f not in old)])
-    if not any(name in os.environ for name in POOL_VARIABLES) and threads != _cores():
-        os.environ[POOL_VARIABLES[0]] = str(threads)
+    fused_xla.size_pool(threads)
 
 
 def load_jax(device: str | torch.device = "cpu") -> ModuleType:
@@ -154,11 +136,11 @@ def load_jax(device: str | torch.device = "cpu") -> ModuleType:
         # methods run in full float32 there (workloads.define.full_float32), and so does this.
         jax.config.update("jax_default_matmul_precision", "highest")
         return jax
-    single, pool = _single_thread_flags_set(), xla_pool_threads()
+    single, pool = _single_thread_flags_set(), fused_xla.pool_threads()
     if threads == 1 and not single:
         raise PeerUnavailable(
             "torch runs on 1 thread but jax was imported before XLA_FLAGS could make XLA single-threaded; "
-            f"set XLA_FLAGS='{' '.join(SINGLE_THREAD_FLAGS)}' {POOL_VARIABLES[0]}=1 before starting Python"
+            f"set XLA_FLAGS='{' '.join(SINGLE_THREAD_FLAGS)}' {_POOL}=1 before starting Python"
         )
     if threads > 1 and single:
         raise PeerUnavailable(
@@ -167,8 +149,8 @@ def load_jax(device: str | torch.device = "cpu") -> ModuleType:
         )
     if pool != threads:
         raise PeerUnavailable(
-            f"torch runs on {threads} thread(s) but XLA's CPU pool has {pool} ({POOL_VARIABLES[0]}="
-            f"{os.environ.get(POOL_VARIABLES[0], 'unset')}, {_cores()} cores); set {POOL_VARIABLES[0]}={threads} "
+            f"torch runs on {threads} thread(s) but XLA's CPU pool has {pool} ({_POOL}="
+            f"{os.environ.get(_POOL, 'unset')}, {fused_xla.cores()} cores); set {_POOL}={threads} "
             "before starting Python (or leave it unset: the jax method sets it before importing jax)"
         )
     return jax
