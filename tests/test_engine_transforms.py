@@ -411,3 +411,25 @@ def test_vjp_fn_follows_the_grad_mode_of_its_own_call_as_torch_func():
     assert got[1][:2] == want[1][:2] == (False, True)
     torch.testing.assert_close(got[0][2], want[0][2])
     torch.testing.assert_close(got[1][2], want[1][2])
+
+
+@pytest.mark.parametrize("act", [
+    F.gelu, lambda h: F.gelu(h, approximate="tanh"), F.silu, F.softplus, F.elu, F.mish, F.hardswish,
+    F.hardsigmoid, F.leaky_relu, F.relu, F.hardtanh, F.logsigmoid, torch.tanh, torch.sigmoid,
+], ids=["gelu", "gelu_tanh", "silu", "softplus", "elu", "mish", "hardswish", "hardsigmoid", "leaky_relu",
+        "relu", "hardtanh", "logsigmoid", "tanh", "sigmoid"])
+def test_per_point_jacobians_through_each_activation(act):
+    """vmap(jacrev) of a net: each activation's backward meets a cotangent batched over the basis
+    and an input batched over the points (operands of different shapes: float32 gelu_backward's
+    kernel does not broadcast them)."""
+    g = torch.Generator().manual_seed(1)
+    w1, b1, w2 = torch.randn(7, 3, generator=g), torch.randn(7, generator=g), torch.randn(2, 7, generator=g)
+
+    def f(x):
+        return act(x @ w1.T + b1) @ w2.T
+
+    x = torch.randn(16, 3, generator=g)
+    ref = tf.vmap(tf.jacrev(f))(x)
+    with engine.auto_tracing(False):
+        assert close(engine.vmap(engine.jacrev(f))(x), ref)
+    assert close(engine.vmap(engine.jacrev(f))(x), ref)  # (the default path: recorded and replayed)

@@ -19,6 +19,7 @@ def pointwise_rule(func: Any):
     n_returns = len(func._schema.returns)
     out_dims = (0,) * n_returns if n_returns > 1 else 0
     op = func._op if type(func) is torch._ops.OpOverload else func  # OpOverload.__call__ is exactly ._op
+    expands = func in _NOT_BROADCASTING
 
     def rule(info, in_dims, *args, **kwargs):
         rank = 0
@@ -42,6 +43,8 @@ def pointwise_rule(func: Any):
             new = args
         else:
             new = [pad_batched(a, rank) if d is not None else a for a, d in zip(args, in_dims)]
+        if expands:
+            new = _expanded(new)
         out = op(*new, **kwargs)
         if zero_rank_batched and len(dtypes) > 1 and not mutates_first:
             out = _logical_dtype(func, args, in_dims, kwargs, out)
@@ -50,8 +53,22 @@ def pointwise_rule(func: Any):
     # engine._dispatch may skip calling this rule: when every batched argument has the same logical
     # rank (>= 1) and no unbatched tensor a higher one, or every tensor argument is a batched 0-dim
     # one, it is `func` on the physical arguments.
-    rule.same_rank_direct = True  # type: ignore[attr-defined]
+    rule.same_rank_direct = not expands  # type: ignore[attr-defined]
     return rule
+
+
+# Ops tagged pointwise whose CPU kernel does not broadcast its tensor operands on every path:
+# float32 gelu_backward goes to oneDNN, which raises on operands of different shapes (a batched
+# cotangent against an unbatched input). Their operands are expanded to the common shape (views).
+_NOT_BROADCASTING = {aten.gelu_backward.default}
+
+
+def _expanded(args: list) -> list:
+    shapes = [a.shape for a in args if isinstance(a, torch.Tensor)]
+    if all(s == shapes[0] for s in shapes):
+        return args
+    shape = torch.broadcast_shapes(*shapes)
+    return [a.expand(shape) if isinstance(a, torch.Tensor) else a for a in args]
 
 
 # Tensor arguments that take no part in type promotion (a boolean condition or mask).
