@@ -433,3 +433,32 @@ def test_per_point_jacobians_through_each_activation(act):
     with engine.auto_tracing(False):
         assert close(engine.vmap(engine.jacrev(f))(x), ref)
     assert close(engine.vmap(engine.jacrev(f))(x), ref)  # (the default path: recorded and replayed)
+
+
+NORMS = {
+    "layer_norm": lambda h, w, b: F.layer_norm(h, (6,), w, b),
+    "layer_norm_plain": lambda h, w, b: F.layer_norm(h, (6,)),
+    "layer_norm_rows": lambda h, w, b: F.layer_norm(h.reshape(2, 3), (3,), w[:3], b[:3]).reshape(6),
+    "group_norm": lambda h, w, b: F.group_norm(h.reshape(1, 6, 1), 2, w, b).reshape(6),
+    "instance_norm": lambda h, w, b: F.instance_norm(h.reshape(1, 2, 3)).reshape(6),
+    "batch_norm_eval": lambda h, w, b: F.batch_norm(h.reshape(2, 3), b[:3].abs(), w[:3].abs() + 0.5, w[3:], b[3:]).reshape(6),
+}
+
+
+@pytest.mark.parametrize("norm", list(NORMS))
+def test_per_point_jacobians_through_norms(norm):
+    """vmap(jacrev) and jacrev of a normalization against an explicit loop: the backward's saved
+    statistics are unbatched where the cotangent is batched (the CPU layer-norm backward kernel
+    reads them by data pointer: an expanded view there read past its memory)."""
+    g = torch.Generator().manual_seed(2)
+    w1, w, b = torch.randn(6, 4, generator=g), torch.randn(6, generator=g), torch.randn(6, generator=g)
+
+    def f(x):
+        return torch.tanh(NORMS[norm](x @ w1.T, w, b))
+
+    x = torch.randn(5, 4, generator=g)
+    loop = torch.stack([torch.autograd.functional.jacobian(f, xi) for xi in x])
+    with engine.auto_tracing(False):
+        assert close(engine.jacrev(f)(x[0]), loop[0])
+        assert close(engine.vmap(engine.jacrev(f))(x), loop)
+    assert close(engine.vmap(engine.jacrev(f))(x), loop)

@@ -55,10 +55,12 @@ def native_group_norm_backward_rule(info, in_dims, grad_out, x, mean, rstd, weig
     wd = in_dims[4]
     grad_input = grad_weight = grad_bias = None
     if output_mask[0]:
-        # a per-element weight scales the incoming gradient instead (the kernel's weight is shared)
+        # a per-element weight scales the incoming gradient instead (the kernel's weight is shared);
+        # every operand contiguous: the CPU kernel reads the statistics by data pointer, strides unread
         gk = g * _channel_view(weight, g.dim() - 1) if wd is not None else g
         grad_input = aten.native_group_norm_backward.default(
-            gk.flatten(0, 1).contiguous(), xm.flatten(0, 1).contiguous(), mean_m.flatten(0, 1), rstd_m.flatten(0, 1),
+            gk.flatten(0, 1).contiguous(), xm.flatten(0, 1).contiguous(), mean_m.flatten(0, 1).contiguous(),
+            rstd_m.flatten(0, 1).contiguous(),
             weight if wd is None else None, B * N, C, HxW, group, [True, False, False])[0].unflatten(0, (B, N))
     g3 = g.reshape(B, N, C, HxW)
     if output_mask[1]:

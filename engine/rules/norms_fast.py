@@ -118,7 +118,9 @@ def native_batch_norm_backward_rule(info, in_dims, grad_out, x, weight, running_
 def native_layer_norm_backward_rule(info, in_dims, grad_out, x, normalized_shape, mean, rstd, weight, bias, output_mask):
     B = info.batch_size
     g, xm = materialize(grad_out, in_dims[0], B), materialize(x, in_dims[1], B)
-    mean_m, rstd_m = materialize(mean, in_dims[3], B), materialize(rstd, in_dims[4], B)
+    # (contiguous: the CPU kernel reads the saved statistics by their data pointer, strides unread;
+    # an unbatched one expanded along the batch would be read past its memory)
+    mean_m, rstd_m = materialize(mean, in_dims[3], B).contiguous(), materialize(rstd, in_dims[4], B).contiguous()
     wd = in_dims[5]
     grad_input = grad_weight = grad_bias = None
     if output_mask[0]:
