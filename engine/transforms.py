@@ -542,7 +542,9 @@ def _linearize(func: Callable, primals: tuple, api: str, has_aux: bool = False, 
         out, aux = _split_aux(func, raw, has_aux, api.split("(")[0])
         flat_out, out_spec = tree_flatten(out)
         _check_outputs(func, flat_out, api)
-        dummies = [requires_grad(torch.zeros_like(o)) for o in flat_out]
+        # ones, not zeros: J^T u is linear in u, but some backward formulas are not smooth at u = 0
+        # (logcumsumexp's takes log|u| under a where: its derivative there is 0 * inf, NaN)
+        dummies = [requires_grad(torch.ones_like(o)) for o in flat_out]
         try:
             gx = _grads(flat_out, inputs, dummies, create_graph=True)
         except RuntimeError as e:

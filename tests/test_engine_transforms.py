@@ -462,3 +462,18 @@ def test_per_point_jacobians_through_norms(norm):
         assert close(engine.jacrev(f)(x[0]), loop[0])
         assert close(engine.vmap(engine.jacrev(f))(x), loop)
     assert close(engine.vmap(engine.jacrev(f))(x), loop)
+
+
+def test_forward_mode_through_a_backward_not_smooth_at_zero():
+    """jvp runs reverse mode twice, through a dummy cotangent u (J^T u is linear in u); logcumsumexp's
+    backward takes log|u| under a where, whose derivative at u = 0 is 0 * inf: NaN there."""
+    g = torch.Generator().manual_seed(4)
+    x, t = torch.randn(6, generator=g), torch.randn(6, generator=g)
+
+    def f(v):
+        return torch.logcumsumexp(v * 2, 0)
+
+    assert close(engine.jvp(f, (x,), (t,))[1], tf.jvp(f, (x,), (t,))[1])
+    xs = torch.randn(4, 6, generator=g)
+    with engine.auto_tracing(False):
+        assert close(engine.vmap(engine.jacfwd(f))(xs), tf.vmap(tf.jacfwd(f))(xs))
