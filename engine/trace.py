@@ -247,7 +247,8 @@ class _DataGuard(EngineMode):
             self.grad_modes.append(torch.is_grad_enabled())
         out = self._dispatch(func, args, kwargs)
         for t in (out if isinstance(out, (tuple, list)) else (out,)):
-            if type(t) in _PLAIN and t.layout == torch.strided and t.numel():
+            # (a ZeroTensor, `_efficientzerotensor` in backward formulas, has no storage to read)
+            if type(t) in _PLAIN and t.layout == torch.strided and t.numel() and not t._is_zerotensor():
                 self.fresh.add(t.untyped_storage().data_ptr())
         return out
 

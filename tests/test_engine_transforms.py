@@ -477,3 +477,18 @@ def test_forward_mode_through_a_backward_not_smooth_at_zero():
     xs = torch.randn(4, 6, generator=g)
     with engine.auto_tracing(False):
         assert close(engine.vmap(engine.jacfwd(f))(xs), tf.vmap(tf.jacfwd(f))(xs))
+
+
+def test_default_path_records_a_backward_that_makes_zero_tensors():
+    """l1_loss's double backward makes ZeroTensors (`_efficientzerotensor`), which have no storage
+    to read: the recording must not ask for their data pointer."""
+    g = torch.Generator().manual_seed(5)
+    w, x = torch.randn(6, 6, generator=g), torch.randn(6, generator=g)
+
+    def f(v):
+        return F.l1_loss(torch.tanh(v @ w.T), v * 0.5, reduction="none").sum()
+
+    hess = engine.hessian(f)
+    ref = tf.hessian(f)(x)
+    for _ in range(4):  # seen, verified, recorded, replayed
+        assert close(hess(x), ref)
