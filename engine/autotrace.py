@@ -600,8 +600,12 @@ def _replayable_output(out: Any, reachable: list) -> bool:
 
 
 def _storage(t: torch.Tensor) -> int | None:
-    if t.layout != torch.strided or type(t) not in _PLAIN:
+    if t.layout != torch.strided or type(t) not in _PLAIN or t._is_zerotensor():
         return None
+    # a torch.func wrapper (one left in a module's state by an earlier torch.func call) has no
+    # storage of its own: the tensor it wraps has
+    while torch._C._functorch.is_functorch_wrapped_tensor(t):
+        t = torch._C._functorch.get_unwrapped(t)
     return t.untyped_storage().data_ptr() or None
 
 

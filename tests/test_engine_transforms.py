@@ -492,3 +492,28 @@ def test_default_path_records_a_backward_that_makes_zero_tensors():
     ref = tf.hessian(f)(x)
     for _ in range(4):  # seen, verified, recorded, replayed
         assert close(hess(x), ref)
+
+
+def test_default_path_with_a_torch_func_wrapper_left_in_reach():
+    """A torch.func wrapper can outlive its transform in state the function reads (an nn.RNN's
+    `_flat_weights` after torch.func's functional_call): the default path must not ask it for a
+    storage of its own, which it has not."""
+    leaked = []
+
+    def keep(v):
+        leaked.append(v)
+        return v.sum()
+
+    tf.grad(keep)(torch.randn(3))
+    state = {"last": leaked[0]}
+    w = torch.randn(3, generator=torch.Generator().manual_seed(6))
+
+    def loss(x):
+        assert state["last"] is not None
+        return (w * x).sin().sum()
+
+    x = torch.randn(4, 3, generator=torch.Generator().manual_seed(7))
+    f = engine.vmap(engine.grad(loss))
+    ref = tf.vmap(tf.grad(loss))(x)
+    for _ in range(4):  # seen, verified, recorded, replayed
+        assert close(f(x), ref)
