@@ -764,15 +764,25 @@ def _out_of_place_views(gm: torch.fx.GraphModule) -> None:
 
 
 def _out_of_place_op(target: Any) -> Any:
-    """aten.div_.Tensor -> aten.div.Tensor (the functional twin of an in-place op), or None."""
+    """aten.div_.Tensor -> aten.div.Tensor (the functional twin of an in-place op), or None. The
+    twin takes the same arguments in the same order, whatever its overload's name: pow_.Scalar's
+    is pow.Tensor_Scalar (pow.Scalar takes a number and a tensor exponent)."""
     name = target._schema.name.split("::")[1]
     if not name.endswith("_") or name.endswith("__"):
         return None
     packet = getattr(aten, name[:-1], None)
-    twin = getattr(packet, target._overloadname, None) if packet is not None else None
-    if twin is None or twin._schema.is_mutable:
+    if packet is None:
         return None
-    return twin
+    wanted = _argument_types(target)
+    for overload in (target._overloadname, *packet.overloads()):
+        twin = getattr(packet, overload, None)
+        if twin is not None and not twin._schema.is_mutable and _argument_types(twin) == wanted:
+            return twin
+    return None
+
+
+def _argument_types(op: Any) -> list[str]:
+    return [str(a.type) for a in op._schema.arguments]
 
 
 def _out_of_place_writes(gm: torch.fx.GraphModule) -> None:

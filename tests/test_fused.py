@@ -9,7 +9,7 @@ import pytest
 import torch
 
 import engine
-from engine import fused
+from engine import fused, graph_passes
 from engine.fused_worker import build_graph
 from fused_stand_in import FAKE_SOURCE
 
@@ -285,6 +285,38 @@ def test_in_place_arithmetic_on_fresh_tensors_becomes_out_of_place():
     gm = traced.graphs()[0]
     assert fused.candidate(gm)
     torch.testing.assert_close(traced(x), x * 2 / 3 + 1)
+
+
+@pytest.mark.parametrize("write, expected", [
+    (lambda y: y.pow_(3.0), lambda x: (x * 2) ** 3),  # pow_.Scalar: its twin is pow.Tensor_Scalar, not pow.Scalar
+    (lambda y: y.pow_(torch.full((4,), 2.0)), lambda x: (x * 2) ** 2),
+    (lambda y: y.double().float_power_(2.0), lambda x: (x * 2).double() ** 2),
+    (lambda y: y.clamp_(min=0.5), lambda x: (x * 2).clamp(min=0.5)),
+    (lambda y: y.polygamma_(1), lambda x: torch.polygamma(1, x * 2)),  # (no twin takes (self, n) in that order)
+])
+def test_in_place_arithmetic_replays_through_its_twin(write, expected):
+    """Each in-place op's out-of-place twin takes its arguments in the same order: an overload of
+    the same name may not (pow.Scalar takes a number and a tensor exponent)."""
+    def f(x: torch.Tensor) -> torch.Tensor:
+        y = x * 2
+        y = write(y)
+        return y + 1
+
+    traced = engine.trace(f)
+    x = torch.rand(4) + 0.5
+    for _ in range(3):
+        torch.testing.assert_close(traced(x), expected(x) + 1)
+
+
+def test_every_in_place_twin_takes_the_same_arguments():
+    for name in torch._C._dispatch_get_all_op_names():
+        base, _, overload = name.partition("::")[2].partition(".")
+        op = getattr(getattr(torch.ops.aten, base, None), overload or "default", None) if name.startswith("aten::") else None
+        if op is None or not op._schema.is_mutable:
+            continue
+        twin = graph_passes._out_of_place_op(op)
+        if twin is not None:
+            assert [str(a.type) for a in twin._schema.arguments] == [str(a.type) for a in op._schema.arguments], (op, twin)
 
 
 def test_a_write_seen_through_a_view_stays_in_place():
