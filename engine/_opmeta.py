@@ -59,9 +59,10 @@ def out_of_place_view(op: Any) -> Any:
     packet = getattr(aten, op._schema.name.split("::")[1].rstrip("_"), None)
     if packet is None:
         return None
-    n_args = len(op._schema.arguments)
+    types = [str(a.type) for a in op._schema.arguments]  # (the same arguments in the same order)
     for name in (op._overloadname, "int", "default", *packet.overloads()):
         candidate = getattr(packet, name, None)
-        if candidate is not None and not candidate._schema.is_mutable and len(candidate._schema.arguments) == n_args:
+        if (candidate is not None and not candidate._schema.is_mutable
+                and [str(a.type) for a in candidate._schema.arguments] == types):
             return candidate
     return None
