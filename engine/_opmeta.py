@@ -59,10 +59,16 @@ def out_of_place_view(op: Any) -> Any:
     packet = getattr(aten, op._schema.name.split("::")[1].rstrip("_"), None)
     if packet is None:
         return None
-    types = [str(a.type) for a in op._schema.arguments]  # (the same arguments in the same order)
+    wanted = call_signature(op)  # (the same arguments in the same order)
     for name in (op._overloadname, "int", "default", *packet.overloads()):
         candidate = getattr(packet, name, None)
-        if (candidate is not None and not candidate._schema.is_mutable
-                and [str(a.type) for a in candidate._schema.arguments] == types):
+        if candidate is not None and not candidate._schema.is_mutable and call_signature(candidate) == wanted:
             return candidate
     return None
+
+
+def call_signature(op: Any) -> list[tuple]:
+    """What a call site of `op` relies on: each argument's type, whether it is keyword-only (and
+    then its name), and its default (a recorded call leaves defaulted arguments out)."""
+    return [(str(a.type), a.kwarg_only, a.name if a.kwarg_only else None,
+             repr(a.default_value) if a.has_default_value() else None) for a in op._schema.arguments]

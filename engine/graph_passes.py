@@ -22,6 +22,7 @@ from torch.utils._python_dispatch import _disable_current_modes
 
 from engine import timed_choices
 from engine._dispatch import out_of_place_view
+from engine._opmeta import call_signature
 
 aten = torch.ops.aten
 
@@ -773,16 +774,12 @@ def _out_of_place_op(target: Any) -> Any:
     packet = getattr(aten, name[:-1], None)
     if packet is None:
         return None
-    wanted = _argument_types(target)
+    wanted = call_signature(target)
     for overload in (target._overloadname, *packet.overloads()):
         twin = getattr(packet, overload, None)
-        if twin is not None and not twin._schema.is_mutable and _argument_types(twin) == wanted:
+        if twin is not None and not twin._schema.is_mutable and call_signature(twin) == wanted:
             return twin
     return None
-
-
-def _argument_types(op: Any) -> list[str]:
-    return [str(a.type) for a in op._schema.arguments]
 
 
 def _out_of_place_writes(gm: torch.fx.GraphModule) -> None:

@@ -191,7 +191,8 @@ UNTAGGED = ops_of(
     "mish_backward.default", "hardsigmoid_backward.default", "hardswish_backward.default",
     "relu.default", "relu_.default", "gelu.default", "silu.default", "sigmoid_backward.default",
     "tanh_backward.default", "masked_fill.Scalar", "masked_fill_.Scalar", "isnan.default",
-    "positive.default", "resolve_conj.default", "resolve_neg.default",
+    "positive.default", "resolve_conj.default", "resolve_neg.default", "hardshrink_backward.default",
+    "softshrink_backward.default",
     "logical_not.default", "sign.default", "nan_to_num.default", "lerp.Scalar", "lerp.Tensor",
     "_softmax_backward_data.out",  # filtered below (out variant)
     # conversions: decompositions (group_norm, layer_norm backward) call them on batched tensors
