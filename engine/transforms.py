@@ -15,7 +15,7 @@ import torch
 from torch.utils._python_dispatch import _disable_current_modes
 from torch.utils._pytree import tree_flatten, tree_map, tree_unflatten
 
-from engine import _gradsum
+from engine import _gradsum, second_order
 from engine._batched import LevelInfo, _active, _is_outer, batch_levels, clock, mark_inner
 from engine._dispatch import BatchedRoute
 from engine._gradsum import BATCHED_NODES
@@ -291,7 +291,7 @@ def vjp(func: Callable, *primals: Any, has_aux: bool = False) -> tuple:
         inputs = [_prepare(t, True, token) for t in flat]
         captures = _Captures(func)
         versions = [i._version for i in inputs]
-        with transform_scope():
+        with transform_scope(), second_order.decomposed(_Depth.value >= 2):
             raw = func(*tree_unflatten(inputs, spec))
         captures.check(func, "vjp")
         _check_connected_writes(func, "vjp(f, *primals)", flat, inputs, inputs, versions)
@@ -377,7 +377,7 @@ def grad_and_value(func: Callable, argnums: Any = 0, has_aux: bool = False) -> C
             captures = _Captures(func)
             flat_in = [t for p in prepared for t in p]
             versions = [i._version for i in flat_in]
-            with transform_scope():
+            with transform_scope(), second_order.decomposed(_Depth.value >= 2):
                 raw = func(*new_args, **kwargs)
             captures.check(func, "grad")
             _check_connected_writes(func, "grad(f)(*args)", [t for flat, _ in diff for t in flat], flat_in, flat_in, versions)
@@ -533,7 +533,7 @@ def _linearize(func: Callable, primals: tuple, api: str, has_aux: bool = False, 
     with _differentiating() as token:
         inputs = [_prepare(t, outer, token) for t in flat]
         captures = _Captures(func)
-        with transform_scope():
+        with transform_scope(), second_order.decomposed():
             given = _writable(inputs)
             versions = [g._version for g in given]
             raw = func(*tree_unflatten(given, spec))

@@ -5,7 +5,7 @@ cotangents or tangents) meets tensors batched only by the outer one (the points)
 see operands of different batching, unbatched saved statistics, expanded views. The OpInfo
 conformance suite batches one level at a time; this table runs each layer of torch.nn.functional
 (and a few tensor ops such layers are built from) on a small fresh net through jacrev, vmap(jacrev),
-vmap(jacfwd) and hessian, each against `torch.autograd.functional` per point.
+vmap(jacfwd), hessian and vmap(hessian), each against `torch.autograd.functional` per point.
 """
 from __future__ import annotations
 
@@ -53,6 +53,8 @@ LAYERS = {
     "layer_norm": lambda x: F.layer_norm(lin(x), (6,), AFFINE_W, AFFINE_B),
     "layer_norm_plain": lambda x: F.layer_norm(lin(x), (6,)),
     "layer_norm_rows": lambda x: F.layer_norm(_rows(x), (3,), AFFINE_W[:3], AFFINE_B[:3]).flatten(),
+    "layer_norm_after_linear": lambda x: F.layer_norm(x @ W6.T, (6,), AFFINE_W, AFFINE_B),
+    "layer_norm_of_the_input": lambda x: F.layer_norm(x, (6,)),
     "layer_norm_2d": lambda x: F.layer_norm(torch.cat([lin(x), x]).reshape(2, 2, 3), (2, 3)).flatten(),
     "rms_norm": lambda x: F.rms_norm(_rows(x), (3,), torch.tensor([1.0, 2.0, 0.5])).flatten(),
     "group_norm": lambda x: F.group_norm(lin(x).reshape(1, 6, 1), 2, AFFINE_W, AFFINE_B).flatten(),
@@ -213,6 +215,21 @@ def test_jacobians_per_point_match_the_loop(name):
             engine.vmap(engine.jacfwd(f))(X)
     else:
         _close(engine.vmap(engine.jacfwd(f))(X), loop)
+
+
+@pytest.mark.parametrize("name", LAYERS)
+def test_hessians_per_point_match_the_loop(name):
+    """vmap(hessian) of a nonlinear function of the layer: the backward's cotangent then depends on
+    the point, and the double backward meets three batching levels."""
+    def f(x):
+        return LAYERS[name](x).sin().sum()
+
+    if name in NO_FORWARD_MODE:
+        with pytest.raises((RuntimeError, NotImplementedError), match="derivative for"):
+            engine.vmap(engine.hessian(f))(X[:2])
+        return
+    loop = torch.stack([torch.autograd.functional.hessian(f, x) for x in X[:2]])
+    _close(engine.vmap(engine.hessian(f))(X[:2]), loop)
 
 
 @pytest.mark.parametrize("name", LAYERS)
