@@ -54,8 +54,9 @@ def op_meta(func: Any) -> _OpMeta:
 
 @lru_cache(maxsize=None)
 def out_of_place_view(op: Any) -> Any:
-    """The out-of-place twin of an in-place view op, same arguments: squeeze_.dim -> squeeze.dim,
-    transpose_.default -> transpose.int; None if there is none."""
+    """The out-of-place twin of an in-place op, same arguments (call_signature): squeeze_.dim ->
+    squeeze.dim, transpose_.default -> transpose.int, pow_.Scalar -> pow.Tensor_Scalar; None if
+    there is none."""
     packet = getattr(aten, op._schema.name.split("::")[1].rstrip("_"), None)
     if packet is None:
         return None

@@ -22,7 +22,6 @@ from torch.utils._python_dispatch import _disable_current_modes
 
 from engine import timed_choices
 from engine._dispatch import out_of_place_view
-from engine._opmeta import call_signature
 
 aten = torch.ops.aten
 
@@ -765,21 +764,13 @@ def _out_of_place_views(gm: torch.fx.GraphModule) -> None:
 
 
 def _out_of_place_op(target: Any) -> Any:
-    """aten.div_.Tensor -> aten.div.Tensor (the functional twin of an in-place op), or None. The
-    twin takes the same arguments in the same order, whatever its overload's name: pow_.Scalar's
-    is pow.Tensor_Scalar (pow.Scalar takes a number and a tensor exponent)."""
+    """aten.div_.Tensor -> aten.div.Tensor (the functional twin of an in-place op), or None: the
+    overload that takes the same arguments (engine._opmeta.out_of_place_view, which serves any
+    in-place op), not the one of the same name: pow_.Scalar's is pow.Tensor_Scalar."""
     name = target._schema.name.split("::")[1]
     if not name.endswith("_") or name.endswith("__"):
         return None
-    packet = getattr(aten, name[:-1], None)
-    if packet is None:
-        return None
-    wanted = call_signature(target)
-    for overload in (target._overloadname, *packet.overloads()):
-        twin = getattr(packet, overload, None)
-        if twin is not None and not twin._schema.is_mutable and call_signature(twin) == wanted:
-            return twin
-    return None
+    return out_of_place_view(target)
 
 
 def _out_of_place_writes(gm: torch.fx.GraphModule) -> None:

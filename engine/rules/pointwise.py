@@ -67,7 +67,7 @@ def _expanded(args: list) -> list:
     shapes = [a.shape for a in args if isinstance(a, torch.Tensor)]
     if all(s == shapes[0] for s in shapes):
         return args
-    shape = torch.broadcast_shapes(*shapes)
+    shape = broadcast_shapes(*shapes)
     return [a.expand(shape) if isinstance(a, torch.Tensor) else a for a in args]
 
 
