@@ -78,7 +78,7 @@ SAMPLE = ("logreg_hessian", "psg_mlp", "mlp_hvp")
 
 @pytest.mark.slow  # fresh interpreters importing torch, the peers and jax
 def test_two_fresh_processes_give_the_same_bytes():
-    env = {**os.environ, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "2"}
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}  # this process's threads, XLA's pool sized alike
     proc = subprocess.run([sys.executable, "-m", "vmapbench.memory_table", "--processes", "2",
                            "--workloads", ",".join(SAMPLE)], cwd=ROOT, env=env, capture_output=True, text=True,
                           timeout=900)

@@ -444,6 +444,8 @@ def test_machine_name_is_stable_and_overridable(monkeypatch):
 
 def _asv_env(home: Path | None = None) -> dict[str, str]:
     env = dict(os.environ, VMAPBENCH_PROFILE="quick", OMP_NUM_THREADS="2")
+    for name in ("XLA_FLAGS", "PJRT_NPROC"):  # a test worker's single-thread XLA settings (conftest)
+        env.pop(name, None)
     env.pop("VMAPBENCH_DEVICES", None)
     if home is not None:
         env["HOME"] = str(home)  # asv's machine file (~/.asv-machine.json) goes there, not to the user's

@@ -12,6 +12,7 @@ once its budget is spent no further sample starts.
 """
 from __future__ import annotations
 
+import contextlib
 import time
 import warnings
 from dataclasses import dataclass, field
@@ -406,8 +407,43 @@ def _vjp_check(opinfo: Any, sample: Any, gen: torch.Generator) -> str:
     return "fallback" if rec.counts else "native"
 
 
+def _unittest_fn_on_stack() -> Callable | None:
+    """torch's `common_utils.extract_test_fn` without `inspect.stack()`: the same frames and the
+    same test for a unittest method, but no source lines read. inspect's lookup scans every
+    loaded module for each frame of code without a file (pytest-xdist's workers run under such
+    frames), which made sampling an op's inputs several times slower there."""
+    import sys
+    import unittest
+
+    frame = sys._getframe(1)
+    while frame is not None:
+        self_val = frame.f_locals.get("self")
+        if isinstance(self_val, unittest.TestCase):
+            *_, cls_name, test_name = self_val.id().rsplit(".", 2)
+            if cls_name == type(self_val).__name__ and test_name.startswith("test"):
+                return getattr(self_val, test_name).__func__
+        frame = frame.f_back
+    return None
+
+
+@contextlib.contextmanager
+def _quick_test_fn_lookup() -> Iterator[None]:
+    from torch.testing._internal import common_utils
+
+    before = getattr(common_utils, "extract_test_fn", None)
+    if before is None:
+        yield
+        return
+    common_utils.extract_test_fn = _unittest_fn_on_stack
+    try:
+        yield
+    finally:
+        common_utils.extract_test_fn = before
+
+
 def _samples(opinfo: Any) -> Iterator[Any]:
-    return iter(opinfo.sample_inputs("cpu", torch.float32, requires_grad=False))
+    with _quick_test_fn_lookup():
+        return iter(opinfo.sample_inputs("cpu", torch.float32, requires_grad=False))
 
 
 def check_op(opinfo: Any, *, samples: int | None = None, time_box: float | None = 2.0, torch_func: bool = True,
