@@ -5,11 +5,11 @@ private names."""
 from __future__ import annotations
 
 import ast
+import functools
 import io
 import re
 import tokenize
 from pathlib import Path
-from typing import Iterator
 
 ROOT = Path(__file__).resolve().parents[1]
 PACKAGES = ("dashboards", "engine", "measuring", "suite", "vmapbench", "workloads")
@@ -26,17 +26,22 @@ def python_files(*packages: str, root: Path = ROOT) -> list[Path]:
     return sorted(p for pkg in packages for p in (root / pkg).rglob("*.py"))
 
 
-def prose(path: Path) -> Iterator[tuple[int, str]]:
-    """(line, text) of every comment and docstring of a Python file."""
-    source = path.read_text()
-    for tok in tokenize.generate_tokens(io.StringIO(source).readline):
-        if tok.type == tokenize.COMMENT:
-            yield tok.start[0], tok.string
+def prose(path: Path) -> tuple[tuple[int, str], ...]:
+    """(line, text) of every comment and docstring of a Python file (read once per file and
+    content: the checks below each scan every file)."""
+    return _prose(path, path.read_text())
+
+
+@functools.lru_cache(maxsize=None)
+def _prose(path: Path, source: str) -> tuple[tuple[int, str], ...]:
+    found = [(tok.start[0], tok.string) for tok in tokenize.generate_tokens(io.StringIO(source).readline)
+             if tok.type == tokenize.COMMENT]
     for node in ast.walk(ast.parse(source, str(path))):
         if isinstance(node, (ast.Module, ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
             doc = ast.get_docstring(node, clean=False)
             if doc is not None:
-                yield node.body[0].lineno, doc
+                found.append((node.body[0].lineno, doc))
+    return tuple(found)
 
 
 def matches(pattern: re.Pattern[str], files: list[Path]) -> list[str]:
@@ -93,7 +98,7 @@ def test_the_patterns_catch_what_they_are_for(tmp_path: Path) -> None:
     assert [m[0] for m in DATE.finditer(texts)] == ["2026-11-26"]
     assert sorted(m[0] for m in TIMING.finditer(texts)) == ["2.5 us", "41.8 ms"]
     sample.write_text('"""Shows \'1 ms\', not `0.9996e-3 s`; the engine\'s call took 3 ms."""\n')
-    assert [m[0] for m in TIMING.finditer(LITERAL.sub("", next(prose(sample))[1]))] == ["3 ms"]
+    assert [m[0] for m in TIMING.finditer(LITERAL.sub("", prose(sample)[0][1]))] == ["3 ms"]
 
 
 def private_imports(root: Path = ROOT) -> list[str]:
