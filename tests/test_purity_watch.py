@@ -244,7 +244,7 @@ def test_a_pause_outside_a_watch_leaves_another_profiler_alone():
     assert "c_call" in seen  # still profiling inside the block
 
 
-SCANNED_CODES = 25_000
+SCANNED_CODES = 10_000
 
 
 def test_global_names_read_from_raw_bytecode_match_dis():
