@@ -16,8 +16,8 @@ os.environ.setdefault("VMAPBENCH_FUSED", "0")
 
 def _share_cores_between_workers() -> int | None:
     """Under pytest-xdist (`make test`), each worker's intra-op threads: the cores divided among
-    the workers. Two workers on two cores each at two threads spin for each other's cores (the
-    suite took ~1.4x as long). Set before torch starts its pool, and XLA's pool sized to match
+    the workers, so that they do not spin for each other's cores (docs/lab: the test workers'
+    note). Set before torch starts its pool, and XLA's pool sized to match
     before anything imports jax (at one thread, with Eigen off it, as the jax method requires);
     children started by tests inherit the same settings."""
     workers = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "0"))
