@@ -6,6 +6,7 @@ can hide behind a function-level import; a package's modules importing the packa
 from __future__ import annotations
 
 import ast
+import functools
 import sys
 from pathlib import Path
 
@@ -47,6 +48,12 @@ def import_graph(root: Path = ROOT, packages: tuple[str, ...] = PACKAGES) -> dic
                 if name and name != mod and not mod.startswith(name + "."):
                     graph[mod].add(name)
     return graph
+
+
+@functools.lru_cache(maxsize=1)
+def project_graph() -> dict[str, set[str]]:
+    """The repository's own graph, parsed once for the checks below (they only read it)."""
+    return import_graph()
 
 
 def circles(graph: dict[str, set[str]]) -> list[list[str]]:
@@ -91,7 +98,7 @@ def circles(graph: dict[str, set[str]]) -> list[list[str]]:
 
 @pytest.mark.parametrize("package", PACKAGES)
 def test_no_import_circle(package: str) -> None:
-    mine = [c for c in circles(import_graph()) if any(m == package or m.startswith(package + ".") for m in c)]
+    mine = [c for c in circles(project_graph()) if any(m == package or m.startswith(package + ".") for m in c)]
     assert not mine, f"import circles through {package}/ (each module must import only downward): {mine}"
 
 
@@ -128,7 +135,7 @@ def test_every_package_has_a_floor() -> None:
 
 
 def test_no_import_climbs_a_floor() -> None:
-    found = climbing_arrows(import_graph())
+    found = climbing_arrows(project_graph())
     order = " -> ".join("/".join(packages) for packages in FLOORS)
     assert not found, (f"imports that climb a floor (allowed order, lowest first: {order}); move the code "
                        "imported down a floor, or inject it:\n" + "\n".join(f"{m} imports {p}" for m, p in found))
@@ -137,7 +144,7 @@ def test_no_import_climbs_a_floor() -> None:
 def test_measuring_imports_no_other_package() -> None:
     # The gate runs measured commits' trees (engine/ and workloads/ alone) with its own checkout's
     # measuring/, so measuring/ must not reach into an engine or workloads of another commit.
-    found = sorted((mod, name) for mod, names in import_graph().items() if mod.split(".")[0] == "measuring"
+    found = sorted((mod, name) for mod, names in project_graph().items() if mod.split(".")[0] == "measuring"
                    for name in names if name.split(".")[0] != "measuring")
     assert not found, "measuring/ imports nothing else of the project:\n" + "\n".join(f"{m} imports {n}" for m, n in found)
 
