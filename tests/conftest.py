@@ -12,35 +12,29 @@ from pathlib import Path
 # run on the replay tier, deterministically, unless the environment asks for another
 # (VMAPBENCH_FUSED=force in CI's fused pass); tests/test_fused.py drives the tier itself.
 os.environ.setdefault("VMAPBENCH_FUSED", "0")
-
-
-def _share_cores_between_workers() -> int | None:
-    """Under pytest-xdist (`make test`), each worker's intra-op threads: the cores divided among
-    the workers, so that they do not spin for each other's cores (docs/lab: the test workers'
-    note). Set before torch starts its pool, and XLA's pool sized to match
-    before anything imports jax (at one thread, with Eigen off it, as the jax method requires);
-    children started by tests inherit the same settings."""
-    workers = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "0"))
-    if workers < 2:
-        return None
-    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
-    threads = max(1, cores // workers)
-    os.environ["OMP_NUM_THREADS"] = str(threads)
-    return threads
-
-
-_WORKER_THREADS = _share_cores_between_workers()
-
 from typing import Callable, Iterator
 
 import pytest
 import torch
 
-if _WORKER_THREADS is not None:
+
+def _share_cores_between_workers() -> None:
+    """Under pytest-xdist (`make test`), each worker's intra-op threads: the cores divided among
+    the workers, so that they do not spin for each other's cores (docs/lab: the test workers'
+    note); XLA's pool sized to match before anything imports jax (at one thread, with Eigen off
+    it, as the jax method requires). Children started by tests inherit the same settings."""
+    workers = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "0"))
+    if workers < 2:
+        return
     from engine import fused_xla
 
-    torch.set_num_threads(_WORKER_THREADS)
+    threads = max(1, fused_xla.cores() // workers)
+    os.environ["OMP_NUM_THREADS"] = str(threads)
+    torch.set_num_threads(threads)
     fused_xla._configure_threads()
+
+
+_share_cores_between_workers()
 
 
 @pytest.fixture(autouse=True)
