@@ -37,13 +37,29 @@ def _share_cores_between_workers() -> None:
 _share_cores_between_workers()
 
 
+def _accelerators_initialized() -> bool:
+    return any(getattr(torch, name).is_initialized() for name in ("cuda", "xpu", "mtia") if hasattr(torch, name))
+
+
+_SEED = 0
+_queued: list[bool] = []  # whether torch.manual_seed(_SEED) has queued the accelerators' seeding
+
+
 @pytest.fixture(autouse=True)
 def seeded() -> int:
-    """Seed torch's and Python's global generators so random inputs repeat from run to run."""
-    seed = 0
-    torch.manual_seed(seed)
-    random.seed(seed)
-    return seed
+    """Seed torch's and Python's global generators so random inputs repeat from run to run.
+
+    torch.manual_seed also queues, for each accelerator not yet initialized, a seeding with the
+    caller's formatted stack (a few ms under pytest's deep stacks, at every test). The seed is
+    always the same and a queued seeding runs when the accelerator starts, so one queued seeding
+    serves every test until then; after it, every test seeds every device."""
+    if not _queued or _accelerators_initialized():
+        torch.manual_seed(_SEED)
+        _queued.append(True)
+    else:
+        torch.default_generator.manual_seed(_SEED)
+    random.seed(_SEED)
+    return _SEED
 
 
 @pytest.fixture(autouse=True)
