@@ -297,10 +297,13 @@ def preload(methods: Iterable[str] | None = None, device: str = "cpu") -> list[s
     a backward pass. Should CUDA be unusable after the fork anyway, it says why on stderr and every
     CUDA point's setup raises that (`check_fork`). Given the methods (the CLI, which does not
     fork), it warms what those need, jax included. An engine or peer that fails here is left
-    alone: the methods that use it report the error.
+    alone: the methods that use it report the error. Where asv only lists the benchmarks
+    (`asv_lists_only`), nothing is warmed.
     """
     wanted = None if methods is None else set(methods)
     _inject_cuda_standin()
+    if wanted is None and asv_lists_only():
+        return []
     forward_only = wanted is None and cuda_fork.cuda_built()
 
     def done(step: str) -> None:  # in the fork server: did this step leave CUDA unusable to children?
@@ -340,6 +343,12 @@ def preload(methods: Iterable[str] | None = None, device: str = "cpu") -> list[s
     if wanted is not None and "jax" in wanted:
         warmed += _preload_jax(device)
     return warmed
+
+
+def asv_lists_only() -> bool:
+    """Whether this process is asv listing or checking the benchmarks (`asv.benchmark discover` or
+    `check`, run as a script): it imports the suite and runs none, so a warm-up pays for nothing."""
+    return os.path.basename(sys.argv[0]) == "benchmark.py" and sys.argv[1:2] in (["discover"], ["check"])
 
 
 def _inject_cuda_standin() -> None:

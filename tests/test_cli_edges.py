@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import io
+import sys
 
 import pytest
 from rich.console import Console
@@ -107,6 +108,24 @@ def test_warm_up_pays_only_what_the_methods_need():
 
     assert preload(["loop", "torch_func"]) == ["torch._dynamo", "torch._inductor", "torch.func"]
     assert preload(["loop", "engine_traced"])[-1] == "engine"
+
+
+@pytest.mark.parametrize("argv, listing", [
+    (["/venv/lib/asv/benchmark.py", "discover", "suite", "out.json"], True),
+    (["/venv/lib/asv/benchmark.py", "check", "suite"], True),
+    (["/venv/lib/asv/benchmark.py", "run_server", "suite", "sock"], False),
+    (["/venv/lib/asv/benchmark.py", "run", "suite", "id"], False),
+    (["-m", "discover"], False),
+])
+def test_asv_listing_the_suite_warms_nothing(monkeypatch, argv, listing):
+    """asv's `discover` and `check` import the suite and run no benchmark: the suite's warm-up
+    (preload with no methods, at each benchmark module's import) is skipped there alone."""
+    from suite import probes
+
+    monkeypatch.setattr(sys, "argv", argv)
+    assert probes.asv_lists_only() is listing
+    if listing:
+        assert probes.preload() == []
 
 
 def test_run_verify_checks_the_engines_replays_and_fails_a_mismatch(monkeypatch, capsys):
