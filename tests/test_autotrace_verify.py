@@ -101,12 +101,21 @@ def test_auto_tracing_verify_switch_nests_and_restores():
             pass
 
 
-@pytest.mark.parametrize("value,expected", [("verify", "True True"), ("1", "True False"), ("0", "False False")])
-def test_environment_variable_turns_verification_on(value, expected):
-    code = "from engine import autoswitch as a; print(a.auto_tracing_enabled(), a.verifying())"
-    env = {**os.environ, "VMAPBENCH_AUTO_TRACE": value}
-    out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, check=True)
-    assert out.stdout.strip() == expected
+@pytest.mark.parametrize("value,expected", [("verify", (True, True)), ("1", (True, False)), ("0", (False, False)),
+                                            (" Off ", (False, False))])
+def test_environment_variable_turns_verification_on(monkeypatch, value, expected):
+    """engine.autoswitch reads the variable once, at its import (its own module, stdlib only): a
+    fresh copy of it loaded under each value, as a new process would load it."""
+    import importlib.util
+
+    from engine import autoswitch
+
+    monkeypatch.setenv("VMAPBENCH_AUTO_TRACE", value)
+    spec = importlib.util.spec_from_file_location("fresh_autoswitch", autoswitch.__file__)
+    fresh = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(fresh)
+    assert (fresh.auto_tracing_enabled(), fresh.verifying()) == expected
+    assert (fresh.departures == []) is (expected == (True, False))  # the standard state, or one entry for good
 
 
 def test_environment_variable_with_a_typo_is_an_error():
