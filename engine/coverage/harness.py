@@ -13,6 +13,7 @@ once its budget is spent no further sample starts.
 from __future__ import annotations
 
 import contextlib
+import random
 import time
 import warnings
 from dataclasses import dataclass, field
@@ -426,42 +427,76 @@ def _unittest_fn_on_stack() -> Callable | None:
     return None
 
 
-@contextlib.contextmanager
-def _quick_test_fn_lookup() -> Iterator[None]:
+def _seed(seed: int) -> None:
+    """Seed the cpu generator, the only one the samples (all on cpu) draw from. torch.manual_seed
+    also queues a seeding of every accelerator not yet initialized, each with the caller's
+    formatted stack: a cost per call that grows with the stack's depth."""
+    torch.default_generator.manual_seed(seed)
+
+
+def _cpu_set_rng_seed(seed: int | None = None) -> None:
+    """torch's `common_utils.set_rng_seed` (seeded before each OpInfo sample) on the cpu generator."""
     from torch.testing._internal import common_utils
 
-    before = getattr(common_utils, "extract_test_fn", None)
-    if before is None:
-        yield
-        return
-    common_utils.extract_test_fn = _unittest_fn_on_stack
+    seed = common_utils.SEED if seed is None else seed
+    _seed(seed)
+    random.seed(seed)
+    if common_utils.TEST_NUMPY:
+        import numpy
+
+        numpy.random.seed(seed)
+
+
+def _cpu_wrapper_set_seed(op: Callable, *args: Any, **kwargs: Any) -> Any:
+    """torch's `wrapper_set_seed` (OpInfo's random ops run under it) for cpu tensors: the op at
+    seed 42, the cpu generator's state restored after."""
+    from torch.utils._mode_utils import no_dispatch
+
+    with no_dispatch(), torch._C._DisableFuncTorch():  # as torch's freeze_rng_state reads it
+        state = torch.get_rng_state()
+    try:
+        _seed(42)
+        return op(*args, **kwargs)
+    finally:
+        with no_dispatch(), torch._C._DisableFuncTorch():
+            torch.set_rng_state(state)
+
+
+# (module, name, replacement): torch's test helpers as OpInfo samples and runs cpu ops here, the
+# same frames, seeds and states, without the per-call stack walks of the originals.
+_CPU_HELPERS = (
+    ("torch.testing._internal.common_utils", "extract_test_fn", _unittest_fn_on_stack),
+    ("torch.testing._internal.opinfo.core", "extract_test_fn", _unittest_fn_on_stack),  # imported by name
+    ("torch.testing._internal.common_utils", "set_rng_seed", _cpu_set_rng_seed),
+    ("torch.testing._internal.common_methods_invocations", "wrapper_set_seed", _cpu_wrapper_set_seed),
+)
+
+
+@contextlib.contextmanager
+def _cpu_test_helpers() -> Iterator[None]:
+    """torch's test helpers swapped for _CPU_HELPERS' while an op is checked (its samples are
+    drawn lazily, inside the check)."""
+    import importlib
+
+    swapped = []
+    for module_name, name, replacement in _CPU_HELPERS:
+        try:
+            module = importlib.import_module(module_name)
+        except ImportError:
+            continue
+        before = getattr(module, name, None)
+        if before is not None:
+            swapped.append((module, name, before))
+            setattr(module, name, replacement)
     try:
         yield
     finally:
-        common_utils.extract_test_fn = before
+        for module, name, before in reversed(swapped):
+            setattr(module, name, before)
 
 
 def _samples(opinfo: Any) -> Iterator[Any]:
-    """The op's cpu float32 samples, drawn with the quick lookup in place: OpInfo's sample
-    functions are generators, so it is swapped in around each draw, not just the first call."""
-    with _quick_test_fn_lookup():
-        it = iter(opinfo.sample_inputs("cpu", torch.float32, requires_grad=False))
-    while True:
-        with _quick_test_fn_lookup():
-            sample = next(it, _END)
-        if sample is _END:
-            return
-        yield sample
-
-
-_END = object()
-
-
-def _seed(seed: int) -> None:
-    """Seed the cpu generator, the only one the samples (all on cpu) draw from. torch.manual_seed
-    would also queue a seeding of every accelerator not yet initialized, each with the caller's
-    formatted stack, a cost per call that grows with the stack's depth."""
-    torch.default_generator.manual_seed(seed)
+    return iter(opinfo.sample_inputs("cpu", torch.float32, requires_grad=False))
 
 
 def check_op(opinfo: Any, *, samples: int | None = None, time_box: float | None = 2.0, torch_func: bool = True,
@@ -472,6 +507,12 @@ def check_op(opinfo: Any, *, samples: int | None = None, time_box: float | None 
     seconds are spent on the op, no further sample starts (the first usable one always runs
     whole). The op's status is its worst over samples and patterns; `res.patterns` keeps the worst
     per pattern."""
+    with _cpu_test_helpers():
+        return _check_op(opinfo, samples, time_box, torch_func, vjp, seed)
+
+
+def _check_op(opinfo: Any, samples: int | None, time_box: float | None, torch_func: bool, vjp: bool,
+              seed: int) -> OpResult:
     t0 = time.perf_counter()
     res = OpResult(op_key(opinfo), family_of(opinfo))
     gen = torch.Generator().manual_seed(seed)
