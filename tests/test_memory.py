@@ -73,7 +73,7 @@ def test_xla_memory_analysis_names_its_parts():
 # A sample of workloads, every quick method of each: eager engine and its replays, chunked,
 # torch.func, the loop, closed forms, Opacus and BackPACK (torch allocations of a peer's own code),
 # and jax (XLA's figure).
-SAMPLE = ("logreg_hessian", "psg_mlp", "mlp_hvp")
+SAMPLE = ("psg_mlp", "mlp_hvp")
 
 
 @pytest.mark.slow  # fresh interpreters importing torch, the peers and jax
