@@ -10,6 +10,9 @@ representative subset; the whole database runs under @pytest.mark.slow.
 """
 from __future__ import annotations
 
+import functools
+from typing import Any
+
 import pytest
 import torch
 
@@ -30,11 +33,22 @@ FAST_OPS = [
 ]
 
 _EXPECT = load()
-_ALL = {op_key(o): o for o in iter_opinfos()}
+# The ops of this torch's op_db, as the expectations file lists them (test_expectations_file_lists_
+# known_ops holds the two equal): the parameters, known without importing op_db (seconds) in each
+# test process that collects this file.
+_KEYS = sorted(op for op in _EXPECT["ops"] if in_op_db(op, _EXPECT))
+
+
+@functools.cache
+def _all() -> dict[str, Any]:
+    return {op_key(o): o for o in iter_opinfos()}
 
 
 def _check(key: str) -> None:
-    res = check_op(_ALL[key], torch_func=False, **PINNED)
+    if key not in _all():
+        pytest.fail(f"{key}: in tests/opinfo_expectations.json but not in torch {torch.__version__}'s op_db "
+                    "(an op of other releases only: name it in 'op_db_releases')")
+    res = check_op(_all()[key], torch_func=False, **PINNED)
     xfail = _EXPECT["xfail"].get(key)
     if res.engine == "mismatch" and not xfail:
         pytest.fail(f"{key}: engine.vmap gives wrong values ({res.detail.get('engine')}); fix the rule or add a reasoned xfail")
@@ -50,28 +64,32 @@ def _check(key: str) -> None:
     )
 
 
-@pytest.mark.parametrize("key", [k for k in FAST_OPS if k in _ALL])
+@pytest.mark.parametrize("key", [k for k in FAST_OPS if k in _KEYS])
 def test_opinfo_fast(key: str) -> None:
     _check(key)
 
 
 def test_fast_subset_names_exist() -> None:
-    missing = [k for k in FAST_OPS if k not in _ALL]
+    missing = [k for k in FAST_OPS if k not in _all()]
     assert not missing, f"FAST_OPS names not in op_db: {missing}"
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("key", sorted(set(_ALL) - set(FAST_OPS)))
+@pytest.mark.parametrize("key", sorted(set(_KEYS) - set(FAST_OPS)))
 def test_opinfo_full(key: str) -> None:
     _check(key)
 
 
 def test_expectations_file_lists_known_ops() -> None:
-    stale = sorted(op for op in set(_EXPECT["ops"]) - set(_ALL) if in_op_db(op, _EXPECT))
+    ops = _all()
+    stale = sorted(set(_KEYS) - set(ops))
     assert not stale, (f"ops in tests/opinfo_expectations.json that torch {torch.__version__}'s op_db does not "
                        f"have: {stale[:10]} (an op of other releases only: name them in 'op_db_releases')")
-    here = sorted(op for op in _ALL if not in_op_db(op, _EXPECT))
+    here = sorted(op for op in ops if not in_op_db(op, _EXPECT))
     assert not here, f"op_db has {here[:10]}, which tests/opinfo_expectations.json's 'op_db_releases' says it lacks"
+    unlisted = sorted(set(ops) - set(_EXPECT["ops"]))
+    assert not unlisted, (f"op_db has {unlisted[:10]}, which tests/opinfo_expectations.json does not list (so no "
+                          "test checks them): run `vmapbench coverage --update-expectations`")
 
 
 def test_op_db_releases_read_as_written() -> None:

@@ -475,15 +475,12 @@ _CPU_HELPERS = (
 @contextlib.contextmanager
 def _cpu_test_helpers() -> Iterator[None]:
     """torch's test helpers swapped for _CPU_HELPERS' while an op is checked (its samples are
-    drawn lazily, inside the check)."""
-    import importlib
+    drawn lazily, inside the check), in those of their modules already imported (the op's own)."""
+    import sys
 
     swapped = []
     for module_name, name, replacement in _CPU_HELPERS:
-        try:
-            module = importlib.import_module(module_name)
-        except ImportError:
-            continue
+        module = sys.modules.get(module_name)
         before = getattr(module, name, None)
         if before is not None:
             swapped.append((module, name, before))
