@@ -42,7 +42,7 @@ def _accelerators_initialized() -> bool:
 
 
 _SEED = 0
-_queued: list[bool] = []  # whether torch.manual_seed(_SEED) has queued the accelerators' seeding
+_queued = [False]  # whether torch.manual_seed(_SEED) has queued the accelerators' seeding
 
 
 @pytest.fixture(autouse=True)
@@ -53,9 +53,9 @@ def seeded() -> int:
     caller's formatted stack (a few ms under pytest's deep stacks, at every test). The seed is
     always the same and a queued seeding runs when the accelerator starts, so one queued seeding
     serves every test until then; after it, every test seeds every device."""
-    if not _queued or _accelerators_initialized():
+    if not _queued[0] or _accelerators_initialized():
         torch.manual_seed(_SEED)
-        _queued.append(True)
+        _queued[0] = True
     else:
         torch.default_generator.manual_seed(_SEED)
     random.seed(_SEED)
