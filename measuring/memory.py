@@ -144,17 +144,20 @@ def alloc_peak_bytes(fn: Callable[[], Any]) -> int:
     allocator (oneDNN's scratch space, BLAS workspaces, JAX) is not counted. The garbage collector
     runs before the call and not during it, so tensors in reference cycles count the same each time.
     """
-    from torch.profiler import ProfilerActivity, profile
+    # torch.autograd.profiler's kineto profiler, the one torch.profiler.profile wraps: the wrapper's
+    # start asks hasattr(torch, "_inductor"), which imports inductor and dynamo into a process that
+    # never compiles (seconds in a fresh one).
+    from torch.autograd.profiler import profile
 
     gc.collect()  # what earlier calls left in reference cycles is freed now, not inside the call
     with _profiler_stderr():
-        with profile(activities=[ProfilerActivity.CPU], profile_memory=True, record_shapes=False) as prof:
+        with profile(use_kineto=True, profile_memory=True, record_shapes=False) as prof:
             gc.disable()  # no collection inside the call: when one falls would move the peak
             try:
                 fn()
             finally:
                 gc.enable()
-        tree = prof.profiler.kineto_results.experimental_event_tree()
+        tree = prof.kineto_results.experimental_event_tree()
     events = sorted((node.start_time_ns, i, node.extra_fields) for i, node in enumerate(_walk(tree))
                     if type(node.extra_fields).__name__ == "_ExtraFields_Allocation"
                     and node.extra_fields.device.type == "cpu")

@@ -29,7 +29,9 @@ def test_make_bench_leaves_the_counts_out_and_the_asv_selection_has_them() -> No
     assert any(re.search(r, "bench_runtime.track_torch_num_threads") for r in selection.bench_regexes("quick"))
 
 
-@pytest.mark.slow
+# torch's import alone runs for tens of seconds under valgrind: CI's long pass runs it (.ci/run, -m
+# long), beside asv continuous, whose counted points take the same path.
+@pytest.mark.long
 def test_a_count_is_two_samples_that_agree(tmp_path: Path) -> None:
     if counts.available() is not None:
         pytest.skip(counts.available())
