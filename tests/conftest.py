@@ -15,7 +15,9 @@ os.environ.setdefault("VMAPBENCH_FUSED", "0")
 from typing import Callable, Iterator
 
 import pytest
-import torch
+
+# torch is imported where it is used: xdist's controller process loads this file too, and runs no
+# test (importing torch there would delay the workers' start by its import time).
 
 
 def _share_cores_between_workers() -> None:
@@ -26,6 +28,8 @@ def _share_cores_between_workers() -> None:
     workers = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "0"))
     if workers < 2:
         return
+    import torch
+
     from engine import fused_xla
 
     threads = max(1, fused_xla.cores() // workers)
@@ -38,6 +42,8 @@ _share_cores_between_workers()
 
 
 def _accelerators_initialized() -> bool:
+    import torch
+
     return any(getattr(torch, name).is_initialized() for name in ("cuda", "xpu", "mtia") if hasattr(torch, name))
 
 
@@ -68,6 +74,8 @@ def backend_flags_unfrozen() -> Iterator[None]:
     `torch.backends.disable_global_flags()` for the whole process, after which setting e.g.
     `torch.backends.cudnn.deterministic` raises (Opacus' embedding grad sampler does). Each test
     starts with the flags as a user process has them, whatever was imported before it."""
+    import torch
+
     with getattr(torch.backends, "__allow_nonbracketed_mutation")():  # torch's own way to unfreeze them
         yield
 
