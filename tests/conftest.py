@@ -59,6 +59,8 @@ def seeded() -> int:
     caller's formatted stack (a few ms under pytest's deep stacks, at every test). The seed is
     always the same and a queued seeding runs when the accelerator starts, so one queued seeding
     serves every test until then; after it, every test seeds every device."""
+    import torch
+
     if not _queued[0] or _accelerators_initialized():
         torch.manual_seed(_SEED)
         _queued[0] = True
