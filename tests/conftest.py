@@ -12,6 +12,12 @@ from pathlib import Path
 # run on the replay tier, deterministically, unless the environment asks for another
 # (VMAPBENCH_FUSED=force in CI's fused pass); tests/test_fused.py drives the tier itself.
 os.environ.setdefault("VMAPBENCH_FUSED", "0")
+# pytest keeps its assertion-rewritten test modules in __pycache__ (git-ignored) unless bytecode
+# writing is off (PYTHONDONTWRITEBYTECODE, as on CI's machines): then each worker of each run
+# rewrote every test file again, seconds of its collection. As the Makefile compiles the project's
+# modules for the same reason, the test processes write the tests' own (their children still follow
+# the environment).
+sys.dont_write_bytecode = False
 from typing import Callable, Iterator
 
 import pytest
