@@ -3,8 +3,9 @@
 Checks: no console error, no request that is not file:// or data: (and none failing), every
 figure the build wrote is rendered as SVG, the filters change what is shown, the compare table is
 built and sorts. The overview's first screen is saved (to a temporary folder, or
-$VMAPBENCH_SCREENSHOTS); with $VMAPBENCH_SCREENSHOTS set, every page's full height too. Skipped, with the reason, where chromium or chromedriver is missing (.ci/run installs
-them: apt-get install chromium chromium-driver).
+$VMAPBENCH_SCREENSHOTS); with $VMAPBENCH_SCREENSHOTS set, every page's full height too. Skipped,
+with the reason, where chromium or chromedriver is missing (.ci/run installs them: apt-get install
+chromium chromium-driver).
 """
 from __future__ import annotations
 
@@ -118,10 +119,14 @@ def network_problems(drv: Any) -> list[str]:
     return problems
 
 
+# Full-height pictures of every page only where a folder is asked for: each costs chromium a
+# re-layout and a large PNG.
+FULL_PAGE_SHOTS = bool(os.environ.get("VMAPBENCH_SCREENSHOTS"))
+
+
 def screenshot(drv: Any, path: Path) -> None:
-    """A full-height picture of the page, where $VMAPBENCH_SCREENSHOTS asks for them (each takes
-    chromium a re-layout and a large PNG)."""
-    if not os.environ.get("VMAPBENCH_SCREENSHOTS"):
+    """A full-height picture of the page (where FULL_PAGE_SHOTS)."""
+    if not FULL_PAGE_SHOTS:
         return
     height = drv.execute_script("return document.documentElement.scrollHeight")
     drv.set_window_size(1400, min(max(height, 600), 6000))
@@ -144,7 +149,7 @@ def test_every_page_renders_offline_without_errors_or_horizontal_scroll(driver, 
         assert driver.execute_script("return document.documentElement.scrollWidth") <= \
             driver.execute_script("return window.innerWidth"), page
         screenshot(driver, shots / page.replace(".html", ".png"))
-    if os.environ.get("VMAPBENCH_SCREENSHOTS"):
+    if FULL_PAGE_SHOTS:
         print(f"\nscreenshots: {shots}")
     assert sum(result.pages.values()) >= 10
 
