@@ -142,14 +142,16 @@ def alloc_peak_bytes(fn: Callable[[], Any]) -> int:
     threads it propagates to (autograd's). Blocks allocated before the call and freed during it do
     not lower the figure (they are not the call's memory); memory a library allocates past torch's
     allocator (oneDNN's scratch space, BLAS workspaces, JAX) is not counted. The garbage collector
-    runs before the call and not during it, so tensors in reference cycles count the same each time.
+    does not run during the call, so tensors in reference cycles count the same each time: the
+    call's own stay until it returns, and what earlier calls left is older than the call, whose
+    figure it neither raises nor lowers (a full collection before each call would walk every
+    object of the process: a quarter of a second where torch, jax and the peers are imported).
     """
     # torch.autograd.profiler's kineto profiler, the one torch.profiler.profile wraps: the wrapper's
     # start asks hasattr(torch, "_inductor"), which imports inductor and dynamo into a process that
     # never compiles (seconds in a fresh one).
     from torch.autograd.profiler import profile
 
-    gc.collect()  # what earlier calls left in reference cycles is freed now, not inside the call
     with _profiler_stderr():
         with profile(use_kineto=True, profile_memory=True, record_shapes=False) as prof:
             gc.disable()  # no collection inside the call: when one falls would move the peak
