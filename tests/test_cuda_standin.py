@@ -250,8 +250,11 @@ def test_a_cuda_point_forked_from_an_unusable_parent_says_why_and_what_to_do() -
     that, instead of failing deep inside with the driver's "initialization error"."""
     out = _python("""
         import os
+        import torch
+        import workloads  # installs the stand-in
         from suite import probes
-        probes.preload(["engine", "torch_func"])  # the CLI's warm-up: backward passes included
+        x = torch.ones(3, requires_grad=True)
+        torch.autograd.grad((x * x).sum(), x)  # a backward pass, as the CLI's warm-up runs
         probes._note_fork_hazard("the CLI's warm-up")
         pid = os.fork()
         if pid == 0:
