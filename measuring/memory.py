@@ -145,7 +145,7 @@ def alloc_peak_bytes(fn: Callable[[], Any]) -> int:
     does not run during the call, so tensors in reference cycles count the same each time: the
     call's own stay until it returns, and what earlier calls left is older than the call, whose
     figure it neither raises nor lowers (a full collection before each call would walk every
-    object of the process: a quarter of a second where torch, jax and the peers are imported).
+    object of the process, the imported libraries' included, for nothing).
     """
     # torch.autograd.profiler's kineto profiler, the one torch.profiler.profile wraps: the wrapper's
     # start asks hasattr(torch, "_inductor"), which imports inductor and dynamo into a process that
