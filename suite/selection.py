@@ -30,6 +30,7 @@ from dataclasses import dataclass
 from typing import Callable, Iterable, Sequence
 
 from workloads.base import BASELINE, COMPILED_METHODS, ENGINE_METHODS, REFERENCE, Workload, all_workloads
+from .names import class_name_of
 
 # asv versions a benchmark by a hash of its source unless told otherwise, and results of different
 # versions are not compared. The measurement code here is shared and edited often, so the suite
@@ -161,10 +162,7 @@ def metrics_of(module: str) -> tuple[Metric, ...]:
 
 def class_name(workload: Workload) -> str:
     """The ASV class name of a workload: its name, made a Python identifier (asv names are dotted)."""
-    name = re.sub(r"\W", "_", workload.name)
-    if not name or name[0].isdigit() or name.startswith("_"):
-        name = "w_" + name.lstrip("_")
-    return name
+    return class_name_of(workload.name)
 
 
 def class_names(workloads: Iterable[Workload] | None = None) -> dict[str, Workload]:

@@ -488,34 +488,38 @@ def test_a_shared_reference_is_timed_on_the_first_side_only_and_read_by_every_si
     got = gate_probe.paired_samples(sides, "loop", budget_s=1e9, clock=lambda: now[0], shared=("loop",),
                                     min_rounds=6, max_rounds=6)
     assert ("head", "loop") not in log and ("twin", "loop") not in log and ("base", "loop") in log
-    assert got["head"]["loop"] == got["base"]["loop"] == got["twin"]["loop"] and len(got["base"]["loop"]) == 6
+    assert got["head"]["loop"] == got["base"]["loop"] == got["twin"]["loop"]
+    assert len(got["base"]["loop"]) == gate_probe.REFERENCE_ROUNDS
     assert got["head"]["engine"] == pytest.approx([2e-3] * 6)
+    # Apart from the rounds: after the last round (one single call, then its own rounds only).
+    loops = [i for i, key in enumerate(log) if key == ("base", "loop")]
+    assert len(loops) == 1 + gate_probe.REFERENCE_ROUNDS  # (a 5 ms call: one a batch)
+    assert loops[1] > max(i for i, key in enumerate(log) if key[1] == "engine")
 
 
 def test_every_side_takes_every_place_of_the_round_once_a_cycle():
     # Two copies of one commit must measure alike: over a cycle of orders, each side's block runs
-    # once right after the shared references, once after each other side and once in each place.
+    # once first, once after each other side and once in each place; the shared references in none.
     from vmapbench import gate_probe
 
     sides = {side: {"engine": None, "engine_traced": None, "torch_func": None, "loop": None}
              for side in ("base", "head", "twin")}
-    orders = gate_probe.round_orders(sides, "base", shared=("torch_func", "loop"))
+    orders = gate_probe.round_orders(sides, shared=("torch_func", "loop"))
     assert len(orders) == gate_probe.cycle_length(3) == 3
     for order in orders:
-        assert order[:2] == [("base", "torch_func"), ("base", "loop")]
-        assert not any(name in ("torch_func", "loop") for side, name in order[2:])
-    after_references = [order[2][0] for order in orders]
+        assert not any(name in ("torch_func", "loop") for side, name in order)
+    firsts = [order[0][0] for order in orders]
     places = {side: sorted(i for order in orders for i, key in enumerate(order) if key == (side, "engine"))
               for side in sides}
-    predecessors = {side: sorted(order[i - 1][1] for order in orders
-                                 for i, key in enumerate(order) if key == (side, "engine"))
+    predecessors = {side: sorted(order[i - 1][0] for order in orders
+                                 for i, key in enumerate(order) if key == (side, "engine") and i)
                     for side in sides}
-    assert sorted(after_references) == ["base", "head", "twin"]
-    assert places["base"] == places["head"] == places["twin"] == [2, 4, 6]
-    assert predecessors["base"] == predecessors["head"] == predecessors["twin"] == [
-        "engine_traced", "engine_traced", "loop"]  # (another side's block, or the references)
+    assert sorted(firsts) == ["base", "head", "twin"]
+    assert places["base"] == places["head"] == places["twin"] == [0, 2, 4]
+    # (when not first, a side's block follows another side's block)
+    assert predecessors == {"base": ["twin", "twin"], "head": ["base", "base"], "twin": ["head", "head"]}
     # One side: forward, then reverse.
-    one = gate_probe.round_orders({"": {"a": None, "b": None}}, "")
+    one = gate_probe.round_orders({"": {"a": None, "b": None}})
     assert one == [[("", "a"), ("", "b")], [("", "b"), ("", "a")]]
 
 
@@ -538,9 +542,15 @@ def test_the_rounds_follow_the_cycle_and_stop_at_its_end():
     # whole cycles of three, MIN_ROUNDS (6) at least: a steady signal stops there
     assert len(got["head"]["engine"]) == gate_probe.MIN_ROUNDS == 6
     batches = [key for i, key in enumerate(log) if i == 0 or log[i - 1] != key]  # one entry a batch
-    firsts = [batches[i + 1][0] for i, key in enumerate(batches[:-1]) if key == ("base", "torch_func")]
-    # after the single calls (base's engine first) and one warm-up round, the sides rotate
-    assert firsts[-6:] == ["base", "head", "twin"] * 2
+    engine = [side for side, name in batches if name == "engine"]
+    # the single calls, one warm-up round, six rounds (three sides' engine each), the sides rotating
+    rounds = [engine[i:i + 3] for i in range(3, len(engine), 3)]
+    assert len(rounds) == 1 + 6 and all(sorted(r) == ["base", "head", "twin"] for r in rounds)
+    assert [r[0] for r in rounds[-6:]] == ["base", "head", "twin"] * 2
+    # torch.func (shared): on base only, its single call and its own rounds after the rest
+    assert {key for key in log if key[1] == "torch_func"} == {("base", "torch_func")}
+    assert log.index(("base", "torch_func"), log.index(("base", "torch_func")) + 1) > \
+        max(i for i, key in enumerate(log) if key[1] == "engine")
 
 
 def test_a_long_gated_call_is_timed_in_several_units():
@@ -607,6 +617,29 @@ def test_a_ratios_change_is_the_methods_own_when_its_reference_is_shared():
     assert f"bench_workloads.mlp_hvp.time_run({p.format('loop')})" in base
     assert f"bench_workloads.mlp_hvp.time_run({p.format('loop')})" not in head
     assert f"bench_workloads.mlp_hvp.track_ratio_vs_torch_func({p.format('loop')})" not in head
+
+
+def test_a_reference_timed_apart_divides_every_round_by_its_median():
+    # A shared reference timed apart from the rounds (a few figures of its own): each round of a
+    # method is divided by their median, so head/base of a ratio is the method's own, round by round.
+    times = {"base": [1.0, 1.1, 1.0, 1.2, 1.0, 1.1], "head": [1.2, 1.32, 1.2, 1.44, 1.2, 1.32]}
+
+    def out(side: str) -> dict:
+        t = {"engine": times[side], "loop": [10.0, 30.0, 12.0], "torch_func": [4.0, 5.0, 6.0]}
+        probe = {"times": {"mlp_hvp": {"hidden=128,k=8": t}}, "process": "time-0", "cycle": 3,
+                 "apart": {"mlp_hvp": ["torch_func", "loop"]}}
+        return probe | ({"shared": {"mlp_hvp": ["torch_func", "loop"]}} if side == "head" else {})
+
+    base, head = gate.signals(out("base")), gate.signals(out("head"))
+    p = "'hidden=128,k=8', '{}', 'cpu'"
+    ratio = f"bench_workloads.mlp_hvp.track_ratio_vs_torch_func({p.format('engine')})"
+    speedup = f"bench_workloads.mlp_hvp.track_speedup_vs_loop({p.format('engine')})"
+    assert base[ratio] == pytest.approx([t / 5.0 for t in times["base"]])
+    assert head[speedup] == pytest.approx([12.0 / t for t in times["head"]])
+    change = gate.paired_change({"t": base}, {"t": head}, ratio)
+    assert change.value == pytest.approx(1.2) and change.lo == pytest.approx(1.2) and change.hi == pytest.approx(1.2)
+    assert f"bench_workloads.mlp_hvp.time_run({p.format('loop')})" in base
+    assert f"bench_workloads.mlp_hvp.time_run({p.format('loop')})" not in head
 
 
 def test_references_are_shared_only_with_the_same_workloads_and_no_engine_code(tmp_path):
@@ -976,11 +1009,11 @@ def test_a_side_whose_registry_does_not_import_fails_alone(tmp_path):
     assert "this commit has no registry" in failed["measuring process"] or "ImportError" in failed["measuring process"]
 
 
-def test_memory_is_taken_on_the_sides_asked_and_a_shared_reference_once(tmp_path):
+def test_memory_is_taken_on_the_sides_asked_and_never_of_a_shared_reference(tmp_path):
     """Allocator peaks are exact: the twin (a copy of head) is not measured again, and a reference
-    that runs the same files on every side (`shared_references`) is measured on the first side
-    only, as it is timed; the engine's methods on every side asked, with the same bytes on copies
-    of one commit."""
+    that runs the same files on every side (`shared_references`) not at all (its peaks could not
+    differ between sides); the engine's methods on every side asked, with the same bytes on
+    copies of one commit."""
     from vmapbench import gate_probe
 
     commit = gate.resolve(ROOT, "HEAD")
@@ -992,9 +1025,9 @@ def test_memory_is_taken_on_the_sides_asked_and_a_shared_reference_once(tmp_path
         sides.close()
     (base,) = out["base"]["memory"]["quadratic_hessian"].values()
     (head,) = out["head"]["memory"]["quadratic_hessian"].values()
-    assert set(base) == set(gate_probe.GATE_METHODS) and not out["twin"]["memory"]
     assert out["head"]["shared"]["quadratic_hessian"] == ["torch_func", "loop"]
-    assert set(head) == set(gate_probe.GATE_METHODS) - {"torch_func", "loop"}
+    assert set(base) == set(head) == set(gate_probe.GATE_METHODS) - {"torch_func", "loop"}
+    assert not out["twin"]["memory"]
     assert all(head[m] == base[m] and len(set(base[m])) == 1 for m in head), (base, head)
     rows = gate.compare(gate._runs([{**out["base"], "process": "time-0"}]),
                         gate._runs([{**out["head"], "process": "time-0"}]), "never-calibrated")

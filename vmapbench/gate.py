@@ -42,11 +42,13 @@ no exact signal (instruction count, allocator peak) is slower. It prints the noi
 """
 from __future__ import annotations
 
+import compileall
 import contextlib
 import json
 import math
 import os
 import shutil
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -65,7 +67,7 @@ PROBE = Path(__file__).resolve().with_name("gate_probe.py")
 # CPU seconds of one workload's timed rounds in a time process at most. Its set-up and first calls
 # (mostly the traces of engine and engine_traced) come on top and cost more than the rounds, so
 # the budget is small: the whole gate must fit a CI job.
-PROBE_BUDGET_S = 0.6
+PROBE_BUDGET_S = 0.4
 # The sides of a comparison, in the order the time process loads them: base, head, and head again
 # from a second folder. In one process a side can run one method slower than the others for a
 # whole workload (a few signals a run, any side), so head alone slowed would be a false alarm on
@@ -122,11 +124,16 @@ def resolve(root: Path, rev: str) -> str:
 
 
 def extract(root: Path, commit: str, dest: Path) -> Path:
-    """The tree of `commit` written to `dest` (git archive: no worktree, nothing to clean in .git)."""
+    """The tree of `commit` written to `dest` (git archive: no worktree, nothing to clean in .git),
+    its modules compiled to bytecode once: every measuring process imports each tree, and one
+    under valgrind compiles many times slower (a process that may not write bytecode,
+    PYTHONDONTWRITEBYTECODE, would compile the sources anew in each). A file changed later (a
+    plant) no longer matches its bytecode's recorded size and time and is compiled as it loads."""
     dest.mkdir(parents=True)
     archive = subprocess.run(["git", "archive", "--format=tar", commit, "engine", "workloads"],
                              cwd=root, check=True, capture_output=True).stdout
     subprocess.run(["tar", "-x", "-C", str(dest)], input=archive, check=True)
+    compileall.compile_dir(dest, quiet=2)
     return dest
 
 
@@ -425,11 +432,9 @@ def run_jobs(trees: Mapping[str, Path], workdir: Path, log: Any = print, paralle
 
 def _cls(workload: str) -> str:
     """The suite's class name of a workload, by name (it may exist at base or head only)."""
-    from types import SimpleNamespace
+    from suite.names import class_name_of
 
-    from suite.selection import class_name
-
-    return class_name(SimpleNamespace(name=workload))  # type: ignore[arg-type]
+    return class_name_of(workload)
 
 
 def _per_round(values: Sequence[float], reference: Sequence[float], invert: bool = False) -> list[float]:
@@ -444,9 +449,9 @@ def signals(probe: Mapping[str, Any]) -> dict[str, list[float]]:
     (loop / method), track_overhead_us_per_op ((method - native) / ops, us), gated; time_run and
     time_chain (CPU s per call), reported; track_alloc_peak_bytes (bytes per call, one sample per
     measured call), gated. Count probes, one sample per counted call: instructions (of the call's
-    region), gated.
+    region), gated. A reference timed apart from the rounds (the probe's "apart": one that runs the
+    same code on every side) divides every round by its median, on every side alike.
     """
-    from suite.bench_overhead import N_OPS
     from vmapbench.gate_probe import whole_cycles
 
     cycle = int(probe.get("cycle", 2))
@@ -454,28 +459,40 @@ def signals(probe: Mapping[str, Any]) -> dict[str, list[float]]:
     for workload, sizes in probe.get("times", {}).items():
         cls = _cls(workload)
         copied = set(probe.get("shared", {}).get(workload, ()))
+        apart = set(probe.get("apart", {}).get(workload, ()))
         for size, by_method in sizes.items():
-            seconds = {method: whole_cycles(_listed(t), cycle) for method, t in by_method.items()}
+            seconds = {method: (_listed(t) if method in apart else whole_cycles(_listed(t), cycle))
+                       for method, t in by_method.items()}
+
+            def reference(name: str, rounds: int) -> list[float]:
+                """A reference's figure per round: a reference timed apart from the rounds (the
+                same for every side) divides every round by its median."""
+                return [statistics.median(seconds[name])] * rounds if name in apart else seconds[name]
+
             for method, t in seconds.items():
                 if method in copied:  # the first side's reference, read here as a denominator only
                     continue
                 point = f"'{size}', '{method}', 'cpu'"
                 out[f"bench_workloads.{cls}.time_run({point})"] = t
                 if method != "torch_func" and "torch_func" in seconds:
-                    out[f"bench_workloads.{cls}.track_ratio_vs_torch_func({point})"] = _per_round(t, _listed(seconds["torch_func"]))
+                    out[f"bench_workloads.{cls}.track_ratio_vs_torch_func({point})"] = \
+                        _per_round(t, reference("torch_func", len(t)))
                 if method != "loop" and "loop" in seconds:
-                    out[f"bench_workloads.{cls}.track_speedup_vs_loop({point})"] = _per_round(t, _listed(seconds["loop"]), invert=True)
+                    out[f"bench_workloads.{cls}.track_speedup_vs_loop({point})"] = \
+                        _per_round(t, reference("loop", len(t)), invert=True)
     for workload, sizes in probe.get("memory", {}).items():
         for size, by_method in sizes.items():
             for method, values in by_method.items():
                 out[f"bench_workloads.{_cls(workload)}.track_alloc_peak_bytes('{size}', '{method}', 'cpu')"] = \
                     [float(v) for v in _listed(values)]
     chain = {method: whole_cycles(_listed(t), cycle) for method, t in probe.get("overhead", {}).items()}
+    if chain:
+        n_ops = probe.get("overhead_ops") or _chain_ops()
     for method, t in chain.items():
         out[f"bench_overhead.PerOpOverhead.time_chain('{method}', 'cpu')"] = t
         if method != "native" and "native" in chain:
             out[f"bench_overhead.PerOpOverhead.track_overhead_us_per_op('{method}', 'cpu')"] = \
-                [(v - n) / N_OPS * 1e6 for v, n in zip(t, _listed(chain["native"]))]
+                [(v - n) / n_ops * 1e6 for v, n in zip(t, _listed(chain["native"]))]
     for label, n in probe.get("counts", {}).items():
         parts = label.split("|")
         if parts[0] == "chain" and len(parts) == 3:
@@ -486,6 +503,14 @@ def signals(probe: Mapping[str, Any]) -> dict[str, list[float]]:
             continue
         out.setdefault(name, []).append(float(n))
     return out
+
+
+def _chain_ops() -> int:
+    """Ops per call of the per-op chain, for a probe output that does not say (importing the suite's
+    module imports torch, seconds the gate's own process otherwise does without)."""
+    from suite.bench_overhead import N_OPS
+
+    return N_OPS
 
 
 def _listed(t: Any) -> list[float]:

@@ -23,13 +23,17 @@ Two kinds of process:
   variance). The per-op overhead chain (suite/bench_overhead.py) is timed the same way against
   native. A round's figure is the fastest unit of calls of its batch, per call; the order of the
   calls changes round by round in cycles (`round_orders`), whole cycles read; references that
-  run the same code on every side are timed on the first side only (`shared_references`). Output:
+  run the same code on every side are timed on the first side only, apart from the rounds
+  (`shared_references`). Output:
   {"sides": {side: {"times": {workload: {size: {method: [seconds per call, one per round]}}},
-  "overhead": {method: [...]}, "errors": {case: message}, "shared": {workload: [methods whose
-  list is the first side's]}, "cycle": rounds in one cycle of the orders}}}, lists aligned by
-  round across sides. With --memory each side also
+  "overhead": {method: [...]}, "overhead_ops": ops per chain call, "errors": {case: message},
+  "shared": {workload: [methods whose
+  list is the first side's]}, "apart": {workload: [methods timed apart from the rounds, in
+  REFERENCE_ROUNDS of their own]}, "cycle": rounds in one cycle of the orders}}}, lists aligned
+  by round across sides. With --memory each side also
   has "memory": {workload: {size: {method: [allocator peak bytes of MEMORY_REPEATS calls]}}},
-  every method of every side taken after the timing (exact figures: no rounds, no interleaving).
+  every method of every side but the shared references taken after the timing (exact figures:
+  no rounds, no interleaving).
 - count (--count LIB, under valgrind, see measuring/counts.py): the per-op chain and the workloads
   named by --workloads, each engine method's steady-state call counted twice in instructions, for
   every side (the two counts of one region show that it is deterministic). Output: {"sides":
@@ -82,6 +86,9 @@ REWARM_MIN_CALLS = 8
 # show that the call allocates the same each time.
 MEMORY_REPEATS = 2
 MIN_ROUNDS = 6  # at least, rounded up to whole cycles of the orders (`round_orders`)
+# Rounds of the shared references (`shared_references`), timed apart from the others' rounds: their
+# figure only sets a ratio's level, which its change head/base does not depend on.
+REFERENCE_ROUNDS = 3
 MAX_ROUNDS = 24
 TARGET_HALFWIDTH = 0.02
 MIN_BATCH_S = 0.004
@@ -163,8 +170,11 @@ def paired_samples(sides: Mapping[str, Mapping[str, Callable[[], Any]]], referen
     the calls (one in a unit's worth or rarer) does not show in it; what every call pays does.
 
     Methods in `shared` (references that run the same code on every side: see
-    `shared_references`) are timed on the first side only, and every other side's list is the
-    first's: a ratio to them, round by round, then cancels their noise exactly.
+    `shared_references`) are timed on the first side only and apart from the rounds, in
+    REFERENCE_ROUNDS rounds of their own after them; every side's list is the first's. A ratio
+    divides each round of every side by the same figure of theirs, so its change head/base is
+    the method's own whichever figure that is: their rounds would cancel exactly, and the rounds'
+    time goes to the methods compared.
 
     A call's position in the round moves its time (first or last, after which other calls): the
     orders of a cycle put every side's calls in every place once (`round_orders`), the rounds end
@@ -184,8 +194,9 @@ def paired_samples(sides: Mapping[str, Mapping[str, Callable[[], Any]]], referen
     first = present[0] if present else ""
     # What each side times: a shared method on the first side only (the others read its list).
     timed = [(side, n) for side, calls in sides.items() for n in calls if side == first or n not in shared]
+    apart = [key for key in timed if key[1] in shared]  # timed after the rounds, not in them
     calls = {key: sides[key[0]][key[1]] for key in timed}
-    orders = round_orders(sides, first, shared)
+    orders = round_orders(sides, shared)
     cycle = len(orders)
 
     def before(key: tuple[str, str]) -> None:
@@ -221,41 +232,49 @@ def paired_samples(sides: Mapping[str, Mapping[str, Callable[[], Any]]], referen
     least_rounds = cycle * math.ceil((MIN_ROUNDS if min_rounds is None else min_rounds) / cycle)
     count = max(least_rounds, cycle * (max_rounds // cycle))
 
+    # A shared reference divides every side alike: side over first, its figures cancel.
+    widths_reference = None if reference in shared else reference
+
     def stop(r: int, got: Mapping[tuple[str, str], list[float]], elapsed: Callable[[], float]) -> bool:
         if r + 1 < least_rounds or (r + 1) % cycle:  # stop at the end of a cycle only
             return False
         if elapsed() > budget_s * max(1, len(present)):
             return True
-        return all(w < target for w in _round_widths(per_side(got), first, reference))
+        compared = {side: {n: t for n, t in methods.items() if n not in shared} for side, methods in per_side(got).items()}
+        return all(w < target for w in _round_widths(compared, first, widths_reference))
 
     if not calls:
         return per_side({})
-    # A round of warm-up first: the first batches after the first calls run cold.
-    return per_side(timer.rounds(calls, count, batches=batches, clock=clock, orders=orders, collect=True,
-                                 warmup_rounds=1, before=before, stop=stop))
+    in_rounds = {key: fn for key, fn in calls.items() if key not in apart}
+    got: dict[tuple[str, str], list[float]] = {}
+    if in_rounds:
+        # A round of warm-up first: the first batches after the first calls run cold.
+        got.update(timer.rounds(in_rounds, count, batches=batches, clock=clock, orders=orders, collect=True,
+                                warmup_rounds=1, before=before, stop=stop))
+    if apart:
+        got.update(timer.rounds({key: calls[key] for key in apart}, REFERENCE_ROUNDS, batches=batches,
+                                clock=clock, collect=True, before=before))
+    return per_side(got)
 
 
-def round_orders(sides: Mapping[str, Mapping[str, Any]], first: str,
-                 shared: Collection[str] = ()) -> list[list[tuple[str, str]]]:
+def round_orders(sides: Mapping[str, Mapping[str, Any]], shared: Collection[str] = ()) -> list[list[tuple[str, str]]]:
     """The cycle of round orders `paired_samples` times its calls in, (side, method) keys.
 
     One side: forward order, then reverse (a call's position in the round moves its time; a pair
-    puts every call in mirrored positions). Several sides: the shared references first, as a block
-    of their own, then one block per side (its methods in the order given), the side blocks rotated
-    by one every round: over a cycle of as many rounds as sides (`cycle_length`), every side's block
-    runs once right after the references and once in each place of the round (otherwise after the
-    block before it, the same methods of another side). Any
-    effect of a neighbour or a position (a long reference call before a method; the first
-    batch after the collector's run) then falls on every side alike, and a ratio of two copies of
-    one commit, over whole cycles (`whole_cycles`), is 1 but for noise. A side with no calls (a
+    puts every call in mirrored positions). Several sides: one block per side (its methods in the
+    order given), the blocks rotated by one every round: over a cycle of as many rounds as sides
+    (`cycle_length`), every side's block runs once first and once in each place of the round
+    (otherwise after the block before it, the same methods of another side). Any effect of a
+    neighbour or a position (the first batch after the collector's run, after the previous
+    workload's or round's last call) then falls on every side alike, and a ratio of two copies of
+    one commit, over whole cycles (`whole_cycles`), is 1 but for noise. The shared references
+    (`shared`) are in no round: `paired_samples` times them apart. A side with no calls (a
     workload it lacks) keeps its empty place, so every workload of a probe has the same cycle."""
     if len(sides) < 2:
         forward = [(side, name) for side, calls in sides.items() for name in calls]
         return [forward, forward[::-1]]
-    references = [(first, name) for name in sides.get(first, {}) if name in shared]
     blocks = [[(side, name) for name in calls if name not in shared] for side, calls in sides.items()]
-    return [references + [key for block in blocks[r:] + blocks[:r] for key in block]
-            for r in range(cycle_length(len(blocks)))]
+    return [[key for block in blocks[r:] + blocks[:r] for key in block] for r in range(cycle_length(len(blocks)))]
 
 
 def cycle_length(sides: int) -> int:
@@ -541,18 +560,17 @@ def measure_memory(sides: Sides, calls: Mapping[str, Mapping[str, Callable[[], A
                    errors: Mapping[str, dict[str, str]], case: str,
                    shared: Collection[str] = ()) -> dict[str, dict[str, list[int]]]:
     """side -> method -> the allocator peak of MEMORY_REPEATS steady calls (bytes; the gate
-    checkout's measuring.memory.alloc_peak_bytes), every side of `calls` and method; a method in
-    `shared` (a reference that runs the same files on every side: `shared_references`) on the
-    first side only, as it is timed (the same code allocates the same bytes: a peak taken again
-    on another side could not differ). A method in REWARM_METHODS gets its untimed calls after its
+    checkout's measuring.memory.alloc_peak_bytes), every side of `calls` and method but those in
+    `shared` (references that run the same files on every side: `shared_references`): the same
+    code allocates the same bytes, so their peaks could not differ between sides, and a gate
+    signal is a change between sides. A method in REWARM_METHODS gets its untimed calls after its
     side is activated first."""
     memory = gate_measuring("memory")
     out: dict[str, dict[str, list[int]]] = {}
-    first = next(iter(calls), None)
     for label, methods in calls.items():
         sides.activate(label)
         for method, fn in methods.items():
-            if method in shared and label != first:
+            if method in shared:
                 continue
             try:
                 for _ in range(REWARM_CALLS if method in REWARM_METHODS else 0):
@@ -627,6 +645,8 @@ def measure_workloads(sides: Sides, budget_s: float, clock: Callable[[], float],
                 if label not in calls:
                     continue
                 out[label]["times"].setdefault(name, {})[sizes[label]] = samples
+                if shared:  # timed apart from the rounds (a ratio divides by their median)
+                    out[label].setdefault("apart", {})[name] = list(shared)
                 if shared and label != next(iter(calls)):
                     out[label].setdefault("shared", {})[name] = list(shared)
             measured = {label: got for label, got in calls.items() if label in memory}
@@ -713,9 +733,10 @@ def count_regions(library: str, names: list[str], sides: Sides) -> dict[str, tup
         method = case.rsplit("|", 1)[-1]
         for label, call in per_side:
             sides.activate(label)
-            # Its code translated with instrumentation on before it is counted; a method in
-            # REWARM_METHODS called COUNT_REWARM_CALLS times after the switch of side.
-            for _ in range(COUNT_REWARM_CALLS if method in REWARM_METHODS else 1):
+            # A method in REWARM_METHODS is called COUNT_REWARM_CALLS times after the switch of
+            # side; the others are counted at once (a count does not depend on what valgrind has
+            # translated, and their first call after a switch counts as their second does).
+            for _ in range(COUNT_REWARM_CALLS if method in REWARM_METHODS else 0):
                 call()
             for rep in range(counted.COUNT_REPEATS):
                 with requests.region(f"{label}|{case}|{rep}"):
@@ -772,8 +793,10 @@ def main(argv: list[str] | None = None) -> int:
         claim = claimer(Path(args.claims)) if args.claims else None
         out = measure_workloads(sides, args.budget, clock, only, memory=memory, claim=claim, from_end=args.from_end)
         if args.overhead:
+            ops = gate_suite("bench_overhead").N_OPS
             for label, (times, errors) in measure_overhead(args.budget, clock, sides).items():
                 out[label]["overhead"] = times
+                out[label]["overhead_ops"] = ops  # ops per chain call (the gate then needs no torch)
                 out[label]["errors"].update(errors)
     except Exception:  # noqa: BLE001 - the whole process failed: say why, exit 3
         Path(args.out).write_text(json.dumps({"fatal": traceback.format_exc()}))
