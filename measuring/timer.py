@@ -27,7 +27,8 @@ What they differ in are its options:
   untimed collection, so a collection does not land in whichever batch crossed its threshold;
 - `before(key)`: untimed work before a callable's batch (the gate activates a commit's modules
   and re-warms the calls whose caches another commit's activation disturbed);
-- `warmup_rounds` made and not recorded, and `stop`, which may end the rounds early.
+- `warmup_rounds` made and not recorded (with `warmup_batches`, batches of their own), and
+  `stop`, which may end the rounds early.
 """
 from __future__ import annotations
 
@@ -77,11 +78,13 @@ def rounds(
     drain_each: bool = False,
     collect: bool = False,
     warmup_rounds: int = 0,
+    warmup_batches: Mapping[K, Batch] | None = None,
     before: Callable[[K], None] | None = None,
     stop: Callable[[int, Mapping[K, list[float]], Callable[[], float]], Any] | None = None,
 ) -> dict[K, list[float]]:
     """Seconds per call of each callable in each of `count` rounds (lists aligned by round), the
     callables timed one after another within a round (see the module docstring for the options).
+    The warm-up rounds time `warmup_batches` (default: `batches`).
 
     `stop(r, samples, elapsed)` runs after recorded round `r` (0-based); a true result ends the
     rounds. `elapsed()` is the time on `clock` since the recorded rounds began.
@@ -100,8 +103,10 @@ def rounds(
             raise ValueError("rounds: every one of `orders` must list each callable once")
     cuda = is_cuda(device)
 
-    def timed(key: K) -> float:
-        fn, batch = calls[key], batches.get(key, ONE)
+    warm = batches if warmup_batches is None else warmup_batches
+
+    def timed(key: K, keep: bool = True) -> float:
+        fn, batch = calls[key], (batches if keep else warm).get(key, ONE)
         if before is not None:
             before(key)
         if cuda and (drain_each or before is not None):
@@ -134,7 +139,7 @@ def rounds(
 
     def one_round(r: int, keep: bool) -> None:
         for key in round_order(r):
-            seconds = timed(key)
+            seconds = timed(key, keep)
             if keep:
                 samples[key].append(seconds)
 

@@ -576,6 +576,23 @@ def test_a_long_gated_call_is_timed_in_several_units():
     assert len(calls) == 1 + 3  # one single call to size the batch, then one a round (warm-up + 2)
 
 
+def test_long_calls_take_fewer_units_and_the_warm_up_round_one():
+    # Units of tens of milliseconds: MIN_LONG_UNITS of them make a batch (a slow phase of a few
+    # milliseconds hits one of them, not both); the warm-up round times one unit of every batch.
+    from vmapbench import gate_probe
+
+    for seconds, units in ((0.05, gate_probe.MIN_LONG_UNITS), (0.005, gate_probe.MIN_UNITS)):
+        now, calls = [0.0], []
+
+        def fn():
+            calls.append(1)
+            now[0] += seconds
+
+        gate_probe.paired_samples({"base": {"engine_eager": fn}}, None, budget_s=1e9, clock=lambda: now[0],
+                                  min_rounds=2, max_rounds=2)
+        assert len(calls) == 1 + 1 + 2 * units  # the single call, the warm-up's unit, two rounds
+
+
 def test_every_side_of_a_method_gets_the_same_batch():
     # A figure is the fastest unit of a batch: more units read lower. Copies of one commit must get
     # the same units, even when the first single call (the one that sizes batches) ran cold.

@@ -48,7 +48,6 @@ import json
 import math
 import os
 import shutil
-import statistics
 import subprocess
 import sys
 import tempfile
@@ -467,7 +466,7 @@ def signals(probe: Mapping[str, Any]) -> dict[str, list[float]]:
             def reference(name: str, rounds: int) -> list[float]:
                 """A reference's figure per round: a reference timed apart from the rounds (the
                 same for every side) divides every round by its median."""
-                return [statistics.median(seconds[name])] * rounds if name in apart else seconds[name]
+                return [float(stats.median(seconds[name]))] * rounds if name in apart else seconds[name]
 
             for method, t in seconds.items():
                 if method in copied:  # the first side's reference, read here as a denominator only

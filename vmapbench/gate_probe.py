@@ -98,6 +98,11 @@ MIN_BATCH_S = 0.004
 # calls, keep their batches: four units of them would make every round several times longer.
 MIN_UNITS = 4
 UNIT_S = 0.0002  # a timed unit's least length: long enough that its two clock reads are under 1% of it
+# A batch of units that last this long together needs no more units, down to MIN_LONG_UNITS: the
+# slow phases last a few milliseconds, and of two calls of tens of milliseconds each one escapes
+# a phase that hits the other.
+LONG_BATCH_S = 0.08
+MIN_LONG_UNITS = 2
 # The per-op chain's input: overhead-bound small tensors, where a dispatch-path regression shows most.
 OVERHEAD_SIZE = "small"
 
@@ -161,8 +166,9 @@ def paired_samples(sides: Mapping[str, Mapping[str, Callable[[], Any]]], referen
     with one side, its ratio to `reference`), `max_rounds` are done, or `budget_s` x sides is spent.
 
     A round's figure of a method is the fastest unit of its batch, per call: the batch (at least
-    MIN_BATCH_S; for a gated method, one that is no reference, at least MIN_UNITS units) is timed
-    in units of calls of at least UNIT_S each (one call, for calls that long).
+    MIN_BATCH_S; for a gated method, one that is no reference, at least MIN_UNITS units, or
+    MIN_LONG_UNITS of calls that last LONG_BATCH_S together) is timed in units of calls of at least
+    UNIT_S each (one call, for calls that long).
     This machine's vCPU runs at two speeds that switch every few milliseconds, and its slow phases
     only ever add time: the mean of a batch moved by the share of it that fell in a slow phase
     (adjacent batches of one call: 4% median, 30% at the 95th percentile), the fastest unit is the
@@ -179,7 +185,7 @@ def paired_samples(sides: Mapping[str, Mapping[str, Callable[[], Any]]], referen
     A call's position in the round moves its time (first or last, after which other calls): the
     orders of a cycle put every side's calls in every place once (`round_orders`), the rounds end
     with a whole cycle, and the gate reads every round (vmapbench.gate.signals). One unrecorded
-    round warms every call up first.
+    round, of one unit a batch, warms every call up first.
 
     The garbage collector runs between batches, never inside one (as timeit does it): what is
     alive when the timing starts is frozen out of its walks (`gc.freeze`), and each batch runs
@@ -217,11 +223,18 @@ def paired_samples(sides: Mapping[str, Mapping[str, Callable[[], Any]]], referen
     fastest = {name: min(once[key] for key in timed if key[1] == name) for _, name in timed}
 
     def least(name: str) -> int:
-        units = 1 if name in REFERENCES else MIN_UNITS * math.ceil(UNIT_S / fastest[name])
-        return max(REWARM_MIN_CALLS if name in rewarm else 1, units)
+        """Calls a batch of `name` makes at least: one reference call; else MIN_UNITS units (of
+        UNIT_S), or fewer units of long calls (LONG_BATCH_S together, MIN_LONG_UNITS at least)."""
+        per_unit = math.ceil(UNIT_S / fastest[name])
+        units = max(MIN_LONG_UNITS, min(MIN_UNITS, math.ceil(LONG_BATCH_S / (per_unit * fastest[name]))))
+        calls = 1 if name in REFERENCES else units * per_unit
+        return max(REWARM_MIN_CALLS if name in rewarm else 1, calls)
 
     batches = {key: timer.batch_for(fastest[key[1]], MIN_BATCH_S, 10_000, unit_s=UNIT_S, least=least(key[1]))
                for key in timed}
+    # The warm-up round times one unit of each batch: a round's figure is its batch's fastest unit,
+    # so a first unit that runs cold is left out anyway; a batch of one unit is warmed whole.
+    warmup = {key: timer.Batch(batch.unit, batch.unit) for key, batch in batches.items()}
 
     def per_side(got: Mapping[tuple[str, str], list[float]]) -> dict[str, dict[str, list[float]]]:
         """side -> method -> its rounds; a shared method's list is the first side's own list."""
@@ -248,9 +261,9 @@ def paired_samples(sides: Mapping[str, Mapping[str, Callable[[], Any]]], referen
     in_rounds = {key: fn for key, fn in calls.items() if key not in apart}
     got: dict[tuple[str, str], list[float]] = {}
     if in_rounds:
-        # A round of warm-up first: the first batches after the first calls run cold.
+        # A round of warm-up first (`warmup`): the first batches after the first calls run cold.
         got.update(timer.rounds(in_rounds, count, batches=batches, clock=clock, orders=orders, collect=True,
-                                warmup_rounds=1, before=before, stop=stop))
+                                warmup_rounds=1, warmup_batches=warmup, before=before, stop=stop))
     if apart:
         got.update(timer.rounds({key: calls[key] for key in apart}, REFERENCE_ROUNDS, batches=batches,
                                 clock=clock, collect=True, before=before))
@@ -505,20 +518,20 @@ def same_files(trees: Collection[Path], package: str) -> bool:
 
 
 def files_run(fn: Callable[[], Any], tree: Path) -> set[str]:
-    """The files under `tree` (paths relative to it) whose Python code one call of `fn` runs."""
+    """The files under `tree` (paths relative to it) whose Python code one call of `fn` runs (the
+    code objects cProfile saw called: its C hooks cost a fraction of a Python profile function's
+    on a loop of many small calls)."""
+    import cProfile
+
     prefix = str(tree.resolve()) + "/"
-    seen: set[str] = set()
-
-    def profile(frame: Any, event: str, arg: Any) -> None:
-        if event == "call" and frame.f_code.co_filename.startswith(prefix):
-            seen.add(frame.f_code.co_filename[len(prefix):])
-
-    sys.setprofile(profile)
+    profiler = cProfile.Profile()
+    profiler.enable()
     try:
         fn()
     finally:
-        sys.setprofile(None)
-    return seen
+        profiler.disable()
+    files = {entry.code.co_filename for entry in profiler.getstats() if not isinstance(entry.code, str)}
+    return {f[len(prefix):] for f in files if f.startswith(prefix)}
 
 
 def shared_references(sides: Sides, calls: Mapping[str, Mapping[str, Callable[[], Any]]],
