@@ -343,7 +343,7 @@ def test_missing_valgrind_skips_the_counts_with_a_reason(monkeypatch, tmp_path):
 def test_one_process_times_base_its_twin_and_head_and_one_counts_base_and_head():
     # The core the count leaves free times the workloads the first time process has not reached.
     assert [(j.label, j.share) for j in gate.jobs(counting=True)] == [("time-0", "front"), ("count-0", ""),
-                                                                        ("time-1", "back")]
+                                                                        ("time-1", "front")]
     assert [(j.kind, j.share) for j in gate.jobs(counting=False)] == [("time", ""), ("time", "")]  # more rounds
     trees = {side: Path(f"/x/{side}") for side in gate.SIDES}
     cmd = gate.probe_command(Path("/x/count-0.json"), gate.Job("count"), trees, Path("/lib.so"))
@@ -355,7 +355,7 @@ def test_one_process_times_base_its_twin_and_head_and_one_counts_base_and_head()
     front, count, back = (gate.probe_command(Path(f"/x/{j.label}.json"), j, trees, Path("/lib.so"))
                           for j in gate.jobs(counting=True))
     assert front[front.index("--claims") + 1] == back[back.index("--claims") + 1] == "/x/claims"
-    assert "--from-end" in back and "--from-end" not in front and "--claims" not in count
+    assert "--from-end" not in back and "--from-end" not in front and "--claims" not in count
     assert "--overhead" in front and "--overhead" not in back  # the per-op chain: timed once
     assert "--memory" in front and "--memory" in back  # each workload's peaks, by the process that times it
 

@@ -303,8 +303,8 @@ class Job:
     """One measuring process: `kind` (time or count), `index` among its kind. Every process loads
     the sides it measures (SIDES, or COUNT_SIDES for a count) side by side. `share`: a time
     process that takes its workloads from a list shared with the other time process ("front":
-    from the registry's first on, "back": from its last back), each workload timed by the one
-    that claimed it; "": every workload."""
+    the next unclaimed from the registry's first on, "back": from its last back), each workload
+    timed by the one that claimed it; "": every workload."""
 
     kind: str
     index: int = 0
@@ -322,11 +322,15 @@ class Job:
 def jobs(counting: bool) -> list[Job]:
     """The processes of one comparison, run side by side on two cores: the time process and the
     count process, then on the core the count leaves free a second time process that takes the
-    workloads the first has not reached, from the last back (the count takes less time than the
-    timing: the core would idle); without counts a second time process from the start (more rounds
-    of the same pairs)."""
+    workloads the first has not reached (the count takes less time than the timing: the core
+    would idle); without counts a second time process from the start (more rounds of the same
+    pairs). Both time processes take the next unclaimed workload in the registry's order, so they
+    end together but for the registry's last few workloads (the compiled family's, timed on
+    their references only, are short): taken from the two ends, the last workload left was
+    wherever they met, one of the registry's longest as often as not, and one process timed it
+    alone while the other's core idled."""
     if counting:
-        return [Job("time", 0, "front"), Job("count"), Job("time", 1, "back")]
+        return [Job("time", 0, "front"), Job("count"), Job("time", 1, "front")]
     return [Job("time", 0), Job("time", 1)]
 
 
