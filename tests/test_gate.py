@@ -659,6 +659,22 @@ def test_a_reference_timed_apart_divides_every_round_by_its_median():
     assert f"bench_workloads.mlp_hvp.time_run({p.format('loop')})" not in head
 
 
+def test_a_reference_whose_files_cannot_be_read_is_timed_on_every_side(tmp_path):
+    from vmapbench import gate_probe
+
+    class Sides:
+        trees = {"base": tmp_path / "base", "head": tmp_path / "head"}
+
+        def activate(self, label):
+            pass
+
+    def raising():
+        raise RuntimeError("a call that fails while its files are read")
+
+    calls = {side: {"loop": raising, "torch_func": lambda: None} for side in ("base", "head")}
+    assert gate_probe.shared_references(Sides(), calls, True) == ("torch_func",)
+
+
 def test_references_are_shared_only_with_the_same_workloads_and_no_engine_code(tmp_path):
     from vmapbench import gate_probe
 

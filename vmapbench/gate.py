@@ -855,7 +855,8 @@ def compare_commits(root: Path, base: str, head: str, machine: str | None, plant
         probes = measure(trees, tmp, log, counting)
     failed_base = failures(probes["base"])
     if failed_base:
-        log("gate: at base, these failed (not counted against head): " + "; ".join(failed_base))
+        log("gate: at base, these failed (not counted against head): "
+            + "; ".join(f"{case}: {message}" for case, message in failed_base.items()))
     return outcome(probes["base"], probes["head"], machine, root, [counting] if counting else [], probes.get("twin", ()))
 
 
@@ -996,6 +997,7 @@ class CalibrationRun:
     twin_noise: float | None = None  # Outcome.twin_noise
     commit: str = ""  # HEAD, compared with itself
     load: float | None = None  # the machine's 1-minute load average as the run started
+    failed: dict[str, str] = field(default_factory=dict)  # what failed at head (an exit 2): case -> message
 
 
 def beyond_floor(rows: Iterable[Row]) -> list[tuple[str, float, float]]:
@@ -1060,7 +1062,8 @@ def calibrate(root: Path, machine: str, n_aa: int, n_busy: int, n_planted: int, 
                                      plant_at=plant[1] if plant else "engine", log=log)
         flagged = [r.name for r in regressions(result.rows)]
         runs.append(CalibrationRun(kind, flagged, result.exit_code, time.time() - started,
-                                   tally(result.rows), beyond_floor(result.rows), result.twin_noise, commit, load))
+                                   tally(result.rows), beyond_floor(result.rows), result.twin_noise, commit, load,
+                                   dict(result.failed)))
         if record is not None:
             record_run(record, machine, runs[-1])
         log(f"calibrate: {kind}: exit {result.exit_code}, {len(flagged)} flagged "
