@@ -99,8 +99,8 @@ MIN_BATCH_S = 0.004
 MIN_UNITS = 4
 UNIT_S = 0.0002  # a timed unit's least length: long enough that its two clock reads are under 1% of it
 # A batch of units that last this long together needs no more units, down to MIN_LONG_UNITS: the
-# slow phases last a few milliseconds, and of two calls of tens of milliseconds each one escapes
-# a phase that hits the other.
+# slow phases last a few milliseconds, and of two calls of tens of milliseconds one escapes a
+# phase that hits the other.
 LONG_BATCH_S = 0.08
 MIN_LONG_UNITS = 2
 # The per-op chain's input: overhead-bound small tensors, where a dispatch-path regression shows most.
