@@ -44,6 +44,7 @@ from __future__ import annotations
 
 import compileall
 import contextlib
+import itertools
 import json
 import math
 import os
@@ -440,7 +441,7 @@ def _cls(workload: str) -> str:
     return class_name_of(workload)
 
 
-def _per_round(values: Sequence[float], reference: Sequence[float], invert: bool = False) -> list[float]:
+def _per_round(values: Sequence[float], reference: Iterable[float], invert: bool = False) -> list[float]:
     return [(r / v if invert else v / r) for v, r in zip(values, reference)]
 
 
@@ -466,12 +467,10 @@ def signals(probe: Mapping[str, Any]) -> dict[str, list[float]]:
         for size, by_method in sizes.items():
             seconds = {method: (_listed(t) if method in apart else whole_cycles(_listed(t), cycle))
                        for method, t in by_method.items()}
-
-            def reference(name: str, rounds: int) -> list[float]:
-                """A reference's figure per round: a reference timed apart from the rounds (the
-                same for every side) divides every round by its median."""
-                return [float(stats.median(seconds[name]))] * rounds if name in apart else seconds[name]
-
+            # A reference's figure per round; one timed apart from the rounds (the same for every
+            # side) divides every round by its median.
+            per_round = {name: itertools.repeat(float(stats.median(t))) if name in apart else t
+                         for name, t in seconds.items()}
             for method, t in seconds.items():
                 if method in copied:  # the first side's reference, read here as a denominator only
                     continue
@@ -479,10 +478,10 @@ def signals(probe: Mapping[str, Any]) -> dict[str, list[float]]:
                 out[f"bench_workloads.{cls}.time_run({point})"] = t
                 if method != "torch_func" and "torch_func" in seconds:
                     out[f"bench_workloads.{cls}.track_ratio_vs_torch_func({point})"] = \
-                        _per_round(t, reference("torch_func", len(t)))
+                        _per_round(t, per_round["torch_func"])
                 if method != "loop" and "loop" in seconds:
                     out[f"bench_workloads.{cls}.track_speedup_vs_loop({point})"] = \
-                        _per_round(t, reference("loop", len(t)), invert=True)
+                        _per_round(t, per_round["loop"], invert=True)
     for workload, sizes in probe.get("memory", {}).items():
         for size, by_method in sizes.items():
             for method, values in by_method.items():
