@@ -1110,3 +1110,21 @@ def test_an_aa_probe_reads_every_copy_alike(tmp_path):
         again, _ = _aa_probe_departures(tmp_path, 1)
         both = {key: (departures[key], again[key]) for key in departures.keys() & again.keys()}
         assert not both, both
+
+
+def test_every_probe_of_a_run_loads_one_snapshot_of_the_gate_measuring_code(tmp_path):
+    # An edit of the checkout during a run (a branch switched) must not reach its later processes.
+    probe = gate.snapshot_measuring(tmp_path / "gate-code")
+    assert probe == tmp_path / "gate-code" / "vmapbench" / "gate_probe.py" and probe.read_bytes() == gate.PROBE.read_bytes()
+    for rel in ("suite/__init__.py", "measuring/__init__.py", "measuring/stats.py"):
+        assert (tmp_path / "gate-code" / rel).read_bytes() == (ROOT / rel).read_bytes()
+    assert list((tmp_path / "gate-code" / "measuring" / "__pycache__").glob("stats.*.pyc"))  # compiled once
+    cmd = gate.probe_command(tmp_path / "time-0.json", gate.Job("time"), {s: tmp_path / s for s in gate.SIDES},
+                             probe=probe)
+    assert repr(str(probe)) in cmd[2]
+    # The copy's probe finds its suite and measuring/ beside itself, not the checkout's.
+    where = subprocess.run(
+        [sys.executable, "-c", "import runpy, sys; g = runpy.run_path(sys.argv[1]); g['gate_suite']('');"
+         " print(g['GATE_ROOT']); print(sys.modules['measuring'].__file__)", str(probe)],
+        capture_output=True, text=True, check=True, cwd=tmp_path).stdout.split()
+    assert where == [str(tmp_path / "gate-code"), str(tmp_path / "gate-code" / "measuring" / "__init__.py")]

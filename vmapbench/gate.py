@@ -61,6 +61,9 @@ from measuring import malloc, stats
 from measuring.counted import COUNTED_WORKLOADS
 
 PROBE = Path(__file__).resolve().with_name("gate_probe.py")
+# The gate's own measuring code, relative to its checkout: what every probe process loads (the
+# probe, the suite it imports under an alias, and the measuring/ that suite brings with it).
+MEASURING_CODE = ("vmapbench/gate_probe.py", "suite", "measuring")
 # Time signals: every workload of the registry (the measured commit's), methods
 # gate_probe.GATE_METHODS at the first quick size. Count signals (~2 min of one core): the per-op
 # chain and measuring.counted.COUNTED_WORKLOADS.
@@ -335,9 +338,28 @@ def jobs(counting: bool) -> list[Job]:
     return [Job("time", 0), Job("time", 1)]
 
 
-def probe_command(out: Path, job: Job, trees: Mapping[str, Path], library: Path | None = None) -> list[str]:
+def snapshot_measuring(dest: Path) -> Path:
+    """The gate's measuring code (MEASURING_CODE) copied into `dest`, compiled to bytecode as the
+    trees are, and the path of the probe there. Every process of one run loads that copy, so a
+    checkout edited or switched to another branch while the run lasts cannot hand its later
+    processes other code than its first ones (a probe that loads a half-written file dies)."""
+    root = PROBE.parents[1]
+    for rel in MEASURING_CODE:
+        source, copy = root / rel, dest / rel
+        if source.is_dir():
+            shutil.copytree(source, copy, ignore=shutil.ignore_patterns("__pycache__", "*.pyc"))
+        else:
+            copy.parent.mkdir(parents=True, exist_ok=True)
+            shutil.copy2(source, copy)
+    compileall.compile_dir(dest, quiet=2)
+    return dest / "vmapbench" / "gate_probe.py"
+
+
+def probe_command(out: Path, job: Job, trees: Mapping[str, Path], library: Path | None = None,
+                  probe: Path = PROBE) -> list[str]:
+    """The command of one measuring process: `probe` (the gate's own, or its snapshot) run on the trees."""
     runner = ("import runpy, sys; sys.argv = ['gate_probe'] + sys.argv[1:]; "
-              f"sys.exit(runpy.run_path({str(PROBE)!r}, run_name='__main__'))")
+              f"sys.exit(runpy.run_path({str(probe)!r}, run_name='__main__'))")
     sides = [arg for side in job.sides for arg in ("--tree", f"{side}={trees[side]}")]
     if job.kind == "count":
         from measuring import counts
@@ -407,6 +429,7 @@ def run_jobs(trees: Mapping[str, Path], workdir: Path, log: Any = print, paralle
 
         library = counts.build_requests(workdir / "callgrind")
     todo = jobs(counting is None)
+    probe = snapshot_measuring(workdir / "gate-code")
     parallel = parallel or max(1, os.cpu_count() or 1)
     finished: dict[str, dict[str, dict]] = {}
     running: list[tuple[Job, Path, subprocess.Popen, float]] = []
@@ -416,7 +439,7 @@ def run_jobs(trees: Mapping[str, Path], workdir: Path, log: Any = print, paralle
             job = todo.pop(0)
             out = workdir / f"{job.label}.json"
             (workdir / job.label).mkdir(parents=True, exist_ok=True)
-            proc = subprocess.Popen(probe_command(out, job, trees, library), cwd=workdir, env=probe_env(),
+            proc = subprocess.Popen(probe_command(out, job, trees, library, probe), cwd=workdir, env=probe_env(),
                                     stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
             running.append((job, out, proc, time.time()))
         time.sleep(0.2)
