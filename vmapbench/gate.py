@@ -59,6 +59,9 @@ from typing import Any, Iterable, Iterator, Mapping, Sequence
 
 from measuring import malloc, stats
 from measuring.counted import COUNTED_WORKLOADS
+# Imported with the gate, not when the runs are read: by then the checkout may have changed.
+from suite.names import class_name_of
+from vmapbench.gate_probe import whole_cycles
 
 PROBE = Path(__file__).resolve().with_name("gate_probe.py")
 # The gate's own measuring code, relative to its checkout: what every probe process loads (the
@@ -459,8 +462,6 @@ def run_jobs(trees: Mapping[str, Path], workdir: Path, log: Any = print, paralle
 
 def _cls(workload: str) -> str:
     """The suite's class name of a workload, by name (it may exist at base or head only)."""
-    from suite.names import class_name_of
-
     return class_name_of(workload)
 
 
@@ -479,7 +480,6 @@ def signals(probe: Mapping[str, Any]) -> dict[str, list[float]]:
     region), gated. A reference timed apart from the rounds (the probe's "apart": one that runs the
     same code on every side) divides every round by its median, on every side alike.
     """
-    from vmapbench.gate_probe import whole_cycles
 
     cycle = int(probe.get("cycle", 2))
     out: dict[str, list[float]] = {}
