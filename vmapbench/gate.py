@@ -60,7 +60,7 @@ from typing import Any, Iterable, Iterator, Mapping, Sequence
 from measuring import malloc, stats
 from measuring.counted import COUNTED_WORKLOADS
 # Imported with the gate, not when the runs are read: by then the checkout may have changed.
-from suite.names import class_name_of
+from suite.names import class_name_of  # the suite's class of a workload (at base or head only)
 from vmapbench.gate_probe import whole_cycles
 
 PROBE = Path(__file__).resolve().with_name("gate_probe.py")
@@ -355,7 +355,7 @@ def snapshot_measuring(dest: Path) -> Path:
             copy.parent.mkdir(parents=True, exist_ok=True)
             shutil.copy2(source, copy)
     compileall.compile_dir(dest, quiet=2)
-    return dest / "vmapbench" / "gate_probe.py"
+    return dest / PROBE.relative_to(root)
 
 
 def probe_command(out: Path, job: Job, trees: Mapping[str, Path], library: Path | None = None,
@@ -460,11 +460,6 @@ def run_jobs(trees: Mapping[str, Path], workdir: Path, log: Any = print, paralle
 
 # --- signals -------------------------------------------------------------------------------------
 
-def _cls(workload: str) -> str:
-    """The suite's class name of a workload, by name (it may exist at base or head only)."""
-    return class_name_of(workload)
-
-
 def _per_round(values: Sequence[float], reference: Iterable[float], invert: bool = False) -> list[float]:
     return [(r / v if invert else v / r) for v, r in zip(values, reference)]
 
@@ -480,11 +475,10 @@ def signals(probe: Mapping[str, Any]) -> dict[str, list[float]]:
     region), gated. A reference timed apart from the rounds (the probe's "apart": one that runs the
     same code on every side) divides every round by its median, on every side alike.
     """
-
     cycle = int(probe.get("cycle", 2))
     out: dict[str, list[float]] = {}
     for workload, sizes in probe.get("times", {}).items():
-        cls = _cls(workload)
+        cls = class_name_of(workload)
         copied = set(probe.get("shared", {}).get(workload, ()))
         apart = set(probe.get("apart", {}).get(workload, ()))
         for size, by_method in sizes.items():
@@ -508,7 +502,7 @@ def signals(probe: Mapping[str, Any]) -> dict[str, list[float]]:
     for workload, sizes in probe.get("memory", {}).items():
         for size, by_method in sizes.items():
             for method, values in by_method.items():
-                out[f"bench_workloads.{_cls(workload)}.track_alloc_peak_bytes('{size}', '{method}', 'cpu')"] = \
+                out[f"bench_workloads.{class_name_of(workload)}.track_alloc_peak_bytes('{size}', '{method}', 'cpu')"] = \
                     [float(v) for v in _listed(values)]
     chain = {method: whole_cycles(_listed(t), cycle) for method, t in probe.get("overhead", {}).items()}
     if chain:
@@ -523,7 +517,7 @@ def signals(probe: Mapping[str, Any]) -> dict[str, list[float]]:
         if parts[0] == "chain" and len(parts) == 3:
             name = f"bench_overhead.PerOpOverhead.instructions('{parts[1]}', 'cpu')"
         elif parts[0] == "wl" and len(parts) == 5:
-            name = f"bench_workloads.{_cls(parts[1])}.instructions('{parts[2]}', '{parts[3]}', 'cpu')"
+            name = f"bench_workloads.{class_name_of(parts[1])}.instructions('{parts[2]}', '{parts[3]}', 'cpu')"
         else:
             continue
         out.setdefault(name, []).append(float(n))
